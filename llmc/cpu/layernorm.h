@@ -1,0 +1,76 @@
+// LayerNorm over the channel dimension: y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + 1e-5),
+// biased variance. The forward is fused with the residual add that precedes it in a pre-norm
+// block (residual = inp1 + inp2, then normalised), as the GPU kernel will do.
+#pragma once
+#include <algorithm>
+#include <cmath>
+
+namespace cpu {
+
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                       int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const T* x = inp + (size_t)n * C;
+        T m = 0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        T v = 0;
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        v /= C;
+        T s = T(1) / std::sqrt(v + T(1e-5));
+        T* y = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+// residual = inp1 + inp2; out = LN(residual)
+template <typename T>
+void fused_residual_layernorm_forward(T* residual, T* out, T* mean, T* rstd, const T* inp1,
+                                      const T* inp2, const T* weight, const T* bias, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < (long)N * C; i++) residual[i] = inp1[i] + inp2[i];
+    layernorm_forward(out, mean, rstd, residual, weight, bias, N, C);
+}
+
+// dinp += dx (it is the residual stream's gradient), dweight += , dbias +=
+template <typename T>
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const T* mean, const T* rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const T* d = dout + (size_t)n * C;
+        const T* x = inp + (size_t)n * C;
+        T m = mean[n], s = rstd[n];
+        // dx = s * (g - mean(g) - xhat * mean(g * xhat)), g = dout * w
+        T g_mean = 0, gx_mean = 0;
+        for (int c = 0; c < C; c++) {
+            T g = d[c] * weight[c];
+            g_mean += g;
+            gx_mean += g * (x[c] - m) * s;
+        }
+        g_mean /= C;
+        gx_mean /= C;
+        T* dx = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) dx[c] += s * (d[c] * weight[c] - g_mean - (x[c] - m) * s * gx_mean);
+    }
+    // parameter gradients: threads own channel ranges and sum rows in order (deterministic)
+    constexpr int CB = 32;
+#pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < C; c0 += CB) {
+        int c1 = std::min(C, c0 + CB);
+        for (int n = 0; n < N; n++) {
+            const T* d = dout + (size_t)n * C;
+            const T* x = inp + (size_t)n * C;
+            for (int c = c0; c < c1; c++) {
+                dweight[c] += d[c] * (x[c] - mean[n]) * rstd[n];
+                dbias[c] += d[c];
+            }
+        }
+    }
+}
+
+}  // namespace cpu

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Quick start on a fresh Debian/Ubuntu machine: installs the Debian packages, builds the trainer,
+# turns the fortunes corpus into token shards and trains a small model, printing the losses and
+# a sample at the end. Extra arguments go to the trainer (e.g. --max_steps 2000).
+# The CUDA kernels are not in the tree yet, so this trains on the CPU (OpenMP, all cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages="g++ make python3 fortunes doctest-dev libopenmpi-dev openmpi-bin"
+missing=$(for p in $packages; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+if [ -n "$missing" ]; then
+    sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    echo "installing:" $missing
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+fi
+
+make train_gpt_cpu
+if [ ! -f data/fortunes/fortunes_val_000.bin ]; then
+    python3 dev/data/prepare_text.py /usr/share/games/fortunes --sep percent --out_dir data/fortunes
+fi
+./train_gpt_cpu --out_dir out/quickstart --max_steps 700 --val_every 100 --sample_len 400 "$@"

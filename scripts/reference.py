@@ -1,0 +1,830 @@
+#!/usr/bin/env python3
+"""Independent PyTorch reference of the GPT model and AdamW step (the oracle).
+
+This file re-implements, from the math in shared/DESIGN.md ("The model" and
+"Precise semantics"), the model that train_gpt.cu trains, in float32 on the CPU,
+with torch autograd for every gradient and a hand-written AdamW. It is NOT a
+translation of the C++ code; the C++ is checked against it.
+
+Usage
+-----
+    python scripts/reference.py --out test/data     # write ref_a.bin, ref_b.bin, ref_c.bin
+    python scripts/reference.py --selfcheck         # test this file's pieces, prints OK
+
+As a module (e.g. a GPU benchmark):
+    import reference as R
+    cfg = R.ModelConfig(vocab_size=300, n_layer=2, n_embd=32, n_head=4, n_kv_head=2,
+                        ffn_hidden=64, max_seq_len=64)
+    params = R.init_params(cfg, seed=0, device="cuda", kind="default")
+    ds = R.compute_doc_start(inputs, eot=256)
+    logits = R.forward(params, cfg, inputs, ds, sdpa=True)
+    loss = R.cross_entropy_loss(logits, targets)
+
+Model (names/shapes of the parameters, in order: see `param_specs`)
+-----
+x = wte[tokens] (+ wpe[t - doc_start[t]] when pos=learned); per layer
+x += attn.proj(attn(LN1(x))); x += mlp(LN2(x)); LN_f; logits = x @ wte[:V]^T.
+Linear weights are [out, in] and y = x W^T + b. LayerNorm eps 1e-5, biased
+variance. qkv output features: all q heads, then all k heads, then all v heads.
+Query head h reads kv head h // (n_head // n_kv_head). Attention allows key j for
+query i iff doc_start[i] <= j <= i; score = q.k / sqrt(hs) - slope_h * (i - j)
+(ALiBi term only when pos=alibi). SwiGLU fc rows 0..H-1 = gate (silu),
+rows H..2H-1 = up. GELU is the tanh approximation. Loss = mean cross-entropy
+over targets != -1 using the first V (real) logits.
+
+Reference file format (binary, little-endian)
+-----
+    magic      8 bytes  b"LLMCREF1"
+    n_entries  uint32
+    then n_entries times:
+        name_len  uint32
+        name      name_len bytes, utf-8, no NUL terminator
+        dtype     uint32   (0 = float32, 1 = int32)
+        ndim      uint32
+        dims      int64[ndim]
+        data      prod(dims) elements of dtype, row-major (a scalar has ndim 0
+                  and exactly one element)
+
+Entries written by `make_reference` (in this order):
+    config.vocab_size, config.padded_vocab_size, config.n_layer, config.n_embd,
+    config.n_head, config.n_kv_head, config.ffn_hidden, config.max_seq_len,
+    config.mlp (0 swiglu, 1 gelu), config.pos (0 alibi, 1 learned), config.eot
+                                                         int32 scalars
+    train.B, train.T, train.grad_accum, train.warmup_steps, train.max_steps,
+    train.n_steps                                        int32 scalars
+    train.lr, train.final_lr_frac, train.weight_decay, train.beta1, train.beta2,
+    train.eps, train.grad_clip                           float32 scalars
+    inputs, targets, doc_start                           int32 [A, B, T]
+    param.<name>                                         float32, initial params
+    logits                                               float32 [B, T, V], micro-batch 0
+    loss                                                 float32 scalar, micro-batch 0
+    grad.<name>                                          float32, d loss(mb 0) / d param
+                                                         (NOT divided by A)
+    step.loss, step.grad_norm (pre-clip), step.lr        float32 [n_steps]
+    final.param.<name>                                   float32, after n_steps steps
+Every optimizer step accumulates grad(loss_mb / A) over the A micro-batches
+inputs[0..A-1] (the same ones every step); step.loss is the mean of the A
+micro-batch losses.
+"""
+
+import argparse
+import math
+import os
+import struct
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+EOT = 256
+MLP_SWIGLU, MLP_GELU = 0, 1
+POS_ALIBI, POS_LEARNED = 0, 1
+DTYPE_F32, DTYPE_I32 = 0, 1
+MAGIC = b"LLMCREF1"
+
+
+# ----------------------------------------------------------------------------
+# configuration
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_kv_head: int
+    ffn_hidden: int
+    max_seq_len: int
+    mlp: int = MLP_SWIGLU          # 0 swiglu, 1 gelu
+    pos: int = POS_ALIBI           # 0 alibi, 1 learned
+    padded_vocab_size: int = 0     # 0 -> vocab_size rounded up to a multiple of 128
+    # MoE (expert-choice) fields, reserved: only n_expert == 0 (dense) is implemented.
+    n_expert: int = 0
+    moe_every: int = 1
+    capacity_factor: float = 1.0
+    moe_group: str = "batch"
+
+    def __post_init__(self):
+        if self.padded_vocab_size == 0:
+            self.padded_vocab_size = (self.vocab_size + 127) // 128 * 128
+        assert self.padded_vocab_size % 128 == 0 and self.padded_vocab_size >= self.vocab_size
+        assert self.n_embd % self.n_head == 0, "head size = n_embd / n_head"
+        assert self.n_head % self.n_kv_head == 0, "n_kv_head must divide n_head"
+        assert self.mlp in (MLP_SWIGLU, MLP_GELU) and self.pos in (POS_ALIBI, POS_LEARNED)
+
+    @property
+    def head_size(self):
+        return self.n_embd // self.n_head
+
+    @property
+    def fc_out(self):
+        return 2 * self.ffn_hidden if self.mlp == MLP_SWIGLU else self.ffn_hidden
+
+    def is_moe_layer(self, l):
+        return self.n_expert > 0 and (l + 1) % self.moe_every == 0
+
+
+@dataclass
+class TrainConfig:
+    B: int
+    T: int
+    grad_accum: int = 2
+    warmup_steps: int = 5
+    max_steps: int = 10
+    n_steps: int = 3
+    lr: float = 1e-3
+    final_lr_frac: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+
+    def rounded(self):
+        """Copy whose float fields hold exactly their float32 values (what the file stores)."""
+        d = dict(self.__dict__)
+        for k in ("lr", "final_lr_frac", "weight_decay", "beta1", "beta2", "eps", "grad_clip"):
+            d[k] = f32(d[k])
+        return TrainConfig(**d)
+
+
+def f32(x):
+    """Round a Python float to the nearest float32 value."""
+    return struct.unpack("<f", struct.pack("<f", float(x)))[0]
+
+
+# ----------------------------------------------------------------------------
+# parameters
+
+def param_specs(cfg):
+    """Ordered list of (name, shape) of every parameter."""
+    C, hs, L = cfg.n_embd, cfg.head_size, cfg.n_layer
+    qkv = (cfg.n_head + 2 * cfg.n_kv_head) * hs
+    specs = [("wte", (cfg.padded_vocab_size, C))]
+    if cfg.pos == POS_LEARNED:
+        specs.append(("wpe", (cfg.max_seq_len, C)))
+    for l in range(L):
+        if cfg.is_moe_layer(l):
+            raise NotImplementedError("MoE layers are not implemented in the reference yet")
+        p = f"h{l}."
+        specs += [
+            (p + "ln1.w", (C,)), (p + "ln1.b", (C,)),
+            (p + "attn.qkv.w", (qkv, C)), (p + "attn.qkv.b", (qkv,)),
+            (p + "attn.proj.w", (C, cfg.n_head * hs)), (p + "attn.proj.b", (C,)),
+            (p + "ln2.w", (C,)), (p + "ln2.b", (C,)),
+            (p + "mlp.fc.w", (cfg.fc_out, C)), (p + "mlp.fc.b", (cfg.fc_out,)),
+            (p + "mlp.proj.w", (C, cfg.ffn_hidden)), (p + "mlp.proj.b", (C,)),
+        ]
+    specs += [("lnf.w", (C,)), ("lnf.b", (C,))]
+    return specs
+
+
+def is_residual_proj(name):
+    return name.endswith("attn.proj.w") or name.endswith("mlp.proj.w")
+
+
+def is_layernorm(name):
+    return name.startswith("lnf.") or ".ln1." in name or ".ln2." in name
+
+
+def init_params(cfg, seed=0, kind="default", device="cpu", dtype=torch.float32):
+    """Parameters as an OrderedDict name -> leaf tensor (requires_grad=True).
+
+    kind="default": the training init of DESIGN.md (normal(0, 0.02), residual output
+    projections std 0.02/sqrt(2L), biases 0, LayerNorm weight 1, bias 0).
+    kind="test": like default for weights, but biases ~ normal(0, 0.02), LayerNorm
+    weights 1 + normal(0, 0.1), LayerNorm biases normal(0, 0.02), so that a test
+    exercises them.
+    Values are drawn on the CPU from one seeded generator, in param_specs order.
+    """
+    assert kind in ("default", "test")
+    g = torch.Generator().manual_seed(seed)
+    std_res = 0.02 / math.sqrt(2 * cfg.n_layer)
+    params = OrderedDict()
+    for name, shape in param_specs(cfg):
+        n = torch.randn(shape, generator=g, dtype=torch.float32)
+        if is_layernorm(name):
+            if name.endswith(".w"):
+                t = 1.0 + 0.1 * n if kind == "test" else torch.ones(shape)
+            else:
+                t = 0.02 * n if kind == "test" else torch.zeros(shape)
+        elif len(shape) == 1:  # linear bias
+            t = 0.02 * n if kind == "test" else torch.zeros(shape)
+        else:
+            t = (std_res if is_residual_proj(name) else 0.02) * n
+        params[name] = t.to(device=device, dtype=dtype).requires_grad_(True)
+    return params
+
+
+def decays(name, p):
+    """Weight decay applies to tensors with ndim >= 2 (embeddings, linear weights)."""
+    return p.dim() >= 2
+
+
+# ----------------------------------------------------------------------------
+# model pieces (each works for any float dtype / device)
+
+def linear(x, w, b=None):
+    y = x @ w.t()
+    return y + b if b is not None else y
+
+
+def layernorm(x, w, b, eps=1e-5):
+    mean = x.mean(dim=-1, keepdim=True)
+    xc = x - mean
+    var = (xc * xc).mean(dim=-1, keepdim=True)  # biased variance
+    return xc * torch.rsqrt(var + eps) * w + b
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
+def alibi_slopes(n):
+    """ALiBi head slopes (Press et al.), including non power-of-two head counts."""
+    def pow2(m):
+        return [2.0 ** (-8.0 * (h + 1) / m) for h in range(m)]
+    if n & (n - 1) == 0:
+        return pow2(n)
+    m = 2 ** int(math.floor(math.log2(n)))
+    return pow2(m) + pow2(2 * m)[0::2][: n - m]
+
+
+def compute_doc_start(inputs, eot=EOT):
+    """doc_start[..., t] = largest s <= t with inputs[..., s] == eot, else 0. Any leading dims."""
+    T = inputs.shape[-1]
+    idx = torch.arange(T, device=inputs.device).expand(inputs.shape)
+    marks = torch.where(inputs == eot, idx, torch.zeros_like(idx))
+    return torch.cummax(marks, dim=-1).values.to(torch.int32)
+
+
+def attention_bias(doc_start, n_head, slopes=None, dtype=torch.float32):
+    """Additive score bias [B, n_head or 1, T, T]: -slope_h*(i-j) on allowed keys
+    (doc_start[i] <= j <= i), -inf elsewhere."""
+    B, T = doc_start.shape
+    dev = doc_start.device
+    i = torch.arange(T, device=dev).view(T, 1)
+    j = torch.arange(T, device=dev).view(1, T)
+    allowed = (j <= i).view(1, T, T) & (j.view(1, 1, T) >= doc_start.long().view(B, T, 1))
+    allowed = allowed.view(B, 1, T, T)
+    if slopes is not None:
+        s = torch.tensor(slopes, dtype=dtype, device=dev).view(1, n_head, 1, 1)
+        bias = -s * (i - j).to(dtype).view(1, 1, T, T)
+    else:
+        bias = torch.zeros(1, 1, T, T, dtype=dtype, device=dev)
+    return bias.masked_fill(~allowed, float("-inf"))
+
+
+def attention_core(q, k, v, bias, sdpa=False):
+    """q [B, nh, T, hs], k/v [B, nkv, T, hs], bias [B, nh|1, T, T] -> [B, nh, T, hs]."""
+    nh, nkv, hs = q.shape[1], k.shape[1], q.shape[3]
+    rep = nh // nkv
+    k = k.repeat_interleave(rep, dim=1)  # query head h reads kv head h // rep
+    v = v.repeat_interleave(rep, dim=1)
+    if sdpa:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs)) + bias
+    att = torch.softmax(att, dim=-1)
+    return att @ v
+
+
+def attention(x, params, prefix, cfg, bias, sdpa=False):
+    """Multi-head (GQA) attention sub-layer, input already layer-normed: [B,T,C] -> [B,T,C]."""
+    B, T, _ = x.shape
+    nh, nkv, hs = cfg.n_head, cfg.n_kv_head, cfg.head_size
+    qkv = linear(x, params[prefix + "attn.qkv.w"], params[prefix + "attn.qkv.b"])
+    q = qkv[..., : nh * hs].view(B, T, nh, hs).transpose(1, 2)
+    k = qkv[..., nh * hs: (nh + nkv) * hs].view(B, T, nkv, hs).transpose(1, 2)
+    v = qkv[..., (nh + nkv) * hs:].view(B, T, nkv, hs).transpose(1, 2)
+    y = attention_core(q, k, v, bias, sdpa=sdpa)
+    y = y.transpose(1, 2).reshape(B, T, nh * hs)
+    return linear(y, params[prefix + "attn.proj.w"], params[prefix + "attn.proj.b"])
+
+
+def mlp(x, params, prefix, cfg):
+    """Dense FFN sub-layer (SwiGLU or GELU), input already layer-normed."""
+    h = linear(x, params[prefix + "mlp.fc.w"], params[prefix + "mlp.fc.b"])
+    if cfg.mlp == MLP_SWIGLU:
+        H = cfg.ffn_hidden
+        h = silu(h[..., :H]) * h[..., H:]
+    else:
+        h = gelu_tanh(h)
+    return linear(h, params[prefix + "mlp.proj.w"], params[prefix + "mlp.proj.b"])
+
+
+def ffn(x, params, layer, cfg):
+    """FFN of layer `layer`: dense MLP now; the expert-choice MoE slots in here."""
+    prefix = f"h{layer}."
+    if cfg.is_moe_layer(layer):
+        raise NotImplementedError("MoE FFN")
+    return mlp(x, params, prefix, cfg)
+
+
+def block(x, params, layer, cfg, bias, sdpa=False):
+    p = f"h{layer}."
+    x = x + attention(layernorm(x, params[p + "ln1.w"], params[p + "ln1.b"]), params, p, cfg,
+                      bias, sdpa=sdpa)
+    x = x + ffn(layernorm(x, params[p + "ln2.w"], params[p + "ln2.b"]), params, layer, cfg)
+    return x
+
+
+def embed(params, cfg, inputs, doc_start):
+    x = params["wte"][inputs.long()]
+    if cfg.pos == POS_LEARNED:
+        T = inputs.shape[-1]
+        t = torch.arange(T, device=inputs.device).view(1, T)
+        x = x + params["wpe"][t - doc_start.long()]
+    return x
+
+
+def forward(params, cfg, inputs, doc_start, sdpa=False):
+    """inputs, doc_start: int [B, T]. Returns logits [B, T, V] (real vocab only)."""
+    x = embed(params, cfg, inputs, doc_start)
+    slopes = alibi_slopes(cfg.n_head) if cfg.pos == POS_ALIBI else None
+    bias = attention_bias(doc_start, cfg.n_head, slopes, dtype=x.dtype)
+    for l in range(cfg.n_layer):
+        x = block(x, params, l, cfg, bias, sdpa=sdpa)
+    x = layernorm(x, params["lnf.w"], params["lnf.b"])
+    return x @ params["wte"][: cfg.vocab_size].t()
+
+
+def cross_entropy_loss(logits, targets):
+    """Mean over targets != -1 of -log softmax(logits)[target]."""
+    logp = torch.log_softmax(logits, dim=-1)
+    valid = targets != -1
+    tgt = torch.where(valid, targets, torch.zeros_like(targets)).long()
+    nll = -logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    return (nll * valid.to(nll.dtype)).sum() / valid.sum()
+
+
+# ----------------------------------------------------------------------------
+# optimizer
+
+def lr_at(step, tc):
+    """Learning rate for 0-based step: linear warmup, then cosine to final_lr_frac*lr."""
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    p = (step - tc.warmup_steps) / max(1, tc.max_steps - tc.warmup_steps)
+    lr_min = tc.final_lr_frac * tc.lr
+    return lr_min + 0.5 * (tc.lr - lr_min) * (1.0 + math.cos(math.pi * p))
+
+
+def accumulate_grads(params, cfg, inputs, targets, doc_start, sdpa=False):
+    """grads = sum over micro-batches of grad(loss_mb / A). inputs etc.: [A, B, T].
+    Returns (mean micro-batch loss as float, OrderedDict of grads)."""
+    A = inputs.shape[0]
+    grads = OrderedDict((n, torch.zeros_like(p)) for n, p in params.items())
+    losses = []
+    for a in range(A):
+        loss = cross_entropy_loss(forward(params, cfg, inputs[a], doc_start[a], sdpa=sdpa),
+                                  targets[a])
+        gs = torch.autograd.grad(loss / A, list(params.values()))
+        for (n, acc), gr in zip(grads.items(), gs):
+            acc.add_(gr)
+        losses.append(loss.detach())
+    return torch.stack(losses).mean().item(), grads
+
+
+def global_norm(grads):
+    return torch.sqrt(sum((g * g).sum() for g in grads.values()))
+
+
+class AdamW:
+    """Hand-written AdamW with PyTorch semantics (decoupled decay, bias correction)."""
+
+    def __init__(self, params, tc):
+        self.tc = tc
+        self.m = OrderedDict((n, torch.zeros_like(p)) for n, p in params.items())
+        self.v = OrderedDict((n, torch.zeros_like(p)) for n, p in params.items())
+
+    @torch.no_grad()
+    def update(self, params, grads, step, lr):
+        tc, t = self.tc, step + 1
+        bc1 = 1.0 - tc.beta1 ** t
+        bc2 = 1.0 - tc.beta2 ** t
+        for n, p in params.items():
+            g, m, v = grads[n], self.m[n], self.v[n]
+            if decays(n, p):
+                p.sub_(p * (lr * tc.weight_decay))
+            m.mul_(tc.beta1).add_(g * (1.0 - tc.beta1))
+            v.mul_(tc.beta2).add_(g * g * (1.0 - tc.beta2))
+            p.sub_(lr * (m / bc1) / (torch.sqrt(v / bc2) + tc.eps))
+
+
+def train_step(params, opt, cfg, tc, step, inputs, targets, doc_start, sdpa=False):
+    """One optimizer step. Returns (loss, pre-clip grad norm, lr) as Python floats."""
+    loss, grads = accumulate_grads(params, cfg, inputs, targets, doc_start, sdpa=sdpa)
+    norm = global_norm(grads)
+    if tc.grad_clip > 0:
+        scale = torch.clamp(tc.grad_clip / (norm + 1e-6), max=1.0)
+        for g in grads.values():
+            g.mul_(scale)
+    lr = f32(lr_at(step, tc))
+    opt.update(params, grads, step, lr)
+    return loss, norm.item(), lr
+
+
+# ----------------------------------------------------------------------------
+# reference file I/O
+
+def write_ref(path, entries):
+    """entries: list of (name, value); value is a tensor (float32 -> f32, int -> i32),
+    a Python int (i32 scalar) or a Python float (f32 scalar)."""
+    with open(path, "wb") as f:
+        f.write(MAGIC)
+        f.write(struct.pack("<I", len(entries)))
+        for name, val in entries:
+            if isinstance(val, bool):
+                raise TypeError(name)
+            if isinstance(val, int):
+                val = torch.tensor(val, dtype=torch.int32)
+            elif isinstance(val, float):
+                val = torch.tensor(val, dtype=torch.float32)
+            val = val.detach().cpu().contiguous()
+            if val.dtype.is_floating_point:
+                dt, fmt, val = DTYPE_F32, "f", val.to(torch.float32)
+            else:
+                dt, fmt, val = DTYPE_I32, "i", val.to(torch.int32)
+            nb = name.encode("utf-8")
+            f.write(struct.pack("<I", len(nb)) + nb)
+            f.write(struct.pack("<II", dt, val.dim()))
+            f.write(struct.pack("<%dq" % val.dim(), *val.shape))
+            flat = val.reshape(-1).tolist()
+            f.write(struct.pack("<%d%s" % (len(flat), fmt), *flat))
+
+
+def read_ref(path):
+    """Inverse of write_ref: OrderedDict name -> tensor (float32 or int32)."""
+    out = OrderedDict()
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == MAGIC, "bad magic"
+    (n,), off = struct.unpack_from("<I", data, 8), 12
+    for _ in range(n):
+        (ln,) = struct.unpack_from("<I", data, off); off += 4
+        name = data[off: off + ln].decode("utf-8"); off += ln
+        dt, nd = struct.unpack_from("<II", data, off); off += 8
+        dims = struct.unpack_from("<%dq" % nd, data, off); off += 8 * nd
+        cnt = math.prod(dims)
+        fmt = "f" if dt == DTYPE_F32 else "i"
+        vals = struct.unpack_from("<%d%s" % (cnt, fmt), data, off); off += 4 * cnt
+        out[name] = torch.tensor(vals, dtype=torch.float32 if dt == DTYPE_F32 else torch.int32
+                                 ).reshape(dims)
+    assert off == len(data), "trailing bytes"
+    return out
+
+
+# ----------------------------------------------------------------------------
+# test data and the three reference configs
+
+def make_batch(A, B, T, V, seed, eot=EOT):
+    """Packed rows of several documents. Per micro-batch, row 0 starts mid-document
+    (no EOT at 0) and holds a length-1 document (two adjacent EOTs); row 1 has EOT at
+    position 0 and a length-1 document at the row's end; row 2 (if any) alternates
+    between no EOT at all (one document continuing through the row) and random EOTs.
+    targets = next tokens of the stream, a few replaced by random ids in [0, V) and a
+    few by -1."""
+    g = torch.Generator().manual_seed(seed)
+    inputs = torch.randint(0, 256, (A, B, T + 1), generator=g, dtype=torch.int64)
+    for a in range(A):
+        for b in range(B):
+            row = inputs[a, b]
+            r = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+            if b == 0:
+                p = r(3, T // 2)
+                row[p] = row[p + 1] = eot               # doc [p] has length 1
+                row[r(T // 2 + 2, T - 1)] = eot
+            elif b == 1:
+                row[0] = eot
+                row[r(2, T // 2)] = eot
+                row[T - 1] = eot                        # length-1 doc at the end
+                row[T] = r(0, 256)
+            elif (a + b) % 2 == 0:
+                pass                                    # a single document, mid-stream
+            else:
+                for _ in range(3):
+                    row[r(0, T)] = eot
+    targets = inputs[:, :, 1:].clone()
+    inputs = inputs[:, :, :T].contiguous()
+    for a in range(A):
+        for b in range(B):
+            for _ in range(3):  # random ids anywhere in [0, V), incl. > EOT
+                targets[a, b, int(torch.randint(0, T, (1,), generator=g))] = int(
+                    torch.randint(eot + 1, V, (1,), generator=g))
+            for _ in range(2):
+                targets[a, b, int(torch.randint(0, T, (1,), generator=g))] = -1
+    inputs, targets = inputs.to(torch.int32), targets.to(torch.int32)
+    ds = compute_doc_start(inputs, eot)
+    assert (inputs[:, 0, 0] != eot).all() and (inputs[:, 1, 0] == eot).all()
+    assert ((targets != -1).sum(-1) > 0).all()
+    return inputs, targets, ds
+
+
+CONFIGS = {
+    # (a) swiglu + alibi, GQA 4 query heads / 2 kv heads
+    "a": dict(model=dict(vocab_size=300, n_layer=3, n_embd=32, n_head=4, n_kv_head=2,
+                         ffn_hidden=80, max_seq_len=64, mlp=MLP_SWIGLU, pos=POS_ALIBI),
+              train=dict(B=2, T=29), seed=1),
+    # (b) GPT-2 style: gelu + learned positions, multi-head (nkv == nh)
+    "b": dict(model=dict(vocab_size=300, n_layer=2, n_embd=32, n_head=4, n_kv_head=4,
+                         ffn_hidden=128, max_seq_len=32, mlp=MLP_GELU, pos=POS_LEARNED),
+              train=dict(B=3, T=23), seed=2),
+    # (c) swiglu + alibi, 6 heads (non power of two slopes), multi-query (nkv = 1)
+    "c": dict(model=dict(vocab_size=385, n_layer=2, n_embd=48, n_head=6, n_kv_head=1,
+                         ffn_hidden=64, max_seq_len=64, mlp=MLP_SWIGLU, pos=POS_ALIBI),
+              train=dict(B=2, T=19), seed=3),
+}
+
+
+def run_steps(params, cfg, tc, inputs, targets, ds):
+    opt = AdamW(params, tc)
+    hist = []
+    for s in range(tc.n_steps):
+        hist.append(train_step(params, opt, cfg, tc, s, inputs, targets, ds))
+    return hist
+
+
+def make_reference(key):
+    spec = CONFIGS[key]
+    cfg = ModelConfig(**spec["model"])
+    tc0 = TrainConfig(**spec["train"], grad_accum=2, warmup_steps=5, max_steps=10, n_steps=3,
+                      lr=1e-3, final_lr_frac=0.1, weight_decay=0.1, beta1=0.9, beta2=0.95,
+                      eps=1e-8)
+    seed = spec["seed"]
+    assert tc0.T <= cfg.max_seq_len
+    inputs, targets, ds = make_batch(tc0.grad_accum, tc0.B, tc0.T, cfg.vocab_size,
+                                     seed=1000 + seed)
+    init = init_params(cfg, seed=seed, kind="test")
+    init = OrderedDict((n, p.detach().clone()) for n, p in init.items())
+
+    def fresh():
+        return OrderedDict((n, p.clone().requires_grad_(True)) for n, p in init.items())
+
+    # grad_clip = half of the first step's pre-clip norm (3 significant digits), so
+    # clipping is active.
+    _, g0 = accumulate_grads(fresh(), cfg, inputs, targets, ds)
+    n0 = global_norm(g0).item()
+    clip = float("%.3g" % (0.5 * n0))
+    tc = TrainConfig(**{**tc0.__dict__, "grad_clip": clip}).rounded()
+
+    params = fresh()
+    logits = forward(params, cfg, inputs[0], ds[0])
+    loss = cross_entropy_loss(logits, targets[0])
+    grads = torch.autograd.grad(loss, list(params.values()))
+
+    params = fresh()
+    hist = run_steps(params, cfg, tc, inputs, targets, ds)
+    for s, (_, norm, _) in enumerate(hist):
+        assert norm > tc.grad_clip, f"config {key}: clipping not active at step {s}"
+
+    e = []
+    for k in ("vocab_size", "padded_vocab_size", "n_layer", "n_embd", "n_head", "n_kv_head",
+              "ffn_hidden", "max_seq_len", "mlp", "pos"):
+        e.append(("config." + k, int(getattr(cfg, k))))
+    e.append(("config.eot", EOT))
+    for k in ("B", "T", "grad_accum", "warmup_steps", "max_steps", "n_steps"):
+        e.append(("train." + k, int(getattr(tc, k))))
+    for k in ("lr", "final_lr_frac", "weight_decay", "beta1", "beta2", "eps", "grad_clip"):
+        e.append(("train." + k, float(getattr(tc, k))))
+    e += [("inputs", inputs), ("targets", targets), ("doc_start", ds)]
+    e += [("param." + n, p) for n, p in init.items()]
+    e += [("logits", logits), ("loss", loss)]
+    e += [("grad." + n, g) for n, g in zip(init.keys(), grads)]
+    e += [("step.loss", torch.tensor([h[0] for h in hist])),
+          ("step.grad_norm", torch.tensor([h[1] for h in hist])),
+          ("step.lr", torch.tensor([h[2] for h in hist]))]
+    e += [("final.param." + n, p) for n, p in params.items()]
+    return cfg, tc, e, hist
+
+
+# ----------------------------------------------------------------------------
+# self-check: this file's pieces against brute force
+
+def _close(a, b, tol, what):
+    a = torch.as_tensor(a, dtype=torch.float64)
+    b = torch.as_tensor(b, dtype=torch.float64)
+    err = (a - b).abs().max().item() if a.numel() else 0.0
+    if not (a.shape == b.shape and err <= tol):
+        raise AssertionError(f"{what}: max abs err {err:g} (tol {tol:g}), shapes "
+                             f"{tuple(a.shape)} vs {tuple(b.shape)}")
+
+
+def selfcheck():
+    import tempfile
+    F = torch.nn.functional
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(123)
+
+    # ALiBi slopes
+    _close(alibi_slopes(8), [2.0 ** -k for k in range(1, 9)], 0, "slopes(8)")
+    paper12 = [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625,
+               0.7071067811865476, 0.35355339059327373, 0.17677669529663687,
+               0.08838834764831843]
+    _close(alibi_slopes(12), paper12, 1e-15, "slopes(12)")
+    _close(alibi_slopes(6), [0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125], 0, "slopes(6)")
+    _close(alibi_slopes(4), [0.25, 0.0625, 0.015625, 0.00390625], 0, "slopes(4)")
+    _close(alibi_slopes(1), [2.0 ** -8], 0, "slopes(1)")
+
+    # doc_start vs loops
+    toks = torch.randint(250, 258, (3, 4, 17), generator=g)
+    ds = compute_doc_start(toks)
+    for idx in [(a, b) for a in range(3) for b in range(4)]:
+        last = 0
+        for t in range(17):
+            if toks[idx][t] == EOT:
+                last = t
+            assert ds[idx][t] == last, "doc_start"
+
+    # layernorm / gelu / silu / cross-entropy vs torch's own
+    x = torch.randn(3, 5, 16, generator=g, dtype=torch.float64)
+    w = torch.randn(16, generator=g, dtype=torch.float64)
+    b = torch.randn(16, generator=g, dtype=torch.float64)
+    _close(layernorm(x, w, b), F.layer_norm(x, (16,), w, b, 1e-5), 1e-12, "layernorm")
+    _close(gelu_tanh(x), F.gelu(x, approximate="tanh"), 1e-12, "gelu")
+    _close(silu(x), F.silu(x), 1e-12, "silu")
+    lg = torch.randn(2, 7, 11, generator=g, dtype=torch.float64)
+    tg = torch.randint(0, 11, (2, 7), generator=g)
+    tg[0, 3] = -1
+    tg[1, 0] = -1
+    _close(cross_entropy_loss(lg, tg),
+           F.cross_entropy(lg.reshape(-1, 11), tg.reshape(-1), ignore_index=-1), 1e-12, "ce")
+
+    # attention vs explicit loops (GQA, ALiBi, packed documents), float64
+    for nh, nkv, use_alibi in [(4, 2, True), (6, 1, True), (3, 3, False)]:
+        cfg = ModelConfig(vocab_size=300, n_layer=1, n_embd=4 * nh, n_head=nh, n_kv_head=nkv,
+                          ffn_hidden=8, max_seq_len=16,
+                          pos=POS_ALIBI if use_alibi else POS_LEARNED)
+        B, T, hs = 2, 9, cfg.head_size
+        toks = torch.randint(0, 256, (B, T), generator=g)
+        toks[0, 3] = toks[0, 4] = toks[0, 8] = EOT
+        toks[1, 0] = toks[1, 6] = EOT
+        dsb = compute_doc_start(toks)
+        p = init_params(cfg, seed=5, kind="test", dtype=torch.float64)
+        xin = torch.randn(B, T, cfg.n_embd, generator=g, dtype=torch.float64)
+        slopes = alibi_slopes(nh) if use_alibi else None
+        bias = attention_bias(dsb, nh, slopes, dtype=torch.float64)
+        got = attention(xin, p, "h0.", cfg, bias).detach()
+        got_sdpa = attention(xin, p, "h0.", cfg, bias, sdpa=True).detach()
+        W, bb = p["h0.attn.qkv.w"].detach(), p["h0.attn.qkv.b"].detach()
+        Wp, bp = p["h0.attn.proj.w"].detach(), p["h0.attn.proj.b"].detach()
+        want = torch.zeros(B, T, cfg.n_embd, dtype=torch.float64)
+        for bi in range(B):
+            qkv = [[sum(W[f, c].item() * xin[bi, t, c].item() for c in range(cfg.n_embd))
+                    + bb[f].item() for f in range(W.shape[0])] for t in range(T)]
+            y = [[0.0] * (nh * hs) for _ in range(T)]
+            for h in range(nh):
+                kvh = h // (nh // nkv)
+                qo, ko, vo = h * hs, (nh + kvh) * hs, (nh + nkv + kvh) * hs
+                for i in range(T):
+                    js = [j for j in range(T) if dsb[bi, i] <= j <= i]
+                    sc = []
+                    for j in js:
+                        s = sum(qkv[i][qo + d] * qkv[j][ko + d] for d in range(hs))
+                        s /= math.sqrt(hs)
+                        if use_alibi:
+                            s -= slopes[h] * (i - j)
+                        sc.append(s)
+                    mx = max(sc)
+                    ex = [math.exp(s - mx) for s in sc]
+                    z = sum(ex)
+                    for d in range(hs):
+                        y[i][h * hs + d] = sum(e / z * qkv[j][vo + d] for e, j in zip(ex, js))
+            for t in range(T):
+                for c in range(cfg.n_embd):
+                    want[bi, t, c] = sum(Wp[c, f].item() * y[t][f] for f in range(nh * hs)) \
+                        + bp[c].item()
+        _close(got, want, 1e-10, f"attention nh={nh} nkv={nkv} alibi={use_alibi}")
+        _close(got_sdpa, want, 1e-10, f"attention(sdpa) nh={nh} nkv={nkv}")
+
+    # full model: packed rows == each document run alone; autograd == finite differences
+    for key in CONFIGS:
+        cfg = ModelConfig(**CONFIGS[key]["model"])
+        p = init_params(cfg, seed=9, kind="test", dtype=torch.float64)
+        inp, tgt, dsa = make_batch(1, 3, 21, cfg.vocab_size, seed=77)
+        inp, tgt, dsa = inp[0], tgt[0], dsa[0]
+        with torch.no_grad():
+            full = forward(p, cfg, inp, dsa)
+            for bi in range(3):
+                starts = sorted(set(dsa[bi].tolist()))
+                bounds = starts + [inp.shape[1]]
+                for s, e in zip(bounds[:-1], bounds[1:]):
+                    doc = inp[bi: bi + 1, s:e]
+                    alone = forward(p, cfg, doc, torch.zeros_like(doc))
+                    _close(full[bi: bi + 1, s:e], alone, 1e-10, f"packing {key} row {bi}")
+        loss = cross_entropy_loss(forward(p, cfg, inp, dsa), tgt)
+        grads = dict(zip(p.keys(), torch.autograd.grad(loss, list(p.values()))))
+        assert grads["wte"][cfg.vocab_size:].abs().max() == 0, "padded wte rows get no grad"
+        gen = torch.Generator().manual_seed(4)
+        with torch.no_grad():
+            for name in ["wte", "h0.ln1.w", "h0.attn.qkv.w", "h0.attn.qkv.b", "h1.mlp.fc.w",
+                         "h1.mlp.proj.b", "lnf.b"] + (["wpe"] if "wpe" in p else []):
+                t = p[name]
+                for _ in range(3):
+                    k = int(torch.randint(0, t.numel(), (1,), generator=gen))
+                    if name == "wte":
+                        k = int(inp.reshape(-1)[k % inp.numel()]) * cfg.n_embd + k % cfg.n_embd
+                    flat = t.view(-1)
+                    old = flat[k].item()
+                    flat[k] = old + 1e-6
+                    lp = cross_entropy_loss(forward(p, cfg, inp, dsa), tgt).item()
+                    flat[k] = old - 1e-6
+                    lm = cross_entropy_loss(forward(p, cfg, inp, dsa), tgt).item()
+                    flat[k] = old
+                    fd = (lp - lm) / 2e-6
+                    _close(grads[name].view(-1)[k], fd, 1e-7 + 1e-5 * abs(fd), f"fd {key} {name}")
+
+    # hand-written AdamW vs torch.optim.AdamW (decay only on ndim >= 2), no clipping
+    cfg = ModelConfig(**CONFIGS["b"]["model"])
+    tc = TrainConfig(B=2, T=11, grad_clip=0.0, warmup_steps=2, max_steps=4).rounded()
+    inp, tgt, dsa = make_batch(2, 2, 11, cfg.vocab_size, seed=8)
+    mine = init_params(cfg, seed=3, kind="test", dtype=torch.float64)
+    theirs = init_params(cfg, seed=3, kind="test", dtype=torch.float64)
+    opt = AdamW(mine, tc)
+    def by_name(n):  # independent of decays(): embeddings and linear weights only
+        return n in ("wte", "wpe") or (n.endswith(".w") and n.split(".")[-2] in ("qkv", "proj", "fc"))
+    assert sum(map(by_name, theirs)) == 2 + 4 * cfg.n_layer
+    topt = torch.optim.AdamW(
+        [{"params": [q for n, q in theirs.items() if by_name(n)], "weight_decay": tc.weight_decay},
+         {"params": [q for n, q in theirs.items() if not by_name(n)], "weight_decay": 0.0}],
+        lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.eps, foreach=False)
+    for s in range(4):
+        train_step(mine, opt, cfg, tc, s, inp, tgt, dsa)
+        _, gr = accumulate_grads(theirs, cfg, inp, tgt, dsa)
+        for n, q in theirs.items():
+            q.grad = gr[n]
+        for grp in topt.param_groups:
+            grp["lr"] = f32(lr_at(s, tc))
+        topt.step()
+    for n in mine:
+        _close(mine[n].detach(), theirs[n].detach(), 1e-12, f"adamw {n}")
+
+    # clipping: clipped norm equals grad_clip
+    _, gr = accumulate_grads(mine, cfg, inp, tgt, dsa)
+    nrm = global_norm(gr)
+    _close(nrm, torch.sqrt(sum((v.double() ** 2).sum() for v in gr.values())), 1e-5 * nrm.item(),
+           "global norm")
+    clip = 0.5 * nrm.item()
+    scale = min(1.0, clip / (nrm.item() + 1e-6))
+    _close(global_norm({k: v * scale for k, v in gr.items()}), clip, 1e-5 * clip, "clip")
+
+    # lr schedule
+    tc = TrainConfig(B=1, T=1, lr=1e-3, warmup_steps=5, max_steps=10, final_lr_frac=0.1)
+    _close([lr_at(s, tc) for s in range(5)], [2e-4, 4e-4, 6e-4, 8e-4, 1e-3], 1e-15, "warmup")
+    _close(lr_at(5, tc), 1e-3, 1e-15, "lr peak")
+    _close(lr_at(10, tc), 1e-4, 1e-15, "lr end")
+    _close(lr_at(7, tc), 1e-4 + 0.5 * 9e-4 * (1 + math.cos(math.pi * 0.4)), 1e-15, "lr cos")
+
+    # file round trip
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "x.bin")
+        ent = [("i", 7), ("f", 0.5), ("v", torch.arange(6, dtype=torch.int32).view(2, 3)),
+               ("w", torch.randn(3, 1, 2)), ("é", torch.zeros(0))]
+        write_ref(path, ent)
+        back = read_ref(path)
+        assert list(back.keys()) == [n for n, _ in ent]
+        assert back["i"].shape == () and back["i"].item() == 7 and back["i"].dtype == torch.int32
+        assert back["f"].item() == 0.5 and back["f"].dtype == torch.float32
+        assert torch.equal(back["v"], ent[2][1]) and torch.equal(back["w"], ent[3][1])
+        assert back["é"].shape == (0,)
+    print("OK")
+
+
+# ----------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", help="directory for ref_a.bin, ref_b.bin, ref_c.bin")
+    ap.add_argument("--selfcheck", action="store_true", help="test this file's pieces")
+    ap.add_argument("--configs", default="abc", help="which configs to write (default abc)")
+    args = ap.parse_args()
+    if not args.out and not args.selfcheck:
+        ap.error("give --out DIR and/or --selfcheck")
+    torch.set_num_threads(1)  # reproducible float32 sums
+    torch.use_deterministic_algorithms(True)
+    if args.selfcheck:
+        selfcheck()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        for key in args.configs:
+            cfg, tc, entries, hist = make_reference(key)
+            path = os.path.join(args.out, f"ref_{key}.bin")
+            write_ref(path, entries)
+            back = read_ref(path)
+            assert list(back.keys()) == [n for n, _ in entries]
+            print(f"{path}: {os.path.getsize(path)} bytes, {len(entries)} entries; "
+                  f"V={cfg.vocab_size} Vp={cfg.padded_vocab_size} L={cfg.n_layer} "
+                  f"C={cfg.n_embd} nh={cfg.n_head} nkv={cfg.n_kv_head} H={cfg.ffn_hidden} "
+                  f"mlp={'swiglu' if cfg.mlp == MLP_SWIGLU else 'gelu'} "
+                  f"pos={'alibi' if cfg.pos == POS_ALIBI else 'learned'} "
+                  f"B={tc.B} T={tc.T} A={tc.grad_accum} clip={tc.grad_clip:.6g}")
+            for s, (l, n, lr) in enumerate(hist):
+                print(f"  step {s}: loss {l:.6f} norm {n:.6f} lr {lr:.6g}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+// Model-level and training-loop tests of the CPU build: packing, overfitting, data loading,
+// LR schedules, checkpoint/resume determinism and clear errors for bad input.
+#define LLMC_CPU
+#define LLMC_NO_MAIN
+#include "../train_gpt.cu"
+
+#include <doctest/doctest.h>
+#include <fstream>
+#include <sstream>
+#include <sys/wait.h>
+
+namespace {
+
+// Writes a token shard with an explicit header, so tests can also write broken ones.
+void write_shard(const std::string& path, const std::vector<int>& tokens, uint32_t vocab_size = 257,
+                 uint32_t eot = 256, uint32_t token_bytes = 2, const char* magic = "LLMCSHRD",
+                 long long num_tokens_in_header = -1) {
+    FILE* f = fopen(path.c_str(), "wb");
+    REQUIRE(f);
+    unsigned char h[SHARD_HEADER_BYTES] = {0};
+    memcpy(h, magic, 8);
+    uint32_t version = SHARD_VERSION;
+    uint64_t n = num_tokens_in_header >= 0 ? (uint64_t)num_tokens_in_header : tokens.size();
+    memcpy(h + 8, &version, 4);
+    memcpy(h + 12, &token_bytes, 4);
+    memcpy(h + 16, &n, 8);
+    memcpy(h + 24, &vocab_size, 4);
+    memcpy(h + 28, &eot, 4);
+    fwrite(h, 1, sizeof(h), f);
+    for (int t : tokens) fwrite(&t, 1, token_bytes, f);  // little-endian host
+    fclose(f);
+}
+
+// Byte-like text with documents opened by EOT (256), lengths 1..40.
+std::vector<int> synthetic_tokens(int n, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int> t;
+    while ((int)t.size() < n) {
+        t.push_back(256);
+        int len = 1 + (int)rng.below(40);
+        for (int i = 0; i < len && (int)t.size() < n; i++) t.push_back('a' + (int)rng.below(8) + (i % 3 == 0 ? 0 : 8));
+    }
+    return t;
+}
+
+std::string make_temp_dir() {
+    char tmpl[] = "/tmp/llmc_test_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    return tmpl;
+}
+
+// Runs the trainer in-process with its stdout silenced (errors still propagate as LlmcError).
+int run_train(std::vector<std::string> args) {
+    args.insert(args.begin(), "train_gpt_cpu");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    fflush(stdout);
+    int saved = dup(1), devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    close(devnull);
+    struct Restore {
+        int fd;
+        ~Restore() { fflush(stdout); dup2(fd, 1); close(fd); }
+    } restore{saved};
+    return train_main((int)argv.size(), argv.data());
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+GPTConfig small_config(int mlp, int pos, int n_head = 4, int n_kv_head = 2) {
+    GPTConfig c;
+    c.vocab_size = 257;
+    c.n_layer = 2;
+    c.n_embd = 8 * n_head;
+    c.n_head = n_head;
+    c.n_kv_head = n_kv_head;
+    c.max_seq_len = 64;
+    c.mlp = mlp;
+    c.pos = pos;
+    c.finalize();
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("packing: the losses of a packed row equal its documents run one by one") {
+    for (int variant = 0; variant < 2; variant++) {
+        // (a) SwiGLU + ALiBi + GQA, 6 heads; (b) GPT-2 style GELU + learned positions
+        GPTConfig c = variant == 0 ? small_config(MLP_SWIGLU, POS_ALIBI, 6, 2) : small_config(MLP_GELU, POS_LEARNED, 4, 4);
+        CAPTURE(variant);
+        const int T = 45;
+        GPT m;
+        gpt_allocate(m, c, 1, T);
+        gpt_init_params(m, 7 + variant);
+        // row starts mid-document; documents of length 1 at 12 and at the end
+        std::vector<int> row(T), targets(T), ds(T);
+        Rng rng(3);
+        for (int t = 0; t < T; t++) { row[t] = (int)rng.below(256); targets[t] = (int)rng.below(257); }
+        for (int e : {6, 12, 13, 30, 44}) row[e] = 256;
+        compute_doc_start(ds.data(), row.data(), T, 256);
+        gpt_forward(m, row.data(), targets.data(), ds.data(), 1, T);
+        std::vector<float> packed = m.host_losses;
+        int n_docs = 0;
+        for (int s = 0; s < T;) {
+            int e = s + 1;
+            while (e < T && row[e] != 256) e++;
+            std::vector<int> doc_ds(e - s);
+            compute_doc_start(doc_ds.data(), row.data() + s, e - s, 256);
+            gpt_forward(m, row.data() + s, targets.data() + s, doc_ds.data(), 1, e - s);
+            for (int t = s; t < e; t++) {
+                CAPTURE(t);
+                CHECK(m.host_losses[t - s] == doctest::Approx(packed[t]).epsilon(1e-5));
+            }
+            s = e;
+            n_docs++;
+        }
+        CHECK(n_docs == 6);
+        gpt_free(m);
+    }
+}
+
+TEST_CASE("a d2 model overfits a single batch") {
+    Args args;
+    const char* argv[] = {"x", "-e", "d2"};
+    REQUIRE(parse_args(3, (char**)argv, args));
+    GPTConfig c = config_from_args(args);
+    CHECK(c.n_layer == 2);
+    CHECK(c.n_embd == 128);
+    CHECK(c.n_head == 2);
+    const int B = 2, T = 64;
+    GPT m;
+    gpt_allocate(m, c, B, T);
+    gpt_init_params(m, 1);
+    std::vector<int> tokens = synthetic_tokens(B * T + 1, 5), in(B * T), tgt(B * T), ds(B * T);
+    for (int i = 0; i < B * T; i++) { in[i] = tokens[i]; tgt[i] = tokens[i + 1]; }
+    for (int b = 0; b < B; b++) compute_doc_start(ds.data() + b * T, in.data() + b * T, T, 256);
+    OptimizerConfig opt;
+    opt.weight_decay = 0.0f;
+    float loss = 0;
+    int step = 0;
+    for (; step < 300; step++) {
+        gpt_zero_grad(m);
+        loss = gpt_forward(m, in.data(), tgt.data(), ds.data(), B, T, 1.0f);
+        if (loss < 0.1f) break;
+        gpt_backward(m);
+        gpt_update(m, opt, step < 10 ? 3e-3f * (step + 1) / 10 : 3e-3f, step);
+    }
+    MESSAGE("d2 overfit: loss " << loss << " after " << step << " steps");
+    CHECK(loss < 0.1f);
+    gpt_free(m);
+}
+
+TEST_CASE("data loader: doc_start, epochs, rank slices, exact resume") {
+    int row[8] = {5, 256, 7, 7, 256, 256, 9, 1};
+    int ds[8];
+    compute_doc_start(ds, row, 8, 256);
+    const int expect[8] = {0, 1, 1, 1, 4, 5, 5, 5};
+    for (int t = 0; t < 8; t++) CHECK(ds[t] == expect[t]);
+
+    std::string dir = make_temp_dir();
+    // tokens are their own positions (mod 250), so a row is identified by its first token
+    std::vector<int> tokens(10 * 8 + 1);
+    for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (int)(i % 250);
+    write_shard(dir + "/s_000.bin", tokens);
+    const int B = 2, T = 8, world = 2;
+    DataLoader r0(dir + "/s_*.bin", B, T, 0, world, true, 42, 257, "--train");
+    DataLoader r1(dir + "/s_*.bin", B, T, 1, world, true, 42, 257, "--train");
+    CHECK(r0.batches_in_shard(0) == 2);  // 10 rows / (B * world) = 2 full batches, 2 rows dropped
+    std::vector<int> in(B * T), tgt(B * T), d(B * T);
+    for (int epoch = 0; epoch < 2; epoch++) {
+        std::vector<int> seen;
+        for (int k = 0; k < 2; k++) {
+            for (DataLoader* l : {&r0, &r1}) {
+                l->next_batch(in.data(), tgt.data(), d.data());
+                for (int b = 0; b < B; b++) {
+                    CHECK(in[b * T] % T == 0);
+                    for (int t = 0; t < T; t++) CHECK(tgt[b * T + t] == (in[b * T + t] + 1) % 250);
+                    seen.push_back(in[b * T] / T);
+                }
+            }
+        }
+        std::sort(seen.begin(), seen.end());
+        CHECK(std::unique(seen.begin(), seen.end()) == seen.end());  // no row twice in an epoch
+        CHECK(seen.size() == 8);
+    }
+    // restoring a saved position replays exactly the same batches
+    DataLoader a(dir + "/s_*.bin", B, T, 0, 1, true, 42, 257, "--train");
+    for (int k = 0; k < 7; k++) a.next_batch(in.data(), tgt.data(), d.data());
+    LoaderState saved = a.state;
+    std::vector<int> expect_in(B * T), got(B * T);
+    a.next_batch(expect_in.data(), tgt.data(), d.data());
+    DataLoader b(dir + "/s_*.bin", B, T, 0, 1, true, 42, 257, "--train");
+    b.reset(saved);
+    b.next_batch(got.data(), tgt.data(), d.data());
+    CHECK(got == expect_in);
+}
+
+TEST_CASE("learning-rate schedules") {
+    LRSchedule s;
+    s.lr_max = 1.0f; s.final_frac = 0.1f; s.warmup = 10; s.max_steps = 110;
+    CHECK(s.at(0) == doctest::Approx(0.1));
+    CHECK(s.at(9) == doctest::Approx(1.0));
+    CHECK(s.at(10) == doctest::Approx(1.0));
+    CHECK(s.at(60) == doctest::Approx(0.55));
+    CHECK(s.at(110) == doctest::Approx(0.1));
+    s.kind = "linear";
+    CHECK(s.at(60) == doctest::Approx(0.55));
+    s.kind = "constant";
+    CHECK(s.at(100) == doctest::Approx(1.0));
+    s.kind = "wsd"; s.wsd_decay_frac = 0.2f;  // decays over the last 22 steps
+    CHECK(s.at(87) == doctest::Approx(1.0));
+    CHECK(s.at(99) == doctest::Approx(1.0 - 0.9 * 11 / 22.0));
+    s.kind = "nope";
+    CHECK_THROWS_WITH_AS(s.validate(), doctest::Contains("--schedule"), LlmcError);
+}
+
+namespace {
+struct TrainFixture {
+    std::string dir = make_temp_dir();
+    TrainFixture() {
+        write_shard(dir + "/tr_000.bin", synthetic_tokens(6000, 1));
+        write_shard(dir + "/tr_001.bin", synthetic_tokens(3000, 2));
+        write_shard(dir + "/va_000.bin", synthetic_tokens(2000, 3));
+    }
+    std::vector<std::string> args(const std::string& out, int max_steps) const {
+        return {"--train", dir + "/tr_*.bin", "--val", dir + "/va_*.bin", "--out_dir", dir + "/" + out,
+                "--n_layer", "2", "--n_embd", "32", "--n_head", "4", "--n_kv_head", "2", "-b", "2", "-t", "32",
+                "-d", "128", "--max_steps", std::to_string(max_steps), "--warmup", "2", "--val_every", "3",
+                "--val_batches", "2", "--sample_len", "16", "--ckpt_every", "4"};
+    }
+};
+
+// the "loss" values of a log.jsonl, by step (timing fields differ between runs)
+std::map<int, std::string> logged_losses(const std::string& path) {
+    std::map<int, std::string> out;
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line)) {
+        size_t p = line.find("\"loss\":");
+        if (p == std::string::npos) continue;
+        int step = std::stoi(line.substr(line.find("\"step\":") + 7));
+        out[step] = line.substr(p, line.find(',', p) - p) + line.substr(line.find("\"grad_norm\""), 20);
+    }
+    return out;
+}
+}  // namespace
+
+TEST_CASE("checkpoints: round trip, and resume continues bitwise-identically") {
+    TrainFixture fx;
+    // uninterrupted 10 steps (4 micro-batches of 2x32 per 128-token step: accumulation 2)
+    REQUIRE(run_train(fx.args("full", 10)) == 0);
+    // the same run again: bitwise identical (determinism for a fixed seed)
+    REQUIRE(run_train(fx.args("again", 10)) == 0);
+    CHECK(read_file(fx.dir + "/full/ckpt_000000010.bin") == read_file(fx.dir + "/again/ckpt_000000010.bin"));
+    // resume from step 4 in a fresh directory
+    std::vector<std::string> a = fx.args("resumed", 10);
+    a.push_back("--resume");
+    a.push_back(fx.dir + "/full/ckpt_000000004.bin");
+    REQUIRE(run_train(a) == 0);
+    std::string full = read_file(fx.dir + "/full/ckpt_000000010.bin");
+    CHECK(full.size() > 1000);
+    CHECK(full == read_file(fx.dir + "/resumed/ckpt_000000010.bin"));
+    auto l_full = logged_losses(fx.dir + "/full/log.jsonl"), l_res = logged_losses(fx.dir + "/resumed/log.jsonl");
+    CHECK(l_res.size() == 6);
+    for (auto& [step, text] : l_res) {
+        CAPTURE(step);
+        CHECK(text == l_full[step]);
+    }
+    // round trip of the file format itself
+    Checkpoint ck = load_checkpoint(fx.dir + "/full/ckpt_000000010.bin");
+    CHECK(ck.get_int("step", "") == 10);
+    CHECK(ck.get_int("config.n_kv_head", "") == 2);
+    save_checkpoint(fx.dir + "/copy.bin", ck, ck.params.data(), ck.adam_m.data(), ck.adam_v.data(), ck.params.size());
+    CHECK(read_file(fx.dir + "/copy.bin") == full);
+    CHECK(!file_exists(fx.dir + "/copy.bin.tmp"));
+    // resume 'latest' picks the newest checkpoint and continues to a later max_steps
+    std::vector<std::string> b = fx.args("full", 12);
+    b.push_back("--resume");
+    b.push_back("latest");
+    REQUIRE(run_train(b) == 0);
+    CHECK(file_exists(fx.dir + "/full/ckpt_000000012.bin"));
+}
+
+TEST_CASE("bad input: each a clear error") {
+    TrainFixture fx;
+    const std::string d = fx.dir;
+    auto fails_with = [&](std::vector<std::string> args, const char* needle) {
+        CAPTURE(needle);
+        CHECK_THROWS_WITH_AS(run_train(args), doctest::Contains(needle), LlmcError);
+    };
+    auto with = [&](std::vector<std::string> a, std::vector<std::string> extra) {
+        a.insert(a.end(), extra.begin(), extra.end());
+        return a;
+    };
+    std::vector<std::string> base = fx.args("bad", 2);
+
+    write_shard(d + "/magic_000.bin", synthetic_tokens(3000, 1), 257, 256, 2, "GPT2SHRD");
+    fails_with(with(base, {"--train", d + "/magic_*.bin"}), "magic is \"GPT2SHRD\", expected \"LLMCSHRD\"");
+
+    write_shard(d + "/trunc_000.bin", synthetic_tokens(3000, 1), 257, 256, 2, "LLMCSHRD", 4000);
+    fails_with(with(base, {"--train", d + "/trunc_*.bin"}), "truncated: header says 4000 tokens");
+
+    std::vector<int> big = synthetic_tokens(3000, 1);
+    big[1234] = 300;
+    write_shard(d + "/vocab_000.bin", big, 257);
+    fails_with(with(base, {"--train", d + "/vocab_*.bin"}), "token 1234 has id 300, but the model's vocab_size is 257");
+    write_shard(d + "/vocab2_000.bin", synthetic_tokens(3000, 1), 50257, 256);
+    fails_with(with(base, {"--train", d + "/vocab2_*.bin"}), "shard vocab_size 50257 is larger than the model's vocab_size 257");
+
+    write_shard(d + "/width_000.bin", synthetic_tokens(3000, 1), 257, 256, 3);
+    fails_with(with(base, {"--train", d + "/width_*.bin"}), "token width 3 bytes, expected 2 or 4");
+
+    fails_with(with(base, {"--train", d + "/nothing_*.bin"}), "--train: no files match");
+    fails_with(with(base, {"-d", "100"}), "--total_batch_tokens 100 is not a multiple of B*T*ranks = 2*32*1 = 64");
+    fails_with(with(base, {"--n_kv_head", "3"}), "--n_kv_head 3 must divide --n_head 4");
+    fails_with(with(base, {"--mlp", "relu"}), "--mlp: expected swiglu or gelu");
+    fails_with(with(base, {"--lr", "fast"}), "--lr: expected a number");
+    fails_with(with(base, {"--bogus", "1"}), "unknown flag '--bogus'");
+    fails_with(with(base, {"--resume", d + "/missing.bin"}), "missing.bin: cannot open");
+
+    REQUIRE(run_train(fx.args("ok", 4)) == 0);
+    const std::string ck = d + "/ok/ckpt_000000004.bin";
+    fails_with(with(fx.args("ok", 6), {"--resume", ck, "--n_layer", "3"}),
+               "checkpoint has n_layer = 2 but the flags ask for 3");
+    fails_with(with(fx.args("ok", 6), {"--resume", ck, "-b", "1", "-d", "64"}),
+               "checkpoint was trained with --batch_size 2, this run has 1");
+    std::string bytes = read_file(ck);
+    std::ofstream(d + "/cut.bin", std::ios::binary) << bytes.substr(0, bytes.size() - 100);
+    fails_with(with(fx.args("ok", 6), {"--resume", d + "/cut.bin"}), "expected");
+
+    // the binary itself: message on stderr, exit code 1
+    REQUIRE_MESSAGE(file_exists("./train_gpt_cpu"), "run the tests from the repository root after make train_gpt_cpu");
+    std::string cmd = "./train_gpt_cpu --train '" + d + "/magic_*.bin' --out_dir " + d + "/bin > " + d +
+                      "/stdout.txt 2> " + d + "/stderr.txt";
+    int status = system(cmd.c_str());
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 1);
+    CHECK(read_file(d + "/stderr.txt").find("error: " + d + "/magic_000.bin: not a token shard") != std::string::npos);
+}

@@ -1,0 +1,1142 @@
+// Unit tests of the CPU reference ops (llmc/cpu/*.h):
+//  - every forward against a naive definition written here straight from the math (float and double),
+//  - every backward against central finite differences in double (L = sum(out * R), dout = R),
+//  - accumulate (+=) vs overwrite semantics: overwritten outputs are poisoned with NaN first,
+//    accumulated ones are pre-filled and must end as prefill + contribution,
+//  - bitwise independence of the result from the OpenMP thread count.
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iomanip>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "llmc/cpu/adamw.h"
+#include "llmc/cpu/attention.h"
+#include "llmc/cpu/classifier.h"
+#include "llmc/cpu/encoder.h"
+#include "llmc/cpu/global_norm.h"
+#include "llmc/cpu/layernorm.h"
+#include "llmc/cpu/matmul.h"
+#include "llmc/cpu/mlp.h"
+
+namespace {
+
+using std::vector;
+
+// ------------------------------------------------------------------------------------------------
+// helpers
+
+struct Rng {
+    std::mt19937_64 g;
+    explicit Rng(uint64_t seed) : g(seed) {}
+    double uni(double a, double b) { return std::uniform_real_distribution<double>(a, b)(g); }
+    // never zero: magnitude uniform in [lo, hi], random sign
+    double nz(double lo = 0.1, double hi = 1.0) {
+        double m = uni(lo, hi);
+        return (g() & 1) ? m : -m;
+    }
+    int randint(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); }  // inclusive
+};
+
+template <class T>
+vector<T> rand_vec(Rng& r, size_t n, double lo = 0.1, double hi = 1.0) {
+    vector<T> v(n);
+    for (auto& x : v) x = (T)r.nz(lo, hi);
+    return v;
+}
+
+template <class T>
+vector<T> nan_vec(size_t n) {
+    return vector<T>(n, std::numeric_limits<T>::quiet_NaN());
+}
+
+template <class T>
+vector<double> to_d(const vector<T>& v) {
+    return vector<double>(v.begin(), v.end());
+}
+
+double dot(const vector<double>& a, const vector<double>& b) {
+    double s = 0;
+    for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
+    return s;
+}
+
+vector<double> sub(const vector<double>& a, const vector<double>& b) {
+    vector<double> c(a.size());
+    for (size_t i = 0; i < a.size(); i++) c[i] = a[i] - b[i];
+    return c;
+}
+
+vector<double> add(const vector<double>& a, const vector<double>& b) {
+    vector<double> c(a.size());
+    for (size_t i = 0; i < a.size(); i++) c[i] = a[i] + b[i];
+    return c;
+}
+
+template <class T>
+const char* tname() {
+    return std::is_same<T, float>::value ? "float" : "double";
+}
+
+// forward tolerance vs a double-precision naive definition
+template <class T>
+double fwd_rtol() {
+    return std::is_same<T, float>::value ? 1e-5 : 1e-12;
+}
+
+// |got - ref| <= rtol * (|ref| + scale) for every element, scale = max |ref| unless given: a relative
+// error with a floor relative to the tensor's magnitude. NaN anywhere fails. One CHECK per tensor,
+// whose message names the tensor, the number of bad elements and the worst one.
+template <class G, class R>
+bool check_close(const std::string& what, const G* got, const R* ref, size_t n, double rtol,
+                 double scale = -1, const vector<size_t>* index = nullptr) {
+    if (scale < 0) {
+        scale = 0;
+        for (size_t i = 0; i < n; i++)
+            if (std::isfinite((double)ref[i])) scale = std::max(scale, std::fabs((double)ref[i]));
+    }
+    size_t nfail = 0, worst = 0;
+    double worst_ratio = -1;
+    for (size_t i = 0; i < n; i++) {
+        double g = (double)got[i], r = (double)ref[i];
+        double err = std::fabs(g - r), tol = rtol * (std::fabs(r) + scale);
+        if (!(err <= tol)) {
+            nfail++;
+            double ratio = std::isnan(err) ? INFINITY : err / std::max(tol, 1e-300);
+            if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+        }
+    }
+    std::string msg;
+    if (nfail) {
+        std::ostringstream os;
+        os << std::setprecision(12) << what << ": " << nfail << "/" << n
+           << " elements out of tolerance; worst at index " << (index ? (*index)[worst] : worst)
+           << ": got " << (double)got[worst] << ", expected " << (double)ref[worst] << ", |err| "
+           << std::fabs((double)got[worst] - (double)ref[worst]) << " > tol "
+           << rtol * (std::fabs((double)ref[worst]) + scale) << " (rtol " << rtol << ", scale " << scale
+           << ")";
+        msg = os.str();
+    }
+    CHECK_MESSAGE(nfail == 0, msg);
+    return nfail == 0;
+}
+
+template <class G, class R>
+bool check_close(const std::string& what, const vector<G>& got, const vector<R>& ref, double rtol,
+                 double scale = -1) {
+    REQUIRE_MESSAGE(got.size() == ref.size(), what << ": size mismatch");
+    return check_close(what, got.data(), ref.data(), got.size(), rtol, scale);
+}
+
+template <class T>
+void check_bitwise(const std::string& what, const vector<T>& got, const vector<T>& ref) {
+    REQUIRE(got.size() == ref.size());
+    size_t first = got.size();
+    for (size_t i = 0; i < got.size(); i++)
+        if (std::memcmp(&got[i], &ref[i], sizeof(T)) != 0) {
+            first = i;
+            break;
+        }
+    std::string msg;
+    if (first < got.size()) {
+        std::ostringstream os;
+        os << std::setprecision(12) << what << ": first bitwise difference at index " << first << ": "
+           << (double)got[first] << " vs " << (double)ref[first];
+        msg = os.str();
+    }
+    CHECK_MESSAGE(first == got.size(), msg);
+}
+
+// Central differences (L(x+h) - L(x-h)) / 2h of loss() w.r.t. x[i], compared with grad[i], for every
+// element of x (or a random subset of max_n of them when x is larger).
+void fd_check(const std::string& what, vector<double>& x, const vector<double>& grad,
+              const std::function<double()>& loss, size_t max_n = SIZE_MAX, double h = 1e-5,
+              double rtol = 1e-6) {
+    REQUIRE_MESSAGE(grad.size() == x.size(), what << ": gradient size mismatch");
+    vector<size_t> idx(x.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    if (x.size() > max_n) {
+        Rng r(1234 + x.size());
+        std::shuffle(idx.begin(), idx.end(), r.g);
+        idx.resize(max_n);
+        std::sort(idx.begin(), idx.end());
+    }
+    vector<double> fd, an;
+    // thousands of tiny forwards: one thread avoids the fork/join cost (the backward under test ran
+    // with the default thread count; thread-count independence is tested separately)
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    for (size_t i : idx) {
+        const double x0 = x[i];
+        x[i] = x0 + h;
+        const double lp = loss();
+        x[i] = x0 - h;
+        const double lm = loss();
+        x[i] = x0;
+        fd.push_back((lp - lm) / (2 * h));
+        an.push_back(grad[i]);
+    }
+    omp_set_num_threads(saved_threads);
+    // relative to the gradient's magnitude, with an absolute floor of 1e-4 * rtol for gradients that
+    // are exactly zero (FD roundoff, and the prefill subtraction of accumulated gradients, ~1e-14)
+    double scale = 1e-4;
+    for (double g : grad) scale = std::max(scale, std::fabs(g));
+    if (!std::isfinite(scale)) scale = 1;
+    check_close(what + " vs central finite differences", an.data(), fd.data(), idx.size(), rtol, scale,
+                &idx);
+}
+
+// doc_start for packed rows: doc_start[t] = last EOT position <= t, or 0. With B > 1 row 0 has no
+// EOT at all (it starts mid-document); the other rows have random EOTs plus a document of length 1
+// inside the row and one at its end.
+vector<int> make_doc_start(int B, int T, Rng& r, double p_eot = 0.25) {
+    vector<int> ds((size_t)B * T);
+    for (int b = 0; b < B; b++) {
+        vector<char> eot(T, 0);
+        if (!(B > 1 && b == 0)) {
+            for (int t = 0; t < T; t++) eot[t] = r.uni(0, 1) < p_eot;
+            if (T >= 4) {
+                int p = r.randint(1, T - 3);
+                eot[p] = eot[p + 1] = 1;
+            }
+            if (T >= 2) eot[T - 1] = 1;
+        }
+        int last = 0;
+        for (int t = 0; t < T; t++) {
+            if (eot[t]) last = t;
+            ds[(size_t)b * T + t] = last;
+        }
+    }
+    return ds;
+}
+
+// Runs f (returning a list of output buffers) with 1, 2 and 3 OpenMP threads; all must be bitwise equal.
+template <class T>
+void same_across_thread_counts(const std::string& what, const std::function<vector<vector<T>>()>& f) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const auto ref = f();
+    vector<vector<vector<T>>> got;
+    for (int nt : {2, 3}) {
+        omp_set_num_threads(nt);
+        got.push_back(f());
+    }
+    omp_set_num_threads(saved);
+    for (size_t k = 0; k < got.size(); k++) {
+        REQUIRE(got[k].size() == ref.size());
+        for (size_t o = 0; o < ref.size(); o++) {
+            REQUIRE(got[k][o].size() == ref[o].size());
+            const bool same = std::memcmp(got[k][o].data(), ref[o].data(), ref[o].size() * sizeof(T)) == 0;
+            size_t first = 0;
+            while (!same && first < ref[o].size() &&
+                   std::memcmp(&got[k][o][first], &ref[o][first], sizeof(T)) == 0)
+                first++;
+            REQUIRE_MESSAGE(same, what << ": output #" << o << " differs between 1 and " << (k + 2)
+                                       << " threads (first difference at index " << first << ")");
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// naive definitions (double)
+
+// Cm[m, n] = sum_k A(m, k) Bm[k, n], A(m, k) = A[m * sam + k * sak]
+vector<double> naive_gemm(const vector<double>& A, long sam, long sak, const vector<double>& Bm, int M,
+                          int N, int K) {
+    vector<double> Cm((size_t)M * N, 0.0);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) s += A[m * sam + k * sak] * Bm[(size_t)k * N + n];
+            Cm[(size_t)m * N + n] = s;
+        }
+    return Cm;
+}
+
+// y = x W^T + b, W [OC, C]
+vector<double> naive_linear(const vector<double>& x, const vector<double>& W, const double* b, int BT,
+                            int C, int OC) {
+    vector<double> y((size_t)BT * OC);
+    for (int i = 0; i < BT; i++)
+        for (int o = 0; o < OC; o++) {
+            double s = b ? b[o] : 0.0;
+            for (int c = 0; c < C; c++) s += x[(size_t)i * C + c] * W[(size_t)o * C + c];
+            y[(size_t)i * OC + o] = s;
+        }
+    return y;
+}
+
+void naive_layernorm(vector<double>& y, vector<double>& mean, vector<double>& rstd, const vector<double>& x,
+                     const vector<double>& w, const vector<double>& b, int N, int C) {
+    y.assign((size_t)N * C, 0);
+    mean.assign(N, 0);
+    rstd.assign(N, 0);
+    for (int n = 0; n < N; n++) {
+        double mu = 0;
+        for (int c = 0; c < C; c++) mu += x[(size_t)n * C + c];
+        mu /= C;
+        double var = 0;
+        for (int c = 0; c < C; c++) var += std::pow(x[(size_t)n * C + c] - mu, 2);
+        var /= C;  // biased
+        const double rs = 1.0 / std::sqrt(var + 1e-5);
+        for (int c = 0; c < C; c++) y[(size_t)n * C + c] = (x[(size_t)n * C + c] - mu) * rs * w[c] + b[c];
+        mean[n] = mu;
+        rstd[n] = rs;
+    }
+}
+
+// ALiBi slopes, transcribed from the reference code of Press et al. (get_slopes)
+vector<double> paper_slopes(int n) {
+    auto pow2 = [](int k) {
+        const double start = std::pow(2.0, -std::pow(2.0, -(std::log2((double)k) - 3)));
+        vector<double> s;
+        for (int i = 0; i < k; i++) s.push_back(start * std::pow(start, i));
+        return s;
+    };
+    const double l = std::log2((double)n);
+    if (l == std::floor(l)) return pow2(n);
+    const int closest = 1 << (int)std::floor(l);
+    vector<double> s = pow2(closest), s2 = paper_slopes(2 * closest);
+    for (int i = 0; i < n - closest; i++) s.push_back(s2[2 * i]);
+    return s;
+}
+
+// Full T x T masked score matrix, softmax, times V. out [B, T, n_head, hs], lse [B, n_head, T].
+void naive_attention(vector<double>& out, vector<double>& lse, const vector<double>& qkv,
+                     const vector<int>& ds, int B, int T, int nh, int nkv, int hs, bool alibi) {
+    const int row = (nh + 2 * nkv) * hs;
+    const vector<double> slope = paper_slopes(nh);
+    out.assign((size_t)B * T * nh * hs, 0);
+    lse.assign((size_t)B * nh * T, 0);
+    vector<double> S((size_t)T * T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            const int kh = h / (nh / nkv);
+            auto q = [&](int t, int d) { return qkv[((size_t)b * T + t) * row + h * hs + d]; };
+            auto k = [&](int t, int d) { return qkv[((size_t)b * T + t) * row + (nh + kh) * hs + d]; };
+            auto v = [&](int t, int d) { return qkv[((size_t)b * T + t) * row + (nh + nkv + kh) * hs + d]; };
+            for (int i = 0; i < T; i++)
+                for (int j = 0; j < T; j++) {
+                    const bool visible = ds[(size_t)b * T + i] <= j && j <= i;
+                    double s = 0;
+                    for (int d = 0; d < hs; d++) s += q(i, d) * k(j, d);
+                    s = s / std::sqrt((double)hs) - (alibi ? slope[h] * (i - j) : 0.0);
+                    S[(size_t)i * T + j] = visible ? s : -INFINITY;
+                }
+            for (int i = 0; i < T; i++) {
+                double mx = -INFINITY;
+                for (int j = 0; j < T; j++) mx = std::max(mx, S[(size_t)i * T + j]);
+                double z = 0;
+                for (int j = 0; j < T; j++) z += std::exp(S[(size_t)i * T + j] - mx);
+                lse[((size_t)b * nh + h) * T + i] = mx + std::log(z);
+                for (int j = 0; j < T; j++) {
+                    const double p = std::exp(S[(size_t)i * T + j] - mx) / z;
+                    for (int d = 0; d < hs; d++) out[(((size_t)b * T + i) * nh + h) * hs + d] += p * v(j, d);
+                }
+            }
+        }
+}
+
+double naive_silu(double a) { return a / (1.0 + std::exp(-a)); }
+double naive_gelu(double x) {
+    return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / std::acos(-1.0)) * (x + 0.044715 * x * x * x)));
+}
+
+// ------------------------------------------------------------------------------------------------
+// matmul.h
+
+struct GemmShape {
+    int M, N, K;
+};
+
+TEST_CASE_TEMPLATE("gemm: forward vs naive, both A layouts, overwrite and accumulate", T, float, double) {
+    // 6x16 register tile, 96-row chunks, 256-deep k blocks: shapes below and above each
+    const GemmShape shapes[] = {{7, 5, 19}, {6, 16, 8}, {12, 32, 256}, {13, 37, 300}, {100, 50, 70},
+                                {200, 33, 260}, {1, 1, 1}};
+    Rng r(1);
+    for (const auto& s : shapes) {
+        for (int transA = 0; transA < 2; transA++)
+            for (int acc = 0; acc < 2; acc++) {
+                CAPTURE(s.M);
+                CAPTURE(s.N);
+                CAPTURE(s.K);
+                CAPTURE(transA);
+                CAPTURE(acc);
+                auto A = rand_vec<T>(r, (size_t)s.M * s.K), Bm = rand_vec<T>(r, (size_t)s.K * s.N);
+                // A(m, k): row-major [M, K] (sam = K, sak = 1) or stored transposed [K, M] (sam = 1, sak = M)
+                const long sam = transA ? 1 : s.K, sak = transA ? s.M : 1;
+                auto prefill = rand_vec<T>(r, (size_t)s.M * s.N);
+                auto Cm = acc ? prefill : nan_vec<T>((size_t)s.M * s.N);
+                cpu::gemm<T>(Cm.data(), A.data(), sam, sak, Bm.data(), s.M, s.N, s.K, acc != 0);
+                auto ref = naive_gemm(to_d(A), sam, sak, to_d(Bm), s.M, s.N, s.K);
+                if (acc) ref = add(ref, to_d(prefill));
+                check_close(std::string("gemm<") + tname<T>() + "> C" + (acc ? " (prefill + A*B)" : ""),
+                            Cm, ref, fwd_rtol<T>() * (s.K > 200 ? 2 : 1));
+            }
+    }
+}
+
+struct MatmulShape {
+    int BT, C, OC;
+};
+
+TEST_CASE_TEMPLATE("matmul_forward: vs naive x W^T + b, with and without bias", T, float, double) {
+    const MatmulShape shapes[] = {{7, 5, 19}, {100, 70, 50}, {1, 1, 1}, {97, 300, 17}, {6, 16, 16}};
+    Rng r(2);
+    for (const auto& s : shapes)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            CAPTURE(s.BT);
+            CAPTURE(s.C);
+            CAPTURE(s.OC);
+            CAPTURE(with_bias);
+            auto x = rand_vec<T>(r, (size_t)s.BT * s.C), W = rand_vec<T>(r, (size_t)s.OC * s.C),
+                 b = rand_vec<T>(r, s.OC);
+            auto out = nan_vec<T>((size_t)s.BT * s.OC);
+            cpu::matmul_forward<T>(out.data(), x.data(), W.data(), with_bias ? b.data() : nullptr, s.BT, s.C,
+                                   s.OC);
+            auto bd = to_d(b);
+            auto ref = naive_linear(to_d(x), to_d(W), with_bias ? bd.data() : nullptr, s.BT, s.C, s.OC);
+            check_close(std::string("matmul_forward<") + tname<T>() + "> out", out, ref,
+                        fwd_rtol<T>() * (s.C > 200 ? 2 : 1));
+        }
+}
+
+TEST_CASE_TEMPLATE("matmul_backward: vs naive (dinp overwritten, dweight/dbias accumulate)", T, float, double) {
+    const MatmulShape shapes[] = {{7, 5, 19}, {100, 70, 50}, {260, 20, 24}, {130, 33, 150}};
+    Rng r(3);
+    for (const auto& s : shapes)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            CAPTURE(s.BT);
+            CAPTURE(s.C);
+            CAPTURE(s.OC);
+            CAPTURE(with_bias);
+            auto x = rand_vec<T>(r, (size_t)s.BT * s.C), W = rand_vec<T>(r, (size_t)s.OC * s.C),
+                 dout = rand_vec<T>(r, (size_t)s.BT * s.OC);
+            auto dW0 = rand_vec<T>(r, (size_t)s.OC * s.C), db0 = rand_vec<T>(r, s.OC);
+            auto dx = nan_vec<T>((size_t)s.BT * s.C);
+            auto dW = dW0, db = db0;
+            cpu::matmul_backward<T>(dx.data(), dW.data(), with_bias ? db.data() : nullptr, dout.data(), x.data(),
+                                    W.data(), s.BT, s.C, s.OC);
+            const auto xd = to_d(x), Wd = to_d(W), dd = to_d(dout);
+            // dinp = dout W ; dW = dout^T x ; db = column sums of dout
+            vector<double> rdx((size_t)s.BT * s.C, 0), rdW((size_t)s.OC * s.C, 0), rdb(s.OC, 0);
+            for (int i = 0; i < s.BT; i++)
+                for (int o = 0; o < s.OC; o++) {
+                    const double g = dd[(size_t)i * s.OC + o];
+                    rdb[o] += g;
+                    for (int c = 0; c < s.C; c++) {
+                        rdx[(size_t)i * s.C + c] += g * Wd[(size_t)o * s.C + c];
+                        rdW[(size_t)o * s.C + c] += g * xd[(size_t)i * s.C + c];
+                    }
+                }
+            const double tol = fwd_rtol<T>() * (s.BT > 200 ? 2 : 1);
+            const std::string op = std::string("matmul_backward<") + tname<T>() + "> ";
+            check_close(op + "dinp", dx, rdx, tol);
+            check_close(op + "dweight (prefill + dout^T inp)", dW, add(to_d(dW0), rdW), tol);
+            if (with_bias)
+                check_close(op + "dbias (prefill + sum dout)", db, add(to_d(db0), rdb), tol);
+            else
+                check_bitwise(op + "dbias untouched when null", db, db0);
+        }
+}
+
+TEST_CASE("matmul: backward vs finite differences (double)") {
+    struct Case {
+        int BT, C, OC;
+        size_t max_n;  // FD on a random subset for the large shape (it is also checked fully vs naive)
+    };
+    const Case cases[] = {{7, 5, 19, SIZE_MAX}, {3, 17, 6, SIZE_MAX}, {100, 70, 50, 300}, {260, 20, 24, 200}};
+    Rng r(4);
+    for (const auto& cs : cases)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            const int BT = cs.BT, C = cs.C, OC = cs.OC;
+            CAPTURE(BT);
+            CAPTURE(C);
+            CAPTURE(OC);
+            CAPTURE(with_bias);
+            auto x = rand_vec<double>(r, (size_t)BT * C), W = rand_vec<double>(r, (size_t)OC * C),
+                 b = rand_vec<double>(r, OC), R = rand_vec<double>(r, (size_t)BT * OC);
+            auto loss = [&] {
+                vector<double> out((size_t)BT * OC);
+                cpu::matmul_forward<double>(out.data(), x.data(), W.data(), with_bias ? b.data() : nullptr, BT,
+                                            C, OC);
+                return dot(out, R);
+            };
+            auto dx = nan_vec<double>((size_t)BT * C);
+            auto dW0 = rand_vec<double>(r, (size_t)OC * C), db0 = rand_vec<double>(r, OC);
+            auto dW = dW0, db = db0;
+            cpu::matmul_backward<double>(dx.data(), dW.data(), with_bias ? db.data() : nullptr, R.data(),
+                                         x.data(), W.data(), BT, C, OC);
+            fd_check("matmul_backward<double> dinp", x, dx, loss, cs.max_n);
+            fd_check("matmul_backward<double> dweight (minus prefill)", W, sub(dW, dW0), loss, cs.max_n);
+            if (with_bias) fd_check("matmul_backward<double> dbias (minus prefill)", b, sub(db, db0), loss);
+        }
+}
+
+// ------------------------------------------------------------------------------------------------
+// layernorm.h
+
+struct LnShape {
+    int N, C;
+};
+const LnShape ln_shapes[] = {{7, 5}, {13, 37}, {3, 70}, {4, 1}, {1, 64}};
+
+TEST_CASE_TEMPLATE("layernorm_forward and fused_residual_layernorm_forward: vs naive", T, float, double) {
+    Rng r(5);
+    for (const auto& s : ln_shapes) {
+        CAPTURE(s.N);
+        CAPTURE(s.C);
+        const size_t NC = (size_t)s.N * s.C;
+        auto x = rand_vec<T>(r, NC, 0.1, 2.0), w = rand_vec<T>(r, s.C), b = rand_vec<T>(r, s.C);
+        const std::string op = std::string("layernorm_forward<") + tname<T>() + "> ";
+        {
+            auto out = nan_vec<T>(NC), mean = nan_vec<T>(s.N), rstd = nan_vec<T>(s.N);
+            cpu::layernorm_forward<T>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), s.N,
+                                      s.C);
+            vector<double> ry, rm, rr;
+            naive_layernorm(ry, rm, rr, to_d(x), to_d(w), to_d(b), s.N, s.C);
+            check_close(op + "out", out, ry, fwd_rtol<T>());
+            check_close(op + "mean", mean, rm, fwd_rtol<T>());
+            check_close(op + "rstd", rstd, rr, fwd_rtol<T>());
+        }
+        {
+            const std::string fop = std::string("fused_residual_layernorm_forward<") + tname<T>() + "> ";
+            auto x2 = rand_vec<T>(r, NC);
+            auto res = nan_vec<T>(NC), out = nan_vec<T>(NC), mean = nan_vec<T>(s.N), rstd = nan_vec<T>(s.N);
+            cpu::fused_residual_layernorm_forward<T>(res.data(), out.data(), mean.data(), rstd.data(), x.data(),
+                                                     x2.data(), w.data(), b.data(), s.N, s.C);
+            vector<double> rres(NC);
+            for (size_t i = 0; i < NC; i++) rres[i] = (double)x[i] + (double)x2[i];
+            vector<double> ry, rm, rr;
+            naive_layernorm(ry, rm, rr, rres, to_d(w), to_d(b), s.N, s.C);
+            check_close(fop + "residual", res, rres, fwd_rtol<T>());
+            check_close(fop + "out", out, ry, fwd_rtol<T>());
+            check_close(fop + "mean", mean, rm, fwd_rtol<T>());
+            check_close(fop + "rstd", rstd, rr, fwd_rtol<T>());
+        }
+    }
+}
+
+TEST_CASE("layernorm_backward: vs finite differences (double), all gradients accumulate") {
+    Rng r(6);
+    for (const auto& s : ln_shapes) {
+        const int N = s.N, C = s.C;
+        CAPTURE(N);
+        CAPTURE(C);
+        const size_t NC = (size_t)N * C;
+        auto x = rand_vec<double>(r, NC, 0.1, 2.0), w = rand_vec<double>(r, C), b = rand_vec<double>(r, C),
+             R = rand_vec<double>(r, NC);
+        auto loss = [&] {
+            vector<double> out(NC), mean(N), rstd(N);
+            cpu::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                                           C);
+            return dot(out, R);
+        };
+        vector<double> out(NC), mean(N), rstd(N);
+        cpu::layernorm_forward<double>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+        auto dx0 = rand_vec<double>(r, NC), dw0 = rand_vec<double>(r, C), db0 = rand_vec<double>(r, C);
+        auto dx = dx0, dw = dw0, db = db0;
+        cpu::layernorm_backward<double>(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(),
+                                        mean.data(), rstd.data(), N, C);
+        fd_check("layernorm_backward<double> dinp (minus prefill)", x, sub(dx, dx0), loss);
+        fd_check("layernorm_backward<double> dweight (minus prefill)", w, sub(dw, dw0), loss);
+        fd_check("layernorm_backward<double> dbias (minus prefill)", b, sub(db, db0), loss);
+    }
+}
+
+TEST_CASE("fused_residual_layernorm_forward: gradients of both outputs vs finite differences (double)") {
+    // L = sum(out * R) + sum(residual * R2): dinp1 = dinp2 = R2 + LN backward of R, which is what
+    // layernorm_backward gives when dinp is pre-filled with the residual stream's gradient R2.
+    Rng r(7);
+    for (const auto& s : ln_shapes) {
+        const int N = s.N, C = s.C;
+        CAPTURE(N);
+        CAPTURE(C);
+        const size_t NC = (size_t)N * C;
+        auto x1 = rand_vec<double>(r, NC), x2 = rand_vec<double>(r, NC), w = rand_vec<double>(r, C),
+             b = rand_vec<double>(r, C), R = rand_vec<double>(r, NC), R2 = rand_vec<double>(r, NC);
+        auto loss = [&] {
+            vector<double> res(NC), out(NC), mean(N), rstd(N);
+            cpu::fused_residual_layernorm_forward<double>(res.data(), out.data(), mean.data(), rstd.data(),
+                                                          x1.data(), x2.data(), w.data(), b.data(), N, C);
+            return dot(out, R) + dot(res, R2);
+        };
+        vector<double> res(NC), out(NC), mean(N), rstd(N);
+        cpu::fused_residual_layernorm_forward<double>(res.data(), out.data(), mean.data(), rstd.data(), x1.data(),
+                                                      x2.data(), w.data(), b.data(), N, C);
+        auto dres = R2, dw = vector<double>(C, 0.0), db = vector<double>(C, 0.0);
+        cpu::layernorm_backward<double>(dres.data(), dw.data(), db.data(), R.data(), res.data(), w.data(),
+                                        mean.data(), rstd.data(), N, C);
+        fd_check("fused_residual_layernorm (via layernorm_backward) dinp1", x1, dres, loss);
+        fd_check("fused_residual_layernorm (via layernorm_backward) dinp2", x2, dres, loss);
+        fd_check("fused_residual_layernorm (via layernorm_backward) dweight", w, dw, loss);
+        fd_check("fused_residual_layernorm (via layernorm_backward) dbias", b, db, loss);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// attention.h
+
+TEST_CASE("alibi_slope: Press et al. slopes, including non power-of-two head counts") {
+    for (int h = 0; h < 8; h++) {
+        CAPTURE(h);
+        CHECK(cpu::alibi_slope(h, 8) == doctest::Approx(std::pow(2.0, -(h + 1))).epsilon(1e-15));
+    }
+    const double s12[] = {1 / 2.,  1 / 4.,  1 / 8.,  1 / 16.,          1 / 32.,          1 / 64.,
+                          1 / 128., 1 / 256., std::pow(2.0, -0.5), std::pow(2.0, -1.5), std::pow(2.0, -2.5),
+                          std::pow(2.0, -3.5)};
+    for (int h = 0; h < 12; h++) {
+        CAPTURE(h);
+        CHECK(cpu::alibi_slope(h, 12) == doctest::Approx(s12[h]).epsilon(1e-15));
+    }
+    const double s6[] = {1 / 4., 1 / 16., 1 / 64., 1 / 256., 1 / 2., 1 / 8.};
+    for (int h = 0; h < 6; h++) {
+        CAPTURE(h);
+        CHECK(cpu::alibi_slope(h, 6) == doctest::Approx(s6[h]).epsilon(1e-15));
+    }
+    // every head count 1..64 vs the paper's reference code (get_slopes)
+    for (int n = 1; n <= 64; n++) {
+        const auto ref = paper_slopes(n);
+        REQUIRE(ref.size() == (size_t)n);
+        vector<double> got(n);
+        for (int h = 0; h < n; h++) got[h] = cpu::alibi_slope(h, n);
+        check_close("alibi_slope(h, " + std::to_string(n) + ")", got, ref, 1e-14, 0);
+    }
+}
+
+struct AttnShape {
+    int B, T, nh, nkv, hs;
+};
+// non power-of-two head counts, multi-query (nkv 1), nkv == nh, GQA groups of 2, 3, 4; T off any tile
+const AttnShape attn_shapes[] = {{2, 7, 3, 1, 4},  {2, 13, 6, 2, 3}, {2, 13, 6, 1, 4}, {2, 13, 6, 6, 4},
+                                 {1, 37, 12, 4, 2}, {2, 13, 12, 12, 2}, {2, 1, 2, 1, 3}, {3, 5, 4, 2, 8}};
+
+TEST_CASE_TEMPLATE("attention_forward: vs naive masked softmax (packed docs, GQA, ALiBi)", T, float, double) {
+    Rng r(8);
+    vector<AttnShape> shapes(std::begin(attn_shapes), std::end(attn_shapes));
+    shapes.push_back({2, 64, 8, 2, 16});
+    shapes.push_back({3, 37, 6, 3, 8});
+    for (const auto& s : shapes)
+        for (int alibi = 0; alibi < 2; alibi++) {
+            CAPTURE(s.B);
+            CAPTURE(s.T);
+            CAPTURE(s.nh);
+            CAPTURE(s.nkv);
+            CAPTURE(s.hs);
+            CAPTURE(alibi);
+            const int row = (s.nh + 2 * s.nkv) * s.hs;
+            auto ds = make_doc_start(s.B, s.T, r);
+            auto qkv = rand_vec<T>(r, (size_t)s.B * s.T * row, 0.1, 1.5);
+            auto out = nan_vec<T>((size_t)s.B * s.T * s.nh * s.hs), lse = nan_vec<T>((size_t)s.B * s.nh * s.T);
+            cpu::attention_forward<T>(out.data(), lse.data(), qkv.data(), ds.data(), s.B, s.T, s.nh, s.nkv, s.hs,
+                                      alibi != 0);
+            vector<double> rout, rlse;
+            naive_attention(rout, rlse, to_d(qkv), ds, s.B, s.T, s.nh, s.nkv, s.hs, alibi != 0);
+            const std::string op = std::string("attention_forward<") + tname<T>() + "> ";
+            check_close(op + "out", out, rout, fwd_rtol<T>());
+            check_close(op + "lse", lse, rlse, fwd_rtol<T>());
+        }
+}
+
+TEST_CASE("attention_backward: vs finite differences (double), dqkv overwritten") {
+    Rng r(9);
+    for (const auto& s : attn_shapes)
+        for (int alibi = 0; alibi < 2; alibi++) {
+            const int B = s.B, T = s.T, nh = s.nh, nkv = s.nkv, hs = s.hs;
+            CAPTURE(B);
+            CAPTURE(T);
+            CAPTURE(nh);
+            CAPTURE(nkv);
+            CAPTURE(hs);
+            CAPTURE(alibi);
+            const int row = (nh + 2 * nkv) * hs;
+            auto ds = make_doc_start(B, T, r);
+            auto qkv = rand_vec<double>(r, (size_t)B * T * row, 0.1, 1.5);
+            auto R = rand_vec<double>(r, (size_t)B * T * nh * hs);
+            vector<double> out(R.size()), lse((size_t)B * nh * T);
+            auto loss = [&] {
+                cpu::attention_forward<double>(out.data(), lse.data(), qkv.data(), ds.data(), B, T, nh, nkv, hs,
+                                               alibi != 0);
+                return dot(out, R);
+            };
+            loss();
+            auto dqkv = nan_vec<double>(qkv.size());
+            cpu::attention_backward<double>(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), ds.data(),
+                                            B, T, nh, nkv, hs, alibi != 0);
+            fd_check("attention_backward<double> dqkv", qkv, dqkv, loss);
+        }
+}
+
+TEST_CASE_TEMPLATE("attention: GQA equals MHA on explicitly repeated K/V heads (forward, dQ, summed dK/dV)", T,
+                   float, double) {
+    const AttnShape shapes[] = {{2, 13, 6, 2, 4}, {2, 37, 12, 1, 4}, {1, 13, 6, 3, 5}};
+    Rng r(10);
+    for (const auto& s : shapes)
+        for (int alibi = 0; alibi < 2; alibi++) {
+            CAPTURE(s.B);
+            CAPTURE(s.T);
+            CAPTURE(s.nh);
+            CAPTURE(s.nkv);
+            CAPTURE(s.hs);
+            CAPTURE(alibi);
+            const int hs = s.hs, nh = s.nh, nkv = s.nkv, group = nh / nkv, BT = s.B * s.T;
+            const int row = (nh + 2 * nkv) * hs, row_rep = 3 * nh * hs;
+            auto ds = make_doc_start(s.B, s.T, r);
+            auto qkv = rand_vec<T>(r, (size_t)BT * row, 0.1, 1.5);
+            vector<T> rep((size_t)BT * row_rep);
+            for (int t = 0; t < BT; t++)
+                for (int h = 0; h < nh; h++)
+                    for (int d = 0; d < hs; d++) {
+                        const T* src = &qkv[(size_t)t * row];
+                        T* dst = &rep[(size_t)t * row_rep];
+                        dst[h * hs + d] = src[h * hs + d];
+                        dst[(nh + h) * hs + d] = src[(nh + h / group) * hs + d];
+                        dst[(2 * nh + h) * hs + d] = src[(nh + nkv + h / group) * hs + d];
+                    }
+            const size_t no = (size_t)BT * nh * hs, nl = (size_t)s.B * nh * s.T;
+            auto out = nan_vec<T>(no), lse = nan_vec<T>(nl), out_r = nan_vec<T>(no), lse_r = nan_vec<T>(nl);
+            cpu::attention_forward<T>(out.data(), lse.data(), qkv.data(), ds.data(), s.B, s.T, nh, nkv, hs,
+                                      alibi != 0);
+            cpu::attention_forward<T>(out_r.data(), lse_r.data(), rep.data(), ds.data(), s.B, s.T, nh, nh, hs,
+                                      alibi != 0);
+            const std::string op = std::string("attention<") + tname<T>() + "> GQA vs repeated-KV ";
+            const double tight = std::is_same<T, float>::value ? 1e-6 : 1e-14;
+            check_close(op + "out", out, out_r, tight);
+            check_close(op + "lse", lse, lse_r, tight);
+            auto dout = rand_vec<T>(r, no);
+            auto dq = nan_vec<T>(qkv.size()), dq_r = nan_vec<T>(rep.size());
+            cpu::attention_backward<T>(dq.data(), dout.data(), qkv.data(), out.data(), lse.data(), ds.data(), s.B,
+                                       s.T, nh, nkv, hs, alibi != 0);
+            cpu::attention_backward<T>(dq_r.data(), dout.data(), rep.data(), out_r.data(), lse_r.data(), ds.data(),
+                                       s.B, s.T, nh, nh, hs, alibi != 0);
+            vector<double> expect((size_t)BT * row, 0.0);  // dQ copied, dK/dV summed over each group
+            for (int t = 0; t < BT; t++)
+                for (int h = 0; h < nh; h++)
+                    for (int d = 0; d < hs; d++) {
+                        const T* src = &dq_r[(size_t)t * row_rep];
+                        double* dst = &expect[(size_t)t * row];
+                        dst[h * hs + d] = src[h * hs + d];
+                        dst[(nh + h / group) * hs + d] += src[(nh + h) * hs + d];
+                        dst[(nh + nkv + h / group) * hs + d] += src[(2 * nh + h) * hs + d];
+                    }
+            check_close(op + "dqkv (dQ equal, dK/dV = sums over the group)", dq, expect,
+                        std::is_same<T, float>::value ? 1e-5 : 1e-12);
+        }
+}
+
+TEST_CASE("attention: a packed row equals its documents run alone") {
+    // doc_start masks across documents: the output of a token depends only on its own document
+    const int T = 23, nh = 6, nkv = 2, hs = 4, row = (nh + 2 * nkv) * hs;
+    Rng r(11);
+    for (int alibi = 0; alibi < 2; alibi++) {
+        CAPTURE(alibi);
+        vector<int> ds = make_doc_start(2, T, r);
+        ds.erase(ds.begin(), ds.begin() + T);  // keep the row with EOTs
+        auto qkv = rand_vec<double>(r, (size_t)T * row, 0.1, 1.5);
+        vector<double> out((size_t)T * nh * hs), lse((size_t)nh * T);
+        cpu::attention_forward<double>(out.data(), lse.data(), qkv.data(), ds.data(), 1, T, nh, nkv, hs, alibi);
+        for (int start = 0; start < T;) {
+            int end = start;
+            while (end < T && ds[end] == start) end++;
+            const int L = end - start;
+            CAPTURE(start);
+            CAPTURE(L);
+            vector<double> sub_qkv(qkv.begin() + (size_t)start * row, qkv.begin() + (size_t)end * row);
+            vector<int> sub_ds(L, 0);
+            vector<double> so((size_t)L * nh * hs), sl((size_t)nh * L);
+            cpu::attention_forward<double>(so.data(), sl.data(), sub_qkv.data(), sub_ds.data(), 1, L, nh, nkv, hs,
+                                           alibi);
+            check_close("attention_forward<double> packed document vs alone: out", so.data(),
+                        out.data() + (size_t)start * nh * hs, so.size(), 1e-13);
+            start = end;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// mlp.h
+
+TEST_CASE_TEMPLATE("swiglu_forward and gelu_forward: vs naive", T, float, double) {
+    Rng r(12);
+    {
+        const int N = 7, H = 37;
+        auto inp = rand_vec<T>(r, (size_t)N * 2 * H, 0.05, 4.0);
+        auto out = nan_vec<T>((size_t)N * H);
+        cpu::swiglu_forward<T>(out.data(), inp.data(), N, H);
+        vector<double> ref((size_t)N * H);
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < H; i++)
+                ref[(size_t)n * H + i] =
+                    naive_silu((double)inp[(size_t)n * 2 * H + i]) * (double)inp[(size_t)n * 2 * H + H + i];
+        check_close(std::string("swiglu_forward<") + tname<T>() + "> out", out, ref, fwd_rtol<T>(), 0);
+    }
+    {
+        const long N = 301;
+        auto inp = rand_vec<T>(r, N, 0.01, 5.0);
+        auto out = nan_vec<T>(N);
+        cpu::gelu_forward<T>(out.data(), inp.data(), N);
+        vector<double> ref(N);
+        for (long i = 0; i < N; i++) ref[i] = naive_gelu((double)inp[i]);
+        // gelu(x) -> 0 for x << 0: relative to the tensor scale there
+        check_close(std::string("gelu_forward<") + tname<T>() + "> out", out, ref, fwd_rtol<T>());
+    }
+}
+
+TEST_CASE("swiglu_backward and gelu_backward: vs finite differences (double), dinp overwritten") {
+    Rng r(13);
+    {
+        const int N = 7, H = 13;
+        auto inp = rand_vec<double>(r, (size_t)N * 2 * H, 0.05, 4.0), R = rand_vec<double>(r, (size_t)N * H);
+        auto loss = [&] {
+            vector<double> out((size_t)N * H);
+            cpu::swiglu_forward<double>(out.data(), inp.data(), N, H);
+            return dot(out, R);
+        };
+        auto dinp = nan_vec<double>(inp.size());
+        cpu::swiglu_backward<double>(dinp.data(), R.data(), inp.data(), N, H);
+        fd_check("swiglu_backward<double> dinp", inp, dinp, loss);
+    }
+    {
+        const long N = 201;
+        auto inp = rand_vec<double>(r, N, 0.01, 5.0), R = rand_vec<double>(r, N);
+        auto loss = [&] {
+            vector<double> out(N);
+            cpu::gelu_forward<double>(out.data(), inp.data(), N);
+            return dot(out, R);
+        };
+        auto dinp = nan_vec<double>(N);
+        cpu::gelu_backward<double>(dinp.data(), R.data(), inp.data(), N);
+        fd_check("gelu_backward<double> dinp", inp, dinp, loss);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// encoder.h
+
+TEST_CASE_TEMPLATE("encoder_forward: vs naive, learned positions indexed inside the document", T, float, double) {
+    const int B = 3, T_ = 13, C = 37, V = 11;
+    Rng r(14);
+    auto ds = make_doc_start(B, T_, r);
+    vector<int> tokens(B * T_);
+    for (auto& t : tokens) t = r.randint(0, V - 1);
+    auto wte = rand_vec<T>(r, (size_t)V * C), wpe = rand_vec<T>(r, (size_t)T_ * C);
+    for (int with_wpe = 0; with_wpe < 2; with_wpe++) {
+        CAPTURE(with_wpe);
+        auto out = nan_vec<T>((size_t)B * T_ * C);
+        cpu::encoder_forward<T>(out.data(), tokens.data(), ds.data(), wte.data(), with_wpe ? wpe.data() : nullptr,
+                                B, T_, C);
+        vector<double> ref((size_t)B * T_ * C);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T_; t++) {
+                const int bt = b * T_ + t, pos = t - ds[bt];
+                for (int c = 0; c < C; c++)
+                    ref[(size_t)bt * C + c] =
+                        (double)wte[(size_t)tokens[bt] * C + c] + (with_wpe ? (double)wpe[(size_t)pos * C + c] : 0.0);
+            }
+        check_close(std::string("encoder_forward<") + tname<T>() + "> out", out, ref, fwd_rtol<T>());
+    }
+}
+
+TEST_CASE("encoder_backward: vs finite differences (double), dwte/dwpe accumulate") {
+    struct S {
+        int B, T, C, V;
+    };
+    const S shapes[] = {{2, 13, 37, 6}, {1, 7, 5, 3}, {3, 5, 70, 20}};
+    Rng r(15);
+    for (const auto& s : shapes)
+        for (int with_wpe = 0; with_wpe < 2; with_wpe++) {
+            const int B = s.B, T_ = s.T, C = s.C, V = s.V;
+            CAPTURE(B);
+            CAPTURE(T_);
+            CAPTURE(C);
+            CAPTURE(V);
+            CAPTURE(with_wpe);
+            auto ds = make_doc_start(B, T_, r);
+            vector<int> tokens(B * T_);
+            for (auto& t : tokens) t = r.randint(0, V - 1);  // repeated tokens
+            auto wte = rand_vec<double>(r, (size_t)V * C), wpe = rand_vec<double>(r, (size_t)T_ * C),
+                 R = rand_vec<double>(r, (size_t)B * T_ * C);
+            auto loss = [&] {
+                vector<double> out((size_t)B * T_ * C);
+                cpu::encoder_forward<double>(out.data(), tokens.data(), ds.data(), wte.data(),
+                                             with_wpe ? wpe.data() : nullptr, B, T_, C);
+                return dot(out, R);
+            };
+            auto dwte0 = rand_vec<double>(r, wte.size()), dwpe0 = rand_vec<double>(r, wpe.size());
+            auto dwte = dwte0, dwpe = dwpe0;
+            cpu::encoder_backward<double>(dwte.data(), with_wpe ? dwpe.data() : nullptr, R.data(), tokens.data(),
+                                          ds.data(), B, T_, C);
+            fd_check("encoder_backward<double> dwte (minus prefill)", wte, sub(dwte, dwte0), loss);
+            if (with_wpe)
+                fd_check("encoder_backward<double> dwpe (minus prefill)", wpe, sub(dwpe, dwpe0), loss);
+            else
+                check_bitwise("encoder_backward<double> dwpe untouched when null", dwpe, dwpe0);
+        }
+}
+
+// ------------------------------------------------------------------------------------------------
+// classifier.h
+
+TEST_CASE_TEMPLATE("fused_classifier: losses, dlogits, ignored targets and padded columns vs naive", T, float,
+                   double) {
+    struct S {
+        int N, V, Vp;
+    };
+    const S shapes[] = {{9, 37, 48}, {5, 50, 128}, {4, 16, 16}};
+    Rng r(16);
+    for (const auto& s : shapes) {
+        const int N = s.N, V = s.V, Vp = s.Vp;
+        CAPTURE(N);
+        CAPTURE(V);
+        CAPTURE(Vp);
+        vector<int> tgt(N);
+        for (int n = 0; n < N; n++) tgt[n] = (n % 3 == 1) ? -1 : r.randint(0, V - 1);
+        tgt[0] = V - 1;  // last real column
+        auto logits = rand_vec<T>(r, (size_t)N * Vp, 0.1, 4.0);
+        // padded columns hold NaN or huge values: they must not enter the softmax (and get 0 dlogits)
+        for (int n = 0; n < N; n++)
+            for (int v = V; v < Vp; v++)
+                logits[(size_t)n * Vp + v] = n % 2 ? T(1000 + v) : std::numeric_limits<T>::quiet_NaN();
+        // naive log-softmax over the first V columns
+        vector<double> rloss(N), rd((size_t)N * Vp, 0.0);
+        const double dloss = 0.37;
+        for (int n = 0; n < N; n++) {
+            double mx = -INFINITY, z = 0;
+            for (int v = 0; v < V; v++) mx = std::max(mx, (double)logits[(size_t)n * Vp + v]);
+            for (int v = 0; v < V; v++) z += std::exp((double)logits[(size_t)n * Vp + v] - mx);
+            const double lz = mx + std::log(z);
+            rloss[n] = tgt[n] < 0 ? 0.0 : -((double)logits[(size_t)n * Vp + tgt[n]] - lz);
+            if (tgt[n] >= 0)
+                for (int v = 0; v < V; v++)
+                    rd[(size_t)n * Vp + v] =
+                        dloss * (std::exp((double)logits[(size_t)n * Vp + v] - lz) - (v == tgt[n] ? 1.0 : 0.0));
+        }
+        const std::string op = std::string("fused_classifier<") + tname<T>() + "> ";
+        // dloss == 0: losses only, logits untouched
+        {
+            auto lg = logits;
+            auto losses = nan_vec<T>(N);
+            cpu::fused_classifier<T>(lg.data(), losses.data(), tgt.data(), T(0), N, V, Vp);
+            check_close(op + "losses (dloss = 0)", losses, rloss, fwd_rtol<T>());
+            check_bitwise(op + "logits untouched when dloss = 0", lg, logits);
+        }
+        {
+            auto lg = logits;
+            auto losses = nan_vec<T>(N);
+            cpu::fused_classifier<T>(lg.data(), losses.data(), tgt.data(), T(dloss), N, V, Vp);
+            check_close(op + "losses", losses, rloss, fwd_rtol<T>());
+            check_close(op + "dlogits", lg, rd, fwd_rtol<T>());
+            for (int n = 0; n < N; n++) {
+                CAPTURE(n);
+                CAPTURE(tgt[n]);
+                if (tgt[n] < 0) {
+                    CHECK_MESSAGE(losses[n] == T(0), op << "ignored target must give loss 0");
+                    for (int v = 0; v < Vp; v++)
+                        CHECK_MESSAGE(lg[(size_t)n * Vp + v] == T(0),
+                                      op << "ignored target must give zero dlogits, column " << v);
+                }
+                for (int v = V; v < Vp; v++)
+                    CHECK_MESSAGE(lg[(size_t)n * Vp + v] == T(0), op << "padded column " << v << " must get 0 dlogits");
+            }
+        }
+    }
+}
+
+TEST_CASE("fused_classifier: dlogits vs finite differences of dloss * sum(losses) (double)") {
+    struct S {
+        int N, V, Vp;
+    };
+    const S shapes[] = {{5, 13, 16}, {3, 50, 128}, {6, 7, 7}};
+    Rng r(17);
+    for (const auto& s : shapes) {
+        const int N = s.N, V = s.V, Vp = s.Vp;
+        CAPTURE(N);
+        CAPTURE(V);
+        CAPTURE(Vp);
+        vector<int> tgt(N);
+        for (int n = 0; n < N; n++) tgt[n] = (n == 1) ? -1 : r.randint(0, V - 1);
+        auto logits = rand_vec<double>(r, (size_t)N * Vp, 0.1, 3.0);
+        for (int n = 0; n < N; n++)  // large padded logits: no effect on the loss, 0 dlogits
+            for (int v = V; v < Vp; v++) logits[(size_t)n * Vp + v] = 1000.0 + v;
+        const double dloss = 1.0 / 7;
+        auto loss = [&] {
+            auto lg = logits;
+            vector<double> losses(N);
+            cpu::fused_classifier<double>(lg.data(), losses.data(), tgt.data(), 0.0, N, V, Vp);
+            double sum = 0;
+            for (double l : losses) sum += l;
+            return dloss * sum;
+        };
+        auto dlogits = logits;
+        vector<double> losses(N);
+        cpu::fused_classifier<double>(dlogits.data(), losses.data(), tgt.data(), dloss, N, V, Vp);
+        fd_check("fused_classifier<double> dlogits", logits, dlogits, loss);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// adamw.h
+
+template <class P>
+void adamw_case(int t0, int steps, double grad_scale) {
+    const size_t n = 1001;
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    Rng r(18 + t0);
+    auto p = rand_vec<P>(r, n, 0.1, 2.0);
+    vector<float> m(n, 0.0f), v(n, 0.0f);
+    if (t0 > 1)  // resume from nonzero moments
+        for (size_t i = 0; i < n; i++) m[i] = (float)r.nz(0.01, 0.5), v[i] = (float)r.uni(0.01, 0.3);
+    vector<double> rp = to_d(p), rm = to_d(m), rv = to_d(v);
+    for (int t = t0; t < t0 + steps; t++) {
+        CAPTURE(t);
+        auto g = rand_vec<P>(r, n, 0.01, 1.0);
+        const auto p_before = to_d(p);
+        cpu::adamw_update<P>(p.data(), nullptr, g.data(), m.data(), v.data(), n, (float)lr, (float)b1, (float)b2,
+                             (float)eps, (float)wd, (float)grad_scale, t, 0);
+        // PyTorch AdamW: p -= lr*wd*p; m, v update; p -= lr * mhat / (sqrt(vhat) + eps)
+        vector<double> delta(n);
+        for (size_t i = 0; i < n; i++) {
+            const double gi = (double)g[i] * grad_scale;
+            const double p0 = rp[i];
+            rp[i] -= lr * wd * rp[i];
+            rm[i] = b1 * rm[i] + (1 - b1) * gi;
+            rv[i] = b2 * rv[i] + (1 - b2) * gi * gi;
+            const double mhat = rm[i] / (1 - std::pow(b1, t)), vhat = rv[i] / (1 - std::pow(b2, t));
+            rp[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+            delta[i] = rp[i] - p0;
+        }
+        const std::string op = std::string("adamw_update<") + tname<P>() + "> ";
+        check_close(op + "params", p, rp, 1e-6);
+        check_close(op + "m", m, rm, 1e-5);
+        check_close(op + "v", v, rv, 1e-5);
+        // the step itself, to better than the parameter's rounding: param delta vs reference delta
+        check_close(op + "params - params_before", sub(to_d(p), p_before), delta, 1e-4);
+        rp = to_d(p), rm = to_d(m), rv = to_d(v);  // continue from the op's state
+    }
+}
+
+TEST_CASE("adamw_update: steps vs PyTorch AdamW formula in double (grad_scale, t > 1)") {
+    SUBCASE("float, t = 1..4, grad_scale 1") { adamw_case<float>(1, 4, 1.0); }
+    SUBCASE("float, t = 1..3, grad_scale 0.5") { adamw_case<float>(1, 3, 0.5); }
+    SUBCASE("float, t = 10..12 from nonzero moments, grad_scale 0.25") { adamw_case<float>(10, 3, 0.25); }
+    SUBCASE("double params, t = 5..6, grad_scale 0.8") { adamw_case<double>(5, 2, 0.8); }
+}
+
+// ------------------------------------------------------------------------------------------------
+// global_norm.h
+
+TEST_CASE_TEMPLATE("global_norm_squared: vs naive double sum, independent of the thread count", T, float, double) {
+    Rng r(19);
+    for (size_t n : {size_t(0), size_t(1), size_t(1000), size_t(16384), size_t(3 * 16384 + 123)}) {
+        CAPTURE(n);
+        auto x = rand_vec<T>(r, n, 0.001, 3.0);
+        double ref = 0;
+        for (size_t i = 0; i < n; i++) ref += (double)x[i] * (double)x[i];
+        const double got = cpu::global_norm_squared<T>(x.data(), n);
+        check_close(std::string("global_norm_squared<") + tname<T>() + ">", &got, &ref, 1, 1e-12);
+        same_across_thread_counts<double>(std::string("global_norm_squared<") + tname<T>() + ">",
+                                          [&] { return vector<vector<double>>{{cpu::global_norm_squared<T>(x.data(), n)}}; });
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// thread-count independence (bitwise) of the float ops that reduce across rows/tokens
+
+TEST_CASE("thread-count independence: gemm, matmul_forward/backward, layernorm_backward, encoder_backward, "
+          "attention_forward/backward (float, bitwise)") {
+    Rng r(20);
+    SUBCASE("gemm") {
+        const int M = 200, N = 40, K = 300;
+        auto A = rand_vec<float>(r, (size_t)M * K), Bm = rand_vec<float>(r, (size_t)K * N),
+             C0 = rand_vec<float>(r, (size_t)M * N);
+        for (int transA = 0; transA < 2; transA++) {
+            CAPTURE(transA);
+            const long sam = transA ? 1 : K, sak = transA ? M : 1;
+            same_across_thread_counts<float>("gemm", [&] {
+                auto c1 = C0, c2 = C0;
+                cpu::gemm<float>(c1.data(), A.data(), sam, sak, Bm.data(), M, N, K, false);
+                cpu::gemm<float>(c2.data(), A.data(), sam, sak, Bm.data(), M, N, K, true);
+                return vector<vector<float>>{c1, c2};
+            });
+        }
+    }
+    SUBCASE("matmul_forward / matmul_backward") {
+        const int BT = 130, C = 70, OC = 150;
+        auto x = rand_vec<float>(r, (size_t)BT * C), W = rand_vec<float>(r, (size_t)OC * C),
+             b = rand_vec<float>(r, OC), dout = rand_vec<float>(r, (size_t)BT * OC),
+             dW0 = rand_vec<float>(r, W.size()), db0 = rand_vec<float>(r, OC);
+        same_across_thread_counts<float>("matmul_forward", [&] {
+            vector<float> out((size_t)BT * OC);
+            cpu::matmul_forward<float>(out.data(), x.data(), W.data(), b.data(), BT, C, OC);
+            return vector<vector<float>>{out};
+        });
+        same_across_thread_counts<float>("matmul_backward (dinp, dweight, dbias)", [&] {
+            vector<float> dx((size_t)BT * C);
+            auto dW = dW0, db = db0;
+            cpu::matmul_backward<float>(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), BT, C,
+                                        OC);
+            return vector<vector<float>>{dx, dW, db};
+        });
+    }
+    SUBCASE("layernorm_backward") {
+        const int N = 67, C = 100;
+        auto x = rand_vec<float>(r, (size_t)N * C), w = rand_vec<float>(r, C), b = rand_vec<float>(r, C),
+             dout = rand_vec<float>(r, (size_t)N * C), dx0 = rand_vec<float>(r, (size_t)N * C),
+             dw0 = rand_vec<float>(r, C), db0 = rand_vec<float>(r, C);
+        vector<float> out((size_t)N * C), mean(N), rstd(N);
+        cpu::layernorm_forward<float>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+        same_across_thread_counts<float>("layernorm_backward (dinp, dweight, dbias)", [&] {
+            auto dx = dx0, dw = dw0, db = db0;
+            cpu::layernorm_backward<float>(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                                           mean.data(), rstd.data(), N, C);
+            return vector<vector<float>>{dx, dw, db};
+        });
+    }
+    SUBCASE("encoder_backward") {
+        const int B = 4, T_ = 37, C = 100, V = 9;
+        auto ds = make_doc_start(B, T_, r);
+        vector<int> tokens(B * T_);
+        for (auto& t : tokens) t = r.randint(0, V - 1);
+        auto dout = rand_vec<float>(r, (size_t)B * T_ * C), dwte0 = rand_vec<float>(r, (size_t)V * C),
+             dwpe0 = rand_vec<float>(r, (size_t)T_ * C);
+        same_across_thread_counts<float>("encoder_backward (dwte, dwpe)", [&] {
+            auto dwte = dwte0, dwpe = dwpe0;
+            cpu::encoder_backward<float>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), ds.data(), B, T_, C);
+            return vector<vector<float>>{dwte, dwpe};
+        });
+    }
+    SUBCASE("attention_forward / attention_backward") {
+        for (int alibi = 0; alibi < 2; alibi++) {
+            CAPTURE(alibi);
+            const int B = 2, T_ = 37, nh = 6, nkv = 3, hs = 8, row = (nh + 2 * nkv) * hs;
+            auto ds = make_doc_start(B, T_, r);
+            auto qkv = rand_vec<float>(r, (size_t)B * T_ * row), dout = rand_vec<float>(r, (size_t)B * T_ * nh * hs);
+            vector<float> out(dout.size()), lse((size_t)B * nh * T_);
+            cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), ds.data(), B, T_, nh, nkv, hs, alibi);
+            same_across_thread_counts<float>("attention_forward (out, lse)", [&] {
+                vector<float> o(out.size()), l(lse.size());
+                cpu::attention_forward<float>(o.data(), l.data(), qkv.data(), ds.data(), B, T_, nh, nkv, hs, alibi);
+                return vector<vector<float>>{o, l};
+            });
+            same_across_thread_counts<float>("attention_backward (dqkv)", [&] {
+                vector<float> dqkv(qkv.size());
+                cpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                               ds.data(), B, T_, nh, nkv, hs, alibi);
+                return vector<vector<float>>{dqkv};
+            });
+        }
+    }
+}
+
+}  // namespace

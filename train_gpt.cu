@@ -1,0 +1,865 @@
+/*
+train_gpt.cu: GPT training in one translation unit, read it top to bottom.
+
+  1. the backend: which op implementations and which memory (CPU reference or CUDA)
+  2. the model config and its parameter table (names, shapes, init, weight decay)
+  3. the model: forward, backward, optimizer step
+  4. the command line
+  5. the training loop: data, evaluation, sampling, checkpoints, logs
+
+The same file builds two programs:
+  train_gpt_cpu  g++ -x c++ -DLLMC_CPU: fp32 everywhere, ops from llmc/cpu/<op>.h (the reference)
+  train_gpt      nvcc: ops from llmc/<op>.cuh (bf16 activations, fp32 master weights)
+Every op has one signature shared by both, so the model code below is written once.
+*/
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+#include <sys/stat.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "llmc/utils.h"
+#include "llmc/rand.h"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/schedulers.h"
+#include "llmc/checkpoint.h"
+#include "llmc/logger.h"
+
+// ----------------------------------------------------------------------------------------------
+// 1. Backend
+
+#ifdef LLMC_CPU
+#include "llmc/cpu/encoder.h"
+#include "llmc/cpu/layernorm.h"
+#include "llmc/cpu/matmul.h"
+#include "llmc/cpu/attention.h"
+#include "llmc/cpu/mlp.h"
+#include "llmc/cpu/classifier.h"
+#include "llmc/cpu/adamw.h"
+#include "llmc/cpu/global_norm.h"
+using namespace cpu;
+typedef float floatX;  // the element type of params, grads and activations
+static const char* backend_name() { return "cpu (fp32 reference)"; }
+static double peak_flops_per_s() { return 0; }  // unknown for a CPU: no MFU
+// where buffers live: host memory here, device memory in the CUDA build
+static void* buffer_alloc(size_t bytes) {
+    void* p = calloc(1, bytes);
+    LLMC_CHECK(p, "out of memory allocating %zu bytes", bytes);
+    return p;
+}
+static void buffer_free(void* p) { free(p); }
+static void buffer_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
+static void copy_to_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+#else
+// The CUDA build. Its kernels (llmc/<op>.cuh, same signatures as llmc/cpu/<op>.h) arrive with the
+// GPU-path issue; until then nvcc compiles the whole trainer against the reference ops so that the
+// structure is checked by the CUDA compiler, and main() refuses to run (it would not use the GPU).
+#include "llmc/cpu/encoder.h"
+#include "llmc/cpu/layernorm.h"
+#include "llmc/cpu/matmul.h"
+#include "llmc/cpu/attention.h"
+#include "llmc/cpu/mlp.h"
+#include "llmc/cpu/classifier.h"
+#include "llmc/cpu/adamw.h"
+#include "llmc/cpu/global_norm.h"
+using namespace cpu;
+typedef float floatX;
+#define LLMC_GPU_KERNELS_MISSING
+static const char* backend_name() { return "cuda"; }
+static double peak_flops_per_s() { return 0; }
+static void* buffer_alloc(size_t bytes) {
+    void* p = calloc(1, bytes);
+    LLMC_CHECK(p, "out of memory allocating %zu bytes", bytes);
+    return p;
+}
+static void buffer_free(void* p) { free(p); }
+static void buffer_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
+static void copy_to_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+#endif
+
+// ----------------------------------------------------------------------------------------------
+// 2. Config and parameters
+
+enum MlpKind { MLP_SWIGLU = 0, MLP_GELU = 1 };
+enum PosKind { POS_ALIBI = 0, POS_LEARNED = 1 };
+
+struct GPTConfig {
+    int vocab_size = 257;          // real vocabulary (byte tokenizer: 256 bytes + EOT)
+    int padded_vocab_size = 384;   // vocab_size rounded up to a multiple of 128 (derived)
+    int n_layer = 4, n_embd = 128, n_head = 4, n_kv_head = 4;
+    int ffn_hidden = 0;            // 0: derived (swiglu: 8/3 C rounded up to 32; gelu: 4 C)
+    int max_seq_len = 1024;
+    int mlp = MLP_SWIGLU, pos = POS_ALIBI;
+    int n_expert = 0, moe_every = 1;  // mixture of experts: not implemented yet (n_expert must be 0)
+    float capacity_factor = 2.0f;
+    int moe_group = 0;
+
+    int head_size() const { return n_embd / n_head; }
+    int qkv_channels() const { return (n_head + 2 * n_kv_head) * head_size(); }
+    int fc_channels() const { return mlp == MLP_SWIGLU ? 2 * ffn_hidden : ffn_hidden; }
+
+    // fills derived fields and rejects impossible shapes, naming the flag
+    void finalize() {
+        LLMC_CHECK(vocab_size > 0, "--vocab_size: must be > 0, got %d", vocab_size);
+        padded_vocab_size = ceil_div(vocab_size, 128) * 128;
+        LLMC_CHECK(n_layer > 0, "--n_layer: must be > 0, got %d", n_layer);
+        LLMC_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0,
+                   "--n_embd %d must be a positive multiple of --n_head %d", n_embd, n_head);
+        LLMC_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0,
+                   "--n_kv_head %d must divide --n_head %d (grouped-query attention)", n_kv_head, n_head);
+        LLMC_CHECK(mlp == MLP_SWIGLU || mlp == MLP_GELU, "--mlp: expected swiglu or gelu");
+        LLMC_CHECK(pos == POS_ALIBI || pos == POS_LEARNED, "--pos: expected alibi or learned");
+        if (ffn_hidden == 0) ffn_hidden = mlp == MLP_SWIGLU ? ceil_div(8 * n_embd / 3, 32) * 32 : 4 * n_embd;
+        LLMC_CHECK(ffn_hidden > 0, "--ffn_hidden: must be > 0, got %d", ffn_hidden);
+        LLMC_CHECK(max_seq_len > 0, "--max_seq_len: must be > 0, got %d", max_seq_len);
+        LLMC_CHECK(n_expert == 0, "--n_expert %d: mixture-of-experts layers are not implemented yet", n_expert);
+    }
+};
+
+// One row of the parameter table: every parameter lives at `offset` in one flat buffer (and its
+// gradient and Adam moments at the same offset in theirs; the few padding elements between
+// tensors stay zero). The order is the checkpoint order and
+// the order of scripts/reference.py.
+struct ParamTensor {
+    std::string name;
+    std::vector<int> shape;
+    size_t offset = 0, numel = 0;
+    enum Init { NORMAL, ZEROS, ONES } init = NORMAL;
+    float init_std = 0.02f;
+    bool decay = false;  // AdamW weight decay on 2-D weights only
+};
+
+static std::vector<ParamTensor> build_param_table(const GPTConfig& c) {
+    std::vector<ParamTensor> table;
+    size_t offset = 0;
+    auto add = [&](const std::string& name, std::vector<int> shape, ParamTensor::Init init, float std = 0.02f) {
+        ParamTensor p;
+        p.name = name;
+        p.shape = shape;
+        p.numel = 1;
+        for (int d : shape) p.numel *= (size_t)d;
+        p.offset = offset;
+        p.init = init;
+        p.init_std = std;
+        p.decay = shape.size() >= 2;
+        offset += (p.numel + 7) / 8 * 8;  // every tensor 16-byte aligned in bf16 (cuBLASLt bias epilogue)
+        table.push_back(p);
+    };
+    const int C = c.n_embd;
+    // GPT-2 / nanoGPT init: residual-branch output projections scaled by 1/sqrt(2 n_layer)
+    const float proj_std = 0.02f / std::sqrt(2.0f * c.n_layer);
+    add("wte", {c.padded_vocab_size, C}, ParamTensor::NORMAL);
+    if (c.pos == POS_LEARNED) add("wpe", {c.max_seq_len, C}, ParamTensor::NORMAL);
+    for (int l = 0; l < c.n_layer; l++) {
+        std::string h = "h" + std::to_string(l) + ".";
+        add(h + "ln1.w", {C}, ParamTensor::ONES);
+        add(h + "ln1.b", {C}, ParamTensor::ZEROS);
+        add(h + "attn.qkv.w", {c.qkv_channels(), C}, ParamTensor::NORMAL);
+        add(h + "attn.qkv.b", {c.qkv_channels()}, ParamTensor::ZEROS);
+        add(h + "attn.proj.w", {C, c.n_head * c.head_size()}, ParamTensor::NORMAL, proj_std);
+        add(h + "attn.proj.b", {C}, ParamTensor::ZEROS);
+        add(h + "ln2.w", {C}, ParamTensor::ONES);
+        add(h + "ln2.b", {C}, ParamTensor::ZEROS);
+        add(h + "mlp.fc.w", {c.fc_channels(), C}, ParamTensor::NORMAL);
+        add(h + "mlp.fc.b", {c.fc_channels()}, ParamTensor::ZEROS);
+        add(h + "mlp.proj.w", {C, c.ffn_hidden}, ParamTensor::NORMAL, proj_std);
+        add(h + "mlp.proj.b", {C}, ParamTensor::ZEROS);
+    }
+    add("lnf.w", {C}, ParamTensor::ONES);
+    add("lnf.b", {C}, ParamTensor::ZEROS);
+    return table;
+}
+
+// size of the flat buffers, including the alignment padding
+static size_t count_params(const std::vector<ParamTensor>& table) {
+    return table.back().offset + (table.back().numel + 7) / 8 * 8;
+}
+
+// Pointers into a flat buffer (params or grads) laid out by the table.
+struct LayerTensors {
+    floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+};
+struct ModelTensors {
+    floatX *wte, *wpe, *lnfw, *lnfb;
+    std::vector<LayerTensors> layers;
+};
+
+static ModelTensors point_into(floatX* base, const GPTConfig& c, const std::vector<ParamTensor>& table) {
+    std::map<std::string, floatX*> at;
+    for (const ParamTensor& p : table) at[p.name] = base + p.offset;
+    ModelTensors t;
+    t.wte = at["wte"];
+    t.wpe = c.pos == POS_LEARNED ? at["wpe"] : nullptr;
+    t.lnfw = at["lnf.w"];
+    t.lnfb = at["lnf.b"];
+    for (int l = 0; l < c.n_layer; l++) {
+        std::string h = "h" + std::to_string(l) + ".";
+        t.layers.push_back({at[h + "ln1.w"], at[h + "ln1.b"], at[h + "attn.qkv.w"], at[h + "attn.qkv.b"],
+                            at[h + "attn.proj.w"], at[h + "attn.proj.b"], at[h + "ln2.w"], at[h + "ln2.b"],
+                            at[h + "mlp.fc.w"], at[h + "mlp.fc.b"], at[h + "mlp.proj.w"], at[h + "mlp.proj.b"]});
+    }
+    return t;
+}
+
+// ----------------------------------------------------------------------------------------------
+// 3. The model
+
+// Activations saved by the forward for the backward, per layer, for up to B*T tokens.
+struct LayerActs {
+    floatX* ln1;                        // LN1 output
+    float *ln1_mean, *ln1_rstd;         // its statistics (fp32 in every build)
+    floatX *qkv, *atty;                 // attention input and output
+    float* att_lse;                     // per (row, head, query) log-sum-exp of the scores
+    floatX* residual2;                  // x + attn(LN1(x))
+    floatX* ln2;
+    float *ln2_mean, *ln2_rstd;
+    floatX *fch, *fch_act;              // fc output (pre-activation) and the activation
+    floatX *residual3;                  // block output
+};
+
+struct GPT {
+    GPTConfig config;
+    std::vector<ParamTensor> table;
+    size_t n_params = 0;     // elements of the flat param/grad/moment buffers (with alignment padding)
+    size_t param_count = 0;  // the model's parameters (what is reported and counted for FLOPs)
+    floatX *params = nullptr, *grads = nullptr;
+    float* master = nullptr;  // fp32 master weights when params are not fp32 (the CUDA build)
+    float *adam_m = nullptr, *adam_v = nullptr;
+    ModelTensors p, g;  // pointers into params and grads
+
+    int max_B = 0, max_T = 0;
+    std::vector<LayerActs> acts;
+    floatX *encoded, *lnf, *logits;
+    float *lnf_mean, *lnf_rstd, *losses;
+    // backward scratch, reused by every layer
+    floatX *d_residual, *d_ln, *d_atty, *d_qkv, *d_fch, *d_fch_act, *scratch;
+    std::vector<float> host_losses;
+    size_t activation_bytes = 0;
+
+    // the current batch, copied where the ops run (the backward reads it too)
+    int *batch_inputs = nullptr, *batch_targets = nullptr, *batch_doc_start = nullptr;
+    int B = 0, T = 0;
+};
+
+static floatX* alloc_activation(GPT& m, size_t n) {
+    m.activation_bytes += n * sizeof(floatX);
+    return (floatX*)buffer_alloc(n * sizeof(floatX));
+}
+static float* alloc_stats(GPT& m, size_t n) {
+    m.activation_bytes += n * sizeof(float);
+    return (float*)buffer_alloc(n * sizeof(float));
+}
+
+// The memory plan: everything is allocated here, once; the training step allocates nothing.
+static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
+    m.config = config;
+    m.table = build_param_table(config);
+    m.n_params = count_params(m.table);
+    for (const ParamTensor& t : m.table) m.param_count += t.numel;
+    m.params = (floatX*)buffer_alloc(m.n_params * sizeof(floatX));
+    m.grads = (floatX*)buffer_alloc(m.n_params * sizeof(floatX));
+    if (sizeof(floatX) != sizeof(float)) m.master = (float*)buffer_alloc(m.n_params * sizeof(float));
+    m.adam_m = (float*)buffer_alloc(m.n_params * sizeof(float));
+    m.adam_v = (float*)buffer_alloc(m.n_params * sizeof(float));
+    m.p = point_into(m.params, config, m.table);
+    m.g = point_into(m.grads, config, m.table);
+
+    const size_t BT = (size_t)B * T, C = config.n_embd;
+    m.max_B = B;
+    m.max_T = T;
+    m.activation_bytes = 0;
+    m.acts.resize(config.n_layer);
+    for (LayerActs& a : m.acts) {
+        a.ln1 = alloc_activation(m, BT * C);
+        a.ln1_mean = alloc_stats(m, BT);
+        a.ln1_rstd = alloc_stats(m, BT);
+        a.qkv = alloc_activation(m, BT * config.qkv_channels());
+        a.atty = alloc_activation(m, BT * C);
+        a.att_lse = alloc_stats(m, BT * config.n_head);
+        a.residual2 = alloc_activation(m, BT * C);
+        a.ln2 = alloc_activation(m, BT * C);
+        a.ln2_mean = alloc_stats(m, BT);
+        a.ln2_rstd = alloc_stats(m, BT);
+        a.fch = alloc_activation(m, BT * config.fc_channels());
+        a.fch_act = alloc_activation(m, BT * config.ffn_hidden);
+        a.residual3 = alloc_activation(m, BT * C);
+    }
+    m.encoded = alloc_activation(m, BT * C);
+    m.lnf = alloc_activation(m, BT * C);
+    m.lnf_mean = alloc_stats(m, BT);
+    m.lnf_rstd = alloc_stats(m, BT);
+    m.logits = alloc_activation(m, BT * config.padded_vocab_size);
+    m.losses = alloc_stats(m, BT);
+    m.d_residual = alloc_activation(m, BT * C);
+    m.d_ln = alloc_activation(m, BT * C);
+    m.d_atty = alloc_activation(m, BT * C);
+    m.d_qkv = alloc_activation(m, BT * config.qkv_channels());
+    m.d_fch = alloc_activation(m, BT * config.fc_channels());
+    m.d_fch_act = alloc_activation(m, BT * config.ffn_hidden);
+    m.scratch = alloc_activation(m, BT * std::max<size_t>(C, config.ffn_hidden));
+    m.batch_inputs = (int*)buffer_alloc(BT * sizeof(int));
+    m.batch_targets = (int*)buffer_alloc(BT * sizeof(int));
+    m.batch_doc_start = (int*)buffer_alloc(BT * sizeof(int));
+    m.host_losses.resize(BT);
+}
+
+static void gpt_free(GPT& m) {
+    if (m.master) buffer_free(m.master);
+    for (void* b : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.batch_inputs,
+                    (void*)m.batch_targets, (void*)m.batch_doc_start}) buffer_free(b);
+    for (LayerActs& a : m.acts) {
+        for (floatX* b : {a.ln1, a.qkv, a.atty, a.residual2, a.ln2, a.fch, a.fch_act, a.residual3}) buffer_free(b);
+        for (float* b : {a.ln1_mean, a.ln1_rstd, a.att_lse, a.ln2_mean, a.ln2_rstd}) buffer_free(b);
+    }
+    for (floatX* b : {m.encoded, m.lnf, m.logits, m.d_residual, m.d_ln, m.d_atty, m.d_qkv, m.d_fch, m.d_fch_act,
+                      m.scratch}) buffer_free(b);
+    for (float* b : {m.lnf_mean, m.lnf_rstd, m.losses}) buffer_free(b);
+    m = GPT();
+}
+
+// Model state in fp32 host memory (init, checkpoints, tests) <-> wherever the model keeps it.
+// With master weights the fp32 values live in the master and params hold their rounding.
+static void gpt_set_state(GPT& m, const float* params, const float* adam_m, const float* adam_v) {
+    std::vector<floatX> rounded(params, params + m.n_params);
+    copy_to_buffer(m.params, rounded.data(), m.n_params * sizeof(floatX));
+    if (m.master) copy_to_buffer(m.master, params, m.n_params * sizeof(float));
+    copy_to_buffer(m.adam_m, adam_m, m.n_params * sizeof(float));
+    copy_to_buffer(m.adam_v, adam_v, m.n_params * sizeof(float));
+}
+static void gpt_get_state(const GPT& m, float* params, float* adam_m, float* adam_v) {
+    if (m.master) {
+        copy_from_buffer(params, m.master, m.n_params * sizeof(float));
+    } else {
+        std::vector<floatX> p(m.n_params);
+        copy_from_buffer(p.data(), m.params, m.n_params * sizeof(floatX));
+        std::copy(p.begin(), p.end(), params);
+    }
+    if (adam_m) copy_from_buffer(adam_m, m.adam_m, m.n_params * sizeof(float));
+    if (adam_v) copy_from_buffer(adam_v, m.adam_v, m.n_params * sizeof(float));
+}
+
+static void gpt_init_params(GPT& m, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<float> p(m.n_params), zeros(m.n_params, 0.0f);
+    for (const ParamTensor& t : m.table)
+        for (size_t i = 0; i < t.numel; i++)
+            p[t.offset + i] = t.init == ParamTensor::NORMAL ? rng.normal(0.0f, t.init_std)
+                              : t.init == ParamTensor::ONES  ? 1.0f : 0.0f;
+    gpt_set_state(m, p.data(), zeros.data(), zeros.data());
+}
+
+// Forward over a [B, T] batch. With targets, computes the per-token losses and returns the mean
+// loss over targets != -1; with dloss != 0 it also leaves dlogits (scaled by dloss per counted
+// token) in m.logits for the backward. Without targets it stops at the logits.
+static float gpt_forward(GPT& m, const int* inputs, const int* targets, const int* doc_start, int B, int T,
+                         float dloss_scale = 0.0f) {
+    const GPTConfig& c = m.config;
+    LLMC_CHECK(B <= m.max_B && T <= m.max_T, "batch %dx%d exceeds the allocated %dx%d", B, T, m.max_B, m.max_T);
+    const int BT = B * T, C = c.n_embd, L = c.n_layer, H = c.ffn_hidden;
+    const bool alibi = c.pos == POS_ALIBI;
+    m.B = B; m.T = T;
+    copy_to_buffer(m.batch_inputs, inputs, BT * sizeof(int));
+    copy_to_buffer(m.batch_doc_start, doc_start, BT * sizeof(int));
+    if (targets) copy_to_buffer(m.batch_targets, targets, BT * sizeof(int));
+    doc_start = m.batch_doc_start;
+
+    encoder_forward(m.encoded, m.batch_inputs, doc_start, m.p.wte, m.p.wpe, B, T, C);
+    layernorm_forward(m.acts[0].ln1, m.acts[0].ln1_mean, m.acts[0].ln1_rstd, m.encoded, m.p.layers[0].ln1w,
+                      m.p.layers[0].ln1b, BT, C);
+    for (int l = 0; l < L; l++) {
+        const LayerTensors& w = m.p.layers[l];
+        LayerActs& a = m.acts[l];
+        const floatX* x = l == 0 ? m.encoded : m.acts[l - 1].residual3;
+        matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, c.qkv_channels());
+        attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, c.n_head, c.n_kv_head, c.head_size(), alibi);
+        matmul_forward(m.scratch, a.atty, w.attprojw, w.attprojb, BT, C, C);
+        fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, BT, C);
+        matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, c.fc_channels());
+        if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, H);
+        else gelu_forward(a.fch_act, a.fch, (long)BT * H);
+        matmul_forward(m.scratch, a.fch_act, w.fcprojw, w.fcprojb, BT, H, C);
+        // the residual add is fused with the next LayerNorm: the next block's LN1, or the final LN
+        bool last = l == L - 1;
+        fused_residual_layernorm_forward(a.residual3, last ? m.lnf : m.acts[l + 1].ln1,
+                                         last ? m.lnf_mean : m.acts[l + 1].ln1_mean,
+                                         last ? m.lnf_rstd : m.acts[l + 1].ln1_rstd, a.residual2, m.scratch,
+                                         last ? m.p.lnfw : m.p.layers[l + 1].ln1w,
+                                         last ? m.p.lnfb : m.p.layers[l + 1].ln1b, BT, C);
+    }
+    matmul_forward(m.logits, m.lnf, m.p.wte, (const floatX*)nullptr, BT, C, c.padded_vocab_size);
+    if (!targets) return 0.0f;
+
+    int n_valid = 0;
+    for (int i = 0; i < BT; i++) n_valid += targets[i] >= 0;
+    float dloss = n_valid > 0 ? dloss_scale / n_valid : 0.0f;
+    fused_classifier(m.logits, m.losses, m.batch_targets, dloss, BT, c.vocab_size, c.padded_vocab_size);
+    copy_from_buffer(m.host_losses.data(), m.losses, BT * sizeof(float));
+    double sum = 0;  // summed on the host in token order: deterministic
+    for (int i = 0; i < BT; i++) sum += m.host_losses[i];
+    return n_valid > 0 ? (float)(sum / n_valid) : 0.0f;
+}
+
+// Backward of the last gpt_forward (which must have been given dloss_scale != 0). Parameter
+// gradients accumulate into m.grads (zero them once per optimizer step).
+static void gpt_backward(GPT& m) {
+    const GPTConfig& c = m.config;
+    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, L = c.n_layer, H = c.ffn_hidden;
+    const bool alibi = c.pos == POS_ALIBI;
+
+    // m.logits holds dlogits; the lm head is tied to wte
+    matmul_backward(m.d_ln, m.g.wte, (floatX*)nullptr, m.logits, m.lnf, m.p.wte, BT, C, c.padded_vocab_size);
+    buffer_zero(m.d_residual, (size_t)BT * C * sizeof(floatX));
+    layernorm_backward(m.d_residual, m.g.lnfw, m.g.lnfb, m.d_ln, m.acts[L - 1].residual3, m.p.lnfw, m.lnf_mean,
+                       m.lnf_rstd, BT, C);
+    for (int l = L - 1; l >= 0; l--) {
+        const LayerTensors& w = m.p.layers[l];
+        const LayerTensors& dw = m.g.layers[l];
+        LayerActs& a = m.acts[l];
+        const floatX* x = l == 0 ? m.encoded : m.acts[l - 1].residual3;
+        // d_residual = dL/d residual3 here; the FFN branch
+        matmul_backward(m.d_fch_act, dw.fcprojw, dw.fcprojb, m.d_residual, a.fch_act, w.fcprojw, BT, H, C);
+        if (c.mlp == MLP_SWIGLU) swiglu_backward(m.d_fch, m.d_fch_act, a.fch, BT, H);
+        else gelu_backward(m.d_fch, m.d_fch_act, a.fch, (long)BT * H);
+        matmul_backward(m.d_ln, dw.fcw, dw.fcb, m.d_fch, a.ln2, w.fcw, BT, C, c.fc_channels());
+        layernorm_backward(m.d_residual, dw.ln2w, dw.ln2b, m.d_ln, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
+        // d_residual = dL/d residual2 now; the attention branch
+        matmul_backward(m.d_atty, dw.attprojw, dw.attprojb, m.d_residual, a.atty, w.attprojw, BT, C, C);
+        attention_backward(m.d_qkv, m.d_atty, a.qkv, a.atty, a.att_lse, m.batch_doc_start, B, T, c.n_head, c.n_kv_head,
+                           c.head_size(), alibi);
+        matmul_backward(m.d_ln, dw.qkvw, dw.qkvb, m.d_qkv, a.ln1, w.qkvw, BT, C, c.qkv_channels());
+        layernorm_backward(m.d_residual, dw.ln1w, dw.ln1b, m.d_ln, x, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+    }
+    encoder_backward(m.g.wte, m.g.wpe, m.d_residual, m.batch_inputs, m.batch_doc_start, B, T, C);
+}
+
+static void gpt_zero_grad(GPT& m) { buffer_zero(m.grads, m.n_params * sizeof(floatX)); }
+
+struct OptimizerConfig {
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_clip = 1.0f;
+};
+
+// Global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6))) then AdamW.
+// Returns the gradient norm before clipping. step is 0-based.
+static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
+    float norm = (float)std::sqrt(global_norm_squared(m.grads, m.n_params));
+    float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
+    // stochastic rounding of bf16 params: a fresh seed per step; element i of the flat buffer
+    // draws its bits from step_seed + i, so the result does not depend on how tensors are split
+    const uint64_t step_seed = Rng(0xADA3ull ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull)).next_u64();
+    for (const ParamTensor& t : m.table)
+        adamw_update(m.params + t.offset, m.master ? m.master + t.offset : nullptr, m.grads + t.offset,
+                     m.adam_m + t.offset, m.adam_v + t.offset, t.numel, lr, o.beta1, o.beta2, o.eps,
+                     t.decay ? o.weight_decay : 0.0f, scale, step + 1, step_seed + t.offset);
+    return norm;
+}
+
+// Model FLOPs of one training step (forward + backward), the nanoGPT/PaLM convention: 6 per
+// parameter per token for the matmuls (the position table does no matmul and is not counted),
+// plus the attention term 12 * n_layer * n_head * head_size per unmasked score element
+// (2 FLOPs each for QK^T and PV in the forward, twice that in the backward).
+static double step_flops(const GPT& m, const int* doc_start, int B, int T, int grad_accum_steps) {
+    const GPTConfig& c = m.config;
+    double n = (double)m.param_count - (c.pos == POS_LEARNED ? (double)c.max_seq_len * c.n_embd : 0.0);
+    double score_elements = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) score_elements += t - doc_start[b * T + t] + 1;
+    return grad_accum_steps * (6.0 * n * B * T + 12.0 * c.n_layer * c.n_head * c.head_size() * score_elements);
+}
+
+// Generates up to n_tokens after `prompt` (temperature, top-k; top_k <= 0 means all), feeding at
+// most the last max_T tokens (the whole document fits when it is shorter). Stops at EOT.
+static std::vector<int> gpt_sample(GPT& m, std::vector<int> tokens, int n_tokens, float temperature, int top_k,
+                                   int eot, Rng& rng) {
+    const int V = m.config.vocab_size;
+    std::vector<int> ctx_start(m.max_T);
+    std::vector<std::pair<float, int>> cand(V);
+    std::vector<floatX> logits(V);
+    std::vector<int> generated;
+    for (int i = 0; i < n_tokens; i++) {
+        int T = std::min((int)tokens.size(), m.max_T);
+        const int* ctx = tokens.data() + tokens.size() - T;
+        compute_doc_start(ctx_start.data(), ctx, T, eot);
+        gpt_forward(m, ctx, nullptr, ctx_start.data(), 1, T);
+        copy_from_buffer(logits.data(), m.logits + (size_t)(T - 1) * m.config.padded_vocab_size, V * sizeof(floatX));
+        for (int v = 0; v < V; v++) cand[v] = {(float)logits[v] / std::max(temperature, 1e-6f), v};
+        int k = top_k > 0 ? std::min(top_k, V) : V;
+        std::partial_sort(cand.begin(), cand.begin() + k, cand.end(),
+                          [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
+                              return a.first > b.first || (a.first == b.first && a.second < b.second);
+                          });
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += std::exp((double)cand[j].first - cand[0].first);
+        double r = rng.uniform() * sum, acc = 0;
+        int next = cand[k - 1].second;
+        for (int j = 0; j < k; j++) {
+            acc += std::exp((double)cand[j].first - cand[0].first);
+            if (r < acc) { next = cand[j].second; break; }
+        }
+        if (next == eot) break;
+        tokens.push_back(next);
+        generated.push_back(next);
+    }
+    return generated;
+}
+
+// ----------------------------------------------------------------------------------------------
+// 4. Command line
+
+struct Option {
+    const char* name;
+    const char* short_name;  // llm.c's single-letter flag, or ""
+    const char* default_value;
+    const char* help;
+};
+
+static const Option OPTIONS[] = {
+    {"train", "i", "data/fortunes/fortunes_train_*.bin", "train shard pattern (glob)"},
+    {"val", "j", "data/fortunes/fortunes_val_*.bin", "val shard pattern (glob); empty: no validation"},
+    {"out_dir", "o", "out", "output directory: log.jsonl, checkpoints"},
+    {"model", "e", "", "preset dN: n_layer N, n_embd 64N, n_head N (explicit flags override it; default: none)"},
+    {"vocab_size", "", "257", "real vocabulary size (padded to a multiple of 128 internally)"},
+    {"n_layer", "", "4", "transformer blocks"},
+    {"n_embd", "", "128", "channels"},
+    {"n_head", "", "4", "query heads"},
+    {"n_kv_head", "", "", "key/value heads (GQA; divides n_head; default n_head)"},
+    {"ffn_hidden", "", "0", "FFN hidden size (0: swiglu 8/3 C rounded up to 32, gelu 4 C)"},
+    {"max_seq_len", "", "1024", "maximum sequence length (size of the learned position table)"},
+    {"mlp", "", "swiglu", "swiglu | gelu"},
+    {"pos", "", "alibi", "alibi | learned"},
+    {"batch_size", "b", "16", "B: rows per micro-batch"},
+    {"seq_len", "t", "256", "T: tokens per row"},
+    {"total_batch_tokens", "d", "0", "tokens per optimizer step (a multiple of B*T; 0: B*T)"},
+    {"lr", "l", "2e-3", "peak learning rate"},
+    {"warmup", "u", "50", "warmup steps"},
+    {"final_lr_frac", "q", "0.1", "final learning rate as a fraction of the peak"},
+    {"schedule", "", "cosine", "cosine | linear | constant | wsd"},
+    {"wsd_decay_frac", "", "0.2", "wsd: fraction of the steps spent decaying"},
+    {"weight_decay", "c", "0.1", "AdamW weight decay (2-D weights only)"},
+    {"beta1", "", "0.9", "AdamW beta1"},
+    {"beta2", "", "0.95", "AdamW beta2"},
+    {"grad_clip", "", "1.0", "clip the global gradient norm to this (0: off)"},
+    {"max_steps", "x", "1000", "optimizer steps"},
+    {"val_every", "v", "100", "evaluate every N steps (0: only at the end)"},
+    {"val_batches", "m", "20", "batches per evaluation"},
+    {"sample_every", "s", "0", "print a sample every N steps (0: only at the end)"},
+    {"sample_len", "g", "256", "tokens per sample"},
+    {"temperature", "", "1.0", "sampling temperature"},
+    {"top_k", "", "0", "sample from the k most likely tokens (0: all)"},
+    {"ckpt_every", "n", "0", "write a checkpoint every N steps (0: only at the end)"},
+    {"resume", "y", "", "checkpoint to resume from: a file, or 'latest' (newest in out_dir; default: none)"},
+    {"seed", "", "1337", "seed for init, data order and sampling"},
+};
+
+struct Args {
+    std::map<std::string, std::string> value;
+    std::map<std::string, bool> given;
+
+    const std::string& str(const char* k) const { return value.at(k); }
+    int i(const char* k) const {
+        char* end;
+        long v = strtol(value.at(k).c_str(), &end, 10);
+        LLMC_CHECK(*end == 0 && !value.at(k).empty(), "--%s: expected an integer, got '%s'", k, value.at(k).c_str());
+        return (int)v;
+    }
+    float f(const char* k) const {
+        char* end;
+        float v = strtof(value.at(k).c_str(), &end);
+        LLMC_CHECK(*end == 0 && !value.at(k).empty(), "--%s: expected a number, got '%s'", k, value.at(k).c_str());
+        return v;
+    }
+};
+
+static void print_usage() {
+    printf("usage: train_gpt [options]   (--name value, or llm.c's -x value)\n");
+    for (const Option& o : OPTIONS) {
+        char flags[64];
+        snprintf(flags, sizeof(flags), "%s%s%s--%s", o.short_name[0] ? "-" : "", o.short_name,
+                 o.short_name[0] ? ", " : "", o.name);
+        if (o.default_value[0]) printf("  %-26s %s (default: %s)\n", flags, o.help, o.default_value);
+        else printf("  %-26s %s\n", flags, o.help);
+    }
+}
+
+// Returns false when -h was asked for.
+static bool parse_args(int argc, char** argv, Args& args) {
+    for (const Option& o : OPTIONS) args.value[o.name] = o.default_value;
+    for (int k = 1; k < argc; k++) {
+        std::string a = argv[k];
+        if (a == "-h" || a == "--help") return false;
+        const Option* found = nullptr;
+        for (const Option& o : OPTIONS)
+            if (a == std::string("--") + o.name || (o.short_name[0] && a == std::string("-") + o.short_name)) found = &o;
+        LLMC_CHECK(found, "unknown flag '%s' (run with -h for the list)", a.c_str());
+        LLMC_CHECK(k + 1 < argc, "flag %s needs a value", a.c_str());
+        args.value[found->name] = argv[++k];
+        args.given[found->name] = true;
+    }
+    return true;
+}
+
+static GPTConfig config_from_args(const Args& args) {
+    GPTConfig c;
+    const std::string preset = args.str("model");
+    if (!preset.empty()) {
+        int n = 0;
+        LLMC_CHECK(sscanf(preset.c_str(), "d%d", &n) == 1 && n > 0 && preset == "d" + std::to_string(n),
+                   "--model: '%s' is not a preset of the form dN (e.g. d4)", preset.c_str());
+        c.n_layer = n; c.n_embd = 64 * n; c.n_head = n;
+    }
+    auto take = [&](const char* k, int& field) { if (preset.empty() || args.given.count(k)) field = args.i(k); };
+    take("n_layer", c.n_layer);
+    take("n_embd", c.n_embd);
+    take("n_head", c.n_head);
+    c.vocab_size = args.i("vocab_size");
+    c.n_kv_head = args.str("n_kv_head").empty() ? c.n_head : args.i("n_kv_head");
+    c.ffn_hidden = args.i("ffn_hidden");
+    c.max_seq_len = args.i("max_seq_len");
+    const std::string mlp = args.str("mlp"), pos = args.str("pos");
+    LLMC_CHECK(mlp == "swiglu" || mlp == "gelu", "--mlp: expected swiglu or gelu, got '%s'", mlp.c_str());
+    LLMC_CHECK(pos == "alibi" || pos == "learned", "--pos: expected alibi or learned, got '%s'", pos.c_str());
+    c.mlp = mlp == "swiglu" ? MLP_SWIGLU : MLP_GELU;
+    c.pos = pos == "alibi" ? POS_ALIBI : POS_LEARNED;
+    c.finalize();
+    return c;
+}
+
+// The config fields stored in (and checked against) checkpoints, with the flag that sets each.
+static std::vector<std::pair<const char*, int*>> config_fields(GPTConfig& c) {
+    return {{"vocab_size", &c.vocab_size}, {"n_layer", &c.n_layer},         {"n_embd", &c.n_embd},
+            {"n_head", &c.n_head},         {"n_kv_head", &c.n_kv_head},     {"ffn_hidden", &c.ffn_hidden},
+            {"max_seq_len", &c.max_seq_len}, {"mlp", &c.mlp},               {"pos", &c.pos},
+            {"n_expert", &c.n_expert},     {"moe_every", &c.moe_every},     {"moe_group", &c.moe_group}};
+}
+
+// ----------------------------------------------------------------------------------------------
+// 5. Training
+
+static std::string checkpoint_path(const std::string& out_dir, int step) {
+    return out_dir + "/ckpt_" + std::to_string(1000000000 + step).substr(1) + ".bin";
+}
+
+static std::string latest_checkpoint(const std::string& out_dir) {
+    std::vector<std::string> files = glob_files(out_dir + "/ckpt_*.bin");
+    LLMC_CHECK(!files.empty(), "--resume latest: no checkpoint ckpt_*.bin in %s", out_dir.c_str());
+    return files.back();  // zero-padded step numbers sort in step order
+}
+
+static double evaluate(GPT& m, DataLoader& loader, int n_batches, std::vector<int>& in, std::vector<int>& tgt,
+                       std::vector<int>& ds) {
+    loader.reset(LoaderState{});
+    double sum = 0;
+    for (int k = 0; k < n_batches; k++) {
+        loader.next_batch(in.data(), tgt.data(), ds.data());
+        sum += gpt_forward(m, in.data(), tgt.data(), ds.data(), loader.B, loader.T);
+    }
+    return sum / n_batches;
+}
+
+static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int eot, Rng& rng) {
+    std::vector<int> out = gpt_sample(m, {eot}, n_tokens, temperature, top_k, eot, rng);
+    std::string text;
+    for (int t : out) text += decode_token(t, eot);
+    printf("---- sample ----\n%s\n----------------\n", text.c_str());
+    fflush(stdout);
+}
+
+// The whole training program; main() only maps errors to exit codes. Returns the exit code.
+[[maybe_unused]] static int train_main(int argc, char** argv) {
+    Args args;
+    if (!parse_args(argc, argv, args)) { print_usage(); return 0; }
+    GPTConfig config = config_from_args(args);
+    const int B = args.i("batch_size"), T = args.i("seq_len");
+    LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
+    LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %d", T);
+    const int world = 1;  // data parallel ranks (ZeRO issue)
+    const int tokens_per_micro = B * T * world;
+    const int total_batch = args.i("total_batch_tokens") > 0 ? args.i("total_batch_tokens") : tokens_per_micro;
+    LLMC_CHECK(total_batch % tokens_per_micro == 0,
+               "--total_batch_tokens %d is not a multiple of B*T*ranks = %d*%d*%d = %d", total_batch, B, T, world,
+               tokens_per_micro);
+    const int grad_accum = total_batch / tokens_per_micro;
+    const int max_steps = args.i("max_steps");
+    const uint64_t seed = (uint64_t)std::stoll(args.str("seed"));
+    LRSchedule sched;
+    sched.kind = args.str("schedule");
+    sched.lr_max = args.f("lr");
+    sched.final_frac = args.f("final_lr_frac");
+    sched.wsd_decay_frac = args.f("wsd_decay_frac");
+    sched.warmup = args.i("warmup");
+    sched.max_steps = max_steps;
+    sched.validate();
+    OptimizerConfig opt;
+    opt.beta1 = args.f("beta1");
+    opt.beta2 = args.f("beta2");
+    opt.weight_decay = args.f("weight_decay");
+    opt.grad_clip = args.f("grad_clip");
+    const int val_every = args.i("val_every"), val_batches = args.i("val_batches");
+    const int sample_every = args.i("sample_every"), sample_len = args.i("sample_len"), top_k = args.i("top_k");
+    const float temperature = args.f("temperature");
+    const int ckpt_every = args.i("ckpt_every");
+    const std::string out_dir = args.str("out_dir");
+    mkdir(out_dir.c_str(), 0755);
+
+    // resume: the checkpoint's config wins over defaults, and must agree with explicit flags
+    Checkpoint ck;
+    std::string resume = args.str("resume");
+    if (!resume.empty()) {
+        if (resume == "latest") resume = latest_checkpoint(out_dir);
+        ck = load_checkpoint(resume);
+        for (auto& [name, field] : config_fields(config)) {
+            int64_t stored = ck.get_int(std::string("config.") + name, resume);
+            const std::string n = name;
+            bool explicit_flag = args.given.count(n) ||
+                                 (args.given.count("model") && (n == "n_layer" || n == "n_embd" || n == "n_head"));
+            LLMC_CHECK(!explicit_flag || stored == *field,
+                       "%s: checkpoint has %s = %lld but the flags ask for %d; drop the flag or start a new run",
+                       resume.c_str(), name, (long long)stored, *field);
+            *field = (int)stored;
+        }
+        config.finalize();
+        const std::pair<const char*, int> shape[] = {{"batch_size", B}, {"seq_len", T}, {"total_batch_tokens", total_batch}};
+        for (auto& [name, v] : shape) {
+            int64_t stored = ck.get_int(std::string("train.") + name, resume);
+            LLMC_CHECK(stored == v, "%s: checkpoint was trained with --%s %lld, this run has %d; resuming needs the same batch shape",
+                       resume.c_str(), name, (long long)stored, v);
+        }
+        LLMC_CHECK((uint64_t)ck.get_int("train.seed", resume) == seed,
+                   "%s: checkpoint was trained with --seed %lld, this run has %llu", resume.c_str(),
+                   (long long)ck.get_int("train.seed", resume), (unsigned long long)seed);
+    }
+
+    DataLoader train_loader(args.str("train"), B, T, 0, world, true, seed, config.vocab_size, "--train");
+    const int eot = train_loader.eot;
+    const bool have_val = !args.str("val").empty() && val_batches > 0;
+    DataLoader val_loader;
+    if (have_val) {
+        val_loader = DataLoader(args.str("val"), B, T, 0, world, false, seed, config.vocab_size, "--val");
+        int64_t avail = val_loader.batches_in_shard(0);
+        LLMC_CHECK(val_batches <= avail, "--val_batches %d: the first val shard holds only %lld batches of %dx%d",
+                   val_batches, (long long)avail, B, T);
+    }
+
+    GPT model;
+    gpt_allocate(model, config, B, T);
+    int start_step = 0;
+    Rng sample_rng(seed ^ 0x5A5A5A5Aull);
+    if (!resume.empty()) {
+        LLMC_CHECK(ck.params.size() == model.n_params, "%s: checkpoint holds %zu parameters, the config needs %zu",
+                   resume.c_str(), ck.params.size(), model.n_params);
+        gpt_set_state(model, ck.params.data(), ck.adam_m.data(), ck.adam_v.data());
+        start_step = (int)ck.get_int("step", resume);
+        train_loader.reset({ck.get_int("loader.epoch", resume), ck.get_int("loader.shard", resume),
+                            ck.get_int("loader.batch", resume)});
+        sample_rng.state = (uint64_t)ck.get_int("rng.sample", resume);
+        printf("resumed from %s at step %d\n", resume.c_str(), start_step);
+    } else {
+        gpt_init_params(model, seed);
+    }
+
+    const double param_bytes = (double)model.n_params * sizeof(floatX);  // the buffers, padding included
+    printf("backend: %s", backend_name());
+#ifdef _OPENMP
+    printf(", %d OpenMP threads", omp_get_max_threads());
+#endif
+    printf("\nmodel: n_layer %d, n_embd %d, n_head %d, n_kv_head %d, ffn_hidden %d (%s), pos %s, vocab %d (padded %d)\n",
+           config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
+           config.mlp == MLP_SWIGLU ? "swiglu" : "gelu", config.pos == POS_ALIBI ? "alibi" : "learned",
+           config.vocab_size, config.padded_vocab_size);
+    printf("parameters: %zu\n", model.param_count);
+    printf("batch: B %d x T %d x %d ranks x %d accumulation steps = %d tokens per step\n", B, T, world, grad_accum,
+           total_batch);
+    printf("memory plan: params %.1f MiB, grads %.1f MiB, master %.1f MiB, adam moments %.1f MiB, activations %.1f MiB\n",
+           param_bytes / 1048576, param_bytes / 1048576, model.master ? 4.0 * model.n_params / 1048576 : 0.0,
+           8.0 * model.n_params / 1048576, model.activation_bytes / 1048576.0);
+    printf("train: %zu shard(s), val: %s\n", train_loader.shards.size(), have_val ? "yes" : "no");
+
+    JsonlLogger log;
+    log.open(out_dir + "/log.jsonl", !resume.empty());
+    std::vector<int> in((size_t)B * T), tgt((size_t)B * T), ds((size_t)B * T);
+
+    auto save = [&](int step) {
+        Checkpoint out;
+        for (auto& [name, field] : config_fields(config)) out.set_int(std::string("config.") + name, *field);
+        out.set_float("config.capacity_factor", config.capacity_factor);
+        out.set_int("train.batch_size", B);
+        out.set_int("train.seq_len", T);
+        out.set_int("train.total_batch_tokens", total_batch);
+        out.set_int("train.seed", (int64_t)seed);
+        out.set_int("step", step);
+        out.set_int("loader.epoch", train_loader.state.epoch);
+        out.set_int("loader.shard", train_loader.state.shard);
+        out.set_int("loader.batch", train_loader.state.batch);
+        out.set_int("rng.sample", (int64_t)sample_rng.state);
+        std::vector<float> p(model.n_params), am(model.n_params), av(model.n_params);
+        gpt_get_state(model, p.data(), am.data(), av.data());
+        std::string path = checkpoint_path(out_dir, step);
+        save_checkpoint(path, out, p.data(), am.data(), av.data(), model.n_params);
+        printf("saved %s\n", path.c_str());
+    };
+
+    const double peak = peak_flops_per_s();
+    for (int step = start_step; step < max_steps; step++) {
+        auto t0 = std::chrono::steady_clock::now();
+        gpt_zero_grad(model);
+        double loss = 0, flops = 0;
+        for (int micro = 0; micro < grad_accum; micro++) {
+            train_loader.next_batch(in.data(), tgt.data(), ds.data());
+            loss += gpt_forward(model, in.data(), tgt.data(), ds.data(), B, T, 1.0f / grad_accum);
+            gpt_backward(model);
+            flops += step_flops(model, ds.data(), B, T, 1);
+        }
+        loss /= grad_accum;
+        float lr = sched.at(step);
+        float norm = gpt_update(model, opt, lr, step);
+        double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        double tok_s = total_batch / (ms / 1000.0);
+        double mfu = peak > 0 ? flops / (ms / 1000.0) / peak : -1;
+        char mfu_text[32] = "n/a";
+        if (mfu >= 0) snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100 * mfu);
+        printf("step %5d/%d | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %s\n", step + 1, max_steps,
+               loss, norm, lr, ms, tok_s, mfu_text);
+        fflush(stdout);
+        std::vector<std::pair<const char*, double>> fields = {
+            {"step", step + 1}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"ms", ms}, {"tok_s", tok_s}};
+        if (mfu >= 0) fields.push_back({"mfu", mfu});
+        log.write(fields);
+
+        const bool last = step + 1 == max_steps;
+        if (have_val && ((val_every > 0 && (step + 1) % val_every == 0) || last)) {
+            double val_loss = evaluate(model, val_loader, val_batches, in, tgt, ds);
+            printf("step %5d/%d | val loss %.4f\n", step + 1, max_steps, val_loss);
+            log.write({{"step", step + 1}, {"val_loss", val_loss}});
+        }
+        if ((sample_every > 0 && (step + 1) % sample_every == 0) || (last && sample_len > 0))
+            print_sample(model, sample_len, temperature, top_k, eot, sample_rng);
+        if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) save(step + 1);
+    }
+    gpt_free(model);
+    return 0;
+}
+
+#ifndef LLMC_NO_MAIN
+int main(int argc, char** argv) {
+#ifdef LLMC_GPU_KERNELS_MISSING
+    fprintf(stderr, "error: this CUDA build has no GPU kernels yet (they land with the GPU-path issue); "
+                    "train with ./train_gpt_cpu (make train_gpt_cpu)\n");
+    return 1;
+#endif
+    try {
+        return train_main(argc, argv);
+    } catch (const LlmcError& e) {
+        fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}
+#endif
