@@ -13,30 +13,52 @@ NVCCFLAGS ?= -O3 -std=c++17 -arch=$(GPU_ARCH) --use_fast_math -Xcompiler -fopenm
 CUDA_LIBS := -lcublasLt -lcublas
 
 HEADERS   := $(wildcard llmc/*.h llmc/*.cuh llmc/cpu/*.h)
+# doctest's header: the system one, or a copy in .deps/ (the GPU machine has none; see
+# scripts/device_check.sh --prepare)
+DOCTEST_INC := $(if $(wildcard .deps/doctest/doctest.h),-I.deps,)
 
-.PHONY: all test test_gpu clean reference
+.PHONY: all test test_gpu dev_cuda cuda_targets clean reference
 all: train_gpt_cpu train_gpt
 
 train_gpt_cpu: train_gpt.cu $(HEADERS)
 	$(CXX) $(CXXFLAGS) -DLLMC_CPU -x c++ train_gpt.cu -o $@
 
+DEV_CUDA_BINS := $(patsubst dev/cuda/%.cu,dev/cuda/bin/%,$(wildcard dev/cuda/*.cu))
 ifeq ($(NVCC),)
-train_gpt:
-	@echo "train_gpt: nvcc not found (install the CUDA toolkit or set NVCC=/path/to/nvcc); skipping the GPU build"
+train_gpt test/test_gpu dev_cuda:
+	@echo "$@: nvcc not found (install the CUDA toolkit or set NVCC=/path/to/nvcc); skipping the GPU build"
 else
 train_gpt: train_gpt.cu $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) train_gpt.cu $(CUDA_LIBS) -o $@
+
+# GPU tests: every op vs its CPU twin, the CUDA trainer vs the CPU trainer (needs a GPU to run)
+test/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)
+	$(NVCC) $(NVCCFLAGS) $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
+
+# kernel benchmarks: dev/cuda/<name>.cu -> dev/cuda/bin/<name>
+dev/cuda/bin/%: dev/cuda/%.cu dev/cuda/common.cuh $(HEADERS)
+	@mkdir -p dev/cuda/bin
+	$(NVCC) $(NVCCFLAGS) $< $(CUDA_LIBS) -o $@
+dev_cuda: $(DEV_CUDA_BINS)
 endif
 
-TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp
+test_gpu: test/test_gpu
+	./test/test_gpu
+
+# every CUDA target; in CI (no GPU) this is the compile check
+cuda_targets: train_gpt test/test_gpu dev_cuda
+
+TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp $(wildcard test/test_moe.cpp)
 test/test_cpu: $(TEST_SOURCES) train_gpt.cu $(HEADERS)
 	$(CXX) $(CXXFLAGS) $(TEST_SOURCES) -o $@
 
-test: test/test_cpu train_gpt_cpu train_gpt
+test:
+	$(MAKE) -j2 test/test_cpu train_gpt_cpu cuda_targets
 	OMP_NUM_THREADS=2 ./test/test_cpu
-	@echo "make test: all CPU tests passed"
+	./test/test_gpu
+	@echo "make test: all CPU tests passed, CUDA targets compile"
 
 clean:
-	rm -f train_gpt train_gpt_cpu test/test_cpu test/test_gpu
+	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_gpu dev/cuda/bin
 
 include scripts/reference.mk

@@ -45,6 +45,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include "llmc/cpu/classifier.h"
 #include "llmc/cpu/adamw.h"
 #include "llmc/cpu/global_norm.h"
+#include "llmc/cpu/moe.h"
 using namespace cpu;
 typedef float floatX;  // the element type of params, grads and activations
 static const char* backend_name() { return "cpu (fp32 reference)"; }
@@ -59,32 +60,65 @@ static void buffer_free(void* p) { free(p); }
 static void buffer_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
 static void copy_to_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static void backend_setup(int, int, int, int, int, int, int) {}
 #else
-// The CUDA build. Its kernels (llmc/<op>.cuh, same signatures as llmc/cpu/<op>.h) arrive with the
-// GPU-path issue; until then nvcc compiles the whole trainer against the reference ops so that the
-// structure is checked by the CUDA compiler, and main() refuses to run (it would not use the GPU).
-#include "llmc/cpu/encoder.h"
-#include "llmc/cpu/layernorm.h"
-#include "llmc/cpu/matmul.h"
-#include "llmc/cpu/attention.h"
-#include "llmc/cpu/mlp.h"
-#include "llmc/cpu/classifier.h"
-#include "llmc/cpu/adamw.h"
-#include "llmc/cpu/global_norm.h"
-using namespace cpu;
-typedef float floatX;
-#define LLMC_GPU_KERNELS_MISSING
-static const char* backend_name() { return "cuda"; }
-static double peak_flops_per_s() { return 0; }
+// The CUDA build: bf16 params, grads and activations, fp32 master weights and Adam moments, fp32
+// statistics. The ops (llmc/<op>.cuh) have the signatures of their CPU twins.
+#include "llmc/cuda_common.cuh"
+#include "llmc/encoder.cuh"
+#include "llmc/layernorm.cuh"
+#include "llmc/matmul.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/mlp.cuh"
+#include "llmc/classifier.cuh"
+#include "llmc/adamw.cuh"
+#include "llmc/global_norm.cuh"
+#include "llmc/cpu/moe.h"  // for moe_capacity (host arithmetic)
+#include "llmc/moe.cuh"
+static const char* backend_name() {
+    static char name[320];
+    cudaDeviceProp p;
+    cudaCheck(cudaGetDeviceProperties(&p, 0));
+    snprintf(name, sizeof(name), "cuda on %s (sm_%d%d), bf16 with fp32 master weights", p.name, p.major, p.minor);
+    return name;
+}
+// dense bf16 tensor-core peak, for MFU; 0 (no MFU) where we do not know it
+static double peak_flops_per_s() {
+    cudaDeviceProp p;
+    cudaCheck(cudaGetDeviceProperties(&p, 0));
+    if (p.major == 9) return 989.4e12;  // H100 / H200 SXM
+    if (p.major == 8 && p.minor == 0) return 312e12;  // A100
+    return 0;
+}
 static void* buffer_alloc(size_t bytes) {
-    void* p = calloc(1, bytes);
-    LLMC_CHECK(p, "out of memory allocating %zu bytes", bytes);
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    LLMC_CHECK(err == cudaSuccess, "out of GPU memory allocating %zu bytes (%s): reduce -b or the model size", bytes,
+               cudaGetErrorString(err));
+    cudaCheck(cudaMemset(p, 0, bytes));
     return p;
 }
-static void buffer_free(void* p) { free(p); }
-static void buffer_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
-static void copy_to_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
-static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static void buffer_free(void* p) { cudaCheck(cudaFree(p)); }
+static void buffer_zero(void* p, size_t bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, llmc_stream())); }
+static void copy_to_buffer(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, llmc_stream()));
+    cudaCheck(cudaStreamSynchronize(llmc_stream()));  // src is pageable host memory the caller may reuse
+}
+static void copy_from_buffer(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, llmc_stream()));
+    cudaCheck(cudaStreamSynchronize(llmc_stream()));
+}
+// Start-up, before the first step: the cuBLASLt handle and workspace, and one scratch arena big
+// enough for every op at the largest batch (max_linear_out: the widest linear layer with a bias).
+static void backend_setup(int B, int T, int C, int n_head, int n_kv_head, int max_linear_out, int n_expert) {
+    matmul_setup();
+    const int BT = B * T;
+    size_t need = std::max({encoder_scratch_bytes(B, T, C), layernorm_scratch_bytes(BT, C),
+                            matmul_scratch_bytes(BT, max_linear_out),
+                            attention_scratch_bytes(B, T, n_head, n_kv_head, C / n_head), global_norm_scratch_bytes(),
+                            adamw_scratch_bytes(), n_expert > 0 ? moe_scratch_bytes(B, T, C, n_expert) : 0});
+    cuda_scratch_reserve(need);
+}
 #endif
 
 // ----------------------------------------------------------------------------------------------
@@ -92,6 +126,7 @@ static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(
 
 enum MlpKind { MLP_SWIGLU = 0, MLP_GELU = 1 };
 enum PosKind { POS_ALIBI = 0, POS_LEARNED = 1 };
+enum MoeGroup { MOE_GROUP_BATCH = 0, MOE_GROUP_POSITION = 1 };
 
 struct GPTConfig {
     int vocab_size = 257;          // real vocabulary (byte tokenizer: 256 bytes + EOT)
@@ -100,13 +135,19 @@ struct GPTConfig {
     int ffn_hidden = 0;            // 0: derived (swiglu: 8/3 C rounded up to 32; gelu: 4 C)
     int max_seq_len = 1024;
     int mlp = MLP_SWIGLU, pos = POS_ALIBI;
-    int n_expert = 0, moe_every = 1;  // mixture of experts: not implemented yet (n_expert must be 0)
+    // mixture of experts (llmc/cpu/moe.h): n_expert 0 = dense; every moe_every-th block's FFN
+    // (layers l with (l + 1) % moe_every == 0) is a set of SwiGLU experts of size expert_hidden
+    int n_expert = 0, moe_every = 1, expert_hidden = 0;  // expert_hidden 0: ffn_hidden
     float capacity_factor = 2.0f;
-    int moe_group = 0;
+    int moe_group = MOE_GROUP_BATCH;
 
     int head_size() const { return n_embd / n_head; }
     int qkv_channels() const { return (n_head + 2 * n_kv_head) * head_size(); }
     int fc_channels() const { return mlp == MLP_SWIGLU ? 2 * ffn_hidden : ffn_hidden; }
+    bool is_moe(int layer) const { return n_expert > 0 && (layer + 1) % moe_every == 0; }
+    int moe_capacity(int B, int T) const {
+        return cpu::moe_capacity(B, T, n_expert, capacity_factor, moe_group == MOE_GROUP_POSITION);
+    }
 
     // fills derived fields and rejects impossible shapes, naming the flag
     void finalize() {
@@ -122,7 +163,12 @@ struct GPTConfig {
         if (ffn_hidden == 0) ffn_hidden = mlp == MLP_SWIGLU ? ceil_div(8 * n_embd / 3, 32) * 32 : 4 * n_embd;
         LLMC_CHECK(ffn_hidden > 0, "--ffn_hidden: must be > 0, got %d", ffn_hidden);
         LLMC_CHECK(max_seq_len > 0, "--max_seq_len: must be > 0, got %d", max_seq_len);
-        LLMC_CHECK(n_expert == 0, "--n_expert %d: mixture-of-experts layers are not implemented yet", n_expert);
+        LLMC_CHECK(n_expert >= 0, "--n_expert: must be >= 0, got %d", n_expert);
+        LLMC_CHECK(moe_every >= 1, "--moe_every: must be >= 1, got %d", moe_every);
+        LLMC_CHECK(capacity_factor > 0, "--capacity_factor: must be > 0, got %g", capacity_factor);
+        LLMC_CHECK(moe_group == MOE_GROUP_BATCH || moe_group == MOE_GROUP_POSITION, "--moe_group: expected batch or position");
+        if (expert_hidden == 0) expert_hidden = ffn_hidden;
+        LLMC_CHECK(expert_hidden > 0, "--expert_hidden: must be > 0, got %d", expert_hidden);
     }
 };
 
@@ -136,7 +182,7 @@ struct ParamTensor {
     size_t offset = 0, numel = 0;
     enum Init { NORMAL, ZEROS, ONES } init = NORMAL;
     float init_std = 0.02f;
-    bool decay = false;  // AdamW weight decay on 2-D weights only
+    bool decay = false;
 };
 
 static std::vector<ParamTensor> build_param_table(const GPTConfig& c) {
@@ -151,7 +197,8 @@ static std::vector<ParamTensor> build_param_table(const GPTConfig& c) {
         p.offset = offset;
         p.init = init;
         p.init_std = std;
-        p.decay = shape.size() >= 2;
+        // AdamW weight decay: matrices only (embeddings and linear weights; not biases, not LN)
+        p.decay = shape.size() >= 2 && (name == "wte" || name == "wpe" || name.substr(name.size() - 2) == ".w");
         offset += (p.numel + 7) / 8 * 8;  // every tensor 16-byte aligned in bf16 (cuBLASLt bias epilogue)
         table.push_back(p);
     };
@@ -170,10 +217,19 @@ static std::vector<ParamTensor> build_param_table(const GPTConfig& c) {
         add(h + "attn.proj.b", {C}, ParamTensor::ZEROS);
         add(h + "ln2.w", {C}, ParamTensor::ONES);
         add(h + "ln2.b", {C}, ParamTensor::ZEROS);
-        add(h + "mlp.fc.w", {c.fc_channels(), C}, ParamTensor::NORMAL);
-        add(h + "mlp.fc.b", {c.fc_channels()}, ParamTensor::ZEROS);
-        add(h + "mlp.proj.w", {C, c.ffn_hidden}, ParamTensor::NORMAL, proj_std);
-        add(h + "mlp.proj.b", {C}, ParamTensor::ZEROS);
+        if (c.is_moe(l)) {  // E SwiGLU experts, stacked
+            const int E = c.n_expert, He = c.expert_hidden;
+            add(h + "moe.router.w", {E, C}, ParamTensor::NORMAL);
+            add(h + "moe.fc.w", {E, 2 * He, C}, ParamTensor::NORMAL);
+            add(h + "moe.fc.b", {E, 2 * He}, ParamTensor::ZEROS);
+            add(h + "moe.proj.w", {E, C, He}, ParamTensor::NORMAL, proj_std);
+            add(h + "moe.proj.b", {E, C}, ParamTensor::ZEROS);
+        } else {
+            add(h + "mlp.fc.w", {c.fc_channels(), C}, ParamTensor::NORMAL);
+            add(h + "mlp.fc.b", {c.fc_channels()}, ParamTensor::ZEROS);
+            add(h + "mlp.proj.w", {C, c.ffn_hidden}, ParamTensor::NORMAL, proj_std);
+            add(h + "mlp.proj.b", {C}, ParamTensor::ZEROS);
+        }
     }
     add("lnf.w", {C}, ParamTensor::ONES);
     add("lnf.b", {C}, ParamTensor::ZEROS);
@@ -187,7 +243,9 @@ static size_t count_params(const std::vector<ParamTensor>& table) {
 
 // Pointers into a flat buffer (params or grads) laid out by the table.
 struct LayerTensors {
-    floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+    floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b;
+    floatX *fcw, *fcb, *fcprojw, *fcprojb;  // dense FFN, or the stacked experts' of an MoE layer
+    floatX* routerw;                        // MoE layers only
 };
 struct ModelTensors {
     floatX *wte, *wpe, *lnfw, *lnfb;
@@ -195,7 +253,7 @@ struct ModelTensors {
 };
 
 static ModelTensors point_into(floatX* base, const GPTConfig& c, const std::vector<ParamTensor>& table) {
-    std::map<std::string, floatX*> at;
+    std::map<std::string, floatX*> at;  // (names a layer does not have read as nullptr)
     for (const ParamTensor& p : table) at[p.name] = base + p.offset;
     ModelTensors t;
     t.wte = at["wte"];
@@ -204,9 +262,11 @@ static ModelTensors point_into(floatX* base, const GPTConfig& c, const std::vect
     t.lnfb = at["lnf.b"];
     for (int l = 0; l < c.n_layer; l++) {
         std::string h = "h" + std::to_string(l) + ".";
+        const std::string ffn = c.is_moe(l) ? h + "moe." : h + "mlp.";
         t.layers.push_back({at[h + "ln1.w"], at[h + "ln1.b"], at[h + "attn.qkv.w"], at[h + "attn.qkv.b"],
                             at[h + "attn.proj.w"], at[h + "attn.proj.b"], at[h + "ln2.w"], at[h + "ln2.b"],
-                            at[h + "mlp.fc.w"], at[h + "mlp.fc.b"], at[h + "mlp.proj.w"], at[h + "mlp.proj.b"]});
+                            at[ffn + "fc.w"], at[ffn + "fc.b"], at[ffn + "proj.w"], at[ffn + "proj.b"],
+                            at[h + "moe.router.w"]});
     }
     return t;
 }
@@ -223,7 +283,12 @@ struct LayerActs {
     floatX* residual2;                  // x + attn(LN1(x))
     floatX* ln2;
     float *ln2_mean, *ln2_rstd;
-    floatX *fch, *fch_act;              // fc output (pre-activation) and the activation
+    floatX *fch, *fch_act;              // fc output (pre-activation) and the activation; in an MoE
+                                        // layer the experts' ones, stacked [E, capacity, ...]
+    // MoE layers only: routing (llmc/cpu/moe.h) and the experts' input and output rows
+    float* moe_scores;                  // [BT, E] softmax of the router
+    int *expert_tokens, *token_slots;   // [E, capacity], [BT, E]
+    floatX *expert_in, *expert_out;     // [E, capacity, C]
     floatX *residual3;                  // block output
 };
 
@@ -243,6 +308,8 @@ struct GPT {
     float *lnf_mean, *lnf_rstd, *losses;
     // backward scratch, reused by every layer
     floatX *d_residual, *d_ln, *d_atty, *d_qkv, *d_fch, *d_fch_act, *scratch;
+    floatX* d_expert_io = nullptr;  // MoE: gradient of the experts' output rows, then of their input rows
+    float* d_moe_scores = nullptr;
     std::vector<float> host_losses;
     size_t activation_bytes = 0;
 
@@ -263,6 +330,8 @@ static float* alloc_stats(GPT& m, size_t n) {
 // The memory plan: everything is allocated here, once; the training step allocates nothing.
 static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
     m.config = config;
+    backend_setup(B, T, config.n_embd, config.n_head, config.n_kv_head,
+                  std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert);
     m.table = build_param_table(config);
     m.n_params = count_params(m.table);
     for (const ParamTensor& t : m.table) m.param_count += t.numel;
@@ -279,7 +348,22 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
     m.max_T = T;
     m.activation_bytes = 0;
     m.acts.resize(config.n_layer);
-    for (LayerActs& a : m.acts) {
+    const bool moe = config.n_expert > 0;
+    const size_t expert_rows = moe ? (size_t)config.n_expert * config.moe_capacity(B, T) : 0;
+    // the FFN hidden buffers serve dense and MoE layers: the larger of the two shapes
+    const size_t fc_elems = std::max(BT * config.fc_channels(), expert_rows * 2 * config.expert_hidden);
+    const size_t act_elems = std::max(BT * config.ffn_hidden, expert_rows * config.expert_hidden);
+    for (int l = 0; l < config.n_layer; l++) {
+        LayerActs& a = m.acts[l];
+        a = LayerActs{};
+        if (config.is_moe(l)) {
+            a.moe_scores = alloc_stats(m, BT * config.n_expert);
+            a.expert_tokens = (int*)buffer_alloc(expert_rows * sizeof(int));
+            a.token_slots = (int*)buffer_alloc(BT * config.n_expert * sizeof(int));
+            m.activation_bytes += (expert_rows + BT * config.n_expert) * sizeof(int);
+            a.expert_in = alloc_activation(m, expert_rows * C);
+            a.expert_out = alloc_activation(m, expert_rows * C);
+        }
         a.ln1 = alloc_activation(m, BT * C);
         a.ln1_mean = alloc_stats(m, BT);
         a.ln1_rstd = alloc_stats(m, BT);
@@ -290,8 +374,8 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
         a.ln2 = alloc_activation(m, BT * C);
         a.ln2_mean = alloc_stats(m, BT);
         a.ln2_rstd = alloc_stats(m, BT);
-        a.fch = alloc_activation(m, BT * config.fc_channels());
-        a.fch_act = alloc_activation(m, BT * config.ffn_hidden);
+        a.fch = alloc_activation(m, config.is_moe(l) ? expert_rows * 2 * config.expert_hidden : BT * config.fc_channels());
+        a.fch_act = alloc_activation(m, config.is_moe(l) ? expert_rows * config.expert_hidden : BT * config.ffn_hidden);
         a.residual3 = alloc_activation(m, BT * C);
     }
     m.encoded = alloc_activation(m, BT * C);
@@ -304,8 +388,12 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
     m.d_ln = alloc_activation(m, BT * C);
     m.d_atty = alloc_activation(m, BT * C);
     m.d_qkv = alloc_activation(m, BT * config.qkv_channels());
-    m.d_fch = alloc_activation(m, BT * config.fc_channels());
-    m.d_fch_act = alloc_activation(m, BT * config.ffn_hidden);
+    m.d_fch = alloc_activation(m, fc_elems);
+    m.d_fch_act = alloc_activation(m, act_elems);
+    if (moe) {
+        m.d_expert_io = alloc_activation(m, expert_rows * C);
+        m.d_moe_scores = alloc_stats(m, BT * config.n_expert);
+    }
     m.scratch = alloc_activation(m, BT * std::max<size_t>(C, config.ffn_hidden));
     m.batch_inputs = (int*)buffer_alloc(BT * sizeof(int));
     m.batch_targets = (int*)buffer_alloc(BT * sizeof(int));
@@ -319,11 +407,16 @@ static void gpt_free(GPT& m) {
                     (void*)m.batch_targets, (void*)m.batch_doc_start}) buffer_free(b);
     for (LayerActs& a : m.acts) {
         for (floatX* b : {a.ln1, a.qkv, a.atty, a.residual2, a.ln2, a.fch, a.fch_act, a.residual3}) buffer_free(b);
+        if (a.moe_scores) {
+            for (void* b : {(void*)a.moe_scores, (void*)a.expert_tokens, (void*)a.token_slots, (void*)a.expert_in,
+                            (void*)a.expert_out}) buffer_free(b);
+        }
         for (float* b : {a.ln1_mean, a.ln1_rstd, a.att_lse, a.ln2_mean, a.ln2_rstd}) buffer_free(b);
     }
     for (floatX* b : {m.encoded, m.lnf, m.logits, m.d_residual, m.d_ln, m.d_atty, m.d_qkv, m.d_fch, m.d_fch_act,
                       m.scratch}) buffer_free(b);
     for (float* b : {m.lnf_mean, m.lnf_rstd, m.losses}) buffer_free(b);
+    if (m.d_expert_io) { buffer_free(m.d_expert_io); buffer_free(m.d_moe_scores); }
     m = GPT();
 }
 
@@ -384,10 +477,24 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
         attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, c.n_head, c.n_kv_head, c.head_size(), alibi);
         matmul_forward(m.scratch, a.atty, w.attprojw, w.attprojb, BT, C, C);
         fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, BT, C);
-        matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, c.fc_channels());
-        if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, H);
-        else gelu_forward(a.fch_act, a.fch, (long)BT * H);
-        matmul_forward(m.scratch, a.fch_act, w.fcprojw, w.fcprojb, BT, H, C);
+        if (c.is_moe(l)) {
+            // expert choice: route, gather each expert's tokens, run the experts as one batch of
+            // matmuls, add the gated outputs back per token
+            const int E = c.n_expert, He = c.expert_hidden, cap = c.moe_capacity(B, T);
+            moe_router_forward(a.moe_scores, a.ln2, w.routerw, BT, C, E);
+            moe_select(a.expert_tokens, a.token_slots, a.moe_scores, B, T, E, c.capacity_factor,
+                       c.moe_group == MOE_GROUP_POSITION);
+            moe_gather(a.expert_in, a.ln2, a.expert_tokens, E, cap, C);
+            matmul_forward_batched(a.fch, a.expert_in, w.fcw, w.fcb, E, cap, C, 2 * He);
+            swiglu_forward(a.fch_act, a.fch, E * cap, He);
+            matmul_forward_batched(a.expert_out, a.fch_act, w.fcprojw, w.fcprojb, E, cap, He, C);
+            moe_combine_forward(m.scratch, a.expert_out, a.moe_scores, a.token_slots, BT, E, cap, C);
+        } else {
+            matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, c.fc_channels());
+            if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, H);
+            else gelu_forward(a.fch_act, a.fch, (long)BT * H);
+            matmul_forward(m.scratch, a.fch_act, w.fcprojw, w.fcprojb, BT, H, C);
+        }
         // the residual add is fused with the next LayerNorm: the next block's LN1, or the final LN
         bool last = l == L - 1;
         fused_residual_layernorm_forward(a.residual3, last ? m.lnf : m.acts[l + 1].ln1,
@@ -427,10 +534,23 @@ static void gpt_backward(GPT& m) {
         LayerActs& a = m.acts[l];
         const floatX* x = l == 0 ? m.encoded : m.acts[l - 1].residual3;
         // d_residual = dL/d residual3 here; the FFN branch
-        matmul_backward(m.d_fch_act, dw.fcprojw, dw.fcprojb, m.d_residual, a.fch_act, w.fcprojw, BT, H, C);
-        if (c.mlp == MLP_SWIGLU) swiglu_backward(m.d_fch, m.d_fch_act, a.fch, BT, H);
-        else gelu_backward(m.d_fch, m.d_fch_act, a.fch, (long)BT * H);
-        matmul_backward(m.d_ln, dw.fcw, dw.fcb, m.d_fch, a.ln2, w.fcw, BT, C, c.fc_channels());
+        if (c.is_moe(l)) {
+            const int E = c.n_expert, He = c.expert_hidden, cap = c.moe_capacity(B, T);
+            moe_combine_backward(m.d_expert_io, m.d_moe_scores, m.d_residual, a.expert_out, a.moe_scores,
+                                 a.expert_tokens, a.token_slots, BT, E, cap, C);
+            matmul_backward_batched(m.d_fch_act, dw.fcprojw, dw.fcprojb, m.d_expert_io, a.fch_act, w.fcprojw, E, cap,
+                                    He, C);
+            swiglu_backward(m.d_fch, m.d_fch_act, a.fch, E * cap, He);
+            matmul_backward_batched(m.d_expert_io, dw.fcw, dw.fcb, m.d_fch, a.expert_in, w.fcw, E, cap, C, 2 * He);
+            buffer_zero(m.d_ln, (size_t)BT * C * sizeof(floatX));
+            moe_gather_backward(m.d_ln, m.d_expert_io, a.token_slots, BT, E, cap, C);
+            moe_router_backward(m.d_ln, dw.routerw, m.d_moe_scores, a.moe_scores, a.ln2, w.routerw, BT, C, E);
+        } else {
+            matmul_backward(m.d_fch_act, dw.fcprojw, dw.fcprojb, m.d_residual, a.fch_act, w.fcprojw, BT, H, C);
+            if (c.mlp == MLP_SWIGLU) swiglu_backward(m.d_fch, m.d_fch_act, a.fch, BT, H);
+            else gelu_backward(m.d_fch, m.d_fch_act, a.fch, (long)BT * H);
+            matmul_backward(m.d_ln, dw.fcw, dw.fcb, m.d_fch, a.ln2, w.fcw, BT, C, c.fc_channels());
+        }
         layernorm_backward(m.d_residual, dw.ln2w, dw.ln2b, m.d_ln, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
         // d_residual = dL/d residual2 now; the attention branch
         matmul_backward(m.d_atty, dw.attprojw, dw.attprojb, m.d_residual, a.atty, w.attprojw, BT, C, C);
@@ -463,53 +583,111 @@ static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
     return norm;
 }
 
-// Model FLOPs of one training step (forward + backward), the nanoGPT/PaLM convention: 6 per
-// parameter per token for the matmuls (the position table does no matmul and is not counted),
-// plus the attention term 12 * n_layer * n_head * head_size per unmasked score element
-// (2 FLOPs each for QK^T and PV in the forward, twice that in the backward).
-static double step_flops(const GPT& m, const int* doc_start, int B, int T, int grad_accum_steps) {
+// Parameters that act on one token: all of them in a dense model (without the position table,
+// which does no matmul); in an MoE layer the router plus, on average, E * capacity / tokens
+// experts (= capacity_factor) instead of all E.
+static double active_param_count(const GPT& m, int B, int T) {
     const GPTConfig& c = m.config;
     double n = (double)m.param_count - (c.pos == POS_LEARNED ? (double)c.max_seq_len * c.n_embd : 0.0);
+    if (c.n_expert > 0) {
+        const double one_expert = 3.0 * c.expert_hidden * c.n_embd + 2.0 * c.expert_hidden + c.n_embd;
+        const double experts_per_token = (double)c.n_expert * c.moe_capacity(B, T) / ((double)B * T);
+        for (int l = 0; l < c.n_layer; l++)
+            if (c.is_moe(l)) n += one_expert * (experts_per_token - c.n_expert);
+    }
+    return n;
+}
+
+// Model FLOPs of one training step (forward + backward), the nanoGPT/PaLM convention: 6 per
+// active parameter per token for the matmuls, plus the attention term 12 * n_layer * n_head *
+// head_size per unmasked score element (2 FLOPs each for QK^T and PV in the forward, twice that
+// in the backward).
+static double step_flops(const GPT& m, const int* doc_start, int B, int T, int grad_accum_steps) {
+    const GPTConfig& c = m.config;
     double score_elements = 0;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) score_elements += t - doc_start[b * T + t] + 1;
-    return grad_accum_steps * (6.0 * n * B * T + 12.0 * c.n_layer * c.n_head * c.head_size() * score_elements);
+    return grad_accum_steps *
+           (6.0 * active_param_count(m, B, T) * B * T + 12.0 * c.n_layer * c.n_head * c.head_size() * score_elements);
 }
 
-// Generates up to n_tokens after `prompt` (temperature, top-k; top_k <= 0 means all), feeding at
-// most the last max_T tokens (the whole document fits when it is shorter). Stops at EOT.
-static std::vector<int> gpt_sample(GPT& m, std::vector<int> tokens, int n_tokens, float temperature, int top_k,
+// MoE routing of the last forward, over its MoE layers: the fraction of tokens taken by 0, 1 and
+// 2+ experts, and the fewest / most tokens any expert took (equal by construction in expert
+// choice; measured, not assumed).
+struct MoeStats {
+    double frac[3] = {0, 0, 0};
+    int load_min = 0, load_max = 0;
+};
+static MoeStats gpt_moe_stats(const GPT& m) {
+    const GPTConfig& c = m.config;
+    const int n = m.B * m.T, E = c.n_expert;
+    MoeStats st;
+    st.load_min = n;
+    std::vector<int> slots((size_t)n * E), load(E);
+    int layers = 0;
+    for (int l = 0; l < c.n_layer; l++) {
+        if (!c.is_moe(l)) continue;
+        layers++;
+        copy_from_buffer(slots.data(), m.acts[l].token_slots, slots.size() * sizeof(int));
+        std::fill(load.begin(), load.end(), 0);
+        for (int i = 0; i < n; i++) {
+            int taken = 0;
+            for (int e = 0; e < E; e++)
+                if (slots[(size_t)i * E + e] >= 0) { taken++; load[e]++; }
+            st.frac[std::min(taken, 2)] += 1.0 / n;
+        }
+        st.load_min = std::min(st.load_min, *std::min_element(load.begin(), load.end()));
+        st.load_max = std::max(st.load_max, *std::max_element(load.begin(), load.end()));
+    }
+    for (double& f : st.frac) f /= std::max(layers, 1);
+    return st;
+}
+
+// Generates up to n_tokens after the prompt (temperature, top-k; top_k <= 0 means all), feeding
+// at most the last max_T tokens, and stops at EOT. MoE models sample `rows` independent sequences
+// side by side so the routing groups look as in training (the B tokens of a position, or the
+// B x length tokens of the batch); a dense model needs one row. Returns row 0.
+static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n_tokens, float temperature, int top_k,
                                    int eot, Rng& rng) {
-    const int V = m.config.vocab_size;
-    std::vector<int> ctx_start(m.max_T);
+    const int V = m.config.vocab_size, Vp = m.config.padded_vocab_size;
+    const int rows = m.config.n_expert > 0 ? m.max_B : 1;
+    std::vector<std::vector<int>> seqs(rows, prompt);
+    std::vector<int> ctx, ctx_start;
     std::vector<std::pair<float, int>> cand(V);
     std::vector<floatX> logits(V);
-    std::vector<int> generated;
-    for (int i = 0; i < n_tokens; i++) {
-        int T = std::min((int)tokens.size(), m.max_T);
-        const int* ctx = tokens.data() + tokens.size() - T;
-        compute_doc_start(ctx_start.data(), ctx, T, eot);
-        gpt_forward(m, ctx, nullptr, ctx_start.data(), 1, T);
-        copy_from_buffer(logits.data(), m.logits + (size_t)(T - 1) * m.config.padded_vocab_size, V * sizeof(floatX));
-        for (int v = 0; v < V; v++) cand[v] = {(float)logits[v] / std::max(temperature, 1e-6f), v};
-        int k = top_k > 0 ? std::min(top_k, V) : V;
-        std::partial_sort(cand.begin(), cand.begin() + k, cand.end(),
-                          [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
-                              return a.first > b.first || (a.first == b.first && a.second < b.second);
-                          });
-        double sum = 0;
-        for (int j = 0; j < k; j++) sum += std::exp((double)cand[j].first - cand[0].first);
-        double r = rng.uniform() * sum, acc = 0;
-        int next = cand[k - 1].second;
-        for (int j = 0; j < k; j++) {
-            acc += std::exp((double)cand[j].first - cand[0].first);
-            if (r < acc) { next = cand[j].second; break; }
+    std::vector<bool> done(rows, false);
+    for (int i = 0; i < n_tokens && !done[0]; i++) {
+        const int T = std::min((int)seqs[0].size(), m.max_T);  // all rows have the same length
+        ctx.resize((size_t)rows * T);
+        ctx_start.resize((size_t)rows * T);
+        for (int r = 0; r < rows; r++) {
+            std::copy(seqs[r].end() - T, seqs[r].end(), ctx.begin() + (size_t)r * T);
+            compute_doc_start(ctx_start.data() + (size_t)r * T, ctx.data() + (size_t)r * T, T, eot);
         }
-        if (next == eot) break;
-        tokens.push_back(next);
-        generated.push_back(next);
+        gpt_forward(m, ctx.data(), nullptr, ctx_start.data(), rows, T);
+        for (int r = 0; r < rows; r++) {
+            copy_from_buffer(logits.data(), m.logits + ((size_t)r * T + T - 1) * Vp, V * sizeof(floatX));
+            for (int v = 0; v < V; v++) cand[v] = {(float)logits[v] / std::max(temperature, 1e-6f), v};
+            int k = top_k > 0 ? std::min(top_k, V) : V;
+            std::partial_sort(cand.begin(), cand.begin() + k, cand.end(),
+                              [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
+                                  return a.first > b.first || (a.first == b.first && a.second < b.second);
+                              });
+            double sum = 0;
+            for (int j = 0; j < k; j++) sum += std::exp((double)cand[j].first - cand[0].first);
+            double u = rng.uniform() * sum, acc = 0;
+            int next = cand[k - 1].second;
+            for (int j = 0; j < k; j++) {
+                acc += std::exp((double)cand[j].first - cand[0].first);
+                if (u < acc) { next = cand[j].second; break; }
+            }
+            if (next == eot) done[r] = true;  // a finished row keeps going (as padding) until row 0 ends
+            seqs[r].push_back(next);
+        }
     }
-    return generated;
+    std::vector<int> out(seqs[0].begin() + prompt.size(), seqs[0].end());
+    if (!out.empty() && out.back() == eot) out.pop_back();
+    return out;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -535,6 +713,11 @@ static const Option OPTIONS[] = {
     {"ffn_hidden", "", "0", "FFN hidden size (0: swiglu 8/3 C rounded up to 32, gelu 4 C)"},
     {"max_seq_len", "", "1024", "maximum sequence length (size of the learned position table)"},
     {"mlp", "", "swiglu", "swiglu | gelu"},
+    {"n_expert", "", "0", "experts per MoE layer (0: dense model)"},
+    {"moe_every", "", "1", "every k-th block's FFN is an MoE layer (layers k-1, 2k-1, ...)"},
+    {"expert_hidden", "", "0", "hidden size of each SwiGLU expert (0: ffn_hidden)"},
+    {"capacity_factor", "", "2.0", "expert choice: each expert takes capacity_factor * tokens / n_expert tokens"},
+    {"moe_group", "", "batch", "routing group: batch (the micro-batch, sees future tokens) | position (causal)"},
     {"pos", "", "alibi", "alibi | learned"},
     {"batch_size", "b", "16", "B: rows per micro-batch"},
     {"seq_len", "t", "256", "T: tokens per row"},
@@ -629,6 +812,13 @@ static GPTConfig config_from_args(const Args& args) {
     LLMC_CHECK(pos == "alibi" || pos == "learned", "--pos: expected alibi or learned, got '%s'", pos.c_str());
     c.mlp = mlp == "swiglu" ? MLP_SWIGLU : MLP_GELU;
     c.pos = pos == "alibi" ? POS_ALIBI : POS_LEARNED;
+    c.n_expert = args.i("n_expert");
+    c.moe_every = args.i("moe_every");
+    c.expert_hidden = args.i("expert_hidden");
+    c.capacity_factor = args.f("capacity_factor");
+    const std::string group = args.str("moe_group");
+    LLMC_CHECK(group == "batch" || group == "position", "--moe_group: expected batch or position, got '%s'", group.c_str());
+    c.moe_group = group == "batch" ? MOE_GROUP_BATCH : MOE_GROUP_POSITION;
     c.finalize();
     return c;
 }
@@ -638,7 +828,8 @@ static std::vector<std::pair<const char*, int*>> config_fields(GPTConfig& c) {
     return {{"vocab_size", &c.vocab_size}, {"n_layer", &c.n_layer},         {"n_embd", &c.n_embd},
             {"n_head", &c.n_head},         {"n_kv_head", &c.n_kv_head},     {"ffn_hidden", &c.ffn_hidden},
             {"max_seq_len", &c.max_seq_len}, {"mlp", &c.mlp},               {"pos", &c.pos},
-            {"n_expert", &c.n_expert},     {"moe_every", &c.moe_every},     {"moe_group", &c.moe_group}};
+            {"n_expert", &c.n_expert},     {"moe_every", &c.moe_every},     {"moe_group", &c.moe_group},
+            {"expert_hidden", &c.expert_hidden}};
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -726,6 +917,11 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
                        resume.c_str(), name, (long long)stored, *field);
             *field = (int)stored;
         }
+        const double stored_cf = ck.get_float("config.capacity_factor", resume);
+        LLMC_CHECK(!args.given.count("capacity_factor") || (float)stored_cf == config.capacity_factor,
+                   "%s: checkpoint has capacity_factor = %g but the flags ask for %g", resume.c_str(), stored_cf,
+                   config.capacity_factor);
+        config.capacity_factor = (float)stored_cf;
         config.finalize();
         const std::pair<const char*, int> shape[] = {{"batch_size", B}, {"seq_len", T}, {"total_batch_tokens", total_batch}};
         for (auto& [name, v] : shape) {
@@ -775,7 +971,15 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
            config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
            config.mlp == MLP_SWIGLU ? "swiglu" : "gelu", config.pos == POS_ALIBI ? "alibi" : "learned",
            config.vocab_size, config.padded_vocab_size);
-    printf("parameters: %zu\n", model.param_count);
+    if (config.n_expert > 0) {
+        printf("mixture of experts: %d experts of hidden %d in layers", config.n_expert, config.expert_hidden);
+        for (int l = 0; l < config.n_layer; l++) if (config.is_moe(l)) printf(" %d", l);
+        printf(", capacity factor %g (%d tokens per expert per micro-batch), routing group %s\n", config.capacity_factor,
+               config.moe_capacity(B, T), config.moe_group == MOE_GROUP_BATCH ? "batch" : "position");
+        printf("parameters: %zu, active per token %.0f\n", model.param_count, active_param_count(model, B, T));
+    } else {
+        printf("parameters: %zu\n", model.param_count);
+    }
     printf("batch: B %d x T %d x %d ranks x %d accumulation steps = %d tokens per step\n", B, T, world, grad_accum,
            total_batch);
     printf("memory plan: params %.1f MiB, grads %.1f MiB, master %.1f MiB, adam moments %.1f MiB, activations %.1f MiB\n",
@@ -826,12 +1030,21 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
         double mfu = peak > 0 ? flops / (ms / 1000.0) / peak : -1;
         char mfu_text[32] = "n/a";
         if (mfu >= 0) snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100 * mfu);
-        printf("step %5d/%d | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %s\n", step + 1, max_steps,
+        printf("step %5d/%d | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %s", step + 1, max_steps,
                loss, norm, lr, ms, tok_s, mfu_text);
-        fflush(stdout);
         std::vector<std::pair<const char*, double>> fields = {
             {"step", step + 1}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"ms", ms}, {"tok_s", tok_s}};
         if (mfu >= 0) fields.push_back({"mfu", mfu});
+        if (config.n_expert > 0) {  // routing of the step's last micro-batch
+            MoeStats st = gpt_moe_stats(model);
+            printf(" | tokens by 0/1/2+ experts %.0f/%.0f/%.0f%% | expert load %d..%d", 100 * st.frac[0],
+                   100 * st.frac[1], 100 * st.frac[2], st.load_min, st.load_max);
+            fields.insert(fields.end(), {{"moe_frac_0", st.frac[0]}, {"moe_frac_1", st.frac[1]},
+                                         {"moe_frac_2plus", st.frac[2]}, {"moe_load_min", (double)st.load_min},
+                                         {"moe_load_max", (double)st.load_max}});
+        }
+        printf("\n");
+        fflush(stdout);
         log.write(fields);
 
         const bool last = step + 1 == max_steps;
@@ -850,11 +1063,6 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
 
 #ifndef LLMC_NO_MAIN
 int main(int argc, char** argv) {
-#ifdef LLMC_GPU_KERNELS_MISSING
-    fprintf(stderr, "error: this CUDA build has no GPU kernels yet (they land with the GPU-path issue); "
-                    "train with ./train_gpt_cpu (make train_gpt_cpu)\n");
-    return 1;
-#endif
     try {
         return train_main(argc, argv);
     } catch (const LlmcError& e) {

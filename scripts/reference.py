@@ -8,7 +8,7 @@ translation of the C++ code; the C++ is checked against it.
 
 Usage
 -----
-    python scripts/reference.py --out test/data     # write ref_a.bin, ref_b.bin, ref_c.bin
+    python scripts/reference.py --out test/data     # write ref_a.bin ... ref_e.bin
     python scripts/reference.py --selfcheck         # test this file's pieces, prints OK
 
 As a module (e.g. a GPU benchmark):
@@ -23,7 +23,7 @@ As a module (e.g. a GPU benchmark):
 Model (names/shapes of the parameters, in order: see `param_specs`)
 -----
 x = wte[tokens] (+ wpe[t - doc_start[t]] when pos=learned); per layer
-x += attn.proj(attn(LN1(x))); x += mlp(LN2(x)); LN_f; logits = x @ wte[:V]^T.
+x += attn.proj(attn(LN1(x))); x += ffn(LN2(x)); LN_f; logits = x @ wte[:V]^T.
 Linear weights are [out, in] and y = x W^T + b. LayerNorm eps 1e-5, biased
 variance. qkv output features: all q heads, then all k heads, then all v heads.
 Query head h reads kv head h // (n_head // n_kv_head). Attention allows key j for
@@ -31,6 +31,19 @@ query i iff doc_start[i] <= j <= i; score = q.k / sqrt(hs) - slope_h * (i - j)
 (ALiBi term only when pos=alibi). SwiGLU fc rows 0..H-1 = gate (silu),
 rows H..2H-1 = up. GELU is the tanh approximation. Loss = mean cross-entropy
 over targets != -1 using the first V (real) logits.
+
+Expert-choice MoE (Zhou et al. 2022) replaces the FFN of layer l iff n_expert E > 0 and
+(l + 1) % moe_every == 0; its tensors h{l}.moe.{router.w [E, C], fc.w [E, 2He, C],
+fc.b [E, 2He], proj.w [E, C, He], proj.b [E, C]} take the place of h{l}.mlp.*. On the
+n = B*T tokens (i = b*T + t) of a micro-batch: S = softmax_e(x W_router^T) [n, E]. Routing
+groups: moe_group=batch, all n tokens; moe_group=position, for each t the B tokens at t.
+In every group of m tokens each expert takes the k = min(m, ceil(m * c / E)) tokens of
+highest S[:, e] (ties: lower token index first; c = capacity_factor as float32, the
+quotient in double). Token i's output = sum over the experts e that took it of
+S[i, e] * (W2_e (silu(W1_e x + b1_e) * (W3_e x + b3_e)) + b2_e); 0 if none took it.
+The selection is a constant for autograd: gradients reach the router through the gate
+values S[i, e] of the selected pairs only. Weight decay: ndim >= 2 and the name ends
+with '.w' or is wte / wpe (so the 2-D per-expert biases are not decayed).
 
 Reference file format (binary, little-endian)
 -----
@@ -48,8 +61,10 @@ Reference file format (binary, little-endian)
 Entries written by `make_reference` (in this order):
     config.vocab_size, config.padded_vocab_size, config.n_layer, config.n_embd,
     config.n_head, config.n_kv_head, config.ffn_hidden, config.max_seq_len,
-    config.mlp (0 swiglu, 1 gelu), config.pos (0 alibi, 1 learned), config.eot
-                                                         int32 scalars
+    config.mlp (0 swiglu, 1 gelu), config.pos (0 alibi, 1 learned), config.eot,
+    config.n_expert (0 = dense), config.moe_every, config.expert_hidden,
+    config.moe_group (0 batch, 1 position)              int32 scalars
+    config.capacity_factor                               float32 scalar
     train.B, train.T, train.grad_accum, train.warmup_steps, train.max_steps,
     train.n_steps                                        int32 scalars
     train.lr, train.final_lr_frac, train.weight_decay, train.beta1, train.beta2,
@@ -68,6 +83,7 @@ micro-batch losses.
 """
 
 import argparse
+import contextlib
 import math
 import os
 import struct
@@ -80,6 +96,7 @@ import torch
 EOT = 256
 MLP_SWIGLU, MLP_GELU = 0, 1
 POS_ALIBI, POS_LEARNED = 0, 1
+MOE_GROUP_BATCH, MOE_GROUP_POSITION = 0, 1
 DTYPE_F32, DTYPE_I32 = 0, 1
 MAGIC = b"LLMCREF1"
 
@@ -99,11 +116,12 @@ class ModelConfig:
     mlp: int = MLP_SWIGLU          # 0 swiglu, 1 gelu
     pos: int = POS_ALIBI           # 0 alibi, 1 learned
     padded_vocab_size: int = 0     # 0 -> vocab_size rounded up to a multiple of 128
-    # MoE (expert-choice) fields, reserved: only n_expert == 0 (dense) is implemented.
+    # expert-choice mixture of experts (see `moe`): n_expert 0 = dense model
     n_expert: int = 0
-    moe_every: int = 1
-    capacity_factor: float = 1.0
-    moe_group: str = "batch"
+    moe_every: int = 1             # layer l is MoE iff n_expert > 0 and (l + 1) % moe_every == 0
+    capacity_factor: float = 2.0   # stored (and used) as its float32 value
+    moe_group: int = MOE_GROUP_BATCH  # 0 batch (all B*T tokens), 1 position (the B tokens at t)
+    expert_hidden: int = 0         # hidden size of each SwiGLU expert; 0 -> ffn_hidden
 
     def __post_init__(self):
         if self.padded_vocab_size == 0:
@@ -112,6 +130,11 @@ class ModelConfig:
         assert self.n_embd % self.n_head == 0, "head size = n_embd / n_head"
         assert self.n_head % self.n_kv_head == 0, "n_kv_head must divide n_head"
         assert self.mlp in (MLP_SWIGLU, MLP_GELU) and self.pos in (POS_ALIBI, POS_LEARNED)
+        assert self.n_expert >= 0 and self.moe_every >= 1 and self.capacity_factor > 0
+        assert self.moe_group in (MOE_GROUP_BATCH, MOE_GROUP_POSITION)
+        self.capacity_factor = f32(self.capacity_factor)
+        if self.expert_hidden == 0:
+            self.expert_hidden = self.ffn_hidden
 
     @property
     def head_size(self):
@@ -165,27 +188,40 @@ def param_specs(cfg):
     if cfg.pos == POS_LEARNED:
         specs.append(("wpe", (cfg.max_seq_len, C)))
     for l in range(L):
-        if cfg.is_moe_layer(l):
-            raise NotImplementedError("MoE layers are not implemented in the reference yet")
         p = f"h{l}."
         specs += [
             (p + "ln1.w", (C,)), (p + "ln1.b", (C,)),
             (p + "attn.qkv.w", (qkv, C)), (p + "attn.qkv.b", (qkv,)),
             (p + "attn.proj.w", (C, cfg.n_head * hs)), (p + "attn.proj.b", (C,)),
             (p + "ln2.w", (C,)), (p + "ln2.b", (C,)),
-            (p + "mlp.fc.w", (cfg.fc_out, C)), (p + "mlp.fc.b", (cfg.fc_out,)),
-            (p + "mlp.proj.w", (C, cfg.ffn_hidden)), (p + "mlp.proj.b", (C,)),
         ]
+        if cfg.is_moe_layer(l):
+            # E SwiGLU experts of hidden size He (fc rows 0..He-1 gate, He..2He-1 up) and a
+            # bias-free router; they replace the dense mlp.* tensors of this layer
+            E, He = cfg.n_expert, cfg.expert_hidden
+            specs += [
+                (p + "moe.router.w", (E, C)),
+                (p + "moe.fc.w", (E, 2 * He, C)), (p + "moe.fc.b", (E, 2 * He)),
+                (p + "moe.proj.w", (E, C, He)), (p + "moe.proj.b", (E, C)),
+            ]
+        else:
+            specs += [
+                (p + "mlp.fc.w", (cfg.fc_out, C)), (p + "mlp.fc.b", (cfg.fc_out,)),
+                (p + "mlp.proj.w", (C, cfg.ffn_hidden)), (p + "mlp.proj.b", (C,)),
+            ]
     specs += [("lnf.w", (C,)), ("lnf.b", (C,))]
     return specs
 
 
 def is_residual_proj(name):
-    return name.endswith("attn.proj.w") or name.endswith("mlp.proj.w")
+    return name.endswith(("attn.proj.w", "mlp.proj.w", "moe.proj.w"))
 
 
 def is_layernorm(name):
     return name.startswith("lnf.") or ".ln1." in name or ".ln2." in name
+
+
+TEST_ROUTER_STD = 0.3
 
 
 def init_params(cfg, seed=0, kind="default", device="cpu", dtype=torch.float32):
@@ -195,7 +231,7 @@ def init_params(cfg, seed=0, kind="default", device="cpu", dtype=torch.float32):
     projections std 0.02/sqrt(2L), biases 0, LayerNorm weight 1, bias 0).
     kind="test": like default for weights, but biases ~ normal(0, 0.02), LayerNorm
     weights 1 + normal(0, 0.1), LayerNorm biases normal(0, 0.02), so that a test
-    exercises them.
+    exercises them, and the MoE router weights ~ normal(0, TEST_ROUTER_STD).
     Values are drawn on the CPU from one seeded generator, in param_specs order.
     """
     assert kind in ("default", "test")
@@ -209,8 +245,10 @@ def init_params(cfg, seed=0, kind="default", device="cpu", dtype=torch.float32):
                 t = 1.0 + 0.1 * n if kind == "test" else torch.ones(shape)
             else:
                 t = 0.02 * n if kind == "test" else torch.zeros(shape)
-        elif len(shape) == 1:  # linear bias
+        elif name.endswith(".b"):  # linear bias (per expert for moe.*.b: 2-D)
             t = 0.02 * n if kind == "test" else torch.zeros(shape)
+        elif kind == "test" and name.endswith("moe.router.w"):
+            t = TEST_ROUTER_STD * n  # decisive routing: gates far from 1/E, wide score gaps
         else:
             t = (std_res if is_residual_proj(name) else 0.02) * n
         params[name] = t.to(device=device, dtype=dtype).requires_grad_(True)
@@ -218,8 +256,10 @@ def init_params(cfg, seed=0, kind="default", device="cpu", dtype=torch.float32):
 
 
 def decays(name, p):
-    """Weight decay applies to tensors with ndim >= 2 (embeddings, linear weights)."""
-    return p.dim() >= 2
+    """Weight decay applies to tensors with ndim >= 2 whose name ends with '.w' or is wte/wpe:
+    embeddings, linear weights, the per-expert weights and the router, but not the 2-D
+    per-expert biases moe.fc.b / moe.proj.b."""
+    return p.dim() >= 2 and (name.endswith(".w") or name in ("wte", "wpe"))
 
 
 # ----------------------------------------------------------------------------
@@ -317,11 +357,102 @@ def mlp(x, params, prefix, cfg):
     return linear(h, params[prefix + "mlp.proj.w"], params[prefix + "mlp.proj.b"])
 
 
+# ---- expert-choice mixture of experts (Zhou et al. 2022)
+
+_moe_trace = None  # a list while `trace_moe()` is active: one record per MoE layer call
+
+
+@contextlib.contextmanager
+def trace_moe():
+    """Collects, for every MoE layer run inside the block, a dict with the layer prefix,
+    the selection margin (see `expert_choice_select`; None when the selection was given),
+    how many experts took each token (`taken` [n]) and the selection (`chosen` [E, *])."""
+    global _moe_trace
+    old, _moe_trace = _moe_trace, []
+    try:
+        yield _moe_trace
+    finally:
+        _moe_trace = old
+
+
+def moe_capacity(m, n_expert, capacity_factor):
+    """Tokens each expert takes from a routing group of m tokens: min(m, ceil(m * c / E)),
+    the quotient in double precision (c is the float32 value of the config)."""
+    return min(m, math.ceil(float(m) * float(capacity_factor) / n_expert))
+
+
+def routing_groups(B, T, moe_group, device="cpu"):
+    """Token ids (i = b*T + t) of every routing group as [G, m], ascending along each row.
+    batch: one group of all B*T tokens; position: T groups, group t = {b*T + t : b < B}."""
+    if moe_group == MOE_GROUP_BATCH:
+        return torch.arange(B * T, device=device).view(1, B * T)
+    assert moe_group == MOE_GROUP_POSITION
+    return torch.arange(T, device=device).view(T, 1) + T * torch.arange(B, device=device).view(1, B)
+
+
+@torch.no_grad()
+def expert_choice_select(scores, groups, k):
+    """Expert-choice selection, held constant by the caller (no gradient flows through it).
+
+    scores: [n, E] router probabilities; groups: [G, m] token ids (ascending per row).
+    In every group, every expert takes the k tokens with the highest score; among equal
+    scores the lower token id wins. Returns (chosen, margin): chosen [E, G*k] token ids
+    (group by group, best first) and margin = the smallest gap, over experts and groups,
+    between the k-th and the (k+1)-th highest score (inf when k == m: nothing is left out),
+    i.e. how far the selection is from flipping."""
+    G, m = groups.shape
+    E = scores.shape[1]
+    s = scores[groups].permute(2, 0, 1)  # [E, G, m]
+    # a stable sort keeps equal scores in input order = ascending token id
+    vals, order = torch.sort(s, dim=-1, descending=True, stable=True)
+    chosen = torch.gather(groups.expand(E, G, m), -1, order[..., :k]).reshape(E, G * k)
+    margin = (vals[..., k - 1] - vals[..., k]).min().item() if k < m else math.inf
+    return chosen, margin
+
+
+def expert_ffn(x, params, prefix, e, cfg):
+    """SwiGLU expert e of an MoE layer on tokens x [N, C] -> [N, C]."""
+    He = cfg.expert_hidden
+    h = linear(x, params[prefix + "moe.fc.w"][e], params[prefix + "moe.fc.b"][e])
+    h = silu(h[..., :He]) * h[..., He:]
+    return linear(h, params[prefix + "moe.proj.w"][e], params[prefix + "moe.proj.b"][e])
+
+
+def moe(x, params, prefix, cfg, chosen=None):
+    """Expert-choice MoE FFN sub-layer on layer-normed x [B, T, C] -> [B, T, C].
+
+    S = softmax over experts of x W_router^T; the selection (from S, or `chosen` [E, *]
+    token ids when given) is a constant; token i gets sum over the experts e that took it
+    of S[i, e] * expert_e(x_i), so gradients reach the router only through the gate
+    values S[i, e] of the selected pairs. Tokens no expert took get 0."""
+    B, T, C = x.shape
+    E = cfg.n_expert
+    xf = x.reshape(B * T, C)
+    scores = torch.softmax(linear(xf, params[prefix + "moe.router.w"]), dim=-1)  # [n, E]
+    margin = None
+    if chosen is None:
+        groups = routing_groups(B, T, cfg.moe_group, x.device)
+        k = moe_capacity(groups.shape[1], E, cfg.capacity_factor)
+        chosen, margin = expert_choice_select(scores.detach(), groups, k)
+    out = torch.zeros_like(xf)
+    for e in range(E):
+        idx = chosen[e]
+        gate = scores[idx, e].unsqueeze(-1)
+        out = out.index_add(0, idx, gate * expert_ffn(xf[idx], params, prefix, e, cfg))
+    if _moe_trace is not None:
+        taken = torch.zeros(B * T, dtype=torch.long, device=x.device)
+        for e in range(E):
+            taken[chosen[e]] += 1
+        _moe_trace.append(dict(prefix=prefix, margin=margin, taken=taken.cpu(),
+                               chosen=chosen.cpu()))
+    return out.view(B, T, C)
+
+
 def ffn(x, params, layer, cfg):
-    """FFN of layer `layer`: dense MLP now; the expert-choice MoE slots in here."""
+    """FFN of layer `layer`: the expert-choice MoE on MoE layers, else the dense MLP."""
     prefix = f"h{layer}."
     if cfg.is_moe_layer(layer):
-        raise NotImplementedError("MoE FFN")
+        return moe(x, params, prefix, cfg)
     return mlp(x, params, prefix, cfg)
 
 
@@ -538,7 +669,24 @@ CONFIGS = {
     "c": dict(model=dict(vocab_size=385, n_layer=2, n_embd=48, n_head=6, n_kv_head=1,
                          ffn_hidden=64, max_seq_len=64, mlp=MLP_SWIGLU, pos=POS_ALIBI),
               train=dict(B=2, T=19), seed=3),
+    # (d) swiglu + alibi + GQA, expert-choice MoE in layer 1 (layers 0 and 2 dense), routed
+    # over the whole micro-batch: n = 46 tokens, k = ceil(46 * 1.5 / 4) = 18 (17.25 rounded up)
+    "d": dict(model=dict(vocab_size=300, n_layer=3, n_embd=32, n_head=4, n_kv_head=2,
+                         ffn_hidden=64, max_seq_len=64, mlp=MLP_SWIGLU, pos=POS_ALIBI,
+                         n_expert=4, moe_every=2, capacity_factor=1.5,
+                         moe_group=MOE_GROUP_BATCH, expert_hidden=24),
+              train=dict(B=2, T=23), seed=11),
+    # (e) as (d) but routed per position: at each t every expert takes
+    # ceil(4 * 1.0 / 4) = 1 of the B = 4 tokens
+    "e": dict(model=dict(vocab_size=300, n_layer=3, n_embd=32, n_head=4, n_kv_head=2,
+                         ffn_hidden=64, max_seq_len=64, mlp=MLP_SWIGLU, pos=POS_ALIBI,
+                         n_expert=4, moe_every=2, capacity_factor=1.0,
+                         moe_group=MOE_GROUP_POSITION, expert_hidden=24),
+              train=dict(B=4, T=21), seed=14),
 }
+# Selections must not sit near a tie: an fp32 difference between two implementations must
+# not flip which tokens an expert takes. make_reference checks every forward it runs.
+MIN_SELECTION_MARGIN = 1e-4
 
 
 def run_steps(params, cfg, tc, inputs, targets, ds):
@@ -549,13 +697,26 @@ def run_steps(params, cfg, tc, inputs, targets, ds):
     return hist
 
 
-def make_reference(key):
+def make_reference(key, seed=None):
+    """Entries of reference file `key`; `seed` overrides the config's seed (seed search)."""
+    with trace_moe() as trace:
+        out = _make_reference(key, seed)
+    margins = [r["margin"] for r in trace if r["margin"] is not None]
+    if margins:
+        worst = min(margins)
+        assert worst > MIN_SELECTION_MARGIN, \
+            f"config {key}: an MoE selection is {worst:g} from a tie (need > " \
+            f"{MIN_SELECTION_MARGIN:g}): choose another seed"
+    return out + (trace,)
+
+
+def _make_reference(key, seed):
     spec = CONFIGS[key]
     cfg = ModelConfig(**spec["model"])
     tc0 = TrainConfig(**spec["train"], grad_accum=2, warmup_steps=5, max_steps=10, n_steps=3,
                       lr=1e-3, final_lr_frac=0.1, weight_decay=0.1, beta1=0.9, beta2=0.95,
                       eps=1e-8)
-    seed = spec["seed"]
+    seed = spec["seed"] if seed is None else seed
     assert tc0.T <= cfg.max_seq_len
     inputs, targets, ds = make_batch(tc0.grad_accum, tc0.B, tc0.T, cfg.vocab_size,
                                      seed=1000 + seed)
@@ -587,6 +748,9 @@ def make_reference(key):
               "ffn_hidden", "max_seq_len", "mlp", "pos"):
         e.append(("config." + k, int(getattr(cfg, k))))
     e.append(("config.eot", EOT))
+    for k in ("n_expert", "moe_every", "expert_hidden", "moe_group"):
+        e.append(("config." + k, int(getattr(cfg, k))))
+    e.append(("config.capacity_factor", float(cfg.capacity_factor)))
     for k in ("B", "T", "grad_accum", "warmup_steps", "max_steps", "n_steps"):
         e.append(("train." + k, int(getattr(tc, k))))
     for k in ("lr", "final_lr_frac", "weight_decay", "beta1", "beta2", "eps", "grad_clip"):
@@ -612,6 +776,171 @@ def _close(a, b, tol, what):
     if not (a.shape == b.shape and err <= tol):
         raise AssertionError(f"{what}: max abs err {err:g} (tol {tol:g}), shapes "
                              f"{tuple(a.shape)} vs {tuple(b.shape)}")
+
+
+def selfcheck_adamw(key, B=2, seed=3, data_seed=8):
+    """Hand-written AdamW (with `decays`) vs torch.optim.AdamW, 4 steps, no clipping.
+    With MoE layers the seeds must keep every selection clear of ties (checked): the two
+    runs differ by rounding, which must not flip a selection."""
+    cfg = ModelConfig(**CONFIGS[key]["model"])
+    tc = TrainConfig(B=B, T=11, grad_clip=0.0, warmup_steps=2, max_steps=4).rounded()
+    inp, tgt, dsa = make_batch(2, B, 11, cfg.vocab_size, seed=data_seed)
+    mine = init_params(cfg, seed=seed, kind="test", dtype=torch.float64)
+    theirs = init_params(cfg, seed=seed, kind="test", dtype=torch.float64)
+    opt = AdamW(mine, tc)
+
+    def by_name(n):  # independent of decays(): embeddings, linear weights, router
+        return n in ("wte", "wpe") or (
+            n.endswith(".w") and n.split(".")[-2] in ("qkv", "proj", "fc", "router"))
+    n_moe = sum(cfg.is_moe_layer(l) for l in range(cfg.n_layer))
+    assert sum(map(by_name, theirs)) == 1 + (cfg.pos == POS_LEARNED) + 4 * cfg.n_layer + n_moe
+    assert [n for n in mine if decays(n, mine[n])] == [n for n in theirs if by_name(n)]
+    topt = torch.optim.AdamW(
+        [{"params": [q for n, q in theirs.items() if by_name(n)], "weight_decay": tc.weight_decay},
+         {"params": [q for n, q in theirs.items() if not by_name(n)], "weight_decay": 0.0}],
+        lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.eps, foreach=False)
+    for s in range(4):
+        with trace_moe() as tr:
+            train_step(mine, opt, cfg, tc, s, inp, tgt, dsa)
+        assert all(r["margin"] > 1e-6 for r in tr), f"adamw {key}: seeds give a near-tie"
+        _, gr = accumulate_grads(theirs, cfg, inp, tgt, dsa)
+        for n, q in theirs.items():
+            q.grad = gr[n]
+        for grp in topt.param_groups:
+            grp["lr"] = f32(lr_at(s, tc))
+        topt.step()
+    for n in mine:
+        _close(mine[n].detach(), theirs[n].detach(), 1e-12, f"adamw {key} {n}")
+
+
+def _brute_select(S, B, T, E, c, group):
+    """Expert-choice selection by the definition: per group, per expert, the k tokens first
+    in the order (higher score, lower token id). S: nested lists [n][E]. -> [E][...] ids."""
+    if group == MOE_GROUP_BATCH:
+        groups = [list(range(B * T))]
+    else:
+        groups = [[b * T + t for b in range(B)] for t in range(T)]
+    out = [[] for _ in range(E)]
+    for gr in groups:
+        k = min(len(gr), math.ceil(len(gr) * c / E))
+        for e in range(E):
+            out[e] += sorted(gr, key=lambda i: (-S[i][e], i))[:k]
+    return out
+
+
+def selfcheck_moe(g):
+    """Selection vs brute force (with ties), capacity, gates, position groups, FD gradient."""
+    # capacity k = min(m, ceil(m c / E))
+    assert moe_capacity(46, 4, 1.5) == 18 and moe_capacity(4, 4, 1.0) == 1
+    assert moe_capacity(8, 4, 2.0) == 4 and moe_capacity(9, 4, 2.0) == 5
+    assert moe_capacity(5, 2, 10.0) == 5 and moe_capacity(3, 8, f32(0.1)) == 1
+
+    # selection vs brute force; scores on a coarse grid so ties are everywhere
+    for B, T, E, c, group in [(2, 7, 4, 1.5, 0), (3, 5, 3, 1.0, 0), (4, 6, 4, 1.0, 1),
+                              (5, 3, 2, 1.25, 1), (2, 4, 8, 0.5, 0), (3, 4, 2, 4.0, 1),
+                              (1, 9, 3, 2.0, 1), (4, 5, 4, 0.75, 1)]:
+        for trial in range(4):
+            n = B * T
+            if trial == 0:
+                S = torch.full((n, E), 0.25, dtype=torch.float64)   # all tied
+            else:
+                S = torch.randint(0, 1 + 2 * trial, (n, E), generator=g).double() / 4
+            groups = routing_groups(B, T, group)
+            k = moe_capacity(groups.shape[1], E, f32(c))
+            chosen, margin = expert_choice_select(S, groups, k)
+            want = _brute_select(S.tolist(), B, T, E, f32(c), group)
+            assert chosen.tolist() == want, f"selection B{B} T{T} E{E} c{c} g{group} #{trial}"
+            for e in range(E):  # exactly k distinct tokens per group
+                assert chosen[e].numel() == groups.shape[0] * k == len(set(chosen[e].tolist()))
+            if trial == 0:  # all tied: the lowest ids win
+                first = groups[:, :k].reshape(-1)
+                assert all(torch.equal(chosen[e], first) for e in range(E)), "tie rule"
+            if k < groups.shape[1]:
+                srt = S[groups].sort(dim=1, descending=True).values  # [G, m, E]
+                _close(margin, (srt[:, k - 1] - srt[:, k]).min(), 0, "margin")
+            else:
+                assert margin == math.inf
+    # a tie on the boundary between two tokens: the lower id is taken, either order of scores
+    S = torch.tensor([[0.1, 0.9], [0.5, 0.5], [0.7, 0.3], [0.5, 0.5]], dtype=torch.float64)
+    ch, margin = expert_choice_select(S, routing_groups(1, 4, MOE_GROUP_BATCH), 2)
+    assert ch.tolist() == [[2, 1], [0, 1]] and margin == 0.0
+
+    # moe_group=position: an expert never chooses among tokens of different positions
+    B, T, E = 4, 6, 4
+    groups = routing_groups(B, T, MOE_GROUP_POSITION)
+    assert all(int(i) % T == t for t in range(T) for i in groups[t])
+    S = torch.rand(B * T, E, generator=g, dtype=torch.float64)
+    kp = moe_capacity(B, E, 2.0)
+    chosen, _ = expert_choice_select(S, groups, kp)
+    assert torch.equal(chosen.view(E, T, kp) % T, torch.arange(T).view(1, T, 1).expand(E, T, kp))
+    for t in range(T):  # making every other position's tokens more attractive changes nothing
+        S2 = S.clone()
+        S2.view(B, T, E)[:, [u for u in range(T) if u != t]] += 10.0
+        ch2, _ = expert_choice_select(S2, groups, kp)
+        assert torch.equal(ch2.view(E, T, kp)[:, t], chosen.view(E, T, kp)[:, t]), "position"
+
+    # the MoE layer: gates, zero for untaken tokens, position locality, FD with selection fixed
+    for group, c in [(MOE_GROUP_BATCH, 1.5), (MOE_GROUP_POSITION, 1.0), (MOE_GROUP_POSITION, 2.0)]:
+        cfg = ModelConfig(vocab_size=300, n_layer=1, n_embd=8, n_head=2, n_kv_head=1,
+                          ffn_hidden=12, max_seq_len=16, n_expert=3, moe_every=1,
+                          capacity_factor=c, moe_group=group, expert_hidden=5)
+        B, T, C, E, He = 4, 5, cfg.n_embd, cfg.n_expert, cfg.expert_hidden
+        p = init_params(cfg, seed=11, kind="test", dtype=torch.float64)
+        with torch.no_grad():  # a router and experts of unit scale: clear routing, big gates
+            for nm in ("router.w", "fc.w", "proj.w"):
+                p["h0.moe." + nm].normal_(0.0, 0.5, generator=g)
+        x = torch.randn(B, T, C, generator=g, dtype=torch.float64)
+        with trace_moe() as tr:
+            y = moe(x, p, "h0.", cfg)
+        chosen, margin = tr[0]["chosen"], tr[0]["margin"]
+        assert margin > 1e-4, "selfcheck MoE data sits near a tie"
+        # brute force: scores by exp / sum, experts element by element
+        xs = x.view(B * T, C).tolist()
+        P = {k: v.detach().tolist() for k, v in p.items()}
+        S = []
+        for i in range(B * T):
+            z = [sum(P["h0.moe.router.w"][e][j] * xs[i][j] for j in range(C)) for e in range(E)]
+            ez = [math.exp(v - max(z)) for v in z]
+            S.append([v / sum(ez) for v in ez])
+        sel = _brute_select(S, B, T, E, cfg.capacity_factor, group)
+        assert chosen.tolist() == sel
+        want = [[0.0] * C for _ in range(B * T)]
+        for e in range(E):
+            W1, b1 = P["h0.moe.fc.w"][e], P["h0.moe.fc.b"][e]
+            W2, b2 = P["h0.moe.proj.w"][e], P["h0.moe.proj.b"][e]
+            for i in sel[e]:
+                h = [sum(W1[r][j] * xs[i][j] for j in range(C)) + b1[r] for r in range(2 * He)]
+                a = [h[r] / (1 + math.exp(-h[r])) * h[He + r] for r in range(He)]
+                for o in range(C):
+                    want[i][o] += S[i][e] * (sum(W2[o][r] * a[r] for r in range(He)) + b2[o])
+        _close(y.detach().view(B * T, C), want, 1e-12, f"moe output group={group}")
+        untaken = [i for i in range(B * T) if all(i not in sel[e] for e in range(E))]
+        assert (y.detach().view(B * T, C)[untaken] == 0).all()
+        if group == MOE_GROUP_POSITION:  # output at t depends on the tokens at t only
+            x2 = x.clone()
+            x2[:, 1:] = torch.randn(B, T - 1, C, generator=g, dtype=torch.float64)
+            _close(moe(x2, p, "h0.", cfg).detach()[:, 0], y.detach()[:, 0], 0, "position locality")
+        # gradient with the selection fixed vs central differences
+        R = torch.randn(B, T, C, generator=g, dtype=torch.float64)
+        xr = x.clone().requires_grad_(True)
+        names = [n for n in p if ".moe." in n]
+        grads = torch.autograd.grad((moe(xr, p, "h0.", cfg) * R).sum(), [xr] + [p[n] for n in names])
+        assert grads[1].abs().max() > 0, "the gates carry no gradient to the router"
+        with torch.no_grad():
+            for name, t, gr in zip(["x"] + names, [xr] + [p[n] for n in names], grads):
+                for k in torch.randperm(t.numel(), generator=g)[:6].tolist():
+                    flat = t.view(-1)
+                    old = flat[k].item()
+                    fl = []
+                    for v in (old + 1e-6, old - 1e-6):
+                        flat[k] = v
+                        fl.append((moe(xr, p, "h0.", cfg, chosen=chosen) * R).sum().item())
+                        with trace_moe() as tr:  # the free selection stays the fixed one here
+                            moe(xr, p, "h0.", cfg)
+                        assert torch.equal(tr[0]["chosen"], chosen)
+                    flat[k] = old
+                    fd = (fl[0] - fl[1]) / 2e-6
+                    _close(gr.view(-1)[k], fd, 1e-8 + 1e-6 * abs(fd), f"moe fd {name} g{group}")
 
 
 def selfcheck():
@@ -701,15 +1030,21 @@ def selfcheck():
         _close(got, want, 1e-10, f"attention nh={nh} nkv={nkv} alibi={use_alibi}")
         _close(got_sdpa, want, 1e-10, f"attention(sdpa) nh={nh} nkv={nkv}")
 
+    selfcheck_moe(g)
+
     # full model: packed rows == each document run alone; autograd == finite differences
     for key in CONFIGS:
         cfg = ModelConfig(**CONFIGS[key]["model"])
         p = init_params(cfg, seed=9, kind="test", dtype=torch.float64)
         inp, tgt, dsa = make_batch(1, 3, 21, cfg.vocab_size, seed=77)
         inp, tgt, dsa = inp[0], tgt[0], dsa[0]
-        with torch.no_grad():
+        with torch.no_grad(), trace_moe() as tr:
             full = forward(p, cfg, inp, dsa)
-            for bi in range(3):
+            base_sel = [r["chosen"] for r in tr]
+            assert all(r["margin"] > 1e-5 for r in tr), f"selfcheck {key}: data near a tie"
+            # with MoE layers a token's routing depends on the other tokens of its group
+            # (other documents, other rows): packing equivalence holds for dense models only
+            for bi in range(3 if cfg.n_expert == 0 else 0):
                 starts = sorted(set(dsa[bi].tolist()))
                 bounds = starts + [inp.shape[1]]
                 for s, e in zip(bounds[:-1], bounds[1:]):
@@ -720,9 +1055,11 @@ def selfcheck():
         grads = dict(zip(p.keys(), torch.autograd.grad(loss, list(p.values()))))
         assert grads["wte"][cfg.vocab_size:].abs().max() == 0, "padded wte rows get no grad"
         gen = torch.Generator().manual_seed(4)
+        names = ["wte", "h0.ln1.w", "h0.attn.qkv.w", "h0.attn.qkv.b", "h1.mlp.fc.w",
+                 "h1.mlp.proj.b", "h1.ln2.w", "h1.moe.router.w", "h1.moe.fc.w", "h1.moe.fc.b",
+                 "h1.moe.proj.w", "h1.moe.proj.b", "h2.mlp.fc.b", "lnf.b", "wpe"]
         with torch.no_grad():
-            for name in ["wte", "h0.ln1.w", "h0.attn.qkv.w", "h0.attn.qkv.b", "h1.mlp.fc.w",
-                         "h1.mlp.proj.b", "lnf.b"] + (["wpe"] if "wpe" in p else []):
+            for name in [n for n in names if n in p]:
                 t = p[name]
                 for _ in range(3):
                     k = int(torch.randint(0, t.numel(), (1,), generator=gen))
@@ -730,38 +1067,28 @@ def selfcheck():
                         k = int(inp.reshape(-1)[k % inp.numel()]) * cfg.n_embd + k % cfg.n_embd
                     flat = t.view(-1)
                     old = flat[k].item()
-                    flat[k] = old + 1e-6
-                    lp = cross_entropy_loss(forward(p, cfg, inp, dsa), tgt).item()
-                    flat[k] = old - 1e-6
-                    lm = cross_entropy_loss(forward(p, cfg, inp, dsa), tgt).item()
+                    fl = []
+                    for x in (old + 1e-6, old - 1e-6):
+                        flat[k] = x
+                        with trace_moe() as tr:
+                            fl.append(cross_entropy_loss(forward(p, cfg, inp, dsa), tgt).item())
+                        # the step must not flip a selection (else the loss is not smooth there)
+                        assert all(torch.equal(r["chosen"], c) for r, c in zip(tr, base_sel)), \
+                            f"fd {key} {name}: the perturbation changed an MoE selection"
                     flat[k] = old
+                    lp, lm = fl
                     fd = (lp - lm) / 2e-6
                     _close(grads[name].view(-1)[k], fd, 1e-7 + 1e-5 * abs(fd), f"fd {key} {name}")
 
     # hand-written AdamW vs torch.optim.AdamW (decay only on ndim >= 2), no clipping
+    selfcheck_adamw("b")
+    selfcheck_adamw("e", B=4, data_seed=192)  # MoE; a batch without tied (identical) tokens
+
+    # clipping: clipped norm equals grad_clip
     cfg = ModelConfig(**CONFIGS["b"]["model"])
     tc = TrainConfig(B=2, T=11, grad_clip=0.0, warmup_steps=2, max_steps=4).rounded()
     inp, tgt, dsa = make_batch(2, 2, 11, cfg.vocab_size, seed=8)
     mine = init_params(cfg, seed=3, kind="test", dtype=torch.float64)
-    theirs = init_params(cfg, seed=3, kind="test", dtype=torch.float64)
-    opt = AdamW(mine, tc)
-    def by_name(n):  # independent of decays(): embeddings and linear weights only
-        return n in ("wte", "wpe") or (n.endswith(".w") and n.split(".")[-2] in ("qkv", "proj", "fc"))
-    assert sum(map(by_name, theirs)) == 2 + 4 * cfg.n_layer
-    topt = torch.optim.AdamW(
-        [{"params": [q for n, q in theirs.items() if by_name(n)], "weight_decay": tc.weight_decay},
-         {"params": [q for n, q in theirs.items() if not by_name(n)], "weight_decay": 0.0}],
-        lr=tc.lr, betas=(tc.beta1, tc.beta2), eps=tc.eps, foreach=False)
-    for s in range(4):
-        train_step(mine, opt, cfg, tc, s, inp, tgt, dsa)
-        _, gr = accumulate_grads(theirs, cfg, inp, tgt, dsa)
-        for n, q in theirs.items():
-            q.grad = gr[n]
-        for grp in topt.param_groups:
-            grp["lr"] = f32(lr_at(s, tc))
-        topt.step()
-    for n in mine:
-        _close(mine[n].detach(), theirs[n].detach(), 1e-12, f"adamw {n}")
 
     # clipping: clipped norm equals grad_clip
     _, gr = accumulate_grads(mine, cfg, inp, tgt, dsa)
@@ -798,9 +1125,10 @@ def selfcheck():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", help="directory for ref_a.bin, ref_b.bin, ref_c.bin")
+    ap.add_argument("--out", help="directory for the ref_<config>.bin files")
     ap.add_argument("--selfcheck", action="store_true", help="test this file's pieces")
-    ap.add_argument("--configs", default="abc", help="which configs to write (default abc)")
+    ap.add_argument("--configs", default="".join(CONFIGS),
+                    help="which configs to write (default: all, %(default)s)")
     args = ap.parse_args()
     if not args.out and not args.selfcheck:
         ap.error("give --out DIR and/or --selfcheck")
@@ -811,7 +1139,7 @@ def main():
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         for key in args.configs:
-            cfg, tc, entries, hist = make_reference(key)
+            cfg, tc, entries, hist, trace = make_reference(key)
             path = os.path.join(args.out, f"ref_{key}.bin")
             write_ref(path, entries)
             back = read_ref(path)
@@ -822,6 +1150,15 @@ def main():
                   f"mlp={'swiglu' if cfg.mlp == MLP_SWIGLU else 'gelu'} "
                   f"pos={'alibi' if cfg.pos == POS_ALIBI else 'learned'} "
                   f"B={tc.B} T={tc.T} A={tc.grad_accum} clip={tc.grad_clip:.6g}")
+            if cfg.n_expert:
+                taken = torch.stack([r["taken"] for r in trace])
+                print(f"  MoE: E={cfg.n_expert} every {cfg.moe_every} He={cfg.expert_hidden} "
+                      f"c={cfg.capacity_factor:g} group="
+                      f"{'batch' if cfg.moe_group == MOE_GROUP_BATCH else 'position'}; "
+                      f"{len(trace)} routings, smallest selection margin "
+                      f"{min(r['margin'] for r in trace):.3g}; tokens taken by 0 / 1 / >1 "
+                      f"experts: {(taken == 0).float().mean():.3f} / "
+                      f"{(taken == 1).float().mean():.3f} / {(taken > 1).float().mean():.3f}")
             for s, (l, n, lr) in enumerate(hist):
                 print(f"  step {s}: loss {l:.6f} norm {n:.6f} lr {lr:.6g}")
 

@@ -1,7 +1,8 @@
 // The whole CPU model against the independent PyTorch reference (scripts/reference.py).
 //
 // For every test/data/ref_*.bin (so a new reference config is picked up by just adding its file):
-//   - the config, the parameter table (names, shapes, order) and the packed-document doc_start,
+//   - the config (incl. the expert-choice MoE fields; a file without them is a dense model), the
+//     parameter table (names, shapes, order) and the packed-document doc_start,
 //   - micro-batch 0: logits, loss and every parameter gradient,
 //   - train.n_steps AdamW steps exactly as the trainer runs them (grad accumulation over the A
 //     micro-batches, cosine schedule, global-norm clipping): per-step loss, grad norm, lr, and every
@@ -151,6 +152,10 @@ struct RefFile {
     }
     int geti(const std::string& name) const { return get(name, 1, {}).i[0]; }
     float getf(const std::string& name) const { return get(name, 0, {}).f[0]; }
+    bool has(const std::string& name) const { return index.count(name) != 0; }
+    // optional scalars (fields added to the format later): the default when the file lacks them
+    int geti(const std::string& name, int dflt) const { return has(name) ? geti(name) : dflt; }
+    float getf(const std::string& name, float dflt) const { return has(name) ? getf(name) : dflt; }
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -232,11 +237,22 @@ void check_reference_file(const std::string& path) {
     REQUIRE_MESSAGE((pos == 0 || pos == 1), path << ": config.pos = " << pos << " (expected 0 alibi, 1 learned)");
     c.mlp = mlp == 0 ? MLP_SWIGLU : MLP_GELU;
     c.pos = pos == 0 ? POS_ALIBI : POS_LEARNED;
+    // expert-choice MoE; a file without these entries is a dense model
+    c.n_expert = ref.geti("config.n_expert", 0);
+    c.moe_every = ref.geti("config.moe_every", 1);
+    c.expert_hidden = ref.geti("config.expert_hidden", 0);
+    c.capacity_factor = ref.getf("config.capacity_factor", 2.0f);
+    const int moe_group = ref.geti("config.moe_group", 0);
+    REQUIRE_MESSAGE((moe_group == 0 || moe_group == 1),
+                    path << ": config.moe_group = " << moe_group << " (expected 0 batch, 1 position)");
+    c.moe_group = moe_group == 0 ? MOE_GROUP_BATCH : MOE_GROUP_POSITION;
     c.finalize();
     const int padded = ref.geti("config.padded_vocab_size");
     REQUIRE_MESSAGE(c.padded_vocab_size == padded, path << ": padded_vocab_size: C++ " << c.padded_vocab_size
                                                         << ", reference " << padded);
     REQUIRE_MESSAGE(c.ffn_hidden == ref.geti("config.ffn_hidden"), path << ": ffn_hidden changed by finalize()");
+    if (ref.has("config.expert_hidden") && ref.geti("config.expert_hidden") != 0)
+        REQUIRE_MESSAGE(c.expert_hidden == ref.geti("config.expert_hidden"), path << ": expert_hidden changed by finalize()");
     const int eot = ref.geti("config.eot");
 
     const int B = ref.geti("train.B"), T = ref.geti("train.T"), A = ref.geti("train.grad_accum");
@@ -417,12 +433,16 @@ void check_reference_file(const std::string& path) {
         }
     }
 
-    char line[1024];
+    char moe[160] = "";
+    if (c.n_expert > 0)
+        snprintf(moe, sizeof(moe), " [MoE E=%d every %d He=%d c=%g group=%s]", c.n_expert, c.moe_every, c.expert_hidden,
+                 (double)c.capacity_factor, c.moe_group == MOE_GROUP_POSITION ? "position" : "batch");
+    char line[1200];
     snprintf(line, sizeof(line),
-             "%s: logits %.2e (max abs err / max abs) | loss %.2e (rel) | grads %.2e (rel L2, %s) | "
+             "%s%s: logits %.2e (max abs err / max abs) | loss %.2e (rel) | grads %.2e (rel L2, %s) | "
              "step loss %.2e, grad_norm %.2e, lr %.2e (rel) | final params %.2e (max abs err / max abs, %s), "
              "k biases %.2e",
-             path.c_str(), logits_err, loss_err, grad_worst.err, grad_worst.what.c_str(), step_loss_worst.err,
+             path.c_str(), moe, logits_err, loss_err, grad_worst.err, grad_worst.what.c_str(), step_loss_worst.err,
              step_norm_worst.err, step_lr_worst.err, final_worst.err, final_worst.what.c_str(), kbias_worst.err);
     MESSAGE(line);
 }

@@ -106,3 +106,25 @@ void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
 }
 
 }  // namespace cpu
+
+namespace cpu {
+
+// n_batch independent products with contiguous operands (the experts of an MoE layer):
+// out[b] [BT, OC] = inp[b] [BT, C] weight[b] [OC, C]^T + bias[b] [OC]
+template <typename T>
+void matmul_forward_batched(T* out, const T* inp, const T* weight, const T* bias, int n_batch, int BT, int C, int OC) {
+    for (int b = 0; b < n_batch; b++)
+        matmul_forward(out + (size_t)b * BT * OC, inp + (size_t)b * BT * C, weight + (size_t)b * OC * C,
+                       bias ? bias + (size_t)b * OC : nullptr, BT, C, OC);
+}
+
+// the backward of each product, as matmul_backward: dinp overwritten, dweight and dbias +=
+template <typename T>
+void matmul_backward_batched(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int n_batch,
+                             int BT, int C, int OC) {
+    for (int b = 0; b < n_batch; b++)
+        matmul_backward(dinp + (size_t)b * BT * C, dweight + (size_t)b * OC * C, dbias ? dbias + (size_t)b * OC : nullptr,
+                        dout + (size_t)b * BT * OC, inp + (size_t)b * BT * C, weight + (size_t)b * OC * C, BT, C, OC);
+}
+
+}  // namespace cpu

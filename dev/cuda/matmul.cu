@@ -1,0 +1,209 @@
+// Matmul benchmark (llmc/matmul.cuh: cuBLASLt, bf16 in/out, fp32 accumulation).
+//   1. validates matmul_forward / matmul_backward against the CPU twin (llmc/cpu/matmul.h) on
+//      random bf16-rounded inputs, a GPT-like and two ragged shapes; exits 1 on a mismatch
+//   2. measures the achievable bf16 matmul rate: a square 8192^3 GEMM in each of the three layouts
+//      the linear layer uses (TN forward, NN dinp, NT dweight); the fastest is "the ceiling"
+//      (~790 TFLOP/s on an H200, against 989 dense bf16 on paper)
+//   3. times the linear layers of GPT-2 small (C = 768) and a C = 2048 model at B*T = 65536 tokens,
+//      plus the tied lm head (768 -> 50304, no bias): forward with the bias epilogue, the dinp and the
+//      dweight products of the backward each alone, the dbias column sum (memory-bound: bytes = dout
+//      read once + dbias read and written once; the fp32 partials, < 1% of it, are not counted), and
+//      the whole backward. TFLOP/s count 2 * BT * C * OC per product; "%" is of the measured ceiling.
+// Build: nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -I. dev/cuda/matmul.cu -lcublasLt -lcublas -o matmul
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+#include "dev/cuda/common.cuh"
+#include "llmc/cpu/matmul.h"
+#include "llmc/matmul.cuh"
+
+// uniform(-scale, scale) bf16, from a hash of the index (no host RNG for gigabyte buffers)
+__global__ void fill_uniform_kernel(floatX* p, size_t n, uint32_t seed, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = llmc_hash((uint32_t)i ^ llmc_hash(seed + (uint32_t)(i >> 32)));
+        p[i] = __float2bfloat16(((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
+    }
+}
+
+static floatX* alloc_random(size_t n, uint32_t seed, float scale) {
+    floatX* p;
+    cudaCheck(cudaMalloc(&p, n * sizeof(floatX)));
+    fill_uniform_kernel<<<1024, 256, 0, llmc_stream()>>>(p, n, seed, scale);
+    cudaCheckLaunch();
+    return p;
+}
+
+// ------------------------------------------------------------------------------------------------
+// validation
+
+static std::vector<float> host_random(size_t n, Rng& rng, float std, float mean = 0.05f) {
+    std::vector<float> v(n);
+    for (float& x : v) {
+        x = __bfloat162float(__float2bfloat16(rng.normal(mean, std)));
+        if (x == 0.0f) x = 1e-3f;
+    }
+    return v;
+}
+static floatX* to_device(const std::vector<float>& v) {
+    std::vector<floatX> h(v.size());
+    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
+    floatX* d;
+    cudaCheck(cudaMalloc(&d, h.size() * sizeof(floatX)));
+    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    return d;
+}
+static std::vector<float> to_host(const floatX* d, size_t n) {
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<floatX> h(n);
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
+    return v;
+}
+// relative L2 and max-norm errors; a NaN (unwritten element) counts as infinite
+static bool compare(const char* what, const std::vector<float>& got, const std::vector<float>& want) {
+    double num = 0, den = 0, max_err = 0, max_ref = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        double e = std::isfinite(got[i]) ? std::fabs((double)got[i] - want[i]) : INFINITY;
+        num += e * e;
+        den += (double)want[i] * want[i];
+        max_err = std::max(max_err, e);
+        max_ref = std::max(max_ref, (double)std::fabs(want[i]));
+    }
+    double l2 = std::sqrt(num / std::max(den, 1e-30)), mx = max_err / std::max(max_ref, 1e-30);
+    bool ok = l2 <= 1e-2 && mx <= 1e-2;  // bf16 output rounding: ~1e-3 relative L2, <= 2^-8 per element
+    printf("  %-8s rel_l2 %.2e  rel_max %.2e  %s\n", what, l2, mx, ok ? "ok" : "MISMATCH");
+    return ok;
+}
+
+static bool validate(int BT, int C, int OC) {
+    printf("validate BT=%d C=%d OC=%d\n", BT, C, OC);
+    Rng rng(1234 + BT + C + OC);
+    std::vector<float> inp = host_random((size_t)BT * C, rng, 1.0f);
+    std::vector<float> weight = host_random((size_t)OC * C, rng, 1.0f / std::sqrt((float)C));
+    std::vector<float> bias = host_random(OC, rng, 1.0f);
+    std::vector<float> dout = host_random((size_t)BT * OC, rng, 1.0f / std::sqrt((float)BT), 0.0f);  // zero mean: colsums ~ prefill
+    std::vector<float> dweight = host_random((size_t)OC * C, rng, 1.0f);  // prefill: += is checked
+    std::vector<float> dbias = host_random(OC, rng, 1.0f);
+    floatX *d_inp = to_device(inp), *d_weight = to_device(weight), *d_bias = to_device(bias),
+           *d_dout = to_device(dout), *d_dweight = to_device(dweight), *d_dbias = to_device(dbias);
+    floatX *d_out, *d_dinp;
+    cudaCheck(cudaMalloc(&d_out, (size_t)BT * OC * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d_dinp, (size_t)BT * C * sizeof(floatX)));
+    cudaCheck(cudaMemset(d_out, 0xFF, (size_t)BT * OC * sizeof(floatX)));  // NaN poison
+    cudaCheck(cudaMemset(d_dinp, 0xFF, (size_t)BT * C * sizeof(floatX)));
+
+    std::vector<float> out((size_t)BT * OC), dinp((size_t)BT * C);
+    cpu::matmul_forward<float>(out.data(), inp.data(), weight.data(), bias.data(), BT, C, OC);
+    cpu::matmul_backward<float>(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(), BT,
+                                C, OC);
+    cuda_scratch_reserve(matmul_scratch_bytes(BT, OC));
+    matmul_forward(d_out, d_inp, d_weight, d_bias, BT, C, OC);
+    matmul_backward(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, BT, C, OC);
+    bool ok = compare("out", to_host(d_out, out.size()), out);
+    ok &= compare("dinp", to_host(d_dinp, dinp.size()), dinp);
+    ok &= compare("dweight", to_host(d_dweight, dweight.size()), dweight);
+    ok &= compare("dbias", to_host(d_dbias, dbias.size()), dbias);
+    for (floatX* p : {d_inp, d_weight, d_bias, d_dout, d_dweight, d_dbias, d_out, d_dinp}) cudaCheck(cudaFree(p));
+    return ok;
+}
+
+// ------------------------------------------------------------------------------------------------
+// timing
+
+// the achievable bf16 GEMM rate: 8192^3 in the three layouts of the linear layer, best of them
+static double measure_ceiling() {
+    const int N = 8192;
+    const size_t n = (size_t)N * N;
+    floatX *a = alloc_random(n, 1, 1.0f), *b = alloc_random(n, 2, 1.0f / 90.0f), *d = alloc_random(n, 3, 1.0f);
+    const double flops = 2.0 * N * N * N;
+    struct Layout {
+        const char* name;
+        bool transa, transb;
+    } layouts[] = {{"8192^3 TN (forward layout)", true, false},
+                   {"8192^3 NN (dinp layout)", false, false},
+                   {"8192^3 NT (dweight layout)", false, true}};
+    double best = 0;
+    for (const Layout& l : layouts) {
+        float ms = bench::time_ms([&] { matmul_detail::gemm(l.name, d, a, b, nullptr, N, N, N, l.transa, l.transb, 0.0f, N, N, N); },
+                                  10, 30);
+        bench::print_flops(l.name, ms, flops, 0);
+        best = std::max(best, flops / (ms * 1e-3));
+    }
+    for (floatX* p : {a, b, d}) cudaCheck(cudaFree(p));
+    printf("measured bf16 matmul ceiling: %.1f TFLOP/s (the best of the three; H200 dense bf16 spec: 989)\n\n",
+           best / 1e12);
+    return best;
+}
+
+static void bench_shape(const char* name, int BT, int C, int OC, bool has_bias, double peak) {
+    floatX* inp = alloc_random((size_t)BT * C, 10, 1.0f);
+    floatX* weight = alloc_random((size_t)OC * C, 11, 1.0f / std::sqrt((float)C));
+    floatX* bias = has_bias ? alloc_random(OC, 12, 1.0f) : nullptr;
+    floatX* out = alloc_random((size_t)BT * OC, 13, 1.0f);
+    floatX* dout = alloc_random((size_t)BT * OC, 14, 1.0f / std::sqrt((float)BT));
+    floatX* dinp = alloc_random((size_t)BT * C, 15, 1.0f);
+    floatX* dweight = alloc_random((size_t)OC * C, 16, 1.0f);
+    floatX* dbias = has_bias ? alloc_random(OC, 17, 1.0f) : nullptr;
+    cuda_scratch_reserve(matmul_scratch_bytes(BT, OC));
+    const double flops = 2.0 * BT * C * OC;
+    char what[128];
+    printf("%s: BT=%d C=%d OC=%d%s\n", name, BT, C, OC, has_bias ? "" : " (no bias)");
+
+    float ms = bench::time_ms([&] { matmul_forward(out, inp, weight, bias, BT, C, OC); }, 3, 20);
+    snprintf(what, sizeof(what), "  forward%s", has_bias ? " (+bias epilogue)" : "");
+    bench::print_flops(what, ms, flops, peak);
+
+    ms = bench::time_ms([&] { matmul_detail::gemm("dinp", dinp, weight, dout, nullptr, C, BT, OC, false, false, 0.0f, BT, C, OC); },
+                        3, 20);
+    bench::print_flops("  backward dinp = dout W", ms, flops, peak);
+
+    ms = bench::time_ms([&] { matmul_detail::gemm("dweight", dweight, inp, dout, nullptr, C, OC, BT, false, true, 1.0f, BT, C, OC); },
+                        3, 20);
+    bench::print_flops("  backward dweight += dout^T inp", ms, flops, peak);
+
+    if (has_bias) {
+        ms = bench::time_ms([&] { matmul_detail::bias_grad(dbias, dout, BT, OC); }, 3, 20);
+        bench::print_bandwidth("  backward dbias += colsum(dout)", ms, (double)BT * OC * sizeof(floatX) + 2.0 * OC * sizeof(floatX));
+    }
+
+    ms = bench::time_ms([&] { matmul_backward(dinp, dweight, dbias, dout, inp, weight, BT, C, OC); }, 3, 20);
+    bench::print_flops("  backward, all of it", ms, 2 * flops, peak);
+
+    for (floatX* p : {inp, weight, bias, out, dout, dinp, dweight, dbias})
+        if (p) cudaCheck(cudaFree(p));
+}
+
+int main() {
+    try {
+        bench::print_header("matmul (cuBLASLt, bf16 in/out, fp32 accumulate)");
+        matmul_setup();
+        bool ok = validate(256, 768, 2304);
+        ok &= validate(100, 37, 19);
+        ok &= validate(257, 129, 1);
+        if (!ok) {
+            fprintf(stderr, "matmul: validation against the CPU reference FAILED\n");
+            return 1;
+        }
+        printf("\n");
+        const double peak = measure_ceiling();
+        const int BT = 65536;
+        struct Shape {
+            const char* name;
+            int C, OC;
+            bool bias;
+        } shapes[] = {
+            {"C=768 qkv", 768, 3 * 768, true},          {"C=768 attn proj", 768, 768, true},
+            {"C=768 fc", 768, 4 * 768, true},           {"C=768 fc proj", 4 * 768, 768, true},
+            {"C=768 lm head (tied)", 768, 50304, false}, {"C=2048 qkv", 2048, 3 * 2048, true},
+            {"C=2048 attn proj", 2048, 2048, true},     {"C=2048 fc", 2048, 4 * 2048, true},
+            {"C=2048 fc proj", 4 * 2048, 2048, true},
+        };
+        for (const Shape& s : shapes) bench_shape(s.name, BT, s.C, s.OC, s.bias, peak);
+        matmul_teardown();
+    } catch (const LlmcError& e) {
+        fprintf(stderr, "%s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,227 @@
+// AdamW on the GPU, the twin of llmc/cpu/adamw.h (PyTorch's AdamW, decoupled weight decay):
+//   g = grad * grad_scale                                  (grad_scale: global-norm clipping)
+//   p = master (fp32), or the bf16 param when master_params == nullptr
+//   p -= lr * weight_decay * p
+//   m = beta1 m + (1 - beta1) g          v = beta2 v + (1 - beta2) g^2        (overwritten)
+//   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)          (t: 1-based step)
+//   master = p (when present);  param = stochastic_round_bf16(p)             (overwritten)
+//
+// Exactness. Every fp32 operation is spelled with an IEEE round-to-nearest intrinsic (__fmul_rn,
+// __fdiv_rn, __fsqrt_rn, ...) in the CPU twin's evaluation order, and the bias corrections
+// 1 - beta^t are computed on the host with the twin's own expression. So master, m and v are the
+// CPU twin's values bit for bit (when the host compiler does not contract a*b+c into an fma and no
+// value is denormal), and they do not depend on --use_fast_math / -fmad, which would otherwise turn
+// the divisions and the sqrt into approximations and fuse multiply-adds differently in different
+// kernels. (Only -ftz, part of --use_fast_math, still applies: denormal m, v, p flush to zero.)
+//
+// Stochastic rounding of the bf16 param: element i gets the 32 random bits
+//   llmc_hash(lo32(x) ^ llmc_hash(hi32(x) ^ 0x9e3779b9)),  x = seed + i   (64-bit sum)
+// a pure function of (seed, i): runs are reproducible, and a launch over a slice that starts at
+// element `offset` of a larger buffer, given seed + offset, writes exactly what the launch over
+// the whole buffer writes there (so per-tensor or per-ZeRO-shard calls can match one flat call).
+// The trainer should draw an unrelated 64-bit seed per step (e.g. a hash of (run seed, step)):
+// seeds of consecutive steps that differ by less than n would reuse bits of neighbouring elements.
+//
+// Parallel decomposition: purely elementwise, memory bound (28 bytes per element with master
+// weights: read grad 2 + master 4 + m 4 + v 4, write param 2 + master 4 + m 4 + v 4; 22 without).
+// Vector path: a thread owns 8 consecutive elements per iteration of a grid-stride loop: one 16-byte
+// load of bf16 grads (and params), two 16-byte loads each of master, m, v; the same stores. Loads and
+// stores use the streaming hints (__ldcs/__stcs): the optimizer state is touched once per step and
+// is far larger than L2. The n % 8 tail elements go one each to the first threads of the grid. The
+// grid is one wave of resident blocks. Scalar path (some pointer not 16-byte aligned, e.g. a slice at
+// an odd offset): one element per thread per iteration, the same per-element code, so the two
+// paths give bitwise-identical results.
+//
+// Scratch: none (adamw_scratch_bytes() == 0).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include "cuda_common.cuh"
+
+constexpr int ADAMW_THREADS = 256;
+
+inline size_t adamw_scratch_bytes() { return 0; }
+
+// Everything the kernel needs per launch, the derived constants computed once on the host.
+struct AdamwArgs {
+    float lr, lr_wd;                // lr and lr * weight_decay (the twin multiplies them first)
+    float beta1, one_minus_beta1;   // beta1 and 1 - beta1
+    float beta2, one_minus_beta2;
+    float bias1, bias2;             // 1 - beta1^t, 1 - beta2^t
+    float eps, grad_scale;
+    uint64_t seed;
+};
+
+inline AdamwArgs adamw_make_args(float lr, float beta1, float beta2, float eps, float weight_decay,
+                                 float grad_scale, int t, uint64_t seed) {
+    LLMC_CHECK(t >= 1, "adamw_update: the step t is 1-based, got %d", t);
+    AdamwArgs a;
+    a.lr = lr;
+    a.lr_wd = lr * weight_decay;
+    a.beta1 = beta1;
+    a.one_minus_beta1 = 1.0f - beta1;
+    a.beta2 = beta2;
+    a.one_minus_beta2 = 1.0f - beta2;
+    // the twin's own expression (float pow on the host), so the same bits
+    a.bias1 = 1.0f - std::pow(beta1, (float)t);
+    a.bias2 = 1.0f - std::pow(beta2, (float)t);
+    a.eps = eps;
+    a.grad_scale = grad_scale;
+    a.seed = seed;
+    return a;
+}
+
+// The 32 random bits of element i (see the header comment).
+__device__ inline uint32_t adamw_random_bits(uint64_t seed, size_t i) {
+    const uint64_t x = seed + (uint64_t)i;
+    return llmc_hash((uint32_t)x ^ llmc_hash((uint32_t)(x >> 32) ^ 0x9e3779b9u));
+}
+
+// One element of the update, in the twin's order of operations, each op rounded to nearest.
+// Takes the starting p (master or bf16 param) and the raw gradient; updates m, v; returns the new p.
+__device__ inline float adamw_element(float p, float grad, float& m, float& v, const AdamwArgs& a) {
+    const float g = __fmul_rn(grad, a.grad_scale);
+    p = __fsub_rn(p, __fmul_rn(a.lr_wd, p));
+    m = __fadd_rn(__fmul_rn(a.beta1, m), __fmul_rn(a.one_minus_beta1, g));
+    v = __fadd_rn(__fmul_rn(a.beta2, v), __fmul_rn(__fmul_rn(a.one_minus_beta2, g), g));
+    const float denom = __fadd_rn(__fsqrt_rn(__fdiv_rn(v, a.bias2)), a.eps);
+    return __fsub_rn(p, __fdiv_rn(__fmul_rn(a.lr, __fdiv_rn(m, a.bias1)), denom));
+}
+
+// bf16 <-> fp32 on raw bits: a bf16 is the top half of the fp32 with the same value
+__device__ inline float adamw_bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ inline float adamw_bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ inline uint32_t adamw_pack_bf16(floatX lo, floatX hi) {
+    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+}
+
+// element i alone (the scalar path and the tail of the vector path)
+template <bool MASTER>
+__device__ inline void adamw_update_one(floatX* params, float* master, const floatX* grads, float* m, float* v,
+                                        size_t i, const AdamwArgs& a) {
+    float p;
+    if constexpr (MASTER) p = master[i];
+    else p = __bfloat162float(params[i]);
+    float mi = m[i], vi = v[i];
+    p = adamw_element(p, __bfloat162float(grads[i]), mi, vi, a);
+    m[i] = mi;
+    v[i] = vi;
+    if constexpr (MASTER) master[i] = p;
+    params[i] = stochastic_round_bf16(p, adamw_random_bits(a.seed, i));
+}
+
+// VEC8: all pointers 16-byte aligned; a thread owns elements 8j..8j+7 (one iteration per j).
+// !VEC8: a thread owns element j.
+template <bool MASTER, bool VEC8>
+__global__ void __launch_bounds__(ADAMW_THREADS)
+    adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, AdamwArgs a) {
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    if constexpr (!VEC8) {
+        for (size_t i = tid; i < n; i += stride) adamw_update_one<MASTER>(params, master, grads, m, v, i, a);
+        return;
+    }
+    const size_t n8 = n / 8;
+    for (size_t j = tid; j < n8; j += stride) {
+        const size_t i0 = j * 8;
+        const int4 graw = __ldcs(reinterpret_cast<const int4*>(grads + i0));
+        const uint32_t gw[4] = {(uint32_t)graw.x, (uint32_t)graw.y, (uint32_t)graw.z, (uint32_t)graw.w};
+        float p[8], g[8], mm[8], vv[8];
+        for (int k = 0; k < 4; k++) {
+            g[2 * k] = adamw_bf16_lo(gw[k]);
+            g[2 * k + 1] = adamw_bf16_hi(gw[k]);
+        }
+        if constexpr (MASTER) {
+            const float4 p0 = __ldcs(reinterpret_cast<const float4*>(master + i0));
+            const float4 p1 = __ldcs(reinterpret_cast<const float4*>(master + i0 + 4));
+            p[0] = p0.x; p[1] = p0.y; p[2] = p0.z; p[3] = p0.w;
+            p[4] = p1.x; p[5] = p1.y; p[6] = p1.z; p[7] = p1.w;
+        } else {
+            const int4 praw = __ldcs(reinterpret_cast<const int4*>(params + i0));
+            const uint32_t pw[4] = {(uint32_t)praw.x, (uint32_t)praw.y, (uint32_t)praw.z, (uint32_t)praw.w};
+            for (int k = 0; k < 4; k++) {
+                p[2 * k] = adamw_bf16_lo(pw[k]);
+                p[2 * k + 1] = adamw_bf16_hi(pw[k]);
+            }
+        }
+        const float4 m0 = __ldcs(reinterpret_cast<const float4*>(m + i0));
+        const float4 m1 = __ldcs(reinterpret_cast<const float4*>(m + i0 + 4));
+        const float4 v0 = __ldcs(reinterpret_cast<const float4*>(v + i0));
+        const float4 v1 = __ldcs(reinterpret_cast<const float4*>(v + i0 + 4));
+        mm[0] = m0.x; mm[1] = m0.y; mm[2] = m0.z; mm[3] = m0.w;
+        mm[4] = m1.x; mm[5] = m1.y; mm[6] = m1.z; mm[7] = m1.w;
+        vv[0] = v0.x; vv[1] = v0.y; vv[2] = v0.z; vv[3] = v0.w;
+        vv[4] = v1.x; vv[5] = v1.y; vv[6] = v1.z; vv[7] = v1.w;
+#pragma unroll
+        for (int k = 0; k < 8; k++) p[k] = adamw_element(p[k], g[k], mm[k], vv[k], a);
+        __stcs(reinterpret_cast<float4*>(m + i0), make_float4(mm[0], mm[1], mm[2], mm[3]));
+        __stcs(reinterpret_cast<float4*>(m + i0 + 4), make_float4(mm[4], mm[5], mm[6], mm[7]));
+        __stcs(reinterpret_cast<float4*>(v + i0), make_float4(vv[0], vv[1], vv[2], vv[3]));
+        __stcs(reinterpret_cast<float4*>(v + i0 + 4), make_float4(vv[4], vv[5], vv[6], vv[7]));
+        if constexpr (MASTER) {
+            __stcs(reinterpret_cast<float4*>(master + i0), make_float4(p[0], p[1], p[2], p[3]));
+            __stcs(reinterpret_cast<float4*>(master + i0 + 4), make_float4(p[4], p[5], p[6], p[7]));
+        }
+        uint32_t out[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const floatX lo = stochastic_round_bf16(p[2 * k], adamw_random_bits(a.seed, i0 + 2 * k));
+            const floatX hi = stochastic_round_bf16(p[2 * k + 1], adamw_random_bits(a.seed, i0 + 2 * k + 1));
+            out[k] = adamw_pack_bf16(lo, hi);
+        }
+        __stcs(reinterpret_cast<int4*>(params + i0), make_int4((int)out[0], (int)out[1], (int)out[2], (int)out[3]));
+    }
+    // the last n % 8 elements (fewer than a block's threads: block 0 owns them)
+    if (tid < n - n8 * 8) adamw_update_one<MASTER>(params, master, grads, m, v, n8 * 8 + tid, a);
+}
+
+// Blocks of one kernel instantiation that fit on the whole GPU at once (cached per instantiation).
+template <bool MASTER, bool VEC8>
+inline size_t adamw_wave_blocks() {
+    static size_t blocks = 0;
+    if (blocks == 0) {
+        int dev = 0, sms = 0, per_sm = 0;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_kernel<MASTER, VEC8>, ADAMW_THREADS, 0));
+        blocks = (size_t)sms * (size_t)(per_sm > 0 ? per_sm : 1);
+    }
+    return blocks;
+}
+
+template <bool MASTER, bool VEC8>
+inline void adamw_launch_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                                const AdamwArgs& a) {
+    const size_t work = VEC8 ? std::max<size_t>(n / 8, 1) : n;  // >= 1: the tail needs a thread
+    const size_t needed = (work + ADAMW_THREADS - 1) / ADAMW_THREADS;
+    const size_t grid = std::min(needed, adamw_wave_blocks<MASTER, VEC8>());
+    adamw_kernel<MASTER, VEC8><<<(unsigned)grid, ADAMW_THREADS, 0, llmc_stream()>>>(params, master, grads, m, v, n, a);
+    cudaCheckLaunch();
+}
+
+// Runs the vector path (vec8 = true; every pointer must be 16-byte aligned) or the scalar path.
+// adamw_update picks; dev/cuda/adamw.cu times both.
+inline void adamw_launch(bool vec8, floatX* params, float* master_params, const floatX* grads, float* m, float* v,
+                         size_t n, const AdamwArgs& a) {
+    if (n == 0) return;
+    if (master_params) {
+        if (vec8) adamw_launch_kernel<true, true>(params, master_params, grads, m, v, n, a);
+        else adamw_launch_kernel<true, false>(params, master_params, grads, m, v, n, a);
+    } else {
+        if (vec8) adamw_launch_kernel<false, true>(params, master_params, grads, m, v, n, a);
+        else adamw_launch_kernel<false, false>(params, master_params, grads, m, v, n, a);
+    }
+}
+
+inline bool adamw_aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
+// params, grads: bf16 [n]; master_params: fp32 [n] or nullptr; m, v: fp32 [n]. All overwritten in place.
+inline void adamw_update(floatX* params, float* master_params, const floatX* grads, float* m, float* v, size_t n,
+                         float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t,
+                         uint64_t seed) {
+    const AdamwArgs a = adamw_make_args(lr, beta1, beta2, eps, weight_decay, grad_scale, t, seed);
+    const bool vec8 = adamw_aligned16(params) && adamw_aligned16(grads) && adamw_aligned16(m) &&
+                      adamw_aligned16(v) && (master_params == nullptr || adamw_aligned16(master_params));
+    adamw_launch(vec8, params, master_params, grads, m, v, n, a);
+}

@@ -1,0 +1,132 @@
+// Sum of squares of a bf16 buffer (the gradient, for global-norm clipping), the twin of
+// llmc/cpu/global_norm.h: returns sum_i values[i]^2 as a host double.
+//
+// Accuracy: a bf16 has an 8-bit significand, so its square is exact in fp32; a thread sums the 8
+// squares of one 16-byte vector in fp32 (relative error < 8 * 2^-24 for these positive terms) and
+// adds that to a double accumulator. Everything after that is double. The trainer calls this once
+// on the whole flat gradient buffer (up to ~2e9 elements): size_t indexing throughout, and a
+// thread's double accumulator keeps the long per-thread sums (thousands of vectors) exact enough.
+//
+// Determinism: a fixed partition that depends only on n (and on the pointer's alignment, which is
+// fixed for a given buffer, not on the GPU model), no atomics.
+//   pass 1: grid = min(GN_MAX_BLOCKS, ceil(n / (GN_THREADS * 8))) blocks of GN_THREADS threads.
+//           The 16-byte aligned middle of the buffer is a sequence of vectors of 8 bf16; thread t
+//           (global index) owns vectors t, t + stride, t + 2 stride, ... (grid-stride loop, GN_UNROLL
+//           loads issued together) and adds their fp32 8-sums to its double in that order. The
+//           < 8 elements before the aligned middle (head) and after it (tail) go to the first
+//           threads of block 0. Each block reduces its threads' doubles with a fixed shuffle tree
+//           and writes its partial to scratch[blockIdx.x]. GN_MAX_BLOCKS = 528 is 4 blocks per SM of
+//           an H200, so for large n the whole grid is resident (no second, partial wave) and holds
+//           528 * 256 * 4 * 16 B = 8.6 MB of loads in flight, more than HBM latency x bandwidth.
+//   pass 2: one block of GN_FINISH_THREADS threads: thread b loads partial b (0 past the grid), the
+//           same fixed tree in double; the total goes to scratch[GN_MAX_BLOCKS].
+// The host then copies the double back and synchronizes the stream: this is the one host sync of
+// the optimizer step (the clipping scale must be known on the host before adamw_update).
+// (A square above fp32 range, |x| > 1.8e19, becomes inf: such a gradient is broken anyway.)
+//
+// Scratch: (GN_MAX_BLOCKS + 1) doubles = 4232 bytes, whatever n (global_norm_scratch_bytes()).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include "cuda_common.cuh"
+
+constexpr int GN_THREADS = 256;        // pass 1 block size
+constexpr int GN_MAX_BLOCKS = 528;     // pass 1 grid cap: 4 blocks on each of the H200's 132 SMs, all resident
+constexpr int GN_UNROLL = 4;           // 16-byte loads in flight per thread
+constexpr int GN_FINISH_THREADS = 1024;
+static_assert(GN_MAX_BLOCKS <= GN_FINISH_THREADS, "pass 2 has one thread per partial");
+
+inline size_t global_norm_scratch_bytes() { return (GN_MAX_BLOCKS + 1) * sizeof(double); }
+
+// Sum of x over the block, returned to thread 0 (fixed order: shuffle tree in each warp, then the
+// warp sums in warp order by the same tree in warp 0). blockDim.x a multiple of 32, <= 1024.
+__device__ inline double gn_block_sum(double x) {
+    __shared__ double warp_sums[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+    if (lane == 0) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        x = lane < n_warps ? warp_sums[lane] : 0.0;
+        for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+    }
+    return x;
+}
+
+__device__ inline float gn_square(floatX x) {
+    const float f = __bfloat162float(x);
+    return f * f;
+}
+
+// fp32 sum of the squares of the 8 bf16 in a 16-byte vector (bf16 -> fp32 is a 16-bit shift)
+__device__ inline float gn_sum8(int4 raw) {
+    const uint32_t w[4] = {(uint32_t)raw.x, (uint32_t)raw.y, (uint32_t)raw.z, (uint32_t)raw.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float lo = __uint_as_float(w[k] << 16), hi = __uint_as_float(w[k] & 0xffff0000u);
+        s = fmaf(lo, lo, s);
+        s = fmaf(hi, hi, s);
+    }
+    return s;
+}
+
+// values[0, head) unaligned head, values[head, head + 8 * n_vec) 16-byte aligned, then the tail.
+__global__ void __launch_bounds__(GN_THREADS)
+    global_norm_partials_kernel(const floatX* values, size_t n, size_t head, size_t n_vec, double* partials) {
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const int4* vec = reinterpret_cast<const int4*>(values + head);
+    double acc = 0.0;
+    // GN_UNROLL independent 16-byte loads in flight per thread (vectors j, j + stride, ...), then
+    // added in that order; a vector past the end counts as zeros (adding +0.0 changes nothing)
+    for (size_t j = tid; j < n_vec; j += GN_UNROLL * stride) {
+        int4 raw[GN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GN_UNROLL; u++) {
+            const size_t jj = j + u * stride;
+            raw[u] = jj < n_vec ? vec[jj] : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GN_UNROLL; u++) acc += (double)gn_sum8(raw[u]);
+    }
+    const size_t tail_start = head + 8 * n_vec;
+    if (tid < head) acc += (double)gn_square(values[tid]);
+    if (tid < n - tail_start) acc += (double)gn_square(values[tail_start + tid]);
+    const double block = gn_block_sum(acc);
+    if (threadIdx.x == 0) partials[blockIdx.x] = block;
+}
+
+__global__ void __launch_bounds__(GN_FINISH_THREADS)
+    global_norm_finish_kernel(const double* partials, int n_partials, double* out) {
+    const double x = (int)threadIdx.x < n_partials ? partials[threadIdx.x] : 0.0;
+    const double total = gn_block_sum(x);
+    if (threadIdx.x == 0) *out = total;
+}
+
+// Enqueues both passes on llmc_stream(); the sum lands in device memory at *d_out (no sync).
+// d_out must not lie in the first GN_MAX_BLOCKS doubles of the scratch arena (the partials).
+inline void global_norm_squared_launch(const floatX* values, size_t n, double* d_out) {
+    double* partials = cuda_scratch<double>(GN_MAX_BLOCKS, "global_norm_squared");
+    LLMC_CHECK(((uintptr_t)values & 1) == 0, "global_norm_squared: values must be 2-byte aligned");
+    const size_t head = std::min<size_t>(((16 - ((uintptr_t)values & 15)) & 15) / sizeof(floatX), n);
+    const size_t n_vec = (n - head) / 8;
+    const size_t per_block = (size_t)GN_THREADS * 8;
+    const int grid = (int)std::min<size_t>(GN_MAX_BLOCKS, std::max<size_t>(1, (n + per_block - 1) / per_block));
+    global_norm_partials_kernel<<<grid, GN_THREADS, 0, llmc_stream()>>>(values, n, head, n_vec, partials);
+    cudaCheckLaunch();
+    global_norm_finish_kernel<<<1, GN_FINISH_THREADS, 0, llmc_stream()>>>(partials, grid, d_out);
+    cudaCheckLaunch();
+}
+
+// values: bf16 [n] (device). Returns sum of values[i]^2; synchronizes the stream.
+inline double global_norm_squared(const floatX* values, size_t n) {
+    if (n == 0) return 0.0;
+    double* scratch = cuda_scratch<double>(GN_MAX_BLOCKS + 1, "global_norm_squared");
+    global_norm_squared_launch(values, n, scratch + GN_MAX_BLOCKS);
+    double result = 0.0;
+    cudaCheck(cudaMemcpyAsync(&result, scratch + GN_MAX_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost,
+                              llmc_stream()));
+    cudaCheck(cudaStreamSynchronize(llmc_stream()));
+    return result;
+}

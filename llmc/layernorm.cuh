@@ -1,0 +1,458 @@
+// LayerNorm on the GPU: the twin of llmc/cpu/layernorm.h.
+//   forward   mean = sum_c x_c / C,  rstd = 1 / sqrt(sum_c (x_c - mean)^2 / C + 1e-5)  (biased variance)
+//             out_c = (x_c - mean) * rstd * w_c + b_c                                  (mean, rstd saved, fp32)
+//   fused     residual = bf16(inp1 + inp2), then the forward of that bf16 residual (what the backward
+//             will read back), in one kernel and one pass over memory
+//   backward  xhat = (x - mean) * rstd, g = dout * w
+//             dinp += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))
+//             dweight += sum_rows dout * xhat,  dbias += sum_rows dout
+//
+// Parallel decomposition (all kernels): a row of C channels is spread over blockDim.x threads (one
+// warp, or several for wide rows), thread x owning K groups of VEC consecutive channels,
+// c = VEC * (x + k * blockDim.x); VEC = 8 (16-byte loads) when C % 8 == 0 and the pointers are
+// 16-byte aligned, VEC = 1 otherwise; K = 1 while the row fits in 1024 threads (512 for the 16-byte
+// backward, which keeps more per thread), else 2 or 4: C <= 32768 / 16384 (16-byte forward /
+// backward), C <= 4096 (scalar). A block holds blockDim.y such rows side by side. The row's values
+// stay in registers between the reductions, so each input is read once; row sums are warp
+// shuffles, plus one shared-memory step across the row's warps (fixed order, so every thread gets
+// the same bits).
+//  forward   one row per row-group; mean and variance by two reductions (two-pass variance in
+//            registers, no E[x^2] - mean^2 cancellation).
+//  backward  a fixed grid of G blocks (one resident wave: G = SMs x blocks per SM, capped by the
+//            number of row groups) each owning a contiguous range of rows, walked blockDim.y rows at
+//            a time. A thread's weights stay in registers and its dweight/dbias partials accumulate
+//            in fp32 registers over all of its rows; at the end the row groups of a block fold
+//            together in order 0, 1, 2, ... through shared memory and the block writes one partial
+//            row [2][C] to scratch. A second kernel sums the G partials of each channel in a fixed
+//            order (32 strided lanes, then those 32 in order) and adds them to dweight/dbias: no
+//            atomics, so the result is bitwise reproducible.
+//
+// Scratch: layernorm_forward / fused: none; layernorm_backward: G * 2 * C floats,
+//   layernorm_scratch_bytes(N, C) (G <= 132 SMs x a few blocks: ~4 MB at C = 768).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include "cuda_common.cuh"
+
+namespace layernorm_detail {
+
+constexpr float EPS = 1e-5f;
+constexpr int FWD_THREADS = 256;  // target threads per forward block
+constexpr int BWD_THREADS = 256;  // target threads per backward block
+constexpr int FWD_MAX_X = 1024;   // most threads across one row, forward
+constexpr int BWD_MAX_X = 512;    // ... backward, 16-byte path (more state per thread: <= 128 registers)
+
+inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
+// bf16 <-> fp32 without type punning: a bf16 is the high half of an fp32, and in a 32-bit word of
+// two packed bf16 the lower address is the low half
+__device__ inline float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ inline float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+__device__ inline void unpack8(float (&f)[8], const uint4& u) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        f[2 * k] = bf16_lo(w[k]);
+        f[2 * k + 1] = bf16_hi(w[k]);
+    }
+}
+
+// VEC consecutive bf16 <-> fp32; VEC == 8 is one 16-byte access (p must be 16-byte aligned)
+template <int VEC>
+__device__ inline void load_bf16(float (&f)[VEC], const floatX* p) {
+    if constexpr (VEC == 8) {
+        unpack8(f, *reinterpret_cast<const uint4*>(p));
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) f[k] = __bfloat162float(p[k]);
+    }
+}
+template <int VEC>
+__device__ inline void store_bf16(floatX* p, const float (&f)[VEC]) {
+    if constexpr (VEC == 8) {
+        *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]),
+                                                  pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) p[k] = __float2bfloat16_rn(f[k]);
+    }
+}
+
+// VEC bf16 exactly as stored (one 16-byte word for VEC == 8): what a thread keeps in registers
+// across the barriers, unpacked to fp32 where used (half the registers of fp32 copies)
+template <int VEC>
+using Packed = std::conditional_t<VEC == 8, uint4, floatX>;
+template <int VEC>
+__device__ inline Packed<VEC> load_packed(const floatX* p) {
+    return *reinterpret_cast<const Packed<VEC>*>(p);
+}
+template <int VEC>
+__device__ inline void unpack(float (&f)[VEC], const Packed<VEC>& u) {
+    if constexpr (VEC == 8) unpack8(f, u);
+    else f[0] = __bfloat162float(u);
+}
+
+__device__ inline float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;  // (a butterfly: every lane holds the same bits, a + b == b + a exactly)
+}
+
+// Sums a and b over the threads of this row (same threadIdx.y); every thread gets the results.
+// Every thread of the block must call it (it has barriers when a row spans several warps).
+__device__ inline void row_sum2(float& a, float& b) {
+    __shared__ float red[2][32];  // [y * warps per row + warp]: blockDim <= 1024 threads = 32 warps
+    a = warp_sum(a);
+    b = warp_sum(b);
+    const int nw = blockDim.x / 32;
+    if (nw == 1) return;  // uniform across the block
+    const int base = threadIdx.y * nw;
+    __syncthreads();  // the previous call's readers are done with red
+    if (threadIdx.x % 32 == 0) {
+        red[0][base + threadIdx.x / 32] = a;
+        red[1][base + threadIdx.x / 32] = b;
+    }
+    __syncthreads();
+    a = 0.0f;
+    b = 0.0f;
+    for (int w = 0; w < nw; w++) {
+        a += red[0][base + w];
+        b += red[1][base + w];
+    }
+}
+
+template <int VEC, int K, bool FUSED>
+__global__ void __launch_bounds__(FWD_MAX_X) layernorm_forward_kernel(floatX* residual, floatX* __restrict__ out, float* __restrict__ mean,
+                                         float* __restrict__ rstd, const floatX* inp1, const floatX* inp2,
+                                         const floatX* __restrict__ weight, const floatX* __restrict__ bias, int N,
+                                         int C) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    const bool row_ok = row < N;  // the threads of a missing row still take part in the barriers
+    const size_t off = (size_t)row * C;
+    float x[K][VEC];
+    float sum = 0.0f, unused = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int c = VEC * (threadIdx.x + k * blockDim.x);
+        if (row_ok && c < C) {
+            load_bf16<VEC>(x[k], inp1 + off + c);
+            if constexpr (FUSED) {
+                float y[VEC];
+                load_bf16<VEC>(y, inp2 + off + c);
+#pragma unroll
+                for (int i = 0; i < VEC; i++) x[k][i] = __bfloat162float(__float2bfloat16_rn(x[k][i] + y[i]));
+                store_bf16<VEC>(residual + off + c, x[k]);  // exact: already bf16 values
+            }
+#pragma unroll
+            for (int i = 0; i < VEC; i++) sum += x[k][i];
+        }
+    }
+    row_sum2(sum, unused);
+    const float m = sum / C;
+    float var = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int c = VEC * (threadIdx.x + k * blockDim.x);
+        if (row_ok && c < C) {
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                const float d = x[k][i] - m;
+                var += d * d;
+            }
+        }
+    }
+    row_sum2(var, unused);
+    const float s = rsqrtf(var / C + EPS);
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int c = VEC * (threadIdx.x + k * blockDim.x);
+        if (row_ok && c < C) {
+            float w[VEC], b[VEC], y[VEC];
+            load_bf16<VEC>(w, weight + c);
+            load_bf16<VEC>(b, bias + c);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) y[i] = (x[k][i] - m) * s * w[i] + b[i];
+            store_bf16<VEC>(out + off + c, y);
+        }
+    }
+    if (row_ok && threadIdx.x == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+// Rows [blockIdx.x * rows_per_block, + rows_per_block) of the backward; partials [gridDim.x][2][C].
+// Dynamic shared memory: 2 * blockDim.x * K * VEC floats when blockDim.y > 1 (the fold), else none.
+// A thread keeps w, dweight and dbias partials in fp32 (3 K VEC registers) and the row's dout, inp
+// and old dinp packed as bf16 while the row sums are formed.
+template <int VEC, int K>
+__global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
+    layernorm_backward_kernel(floatX* __restrict__ dinp, float* __restrict__ partials, const floatX* __restrict__ dout,
+                              const floatX* __restrict__ inp, const floatX* __restrict__ weight,
+                              const float* __restrict__ mean, const float* __restrict__ rstd, int N, int C,
+                              int rows_per_block) {
+    extern __shared__ float fold[];
+    const int row_begin = blockIdx.x * rows_per_block;
+    const int row_end = min(N, row_begin + rows_per_block);
+    float w[K][VEC], dw[K][VEC], db[K][VEC];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int c = VEC * (threadIdx.x + k * blockDim.x);
+        if (c < C) load_bf16<VEC>(w[k], weight + c);
+#pragma unroll
+        for (int i = 0; i < VEC; i++) dw[k][i] = db[k][i] = 0.0f;
+    }
+    // the same trip count for every thread of the block (barriers in row_sum2)
+    for (int r0 = row_begin; r0 < row_end; r0 += blockDim.y) {
+        const int row = r0 + threadIdx.y;
+        const bool row_ok = row < row_end;
+        const size_t off = (size_t)row * C;
+        const float m = row_ok ? mean[row] : 0.0f, s = row_ok ? rstd[row] : 0.0f;
+        Packed<VEC> pd[K], px[K], pold[K];
+        float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int c = VEC * (threadIdx.x + k * blockDim.x);
+            if (row_ok && c < C) {
+                pd[k] = load_packed<VEC>(dout + off + c);
+                px[k] = load_packed<VEC>(inp + off + c);
+                pold[k] = load_packed<VEC>(dinp + off + c);  // issued before the barriers, used after
+                float d[VEC], x[VEC];
+                unpack<VEC>(d, pd[k]);
+                unpack<VEC>(x, px[k]);
+#pragma unroll
+                for (int i = 0; i < VEC; i++) {
+                    const float g = d[i] * w[k][i];
+                    sum_g += g;
+                    sum_gx += g * ((x[i] - m) * s);
+                }
+            }
+        }
+        row_sum2(sum_g, sum_gx);
+        const float mg = sum_g / C, mgx = sum_gx / C;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int c = VEC * (threadIdx.x + k * blockDim.x);
+            if (row_ok && c < C) {
+                float d[VEC], x[VEC], old[VEC];
+                unpack<VEC>(d, pd[k]);
+                unpack<VEC>(x, px[k]);
+                unpack<VEC>(old, pold[k]);
+#pragma unroll
+                for (int i = 0; i < VEC; i++) {
+                    const float xh = (x[i] - m) * s;
+                    old[i] += s * (d[i] * w[k][i] - mg - xh * mgx);
+                    dw[k][i] += d[i] * xh;
+                    db[k][i] += d[i];
+                }
+                store_bf16<VEC>(dinp + off + c, old);
+            }
+        }
+    }
+    // fold the row groups into group 0, in order y = 1, 2, ... (fixed: deterministic)
+    const int stride = blockDim.x * K * VEC;  // floats per partial in `fold`
+    for (int y = 1; y < (int)blockDim.y; y++) {
+        if ((int)threadIdx.y == y) {
+#pragma unroll
+            for (int k = 0; k < K; k++)
+#pragma unroll
+                for (int i = 0; i < VEC; i++) {
+                    const int j = (k * VEC + i) * blockDim.x + threadIdx.x;  // consecutive threads, consecutive banks
+                    fold[j] = dw[k][i];
+                    fold[stride + j] = db[k][i];
+                }
+        }
+        __syncthreads();
+        if (threadIdx.y == 0) {
+#pragma unroll
+            for (int k = 0; k < K; k++)
+#pragma unroll
+                for (int i = 0; i < VEC; i++) {
+                    const int j = (k * VEC + i) * blockDim.x + threadIdx.x;
+                    dw[k][i] += fold[j];
+                    db[k][i] += fold[stride + j];
+                }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.y != 0) return;
+    float* pw = partials + (size_t)blockIdx.x * 2 * C;
+    float* pb = pw + C;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int c = VEC * (threadIdx.x + k * blockDim.x);
+        if (c < C) {
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                pw[c + i] = dw[k][i];
+                pb[c + i] = db[k][i];
+            }
+        }
+    }
+}
+
+// dweight[c] += sum_p partials[p][0][c], dbias[c] += sum_p partials[p][1][c]. block (32, 32):
+// lane x owns channel blockIdx.x * 32 + x, lane y sums partials y, y + 32, ...; then the 32 in order.
+// grid (ceil(C / 32), 2): blockIdx.y 0 is dweight, 1 dbias.
+__global__ void layernorm_param_grad_kernel(floatX* __restrict__ dweight, floatX* __restrict__ dbias,
+                                            const float* __restrict__ partials, int n_parts, int C) {
+    __shared__ float red[32][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    const int which = blockIdx.y;
+    float s = 0.0f;
+    if (c < C)
+        for (int p = threadIdx.y; p < n_parts; p += 32) s += partials[((size_t)p * 2 + which) * C + c];
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float t = 0.0f;
+        for (int y = 0; y < 32; y++) t += red[y][threadIdx.x];
+        floatX* dst = which == 0 ? dweight : dbias;
+        dst[c] = __float2bfloat16_rn(__bfloat162float(dst[c]) + t);
+    }
+}
+
+// The block shape for a row of C channels: VEC channels per access, K accesses per thread,
+// x threads across the row (a multiple of 32), y rows per block (x * y <= target threads, y >= 1).
+struct Shape {
+    int vec, k, x, y;
+};
+inline Shape row_shape(int C, bool vec, int target_threads, int max_x) {
+    Shape s;
+    s.vec = vec ? 8 : 1;
+    const int units = ceil_div(C, s.vec);
+    s.k = 1;
+    while (ceil_div(units, s.k) > max_x) s.k *= 2;
+    LLMC_CHECK(s.k <= 4, "layernorm: C = %d is too wide for the %s path (at most %d)", C,
+               vec ? "16-byte" : "scalar (C % 8 != 0 or unaligned)", 4 * s.vec * max_x);
+    s.x = ceil_div(ceil_div(units, s.k), 32) * 32;
+    s.y = std::max(1, target_threads / s.x);
+    return s;
+}
+
+inline int sm_count() {
+    static int n = 0;
+    if (n == 0) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return n;
+}
+
+template <int VEC, int K>
+inline void* backward_kernel_ptr() {
+    return (void*)layernorm_backward_kernel<VEC, K>;
+}
+inline void* backward_kernel_for(const Shape& s) {
+    if (s.vec == 8) return s.k == 1 ? backward_kernel_ptr<8, 1>() : s.k == 2 ? backward_kernel_ptr<8, 2>() : backward_kernel_ptr<8, 4>();
+    return s.k == 1 ? backward_kernel_ptr<1, 1>() : s.k == 2 ? backward_kernel_ptr<1, 2>() : backward_kernel_ptr<1, 4>();
+}
+
+// The backward's fixed partition: G blocks of rows_per_block rows (one resident wave).
+struct BackwardGrid {
+    Shape shape;
+    size_t smem;
+    int blocks, rows_per_block;
+};
+inline BackwardGrid backward_grid(int N, int C, bool vec) {
+    BackwardGrid g;
+    g.shape = row_shape(C, vec, BWD_THREADS, vec ? BWD_MAX_X : 1024);
+    const Shape& s = g.shape;
+    g.smem = s.y > 1 ? 2 * (size_t)s.x * s.k * s.vec * sizeof(float) : 0;
+    int per_sm = 0;
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, backward_kernel_for(s), s.x * s.y, g.smem));
+    const int groups = std::max(1, ceil_div(N, s.y));  // blocks with at least one row each
+    const int blocks = std::min(groups, sm_count() * std::max(1, per_sm));
+    g.rows_per_block = ceil_div(std::max(N, 1), blocks);
+    g.blocks = ceil_div(std::max(N, 1), g.rows_per_block);
+    return g;
+}
+
+template <bool FUSED>
+inline void forward_launch(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* inp1,
+                           const floatX* inp2, const floatX* weight, const floatX* bias, int N, int C) {
+    if (N == 0) return;
+    const bool vec = C % 8 == 0 && aligned16(out) && aligned16(inp1) && aligned16(weight) && aligned16(bias) &&
+                     (!FUSED || (aligned16(inp2) && aligned16(residual)));
+    const Shape s = row_shape(C, vec, FWD_THREADS, FWD_MAX_X);
+    const dim3 block(s.x, s.y);
+    const int grid = ceil_div(N, s.y);
+#define LLMC_LN_FWD(V, K)                                                                                   \
+    layernorm_forward_kernel<V, K, FUSED><<<grid, block, 0, llmc_stream()>>>(residual, out, mean, rstd, inp1, \
+                                                                            inp2, weight, bias, N, C)
+    if (s.vec == 8) {
+        if (s.k == 1) LLMC_LN_FWD(8, 1);
+        else if (s.k == 2) LLMC_LN_FWD(8, 2);
+        else LLMC_LN_FWD(8, 4);
+    } else {
+        if (s.k == 1) LLMC_LN_FWD(1, 1);
+        else if (s.k == 2) LLMC_LN_FWD(1, 2);
+        else LLMC_LN_FWD(1, 4);
+    }
+#undef LLMC_LN_FWD
+    cudaCheckLaunch();
+}
+
+}  // namespace layernorm_detail
+
+// bytes of cuda_scratch that layernorm_backward needs for N rows of C channels (the forwards need none)
+inline size_t layernorm_scratch_bytes(int N, int C) {
+    using namespace layernorm_detail;
+    // the launch picks the 16-byte path when C % 8 == 0 and the pointers are aligned, else the scalar
+    // one (which supports C <= 4096): size for whichever can happen
+    int blocks = 0;
+    if (C % 8 == 0 && C <= 4 * 8 * BWD_MAX_X) blocks = std::max(blocks, backward_grid(N, C, true).blocks);
+    if (C <= 4096) blocks = std::max(blocks, backward_grid(N, C, false).blocks);
+    return (size_t)blocks * 2 * C * sizeof(float);
+}
+
+// out [N, C] overwritten, mean, rstd [N] (fp32) overwritten
+inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
+                              const floatX* bias, int N, int C) {
+    layernorm_detail::forward_launch<false>(nullptr, out, mean, rstd, inp, nullptr, weight, bias, N, C);
+}
+
+// residual = inp1 + inp2 (rounded to bf16), out = LN(residual); residual, out, mean, rstd overwritten.
+// residual must not overlap inp1 / inp2 except exactly (residual == inp1 is fine).
+inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean, float* rstd,
+                                             const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                             const floatX* bias, int N, int C) {
+    layernorm_detail::forward_launch<true>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);
+}
+
+// dinp += (the residual stream's gradient), dweight +=, dbias += (deterministic).
+// Scratch: layernorm_scratch_bytes(N, C).
+inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+                               const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    using namespace layernorm_detail;
+    if (N == 0 || C == 0) return;
+    const bool vec = C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
+    const BackwardGrid g = backward_grid(N, C, vec);
+    const Shape& s = g.shape;
+    float* partials = cuda_scratch<float>((size_t)g.blocks * 2 * C, "layernorm_backward");
+    const dim3 block(s.x, s.y);
+#define LLMC_LN_BWD(V, K)                                                                      \
+    layernorm_backward_kernel<V, K><<<g.blocks, block, g.smem, llmc_stream()>>>(dinp, partials, dout, inp, \
+                                                                              weight, mean, rstd, N, C,   \
+                                                                              g.rows_per_block)
+    if (s.vec == 8) {
+        if (s.k == 1) LLMC_LN_BWD(8, 1);
+        else if (s.k == 2) LLMC_LN_BWD(8, 2);
+        else LLMC_LN_BWD(8, 4);
+    } else {
+        if (s.k == 1) LLMC_LN_BWD(1, 1);
+        else if (s.k == 2) LLMC_LN_BWD(1, 2);
+        else LLMC_LN_BWD(1, 4);
+    }
+#undef LLMC_LN_BWD
+    cudaCheckLaunch();
+    layernorm_param_grad_kernel<<<dim3(ceil_div(C, 32), 2), dim3(32, 32), 0, llmc_stream()>>>(dweight, dbias, partials,
+                                                                                             g.blocks, C);
+    cudaCheckLaunch();
+}

@@ -1,0 +1,674 @@
+// Matmul (the linear layer) on the GPU, the twin of llmc/cpu/matmul.h:
+//   forward    out[BT, OC]  = inp[BT, C] W[OC, C]^T + bias[OC]     (overwritten; bias may be null)
+//   backward   dinp[BT, C]  = dout[BT, OC] W[OC, C]                (overwritten)
+//              dweight[OC, C] += dout^T inp                        (accumulated)
+//              dbias[OC]      += sum over rows of dout             (accumulated; may be null)
+// The three products run on cuBLASLt with bf16 inputs and outputs and fp32 accumulation
+// (CUBLAS_COMPUTE_32F); the forward bias is fused into the GEMM epilogue (CUBLASLT_EPILOGUE_BIAS), the
+// dweight += is beta = 1 in the same call. dbias needs +=, which the BGRAD epilogues cannot do (they
+// overwrite), so it is our own deterministic column-sum kernel (below).
+//
+// Row-major <-> cuBLAS column-major. A row-major tensor X[R, K] is, byte for byte, the column-major
+// matrix X^T of shape [K, R] with leading dimension K. So every product is computed transposed:
+//   forward  out^T[OC, BT] = W[OC, C] inp^T[C, BT]
+//            A = weight, stored col-major [C, OC] (ld C), op T  -> [OC, C]     m = OC
+//            B = inp,    stored col-major [C, BT] (ld C), op N  -> [C, BT]     n = BT, k = C
+//            D = out,    col-major [OC, BT] (ld OC); bias[OC] has D's row count, as the epilogue wants
+//   dinp     dinp^T[C, BT] = W^T[C, OC] dout^T[OC, BT]
+//            A = weight, stored col-major [C, OC] (ld C), op N                 m = C
+//            B = dout,   stored col-major [OC, BT] (ld OC), op N               n = BT, k = OC
+//            D = dinp,   col-major [C, BT] (ld C), beta = 0
+//   dweight  dweight^T[C, OC] += inp^T[C, BT] dout[BT, OC]
+//            A = inp,    stored col-major [C, BT] (ld C), op N                 m = C
+//            B = dout,   stored col-major [OC, BT] (ld OC), op T -> [BT, OC]   n = OC, k = BT
+//            C = D = dweight, col-major [C, OC] (ld C), beta = 1
+//
+// Alignment. cuBLASLt needs element-aligned pointers (2 bytes for bf16) and ld >= rows (true by
+// construction: ld is the row length). Its fast Hopper kernels (TMA + wgmma) also want 16-byte
+// aligned pointers and leading dims that are multiples of 8 elements; for ragged shapes (C = 37) the
+// heuristic picks slower kernels, it does not fail. We tell the heuristic the real alignment of every
+// pointer (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*; the default assumption is 256 bytes, which a pointer
+// into a packed parameter buffer may not meet) and make it part of the cache key. The bias pointer
+// of the epilogue must be 16-byte aligned: checked, with a clear failure (misaligned bias vectors
+// have been reported to break the epilogue), so the trainer must place every bias at a 16-byte
+// aligned offset (rounding each parameter tensor's offset up to a multiple of 8 elements does it).
+//
+// Setup and caching. One cuBLASLt handle and one 32 MiB workspace (plenty for Hopper's split-K and
+// stream-K kernels), created by matmul_setup() (idempotent; the trainer calls it at start-up so that
+// no allocation happens inside a step; the ops call it lazily otherwise) and freed by
+// matmul_teardown(). The matmul descriptor, the three layouts and the heuristic's algorithm are
+// cached per (product, shape, alignments) in a small std::map: the FIRST call of each shape creates
+// them and queries the heuristic (host-side work, no allocation); every later call only sets the
+// bias pointer and launches.
+//
+// Determinism. cuBLAS is bitwise reproducible run to run for a fixed algorithm on the same GPU, and
+// the cached algorithm is fixed per shape. We restrict split-K to reductions in fp32
+// (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, plus none): that keeps the fp32 accumulation promise
+// (the INPLACE and OUTPUT_TYPE schemes add partial sums in bf16) and stages partials in the
+// workspace, summed in a fixed order.
+//
+// dbias column sum, two stages with a fixed partition (deterministic, fp32 throughout):
+//   stage 1: grid (column strips, row chunks of 256 rows). A block is 32 x 8 threads; thread (tx, ty)
+//            owns VEC consecutive columns (VEC = 8: one 16-byte load of bf16 per row, when OC % 8 == 0
+//            and dout is 16-byte aligned; VEC = 1 otherwise) and sums rows ty, ty + 8, ... of its
+//            chunk in order; the 8 row-strands are combined in shared memory in order ty = 0..7 and
+//            the block writes one fp32 partial per column: partial[chunk][OC].
+//   stage 2: thread (tx, ty) of a 32 x 8 block sums chunks ty, ty + 8, ... of column blockIdx.x*32+tx;
+//            the 8 strands are combined in order and added to dbias (one bf16 rounding).
+// Scratch (cuda_scratch): matmul_backward with dbias needs ceil(BT / 256) * OC floats
+// (matmul_scratch_bytes); the forward and the backward without dbias need none.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <cublasLt.h>
+#include "cuda_common.cuh"
+
+inline void matmul_cublas_check(cublasStatus_t status, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS)
+        LLMC_FAIL("cuBLAS error at %s:%d: %s", file, line, cublasLtGetStatusString(status));
+}
+#ifndef cublasCheck
+#define cublasCheck(status) matmul_cublas_check((status), __FILE__, __LINE__)
+#endif
+
+constexpr int MATMUL_DBIAS_ROWS_PER_CHUNK = 256;
+constexpr size_t MATMUL_WORKSPACE_BYTES = 32ull << 20;
+
+// scratch the matmul family takes from cuda_scratch for a shape (only the dbias column sum needs any)
+inline size_t matmul_scratch_bytes(int BT, int OC) {
+    return (size_t)ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK) * OC * sizeof(float);
+}
+
+// ------------------------------------------------------------------------------------------------
+// dbias kernels
+
+template <int VEC>
+__global__ void __launch_bounds__(256) matmul_dbias_partial_kernel(float* __restrict__ partial,
+                                                                  const floatX* __restrict__ dout, int BT, int OC) {
+    static_assert(VEC == 1 || VEC == 8, "VEC is one bf16 or one 16-byte vector of 8");
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int strip_col0 = blockIdx.x * (32 * VEC);
+    const int col = strip_col0 + tx * VEC;  // with VEC = 8, OC % 8 == 0: col < OC means all 8 are inside
+    const int chunk = blockIdx.y;
+    const int row_end = min(BT, (chunk + 1) * MATMUL_DBIAS_ROWS_PER_CHUNK);
+
+    float acc[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
+
+    if (col < OC) {
+        const size_t stride = (size_t)8 * OC;  // 8 row-strands per block
+        const floatX* p = dout + (size_t)(chunk * MATMUL_DBIAS_ROWS_PER_CHUNK + ty) * OC + col;
+        int r = chunk * MATMUL_DBIAS_ROWS_PER_CHUNK + ty;
+        if constexpr (VEC == 8) {
+            // four rows in flight per thread, added in row order
+            for (; r + 24 < row_end; r += 32, p += 4 * stride) {
+                int4 raw[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) raw[u] = __ldg(reinterpret_cast<const int4*>(p + u * stride));
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float2 f = __bfloat1622float2(h[i]);
+                        acc[2 * i] += f.x;
+                        acc[2 * i + 1] += f.y;
+                    }
+                }
+            }
+            for (; r < row_end; r += 8, p += stride) {
+                int4 raw = __ldg(reinterpret_cast<const int4*>(p));
+                const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float2 f = __bfloat1622float2(h[i]);
+                    acc[2 * i] += f.x;
+                    acc[2 * i + 1] += f.y;
+                }
+            }
+        } else {
+            for (; r + 24 < row_end; r += 32, p += 4 * stride) {
+                floatX x[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) x[u] = p[u * stride];
+#pragma unroll
+                for (int u = 0; u < 4; u++) acc[0] += __bfloat162float(x[u]);
+            }
+            for (; r < row_end; r += 8, p += stride) acc[0] += __bfloat162float(*p);
+        }
+    }
+
+    // combine the 8 row-strands in a fixed order; every thread of the block finishes columns
+    __shared__ float strand[8][32 * VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; v++) strand[ty][tx * VEC + v] = acc[v];
+    __syncthreads();
+    for (int c = ty * 32 + tx; c < 32 * VEC; c += 256) {
+        float s = 0.0f;
+#pragma unroll
+        for (int y = 0; y < 8; y++) s += strand[y][c];
+        if (strip_col0 + c < OC) partial[(size_t)chunk * OC + strip_col0 + c] = s;
+    }
+}
+
+__global__ void __launch_bounds__(256) matmul_dbias_finish_kernel(floatX* __restrict__ dbias,
+                                                                 const float* __restrict__ partial, int nchunks, int OC) {
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int col = blockIdx.x * 32 + tx;
+    float s = 0.0f;
+    if (col < OC) {
+#pragma unroll 4
+        for (int k = ty; k < nchunks; k += 8) s += partial[(size_t)k * OC + col];
+    }
+    __shared__ float strand[8][32];
+    strand[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && col < OC) {
+        float t = 0.0f;
+#pragma unroll
+        for (int y = 0; y < 8; y++) t += strand[y][tx];
+        dbias[col] = __float2bfloat16(__bfloat162float(dbias[col]) + t);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// cuBLASLt state and the per-shape plan cache
+
+namespace matmul_detail {
+
+// the largest power of two dividing the address, capped at 256 (cuBLASLt's default assumption)
+inline uint32_t pointer_alignment(const void* p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t align = 256;
+    while (align > 1 && (a % align) != 0) align >>= 1;
+    return align;
+}
+
+struct GemmKey {
+    bool transa, transb, bias;
+    int m, n, k;
+    uint32_t align_a, align_b, align_d, align_bias;
+    bool operator<(const GemmKey& o) const {
+        return std::tie(transa, transb, bias, m, n, k, align_a, align_b, align_d, align_bias) <
+               std::tie(o.transa, o.transb, o.bias, o.m, o.n, o.k, o.align_a, o.align_b, o.align_d, o.align_bias);
+    }
+};
+
+struct GemmPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;  // C uses D's layout (same buffer)
+    cublasLtMatmulAlgo_t algo;
+};
+
+struct State {
+    cublasLtHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    std::map<GemmKey, GemmPlan> plans;
+};
+inline State& state() {
+    static State s;
+    return s;
+}
+
+}  // namespace matmul_detail
+
+inline void matmul_setup() {
+    matmul_detail::State& s = matmul_detail::state();
+    if (s.handle) return;
+    cublasCheck(cublasLtCreate(&s.handle));
+    cudaCheck(cudaMalloc(&s.workspace, MATMUL_WORKSPACE_BYTES));
+}
+
+inline void matmul_teardown() {
+    matmul_detail::State& s = matmul_detail::state();
+    if (!s.handle) return;
+    cudaCheck(cudaStreamSynchronize(llmc_stream()));  // no matmul may still use the workspace
+    for (auto& kv : s.plans) {
+        cublasCheck(cublasLtMatrixLayoutDestroy(kv.second.a));
+        cublasCheck(cublasLtMatrixLayoutDestroy(kv.second.b));
+        cublasCheck(cublasLtMatrixLayoutDestroy(kv.second.d));
+        cublasCheck(cublasLtMatmulDescDestroy(kv.second.desc));
+    }
+    s.plans.clear();
+    cudaCheck(cudaFree(s.workspace));
+    s.workspace = nullptr;
+    cublasCheck(cublasLtDestroy(s.handle));
+    s.handle = nullptr;
+}
+
+// number of cached plans (a test checks that repeated calls of one shape add none)
+inline size_t matmul_cached_plans() { return matmul_detail::state().plans.size(); }
+
+namespace matmul_detail {
+
+// D[m, n] (column-major, ld m) = op(A) op(B) (+ bias[m] broadcast over columns) + beta * D
+//   A stored [k, m] (ld k) if transa else [m, k] (ld m); B stored [n, k] (ld n) if transb else [k, n] (ld k)
+// `what`, BT, C, OC only name the caller's shape in error messages.
+inline void gemm(const char* what, floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n,
+                 int k, bool transa, bool transb, float beta, int BT, int C, int OC) {
+    LLMC_CHECK(m > 0 && n > 0 && k > 0, "%s: empty shape (BT=%d, C=%d, OC=%d)", what, BT, C, OC);
+    matmul_setup();
+    State& s = state();
+    GemmKey key{transa, transb, bias != nullptr, m, n, k, pointer_alignment(a), pointer_alignment(b),
+                pointer_alignment(d), bias ? pointer_alignment(bias) : 0u};
+    LLMC_CHECK(key.align_a >= 2 && key.align_b >= 2 && key.align_d >= 2,
+               "%s: bf16 tensors must be 2-byte aligned (BT=%d, C=%d, OC=%d; pointers %p %p %p)", what, BT, C, OC,
+               (const void*)a, (const void*)b, (void*)d);
+    LLMC_CHECK(!bias || key.align_bias >= 16,
+               "%s: the bias pointer %p must be 16-byte aligned for the cuBLASLt bias epilogue (BT=%d, C=%d, OC=%d)",
+               what, (const void*)bias, BT, C, OC);
+
+    auto it = s.plans.find(key);
+    if (it == s.plans.end()) {
+        // first call of this shape: descriptors, layouts and the heuristic query (host-side work)
+        GemmPlan p;
+        cublasCheck(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+        cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        if (bias) {
+            int32_t bias_type = CUDA_R_16BF;
+            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                       sizeof(bias_type)));
+            // the heuristic reads the bias pointer's alignment from the descriptor
+            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        }
+        cublasCheck(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, transa ? k : m, transa ? m : k, transa ? k : m));
+        cublasCheck(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, transb ? n : k, transb ? k : n, transb ? n : k));
+        cublasCheck(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_16BF, m, n, m));
+
+        cublasLtMatmulPreference_t pref;
+        cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t ws = MATMUL_WORKSPACE_BYTES;
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+        uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // split-K partials in fp32 (or no split-K)
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                         sizeof(reduction)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a,
+                                                         sizeof(uint32_t)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b,
+                                                         sizeof(uint32_t)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_d,
+                                                         sizeof(uint32_t)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_d,
+                                                         sizeof(uint32_t)));
+        cublasLtMatmulHeuristicResult_t result = {};
+        int found = 0;
+        cublasStatus_t status =
+            cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+        cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+        if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+            cublasLtMatrixLayoutDestroy(p.a);
+            cublasLtMatrixLayoutDestroy(p.b);
+            cublasLtMatrixLayoutDestroy(p.d);
+            cublasLtMatmulDescDestroy(p.desc);
+            LLMC_FAIL("%s: cuBLASLt found no algorithm (%s) for BT=%d, C=%d, OC=%d: D[%d, %d] = op%s(A) op%s(B), k=%d, "
+                      "bias %s, alignments A %u B %u D %u bias %u bytes",
+                      what, status != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(status) : "no result", BT, C,
+                      OC, m, n, transa ? "T" : "N", transb ? "T" : "N", k, bias ? "yes" : "no", key.align_a,
+                      key.align_b, key.align_d, key.align_bias);
+        }
+        p.algo = result.algo;
+        it = s.plans.emplace(key, p).first;
+    }
+    GemmPlan& p = it->second;
+    if (bias)  // same alignment as the pointer the plan was made with (it is in the key)
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    const float alpha = 1.0f;
+    cublasStatus_t status = cublasLtMatmul(s.handle, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
+                                           s.workspace, MATMUL_WORKSPACE_BYTES, llmc_stream());
+    LLMC_CHECK(status == CUBLAS_STATUS_SUCCESS, "%s: cublasLtMatmul failed (%s) for BT=%d, C=%d, OC=%d", what,
+               cublasLtGetStatusString(status), BT, C, OC);
+    cudaCheckLaunch();
+}
+
+// dbias[OC] += column sums of dout[BT, OC] (two deterministic stages through cuda_scratch)
+inline void bias_grad(floatX* dbias, const floatX* dout, int BT, int OC) {
+    LLMC_CHECK(BT > 0 && OC > 0, "matmul_backward dbias: empty shape (BT=%d, OC=%d)", BT, OC);
+    const int nchunks = ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK);
+    LLMC_CHECK(nchunks <= 65535, "matmul_backward dbias: BT=%d exceeds the grid's %d rows", BT,
+               65535 * MATMUL_DBIAS_ROWS_PER_CHUNK);
+    float* partial = cuda_scratch<float>((size_t)nchunks * OC, "matmul_backward (dbias)");
+    const dim3 block(32, 8);
+    if (OC % 8 == 0 && pointer_alignment(dout) >= 16) {
+        matmul_dbias_partial_kernel<8><<<dim3(ceil_div(OC, 256), nchunks), block, 0, llmc_stream()>>>(partial, dout, BT, OC);
+    } else {
+        matmul_dbias_partial_kernel<1><<<dim3(ceil_div(OC, 32), nchunks), block, 0, llmc_stream()>>>(partial, dout, BT, OC);
+    }
+    cudaCheckLaunch();
+    matmul_dbias_finish_kernel<<<ceil_div(OC, 32), block, 0, llmc_stream()>>>(dbias, partial, nchunks, OC);
+    cudaCheckLaunch();
+}
+
+}  // namespace matmul_detail
+
+// ------------------------------------------------------------------------------------------------
+// the ops (same names and argument order as llmc/cpu/matmul.h)
+
+// out[BT, OC] = inp[BT, C] W[OC, C]^T + bias[OC] (bias may be null); out overwritten
+inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int BT, int C,
+                           int OC) {
+    matmul_detail::gemm("matmul_forward", out, weight, inp, bias, /*m*/ OC, /*n*/ BT, /*k*/ C, /*transa*/ true,
+                        /*transb*/ false, /*beta*/ 0.0f, BT, C, OC);
+}
+
+// dinp[BT, C] = dout W (overwritten); dweight[OC, C] += dout^T inp; dbias[OC] += column sums of dout (may be null)
+inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+                            const floatX* weight, int BT, int C, int OC) {
+    if (dbias) matmul_detail::bias_grad(dbias, dout, BT, OC);
+    matmul_detail::gemm("matmul_backward (dinp)", dinp, weight, dout, nullptr, /*m*/ C, /*n*/ BT, /*k*/ OC,
+                        /*transa*/ false, /*transb*/ false, /*beta*/ 0.0f, BT, C, OC);
+    matmul_detail::gemm("matmul_backward (dweight)", dweight, inp, dout, nullptr, /*m*/ C, /*n*/ OC, /*k*/ BT,
+                        /*transa*/ false, /*transb*/ true, /*beta*/ 1.0f, BT, C, OC);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Batched products: n_batch independent linear layers with contiguous operands (the experts of an
+// MoE layer, llmc/moe.cuh), the twins of cpu::matmul_forward_batched / cpu::matmul_backward_batched:
+//   forward    out[b] [BT, OC] = inp[b] [BT, C] W[b] [OC, C]^T + bias[b] [OC]   (overwritten)
+//   backward   dinp[b] = dout[b] W[b] (overwritten), dweight[b] += dout[b]^T inp[b], dbias[b] += colsum
+// One strided-batched cuBLASLt call per product (CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT and
+// STRIDED_BATCH_OFFSET; the batch strides are the packed sizes of one batch's matrices), with the
+// same column-major view, fp32 split-K rule and alignment preferences as the single products above;
+// the alignment of a batched operand is that of its base pointer AND of its batch stride in bytes.
+// Forward bias: the BIAS epilogue with CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE = OC when every
+// batch's bias vector is 16-byte aligned (base aligned, OC % 8 == 0) and the heuristic offers an
+// algorithm for it; otherwise a small kernel writes the broadcast bias into out and the product
+// adds to it (beta = 1). Both are deterministic.
+// dbias: the same two-stage column sum as bias_grad, with the batch as a grid dimension (row chunks
+// of 256 never cross a batch): scratch n_batch * ceil(BT / 256) * OC floats
+// (matmul_batched_scratch_bytes); the forward and the backward without dbias need none.
+// The batched plans live in their own cache (released at program exit; matmul_teardown leaves them,
+// they hold no device memory and stay valid for a new handle).
+
+inline size_t matmul_batched_scratch_bytes(int n_batch, int BT, int OC) {
+    return (size_t)n_batch * ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK) * OC * sizeof(float);
+}
+
+// out[r, o] = bias[r / BT, o] for the n_rows = n_batch * BT rows (the forward's fallback bias path)
+__global__ void matmul_bias_fill_batched_kernel(floatX* __restrict__ out, const floatX* __restrict__ bias, size_t n_rows,
+                                                int BT, int OC) {
+    const size_t total = n_rows * OC;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
+        const size_t row = idx / OC;
+        const int o = (int)(idx - row * OC);
+        out[idx] = bias[(row / BT) * OC + o];
+    }
+}
+
+// Stage 1 of the batched dbias: grid (column strips, row chunks, batch), block 32 x 8. Thread (tx, ty)
+// owns VEC consecutive columns and sums rows ty, ty + 8, ... of its chunk in order; the 8 strands are
+// combined in order ty = 0..7 into partial[b][chunk][OC].
+template <int VEC>
+__global__ void __launch_bounds__(256) matmul_dbias_batched_partial_kernel(float* __restrict__ partial,
+                                                                          const floatX* __restrict__ dout, int BT,
+                                                                          int OC, int nchunks) {
+    static_assert(VEC == 1 || VEC == 8, "VEC is one bf16 or one 16-byte vector of 8");
+    const int tx = threadIdx.x, ty = threadIdx.y, chunk = blockIdx.y, b = blockIdx.z;
+    const int strip_col0 = blockIdx.x * (32 * VEC);
+    const int col = strip_col0 + tx * VEC;  // VEC = 8 only when OC % 8 == 0: col < OC covers all 8
+    const floatX* d = dout + (size_t)b * BT * OC;
+    const int row_end = min(BT, (chunk + 1) * MATMUL_DBIAS_ROWS_PER_CHUNK);
+
+    float acc[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
+    if (col < OC) {
+#pragma unroll 4
+        for (int r = chunk * MATMUL_DBIAS_ROWS_PER_CHUNK + ty; r < row_end; r += 8) {
+            const floatX* p = d + (size_t)r * OC + col;
+            if constexpr (VEC == 8) {
+                const int4 raw = __ldg(reinterpret_cast<const int4*>(p));
+                const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float2 f = __bfloat1622float2(h[k]);
+                    acc[2 * k] += f.x;
+                    acc[2 * k + 1] += f.y;
+                }
+            } else {
+                acc[0] += __bfloat162float(*p);
+            }
+        }
+    }
+    __shared__ float strand[8][32 * VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; v++) strand[ty][tx * VEC + v] = acc[v];
+    __syncthreads();
+    for (int c = ty * 32 + tx; c < 32 * VEC; c += 256) {
+        float s = 0.0f;
+#pragma unroll
+        for (int y = 0; y < 8; y++) s += strand[y][c];
+        if (strip_col0 + c < OC) partial[((size_t)b * nchunks + chunk) * OC + strip_col0 + c] = s;
+    }
+}
+
+// Stage 2: grid (column strips of 32, batch), block 32 x 8: thread (tx, ty) sums chunks ty, ty + 8, ...
+// of its column; the 8 strands are combined in order and added to dbias[b] (one bf16 rounding).
+__global__ void __launch_bounds__(256) matmul_dbias_batched_finish_kernel(floatX* __restrict__ dbias,
+                                                                         const float* __restrict__ partial,
+                                                                         int nchunks, int OC) {
+    const int tx = threadIdx.x, ty = threadIdx.y, b = blockIdx.y;
+    const int col = blockIdx.x * 32 + tx;
+    const float* p = partial + (size_t)b * nchunks * OC;
+    float s = 0.0f;
+    if (col < OC) {
+#pragma unroll 4
+        for (int k = ty; k < nchunks; k += 8) s += p[(size_t)k * OC + col];
+    }
+    __shared__ float strand[8][32];
+    strand[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && col < OC) {
+        float t = 0.0f;
+#pragma unroll
+        for (int y = 0; y < 8; y++) t += strand[y][tx];
+        floatX* db = dbias + (size_t)b * OC + col;
+        *db = __float2bfloat16(__bfloat162float(*db) + t);
+    }
+}
+
+namespace matmul_detail {
+
+// alignment of every batch's pointer base + i * stride (stride in bf16 elements)
+inline uint32_t batched_alignment(const void* base, int64_t stride) {
+    uint32_t align = pointer_alignment(base);
+    const uint64_t stride_bytes = (uint64_t)stride * sizeof(floatX);
+    while (align > 1 && stride_bytes % align != 0) align >>= 1;
+    return align;
+}
+
+struct BatchedGemmKey {
+    bool transa, transb, bias;
+    int m, n, k, batch;
+    uint32_t align_a, align_b, align_d, align_bias;
+    bool operator<(const BatchedGemmKey& o) const {
+        return std::tie(transa, transb, bias, m, n, k, batch, align_a, align_b, align_d, align_bias) <
+               std::tie(o.transa, o.transb, o.bias, o.m, o.n, o.k, o.batch, o.align_a, o.align_b, o.align_d,
+                        o.align_bias);
+    }
+};
+
+struct BatchedGemmPlan {
+    GemmPlan p;
+    bool found = false;  // false: cuBLASLt offers no algorithm (allowed only with the bias epilogue)
+};
+
+struct BatchedPlans {
+    std::map<BatchedGemmKey, BatchedGemmPlan> plans;
+    ~BatchedPlans() {  // host-side descriptors only, released at exit
+        for (auto& kv : plans) {
+            if (kv.second.p.a) cublasLtMatrixLayoutDestroy(kv.second.p.a);
+            if (kv.second.p.b) cublasLtMatrixLayoutDestroy(kv.second.p.b);
+            if (kv.second.p.d) cublasLtMatrixLayoutDestroy(kv.second.p.d);
+            if (kv.second.p.desc) cublasLtMatmulDescDestroy(kv.second.p.desc);
+        }
+    }
+};
+inline BatchedPlans& batched_plans() {
+    static BatchedPlans s;
+    return s;
+}
+
+inline cublasLtMatrixLayout_t batched_layout(int rows, int cols, int batch) {
+    cublasLtMatrixLayout_t l;
+    cublasCheck(cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, rows, cols, rows));
+    const int32_t count = batch;
+    const int64_t stride = (int64_t)rows * cols;
+    cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    return l;
+}
+
+// For each of `batch` products (operands packed back to back, batch strides m*k, k*n, m*n and m):
+//   D[m, n] (column-major, ld m) = op(A) op(B) (+ bias[m] broadcast over columns) + beta * D
+// with A, B stored as in gemm() above. Returns false, having done nothing, only when a bias is given
+// and cuBLASLt has no algorithm for the batched bias epilogue (the caller then adds the bias itself).
+inline bool gemm_batched(const char* what, floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
+                         int n, int k, bool transa, bool transb, float beta, int batch, int BT, int C, int OC) {
+    LLMC_CHECK(m > 0 && n > 0 && k > 0 && batch > 0, "%s: empty shape (n_batch=%d, BT=%d, C=%d, OC=%d)", what, batch,
+               BT, C, OC);
+    matmul_setup();
+    State& s = state();
+    BatchedGemmKey key{transa,
+                       transb,
+                       bias != nullptr,
+                       m,
+                       n,
+                       k,
+                       batch,
+                       batched_alignment(a, (int64_t)m * k),
+                       batched_alignment(b, (int64_t)k * n),
+                       batched_alignment(d, (int64_t)m * n),
+                       bias ? batched_alignment(bias, m) : 0u};
+    LLMC_CHECK(key.align_a >= 2 && key.align_b >= 2 && key.align_d >= 2,
+               "%s: bf16 tensors must be 2-byte aligned (n_batch=%d, BT=%d, C=%d, OC=%d; pointers %p %p %p)", what,
+               batch, BT, C, OC, (const void*)a, (const void*)b, (void*)d);
+    LLMC_CHECK(!bias || key.align_bias >= 16,
+               "%s: every batch's bias must be 16-byte aligned for the epilogue (n_batch=%d, BT=%d, C=%d, OC=%d)", what,
+               batch, BT, C, OC);
+
+    auto& plans = batched_plans().plans;
+    auto it = plans.find(key);
+    if (it == plans.end()) {
+        BatchedGemmPlan bp;
+        GemmPlan& p = bp.p;
+        cublasCheck(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+        cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        if (bias) {
+            int32_t bias_type = CUDA_R_16BF;
+            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                       sizeof(bias_type)));
+            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+            const int64_t bias_stride = m;
+            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_stride,
+                                                       sizeof(bias_stride)));
+        }
+        p.a = transa ? batched_layout(k, m, batch) : batched_layout(m, k, batch);
+        p.b = transb ? batched_layout(n, k, batch) : batched_layout(k, n, batch);
+        p.d = batched_layout(m, n, batch);
+
+        cublasLtMatmulPreference_t pref;
+        cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t ws = MATMUL_WORKSPACE_BYTES;
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+        uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                         sizeof(reduction)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a,
+                                                         sizeof(uint32_t)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b,
+                                                         sizeof(uint32_t)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_d,
+                                                         sizeof(uint32_t)));
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_d,
+                                                         sizeof(uint32_t)));
+        cublasLtMatmulHeuristicResult_t result = {};
+        int found = 0;
+        cublasStatus_t status =
+            cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+        cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+        bp.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
+        if (bp.found) p.algo = result.algo;
+        else if (!bias)
+            LLMC_FAIL("%s: cuBLASLt found no algorithm (%s) for n_batch=%d, BT=%d, C=%d, OC=%d: D[%d, %d] = op%s(A) "
+                      "op%s(B), k=%d, alignments A %u B %u D %u bytes",
+                      what, status != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(status) : "no result", batch, BT,
+                      C, OC, m, n, transa ? "T" : "N", transb ? "T" : "N", k, key.align_a, key.align_b, key.align_d);
+        // (descriptors of a plan without algorithm are kept: the key is then answered "no" at once)
+        it = plans.emplace(key, bp).first;
+    }
+    if (!it->second.found) return false;
+    GemmPlan& p = it->second.p;
+    if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    const float alpha = 1.0f;
+    cublasStatus_t status = cublasLtMatmul(s.handle, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
+                                           s.workspace, MATMUL_WORKSPACE_BYTES, llmc_stream());
+    LLMC_CHECK(status == CUBLAS_STATUS_SUCCESS, "%s: cublasLtMatmul failed (%s) for n_batch=%d, BT=%d, C=%d, OC=%d",
+               what, cublasLtGetStatusString(status), batch, BT, C, OC);
+    cudaCheckLaunch();
+    return true;
+}
+
+// dbias[b][OC] += column sums of dout[b] [BT, OC] for every batch b (two deterministic stages)
+inline void bias_grad_batched(floatX* dbias, const floatX* dout, int n_batch, int BT, int OC) {
+    const int nchunks = ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK);
+    LLMC_CHECK(nchunks <= 65535 && n_batch <= 65535, "matmul_backward_batched dbias: n_batch=%d, BT=%d exceed the grid",
+               n_batch, BT);
+    float* partial = cuda_scratch<float>((size_t)n_batch * nchunks * OC, "matmul_backward_batched (dbias)");
+    const dim3 block(32, 8);
+    if (OC % 8 == 0 && pointer_alignment(dout) >= 16) {
+        matmul_dbias_batched_partial_kernel<8><<<dim3(ceil_div(OC, 256), nchunks, n_batch), block, 0, llmc_stream()>>>(
+            partial, dout, BT, OC, nchunks);
+    } else {
+        matmul_dbias_batched_partial_kernel<1><<<dim3(ceil_div(OC, 32), nchunks, n_batch), block, 0, llmc_stream()>>>(
+            partial, dout, BT, OC, nchunks);
+    }
+    cudaCheckLaunch();
+    matmul_dbias_batched_finish_kernel<<<dim3(ceil_div(OC, 32), n_batch), block, 0, llmc_stream()>>>(dbias, partial,
+                                                                                                   nchunks, OC);
+    cudaCheckLaunch();
+}
+
+}  // namespace matmul_detail
+
+// out[b] [BT, OC] = inp[b] [BT, C] W[b] [OC, C]^T + bias[b] [OC] for b < n_batch (bias may be null); overwritten
+inline void matmul_forward_batched(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                                   int n_batch, int BT, int C, int OC) {
+    if ((size_t)n_batch * BT * OC == 0) return;  // nothing to write (an MoE layer with capacity 0)
+    using namespace matmul_detail;
+    if (bias && OC % 8 == 0 && pointer_alignment(bias) >= 16 &&
+        gemm_batched("matmul_forward_batched", out, weight, inp, bias, /*m*/ OC, /*n*/ BT, /*k*/ C, true, false, 0.0f,
+                     n_batch, BT, C, OC))
+        return;
+    float beta = 0.0f;
+    if (bias) {  // fallback: out = broadcast bias, then out += product
+        const size_t total = (size_t)n_batch * BT * OC;
+        const unsigned blocks = (unsigned)((total + 255) / 256 < 65536 ? (total + 255) / 256 : 65536);
+        matmul_bias_fill_batched_kernel<<<blocks, 256, 0, llmc_stream()>>>(out, bias, (size_t)n_batch * BT, BT, OC);
+        cudaCheckLaunch();
+        beta = 1.0f;
+    }
+    gemm_batched("matmul_forward_batched", out, weight, inp, nullptr, OC, BT, C, true, false, beta, n_batch, BT, C, OC);
+}
+
+// per batch b: dinp[b] = dout[b] W[b] (overwritten); dweight[b] += dout[b]^T inp[b]; dbias[b] += column
+// sums of dout[b] (dbias may be null)
+inline void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout,
+                                    const floatX* inp, const floatX* weight, int n_batch, int BT, int C, int OC) {
+    if ((size_t)n_batch * BT == 0) return;  // no rows: dinp is empty, the += terms are zero
+    using namespace matmul_detail;
+    if (dbias) bias_grad_batched(dbias, dout, n_batch, BT, OC);
+    gemm_batched("matmul_backward_batched (dinp)", dinp, weight, dout, nullptr, /*m*/ C, /*n*/ BT, /*k*/ OC, false,
+                 false, 0.0f, n_batch, BT, C, OC);
+    gemm_batched("matmul_backward_batched (dweight)", dweight, inp, dout, nullptr, /*m*/ C, /*n*/ OC, /*k*/ BT, false,
+                 true, 1.0f, n_batch, BT, C, OC);
+}

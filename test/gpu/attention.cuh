@@ -1,0 +1,267 @@
+// GPU attention (llmc/attention.cuh) vs the CPU twin (llmc/cpu/attention.h).
+// Shapes cover: T not a multiple of the 16-row tiles or the 32-row chunks (1, 37, 61, 100, 130, 257),
+// T = 1024 and 4096 (the online-softmax rescaling over 32 and 128 chunks), packed rows with documents of
+// length 1 and rows that begin mid-document (doc_start 0 for the first segment), rows that are one
+// single document, multi-query (n_kv_head 1), grouped (n_kv_head 2, 3), n_kv_head == n_head,
+// non power-of-two head counts for ALiBi (3, 6, 12), alibi on and off, hs 8, 16, 32, 64, 128, and a
+// larger qkv spread (sharper softmax) in some cases.
+// Tolerances: out and each of dq, dk, dv (bf16) relative L2 <= 1e-2; lse (fp32, computed from the
+// same bf16 inputs in fp32 both sides, values of order 1..10) relative max <= 1e-3, where the real
+// difference is a few fp32 ulps plus the fast exp/log (~1e-6).
+// The backward comparison is isolated from the forward: both backward calls get the same bf16-rounded
+// CPU out and the same CPU lse. A last test runs a training-size batch (B*T = 65536), checks two of
+// its rows against the CPU, determinism, and prints the times.
+
+namespace attention_test {
+
+using namespace gpu_test;
+
+struct Case {
+    const char* name;
+    int B, T, n_head, n_kv_head, hs;
+    bool alibi;
+    float std;  // spread of q, k, v: larger gives sharper softmax rows
+};
+
+// doc_start per row, by row pattern (b % 3):
+//   0: packed, starting mid-document (the first segment has doc_start 0), document lengths drawn
+//      from {1, 1, 1, 2, 3, 5, 17, 40, 70} (many of length 1)
+//   1: one single document
+//   2: packed long documents (20..300 tokens)
+inline std::vector<int> make_doc_start(int B, int T, uint64_t seed) {
+    Rng rng(seed);
+    const int short_lengths[] = {1, 1, 1, 2, 3, 5, 17, 40, 70};
+    std::vector<int> ds((size_t)B * T);
+    for (int b = 0; b < B; b++) {
+        const int pattern = b % 3;
+        int start = 0;
+        int next = pattern == 0 ? 1 + (int)rng.below(12) : 20 + (int)rng.below(281);  // first document boundary
+        for (int t = 0; t < T; t++) {
+            if (pattern != 1 && t == next) {
+                start = t;
+                next = t + (pattern == 0 ? short_lengths[rng.below(9)] : 20 + (int)rng.below(281));
+            }
+            ds[(size_t)b * T + t] = start;
+        }
+    }
+    return ds;
+}
+
+// the q, k and v parts of a [B*T, (n_head + 2 n_kv_head) hs] gradient, as separate tensors
+inline std::vector<float> columns(const std::vector<float>& x, int rows, int row_len, int begin, int end) {
+    std::vector<float> r;
+    r.reserve((size_t)rows * (end - begin));
+    for (int i = 0; i < rows; i++)
+        for (int c = begin; c < end; c++) r.push_back(x[(size_t)i * row_len + c]);
+    return r;
+}
+
+template <typename T>
+inline bool same_bytes(const DeviceBuffer<T>& a, const DeviceBuffer<T>& b) {
+    const std::vector<T> x = download(a), y = download(b);
+    return std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+}
+
+// rel_l2 <= BF16_TOL; a part that is exactly zero in the reference (dq and dk when every document has
+// length 1: p = 1 and dp = D) is checked absolutely instead, where a relative error means nothing
+inline void check_part(const char* what, const std::vector<float>& got, const std::vector<float>& want) {
+    double norm = 0;
+    for (float x : want) norm += (double)x * x;
+    if (norm > 0) {
+        CHECK_CLOSE(what, rel_l2(got, want), BF16_TOL);
+    } else {
+        double mx = 0;
+        for (float x : got) mx = std::isfinite(x) ? std::max(mx, (double)std::fabs(x)) : INFINITY;
+        CHECK_CLOSE(what, mx, 1e-5);
+    }
+}
+
+inline void run_case(const Case& c, uint64_t seed) {
+    INFO("case " << c.name << ": B=" << c.B << " T=" << c.T << " n_head=" << c.n_head << " n_kv_head=" << c.n_kv_head
+                 << " hs=" << c.hs << " alibi=" << c.alibi);
+    const int B = c.B, T = c.T, NH = c.n_head, KVH = c.n_kv_head, hs = c.hs;
+    const int row = (NH + 2 * KVH) * hs, C = NH * hs;
+    const size_t BT = (size_t)B * T;
+
+    const std::vector<float> qkv = bf16_round(random_vector(BT * row, seed, c.std, 0.1f));
+    const std::vector<float> dout = bf16_round(random_vector(BT * C, seed + 1, 1.0f, 0.05f));
+    const std::vector<int> ds = make_doc_start(B, T, seed + 2);
+
+    // ---- forward
+    std::vector<float> out_ref(BT * C), lse_ref((size_t)B * NH * T);
+    cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, c.alibi);
+
+    DeviceBuffer<floatX> d_qkv(qkv.size());
+    upload_bf16(d_qkv, qkv);
+    DeviceBuffer<int> d_ds(ds.size());
+    upload(d_ds, ds);
+    DeviceBuffer<floatX> d_out(out_ref.size()), d_out2(out_ref.size());
+    DeviceBuffer<float> d_lse(lse_ref.size()), d_lse2(lse_ref.size());
+    d_out.poison();
+    d_lse.poison();
+    d_out2.poison();
+    d_lse2.poison();
+    attention_forward(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, c.alibi);
+    attention_forward(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, c.alibi);
+    CHECK_CLOSE("forward out", rel_l2(download_bf16(d_out), out_ref), BF16_TOL);
+    CHECK_CLOSE("forward lse", rel_max(download(d_lse), lse_ref), 1e-3);
+    CHECK_MESSAGE(same_bytes(d_out, d_out2), "forward out differs between two runs");
+    CHECK_MESSAGE(same_bytes(d_lse, d_lse2), "forward lse differs between two runs");
+
+    // ---- backward, on the same bf16 out and the same lse both sides
+    const std::vector<float> out_r = bf16_round(out_ref);
+    std::vector<float> dqkv_ref(qkv.size());
+    cpu::attention_backward<float>(dqkv_ref.data(), dout.data(), qkv.data(), out_r.data(), lse_ref.data(), ds.data(), B,
+                                   T, NH, KVH, hs, c.alibi);
+
+    DeviceBuffer<floatX> d_dout(dout.size()), d_out_r(out_r.size());
+    upload_bf16(d_dout, dout);
+    upload_bf16(d_out_r, out_r);
+    DeviceBuffer<float> d_lse_ref(lse_ref.size());
+    upload(d_lse_ref, lse_ref);
+    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
+    DeviceBuffer<floatX> d_dqkv(qkv.size()), d_dqkv2(qkv.size());
+    d_dqkv.poison();
+    d_dqkv2.poison();
+    attention_backward(d_dqkv, d_dout, d_qkv, d_out_r, d_lse_ref, d_ds, B, T, NH, KVH, hs, c.alibi);
+    attention_backward(d_dqkv2, d_dout, d_qkv, d_out_r, d_lse_ref, d_ds, B, T, NH, KVH, hs, c.alibi);
+    const std::vector<float> dqkv = download_bf16(d_dqkv);
+    const int q_end = NH * hs, k_end = (NH + KVH) * hs;
+    check_part("backward dq", columns(dqkv, (int)BT, row, 0, q_end), columns(dqkv_ref, (int)BT, row, 0, q_end));
+    check_part("backward dk", columns(dqkv, (int)BT, row, q_end, k_end), columns(dqkv_ref, (int)BT, row, q_end, k_end));
+    check_part("backward dv", columns(dqkv, (int)BT, row, k_end, row), columns(dqkv_ref, (int)BT, row, k_end, row));
+    CHECK_MESSAGE(same_bytes(d_dqkv, d_dqkv2), "backward dqkv differs between two runs");
+}
+
+}  // namespace attention_test
+
+TEST_CASE("attention forward and backward vs the CPU twin") {
+    using attention_test::Case;
+    const Case cases[] = {
+        {"ragged T, GQA 4/2, hs 16, alibi", 2, 37, 4, 2, 16, true, 1.0f},
+        {"multi-query, 6 heads (non power-of-two alibi), hs 64", 3, 100, 6, 1, 64, true, 1.0f},
+        {"n_kv_head == n_head = 12, hs 32, no alibi", 2, 257, 12, 12, 32, false, 1.0f},
+        {"12 heads over 3 kv heads, hs 64, alibi, sharp softmax", 3, 257, 12, 3, 64, true, 2.5f},
+        {"hs 128, multi-query, no alibi", 3, 130, 2, 1, 128, false, 1.0f},
+        {"hs 128, GQA 4/2, alibi, sharp softmax", 2, 61, 4, 2, 128, true, 2.0f},
+        {"hs 8, 3 heads, alibi", 3, 61, 3, 3, 8, true, 1.0f},
+        {"T = 1", 3, 1, 2, 1, 16, true, 1.0f},
+        {"T = 1024, GQA 4/2, hs 64, alibi", 2, 1024, 4, 2, 64, true, 1.5f},
+        {"T = 1024, hs 16, no alibi, sharp softmax", 2, 1024, 2, 1, 16, false, 3.0f},
+        {"T = 4096, multi-query, hs 16, alibi", 2, 4096, 2, 1, 16, true, 1.0f},
+    };
+    uint64_t seed = 1000;
+    for (const Case& c : cases) {
+        attention_test::run_case(c, seed);
+        seed += 10;
+    }
+}
+
+TEST_CASE("attention rejects unsupported shapes with a clear error") {
+    gpu_test::DeviceBuffer<floatX> qkv(4 * 3 * 136), out(4 * 2 * 136), dqkv(4 * 3 * 136);
+    gpu_test::DeviceBuffer<float> lse(4 * 2);
+    gpu_test::DeviceBuffer<int> ds(4);
+    cudaCheck(cudaMemset(ds.ptr, 0, 4 * sizeof(int)));
+    // head size not a multiple of 8, head size above 128, n_kv_head not dividing n_head
+    CHECK_THROWS_AS(attention_forward(out, lse, qkv, ds, 1, 4, 2, 1, 12, false), LlmcError);
+    CHECK_THROWS_AS(attention_forward(out, lse, qkv, ds, 1, 4, 1, 1, 136, false), LlmcError);
+    CHECK_THROWS_AS(attention_forward(out, lse, qkv, ds, 1, 4, 3, 2, 16, false), LlmcError);
+    CHECK_THROWS_AS(attention_backward(dqkv, out, qkv, out, lse, ds, 1, 4, 2, 1, 12, false), LlmcError);
+}
+
+// Training size (B*T = 65536 tokens, GPT-2 small-like heads with GQA): runs, is deterministic, and
+// matches the CPU twin on two full rows (one single 1024-token document, one packed row); prints the
+// times (no threshold: the fused flash kernel is a later task).
+TEST_CASE("attention at training size: one packed and one single-document row vs the CPU, deterministic, timed") {
+    using namespace gpu_test;
+    const int B = 64, T = 1024, NH = 12, KVH = 4, hs = 64;
+    const bool alibi = true;
+    const int row = (NH + 2 * KVH) * hs, C = NH * hs;
+    const size_t BT = (size_t)B * T;
+    // inputs uniform in [-1, 1) from a hash of the index: 100M+ normal draws on the host would take seconds
+    auto fill = [](std::vector<float>& v, uint64_t salt) {
+        for (size_t i = 0; i < v.size(); i++) {
+            uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ salt;
+            z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+            z ^= z >> 29;
+            float x = (float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+            v[i] = __bfloat162float(__float2bfloat16(x == 0.0f ? 1e-3f : x));
+        }
+    };
+    std::vector<float> qkv(BT * row), dout(BT * C);
+    fill(qkv, 0x1234);
+    fill(dout, 0x5678);
+    const std::vector<int> ds = attention_test::make_doc_start(B, T, 77);
+
+    DeviceBuffer<floatX> d_qkv(qkv.size()), d_dout(dout.size());
+    upload_bf16(d_qkv, qkv);
+    upload_bf16(d_dout, dout);
+    DeviceBuffer<int> d_ds(ds.size());
+    upload(d_ds, ds);
+    DeviceBuffer<floatX> d_out(BT * C), d_out2(BT * C), d_dqkv(qkv.size()), d_dqkv2(qkv.size());
+    DeviceBuffer<float> d_lse((size_t)B * NH * T), d_lse2((size_t)B * NH * T);
+    d_out.poison();
+    d_out2.poison();
+    d_lse.poison();
+    d_lse2.poison();
+    d_dqkv.poison();
+    d_dqkv2.poison();
+    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
+
+    cudaEvent_t e0, e1, e2;
+    cudaCheck(cudaEventCreate(&e0));
+    cudaCheck(cudaEventCreate(&e1));
+    cudaCheck(cudaEventCreate(&e2));
+    attention_forward(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, alibi);  // warm-up, and the second run
+    attention_backward(d_dqkv2, d_dout, d_qkv, d_out2, d_lse2, d_ds, B, T, NH, KVH, hs, alibi);
+    cudaCheck(cudaEventRecord(e0, llmc_stream()));
+    attention_forward(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, alibi);
+    cudaCheck(cudaEventRecord(e1, llmc_stream()));
+    attention_backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi);
+    cudaCheck(cudaEventRecord(e2, llmc_stream()));
+    cudaCheck(cudaEventSynchronize(e2));
+    float fwd_ms = 0, bwd_ms = 0;
+    cudaCheck(cudaEventElapsedTime(&fwd_ms, e0, e1));
+    cudaCheck(cudaEventElapsedTime(&bwd_ms, e1, e2));
+    cudaCheck(cudaEventDestroy(e0));
+    cudaCheck(cudaEventDestroy(e1));
+    cudaCheck(cudaEventDestroy(e2));
+    double pairs = 0;  // visible (query, key) pairs, all heads
+    for (size_t t = 0; t < BT; t++) pairs += (double)((int)(t % T) - ds[t] + 1) * NH;
+    MESSAGE("attention B=" << B << " T=" << T << " n_head=" << NH << " n_kv_head=" << KVH << " hs=" << hs
+                           << ": forward " << fwd_ms << " ms (" << 4.0 * hs * pairs / (fwd_ms * 1e-3) / 1e12
+                           << " TFLOP/s at 4 hs flops per visible pair), backward " << bwd_ms << " ms ("
+                           << 10.0 * hs * pairs / (bwd_ms * 1e-3) / 1e12 << " TFLOP/s at 10 hs)");
+
+    CHECK_MESSAGE(attention_test::same_bytes(d_out, d_out2), "forward out differs between two runs");
+    CHECK_MESSAGE(attention_test::same_bytes(d_lse, d_lse2), "forward lse differs between two runs");
+    CHECK_MESSAGE(attention_test::same_bytes(d_dqkv, d_dqkv2), "backward dqkv differs between two runs");
+
+    const std::vector<float> out = download_bf16(d_out), dqkv = download_bf16(d_dqkv);
+    const std::vector<float> lse = download(d_lse);
+    for (int b : {0, 1}) {  // row 0: packed, starting mid-document; row 1: one document
+        INFO("row " << b);
+        const size_t r0 = (size_t)b * T;
+        const std::vector<float> qkv_b(qkv.begin() + r0 * row, qkv.begin() + (r0 + T) * row);
+        const std::vector<int> ds_b(ds.begin() + r0, ds.begin() + r0 + T);
+        std::vector<float> out_ref((size_t)T * C), lse_ref((size_t)NH * T);
+        cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv_b.data(), ds_b.data(), 1, T, NH, KVH, hs,
+                                      alibi);
+        const std::vector<float> out_b(out.begin() + r0 * C, out.begin() + (r0 + T) * C);
+        const std::vector<float> lse_b(lse.begin() + (size_t)b * NH * T, lse.begin() + (size_t)(b + 1) * NH * T);
+        CHECK_CLOSE("forward out", rel_l2(out_b, out_ref), BF16_TOL);
+        CHECK_CLOSE("forward lse", rel_max(lse_b, lse_ref), 1e-3);
+        // backward of the row on the GPU's own saved state (its bf16 out and its lse), as in training
+        const std::vector<float> dout_b(dout.begin() + r0 * C, dout.begin() + (r0 + T) * C);
+        std::vector<float> dqkv_ref((size_t)T * row);
+        cpu::attention_backward<float>(dqkv_ref.data(), dout_b.data(), qkv_b.data(), out_b.data(), lse_b.data(),
+                                       ds_b.data(), 1, T, NH, KVH, hs, alibi);
+        const std::vector<float> dqkv_b(dqkv.begin() + r0 * row, dqkv.begin() + (r0 + T) * row);
+        const int q_end = NH * hs, k_end = (NH + KVH) * hs;
+        using attention_test::check_part;
+        using attention_test::columns;
+        check_part("backward dq", columns(dqkv_b, T, row, 0, q_end), columns(dqkv_ref, T, row, 0, q_end));
+        check_part("backward dk", columns(dqkv_b, T, row, q_end, k_end), columns(dqkv_ref, T, row, q_end, k_end));
+        check_part("backward dv", columns(dqkv_b, T, row, k_end, row), columns(dqkv_ref, T, row, k_end, row));
+    }
+}

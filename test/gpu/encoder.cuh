@@ -1,0 +1,184 @@
+// GPU encoder_forward / encoder_backward (llmc/encoder.cuh) vs the CPU twin (llmc/cpu/encoder.h).
+#pragma once
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+#include "test/gpu/harness.cuh"
+#include "llmc/cpu/encoder.h"
+#include "llmc/encoder.cuh"
+
+namespace encoder_test {
+using namespace gpu_test;
+
+// Row-relative document starts of packed rows: each row may begin mid-document (doc_start 0),
+// then a new document starts at each position with probability 1 / mean_len.
+inline std::vector<int> make_doc_start(int B, int T, int mean_len, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int> ds((size_t)B * T);
+    for (int b = 0; b < B; b++) {
+        int start = 0;
+        for (int t = 0; t < T; t++) {
+            if (t > 0 && rng.below(mean_len) == 0) start = t;
+            ds[(size_t)b * T + t] = start;
+        }
+    }
+    return ds;
+}
+
+inline std::vector<int> random_tokens(size_t n, int V, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int> t(n);
+    for (int& x : t) x = (int)rng.below(V);
+    return t;
+}
+
+// Tokens in runs of the given lengths (token r for run r), then shuffled: after the sort, runs that
+// end exactly on, just before and just after the 64-entry chunk boundaries of the backward.
+inline std::vector<int> run_tokens(const std::vector<int>& lengths, size_t n, uint64_t seed) {
+    std::vector<int> t;
+    for (size_t r = 0; t.size() < n; r++)
+        for (int k = 0; k < lengths[r % lengths.size()] && t.size() < n; k++) t.push_back((int)r);
+    Rng rng(seed);
+    for (size_t i = n - 1; i > 0; i--) std::swap(t[i], t[rng.below(i + 1)]);
+    return t;
+}
+
+// The worst relative L2 error over the rows of [rows, C] matrices: a missing or misplaced
+// contribution to a single gradient row cannot hide in the norm of a large table.
+inline double max_row_rel_l2(const std::vector<float>& got, const std::vector<float>& want, int C) {
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    for (size_t r = 0; r < got.size() / C; r++) {
+        std::vector<float> g(got.begin() + r * C, got.begin() + (r + 1) * C);
+        std::vector<float> w(want.begin() + r * C, want.begin() + (r + 1) * C);
+        worst = std::max(worst, rel_l2(g, w));
+    }
+    return worst;
+}
+
+TEST_CASE("encoder_forward: bitwise equal to the CPU twin rounded to bf16 (ragged C, packed docs, with/without wpe)") {
+    const int V = 97;
+    for (int C : {7, 37, 768, 769})
+        for (auto bt : {std::pair<int, int>{1, 5}, std::pair<int, int>{3, 100}})
+            for (bool with_wpe : {true, false}) {
+                const int B = bt.first, T = bt.second;
+                CAPTURE(C);
+                CAPTURE(B);
+                CAPTURE(T);
+                CAPTURE(with_wpe);
+                const size_t n = (size_t)B * T;
+                const std::vector<int> tokens = random_tokens(n, V, 11 + C);
+                const std::vector<int> doc_start = make_doc_start(B, T, 17, 12 + C);
+                const std::vector<float> wte = bf16_round(random_vector((size_t)V * C, 13 + C));
+                const std::vector<float> wpe = bf16_round(random_vector((size_t)T * C, 14 + C, 0.5f));
+                std::vector<float> want(n * C);
+                cpu::encoder_forward<float>(want.data(), tokens.data(), doc_start.data(), wte.data(),
+                                            with_wpe ? wpe.data() : nullptr, B, T, C);
+
+                DeviceBuffer<int> d_tokens(n), d_ds(n);
+                upload(d_tokens, tokens);
+                upload(d_ds, doc_start);
+                std::unique_ptr<DeviceBuffer<floatX>> d_wte(to_device_bf16(wte)), d_wpe(to_device_bf16(wpe));
+                DeviceBuffer<floatX> d_out(n * C);
+                d_out.poison();
+                encoder_forward(d_out, d_tokens, d_ds, *d_wte, with_wpe ? d_wpe->ptr : nullptr, B, T, C);
+                const std::vector<float> got = download_bf16(d_out);
+                // the GPU adds the same two bf16 values in fp32 and rounds once: exactly bf16(want)
+                const std::vector<float> want_bf16 = bf16_round(want);
+                CHECK(std::memcmp(got.data(), want_bf16.data(), got.size() * sizeof(float)) == 0);
+                CHECK_CLOSE("out", rel_l2(got, want), BF16_TOL);
+            }
+}
+
+// One backward case: GPU vs CPU on prefilled (non-zero) gradients, every row of dwte and dwpe checked
+// (rows without contributions must come back bit-identical to the prefill).
+inline void check_backward(const std::vector<int>& tokens, int V, int B, int T, int C, bool with_wpe, int mean_doc,
+                           uint64_t seed) {
+    CAPTURE(V);
+    CAPTURE(B);
+    CAPTURE(T);
+    CAPTURE(C);
+    CAPTURE(with_wpe);
+    const size_t n = (size_t)B * T;
+    const std::vector<int> doc_start = make_doc_start(B, T, mean_doc, seed);
+    const std::vector<float> dout = bf16_round(random_vector(n * C, seed + 1));
+    const std::vector<float> dwte0 = bf16_round(random_vector((size_t)V * C, seed + 2, 0.5f));
+    const std::vector<float> dwpe0 = bf16_round(random_vector((size_t)T * C, seed + 3, 0.5f));
+    std::vector<float> want_wte = dwte0, want_wpe = dwpe0;
+    cpu::encoder_backward<float>(want_wte.data(), with_wpe ? want_wpe.data() : nullptr, dout.data(), tokens.data(),
+                                 doc_start.data(), B, T, C);
+
+    cuda_scratch_reserve(encoder_scratch_bytes(B, T, C));
+    DeviceBuffer<int> d_tokens(n), d_ds(n);
+    upload(d_tokens, tokens);
+    upload(d_ds, doc_start);
+    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout)), d_wte(to_device_bf16(dwte0)),
+        d_wpe(to_device_bf16(dwpe0));
+    encoder_backward(*d_wte, with_wpe ? d_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C);
+    const std::vector<float> got_wte = download_bf16(*d_wte), got_wpe = download_bf16(*d_wpe);
+    CHECK_CLOSE("dwte (worst row)", max_row_rel_l2(got_wte, want_wte, C), BF16_TOL);
+    // without wpe, dwpe must be untouched (want_wpe is still the prefill)
+    CHECK_CLOSE("dwpe (worst row)", max_row_rel_l2(got_wpe, want_wpe, C), with_wpe ? BF16_TOL : 0.0);
+}
+
+TEST_CASE("encoder_backward: accumulates like the CPU twin (ragged C, random tokens, with/without wpe)") {
+    for (int C : {7, 37, 768, 769})
+        for (auto bt : {std::pair<int, int>{1, 5}, std::pair<int, int>{3, 100}, std::pair<int, int>{4, 512}})
+            for (bool with_wpe : {true, false}) {
+                const int B = bt.first, T = bt.second, V = 301;
+                check_backward(random_tokens((size_t)B * T, V, 21 + C + T), V, B, T, C, with_wpe, 40, 22 + C + T);
+            }
+}
+
+TEST_CASE("encoder_backward: heavily repeated tokens (all equal, 3 distinct, runs around the chunk size)") {
+    const int B = 4, T = 512, n = B * T;
+    std::string what;  // the case, reported with any failure
+    CAPTURE(what);
+    for (int C : {37, 768}) {
+        what = "all tokens equal: one run over all 32 chunks";
+        check_backward(std::vector<int>(n, 5), 11, B, T, C, true, 100, 31);
+        what = "3 distinct tokens";
+        check_backward(random_tokens(n, 3, 32), 3, B, T, C, true, 100, 33);
+        what = "run lengths 1, 63, 64, 65, 128, 129, 200, 2 (shuffled)";
+        const std::vector<int> runs = run_tokens({1, 63, 64, 65, 128, 129, 200, 2}, n, 34);
+        check_backward(runs, *std::max_element(runs.begin(), runs.end()) + 1, B, T, C, true, 60, 35);
+        what = "runs of exactly 64 entries, aligned to the chunks";
+        std::vector<int> aligned(n);
+        for (int i = 0; i < n; i++) aligned[i] = i / 64;
+        check_backward(aligned, n / 64, B, T, C, true, 60, 36);
+        what = "7 tokens of 64-entry blocks: each token's group is several whole chunks";
+        for (int i = 0; i < n; i++) aligned[i] = (i / 64) % 7;
+        check_backward(aligned, 7, B, T, C, false, 60, 37);
+        what = "T = 1: all 300 positions add to dwpe row 0";
+        check_backward(random_tokens(300, 4, 38), 4, 300, 1, C, true, 1, 39);
+    }
+}
+
+TEST_CASE("encoder_backward: bitwise deterministic (repeated tokens, wpe)") {
+    const int B = 8, T = 1024, C = 768, V = 50, n = B * T;
+    // Zipf-like: a few very frequent tokens spanning many chunks, many rare ones
+    Rng rng(41);
+    std::vector<int> tokens(n);
+    for (int& t : tokens) t = (int)std::min<double>(V - 1, std::floor(std::exp(rng.uniform() * std::log((double)V))) - 1);
+    const std::vector<int> doc_start = make_doc_start(B, T, 300, 42);
+    const std::vector<float> dout = random_vector((size_t)n * C, 43);
+    const std::vector<float> dwte0 = random_vector((size_t)V * C, 44), dwpe0 = random_vector((size_t)T * C, 45);
+    cuda_scratch_reserve(encoder_scratch_bytes(B, T, C));
+    DeviceBuffer<int> d_tokens(n), d_ds(n);
+    upload(d_tokens, tokens);
+    upload(d_ds, doc_start);
+    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout));
+    std::vector<std::vector<floatX>> wte_runs, wpe_runs;
+    for (int rep = 0; rep < 2; rep++) {
+        std::unique_ptr<DeviceBuffer<floatX>> d_wte(to_device_bf16(dwte0)), d_wpe(to_device_bf16(dwpe0));
+        encoder_backward(*d_wte, *d_wpe, *d_dout, d_tokens, d_ds, B, T, C);
+        wte_runs.push_back(download(*d_wte));
+        wpe_runs.push_back(download(*d_wpe));
+    }
+    CHECK(std::memcmp(wte_runs[0].data(), wte_runs[1].data(), wte_runs[0].size() * sizeof(floatX)) == 0);
+    CHECK(std::memcmp(wpe_runs[0].data(), wpe_runs[1].data(), wpe_runs[0].size() * sizeof(floatX)) == 0);
+}
+
+}  // namespace encoder_test

@@ -1,0 +1,117 @@
+// Helpers for the GPU tests (test/test_gpu.cu includes this, then one test/gpu/<family>.cuh per
+// kernel family). Pattern of every kernel test:
+//   1. random inputs on the host (never zero: normal(0,1) + small offsets), fp32
+//   2. the CPU twin (cpu::<op>, llmc/cpu/<op>.h) on the bf16-rounded inputs, in fp32
+//   3. inputs to the device as bf16, outputs poisoned first (NaN bytes), the GPU op, copy back
+//   4. compare with rel_l2 (bf16 outputs: <= 1e-2) or rel_max (fp32 statistics: ~1e-5..1e-3)
+#pragma once
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <doctest/doctest.h>
+#include "llmc/cuda_common.cuh"
+#include "llmc/rand.h"
+
+namespace gpu_test {
+
+inline std::vector<float> random_vector(size_t n, uint64_t seed, float std = 1.0f, float offset = 0.0f) {
+    Rng rng(seed);
+    std::vector<float> v(n);
+    for (float& x : v) {
+        x = rng.normal(offset, std);
+        if (x == 0.0f) x = 1e-3f;  // never exactly zero
+    }
+    return v;
+}
+
+// round through bf16, so the CPU reference sees exactly what the GPU sees
+inline std::vector<float> bf16_round(const std::vector<float>& v) {
+    std::vector<float> r(v.size());
+    for (size_t i = 0; i < v.size(); i++) r[i] = __bfloat162float(__float2bfloat16(v[i]));
+    return r;
+}
+
+// device buffer, freed on scope exit
+template <typename T>
+struct DeviceBuffer {
+    T* ptr = nullptr;
+    size_t n = 0;
+    explicit DeviceBuffer(size_t count) : n(count) { cudaCheck(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T))); }
+    ~DeviceBuffer() { cudaFree(ptr); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    operator T*() const { return ptr; }
+    void poison() { cudaCheck(cudaMemset(ptr, 0xFF, n * sizeof(T))); }  // 0xFFFF is a bf16 NaN, 0xFFFFFFFF an fp32 NaN
+};
+
+inline DeviceBuffer<floatX>* to_device_bf16(const std::vector<float>& v) {
+    std::vector<floatX> h(v.size());
+    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
+    auto* d = new DeviceBuffer<floatX>(v.size());
+    cudaCheck(cudaMemcpy(d->ptr, h.data(), h.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    return d;
+}
+
+template <typename T>
+inline void upload(DeviceBuffer<T>& d, const std::vector<T>& h) {
+    REQUIRE(h.size() == d.n);
+    cudaCheck(cudaMemcpy(d.ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+inline void upload_bf16(DeviceBuffer<floatX>& d, const std::vector<float>& v) {
+    std::vector<floatX> h(v.size());
+    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
+    upload(d, h);
+}
+
+inline std::vector<float> download_bf16(const DeviceBuffer<floatX>& d) {
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<floatX> h(d.n);
+    cudaCheck(cudaMemcpy(h.data(), d.ptr, d.n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> v(d.n);
+    for (size_t i = 0; i < d.n; i++) v[i] = __bfloat162float(h[i]);
+    return v;
+}
+template <typename T>
+inline std::vector<T> download(const DeviceBuffer<T>& d) {
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<T> h(d.n);
+    cudaCheck(cudaMemcpy(h.data(), d.ptr, d.n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// ||got - want|| / ||want||; any NaN (an element the kernel did not write) gives +inf
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+    REQUIRE(got.size() == want.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num += (double)(got[i] - want[i]) * (got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// max |got - want| / max |want|; NaN gives +inf
+inline double rel_max(const std::vector<float>& got, const std::vector<float>& want) {
+    REQUIRE(got.size() == want.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num = std::max(num, (double)std::fabs(got[i] - want[i]));
+        den = std::max(den, (double)std::fabs(want[i]));
+    }
+    return num / std::max(den, 1e-30);
+}
+
+// CHECK with the tensor name and the error in the message
+#define CHECK_CLOSE(what, err, tol)                                              \
+    do {                                                                         \
+        double e_ = (err);                                                       \
+        INFO((what) << ": error " << e_ << " (tolerance " << (tol) << ")");      \
+        CHECK(e_ <= (tol));                                                      \
+    } while (0)
+
+constexpr double BF16_TOL = 1e-2;  // relative L2 of bf16 outputs (METHOD.md)
+
+}  // namespace gpu_test

@@ -1,0 +1,222 @@
+// GPU matmul (llmc/matmul.cuh) vs the CPU twin (llmc/cpu/matmul.h) in fp32 on the same bf16-rounded
+// inputs. The GPU rounds its outputs to bf16 (relative error <= 2^-9 per element, ~1e-3 relative
+// L2), and sums in a different order in fp32 (~1e-6), so:
+//  - relative L2 <= gpu_test::BF16_TOL (1e-2)
+//  - max-norm: max |got - want| / max |want| <= 1e-2: every element is within one bf16 rounding of
+//    its exact value (<= 2^-8 of its own magnitude), so a single wrong or unwritten element in a
+//    ragged edge, which relative L2 over a big tensor could hide, fails here.
+// Scales are chosen so that every term matters: W ~ N(0, 1/C) makes out ~ N(0, 1) next to bias ~
+// N(0, 1); dout ~ N(0, 1/BT) makes dout^T inp and the column sums ~ N(0, 1) next to the prefill ~
+// N(0, 1) of the accumulated dweight and dbias (a missing bias or a lost += is an O(1) error).
+#pragma once
+#include <cstring>
+#include <vector>
+#include "test/gpu/harness.cuh"
+#include "llmc/cpu/matmul.h"
+#include "llmc/matmul.cuh"
+
+namespace matmul_test {
+
+using gpu_test::BF16_TOL;
+using gpu_test::DeviceBuffer;
+
+constexpr double MAX_TOL = 1e-2;
+
+// a bf16 tensor placed `offset` elements into its allocation, to test pointers that are only 2-byte
+// aligned (offset 1) as well as cudaMalloc's 256-byte alignment (offset 0); poisoned (NaN) at creation
+struct DevTensor {
+    DeviceBuffer<floatX> buf;
+    size_t n;
+    int offset;
+    DevTensor(size_t count, int off) : buf(count + off), n(count), offset(off) { buf.poison(); }
+    floatX* ptr() const { return buf.ptr + offset; }
+    void upload(const std::vector<float>& v) {
+        REQUIRE(v.size() == n);
+        std::vector<floatX> h(n);
+        for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16(v[i]);
+        cudaCheck(cudaMemcpy(ptr(), h.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+    }
+    std::vector<floatX> raw() const {
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<floatX> h(n);
+        cudaCheck(cudaMemcpy(h.data(), ptr(), n * sizeof(floatX), cudaMemcpyDeviceToHost));
+        return h;
+    }
+    std::vector<float> download() const {
+        std::vector<floatX> h = raw();
+        std::vector<float> v(n);
+        for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
+        return v;
+    }
+};
+
+inline bool same_bits(const std::vector<floatX>& a, const std::vector<floatX>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(floatX)) == 0;
+}
+
+// host inputs of one shape, already rounded through bf16
+struct Inputs {
+    int BT, C, OC;
+    std::vector<float> inp, weight, bias, dout, dweight0, dbias0;
+    Inputs(int BT_, int C_, int OC_, uint64_t seed) : BT(BT_), C(C_), OC(OC_) {
+        using gpu_test::bf16_round;
+        using gpu_test::random_vector;
+        inp = bf16_round(random_vector((size_t)BT * C, seed + 1, 1.0f, 0.1f));
+        weight = bf16_round(random_vector((size_t)OC * C, seed + 2, 1.0f / std::sqrt((float)C)));
+        bias = bf16_round(random_vector(OC, seed + 3, 1.0f, 0.2f));
+        // zero mean: a mean would add BT * mean to every column sum and drown the prefill
+        dout = bf16_round(random_vector((size_t)BT * OC, seed + 4, 1.0f / std::sqrt((float)BT)));
+        dweight0 = bf16_round(random_vector((size_t)OC * C, seed + 5));
+        dbias0 = bf16_round(random_vector(OC, seed + 6));
+    }
+};
+
+// the same shape's device tensors; the bias vectors always start 256-byte aligned (the epilogue's
+// documented requirement is 16 bytes), the others `offset` elements into their allocation
+struct Device {
+    DevTensor inp, weight, out, dout, dinp, dweight;
+    DeviceBuffer<floatX> bias, dbias;
+    Device(const Inputs& in, int offset)
+        : inp((size_t)in.BT * in.C, offset), weight((size_t)in.OC * in.C, offset), out((size_t)in.BT * in.OC, offset),
+          dout((size_t)in.BT * in.OC, offset), dinp((size_t)in.BT * in.C, offset),
+          dweight((size_t)in.OC * in.C, offset), bias(in.OC), dbias(in.OC) {
+        inp.upload(in.inp);
+        weight.upload(in.weight);
+        dout.upload(in.dout);
+        gpu_test::upload_bf16(bias, in.bias);
+        reset_grads(in);
+    }
+    // overwritten outputs poisoned, accumulated ones set to their prefill
+    void reset_grads(const Inputs& in) {
+        out.buf.poison();
+        dinp.buf.poison();
+        dweight.upload(in.dweight0);
+        gpu_test::upload_bf16(dbias, in.dbias0);
+    }
+};
+
+inline void check_forward(const Inputs& in, bool with_bias, int offset) {
+    INFO("matmul_forward BT=" << in.BT << " C=" << in.C << " OC=" << in.OC << " bias=" << with_bias
+                              << " offset=" << offset);
+    std::vector<float> want((size_t)in.BT * in.OC);
+    cpu::matmul_forward<float>(want.data(), in.inp.data(), in.weight.data(), with_bias ? in.bias.data() : nullptr,
+                               in.BT, in.C, in.OC);
+    Device d(in, offset);
+    matmul_forward(d.out.ptr(), d.inp.ptr(), d.weight.ptr(), with_bias ? d.bias.ptr : nullptr, in.BT, in.C, in.OC);
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> got = d.out.download();
+    CHECK_CLOSE("out rel_l2", gpu_test::rel_l2(got, want), BF16_TOL);
+    CHECK_CLOSE("out rel_max", gpu_test::rel_max(got, want), MAX_TOL);
+}
+
+inline void check_backward(const Inputs& in, bool with_dbias, int offset) {
+    INFO("matmul_backward BT=" << in.BT << " C=" << in.C << " OC=" << in.OC << " dbias=" << with_dbias
+                               << " offset=" << offset);
+    std::vector<float> dinp((size_t)in.BT * in.C), dweight = in.dweight0, dbias = in.dbias0;
+    cpu::matmul_backward<float>(dinp.data(), dweight.data(), with_dbias ? dbias.data() : nullptr, in.dout.data(),
+                                in.inp.data(), in.weight.data(), in.BT, in.C, in.OC);
+    Device d(in, offset);
+    cuda_scratch_reserve(matmul_scratch_bytes(in.BT, in.OC));
+    matmul_backward(d.dinp.ptr(), d.dweight.ptr(), with_dbias ? d.dbias.ptr : nullptr, d.dout.ptr(), d.inp.ptr(),
+                    d.weight.ptr(), in.BT, in.C, in.OC);
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<float> got_dinp = d.dinp.download(), got_dweight = d.dweight.download();
+    CHECK_CLOSE("dinp rel_l2", gpu_test::rel_l2(got_dinp, dinp), BF16_TOL);
+    CHECK_CLOSE("dinp rel_max", gpu_test::rel_max(got_dinp, dinp), MAX_TOL);
+    CHECK_CLOSE("dweight rel_l2", gpu_test::rel_l2(got_dweight, dweight), BF16_TOL);
+    CHECK_CLOSE("dweight rel_max", gpu_test::rel_max(got_dweight, dweight), MAX_TOL);
+    std::vector<float> got_dbias = gpu_test::download_bf16(d.dbias);
+    // without dbias the prefill must be untouched (bitwise)
+    CHECK_CLOSE("dbias rel_l2", gpu_test::rel_l2(got_dbias, dbias), with_dbias ? BF16_TOL : 0.0);
+    CHECK_CLOSE("dbias rel_max", gpu_test::rel_max(got_dbias, dbias), with_dbias ? MAX_TOL : 0.0);
+}
+
+struct Shape {
+    int BT, C, OC;
+};
+// ragged (nothing a multiple of a tile or vector), GPT-like, OC = 1, a wide-but-short dweight
+// product that invites split-K (k = BT = 8192 against a 128 x 96 output), and OC % 8 == 0 with a
+// partial 256-column strip and a partial 256-row chunk in the dbias kernel
+inline std::vector<Shape> shapes() {
+    return {{7, 37, 19}, {1000, 768, 2304}, {513, 129, 1}, {8192, 128, 96}, {300, 64, 296}, {1, 768, 768}};
+}
+
+}  // namespace matmul_test
+
+TEST_CASE("matmul_forward vs cpu, with and without bias") {
+    matmul_setup();
+    uint64_t seed = 100;
+    for (const matmul_test::Shape& s : matmul_test::shapes()) {
+        matmul_test::Inputs in(s.BT, s.C, s.OC, seed += 10);
+        matmul_test::check_forward(in, true, 0);
+        matmul_test::check_forward(in, false, 0);
+    }
+}
+
+TEST_CASE("matmul_backward vs cpu: dinp overwritten, dweight and dbias accumulated") {
+    matmul_setup();
+    uint64_t seed = 200;
+    for (const matmul_test::Shape& s : matmul_test::shapes()) {
+        matmul_test::Inputs in(s.BT, s.C, s.OC, seed += 10);
+        matmul_test::check_backward(in, true, 0);
+    }
+    matmul_test::Inputs in(7, 37, 19, 299);
+    matmul_test::check_backward(in, false, 0);  // dbias = nullptr
+}
+
+TEST_CASE("matmul: pointers only 2-byte aligned (cuBLASLt alignment preferences, scalar dbias path)") {
+    // every tensor but the bias vectors one element into its allocation; OC % 8 == 0 would take the
+    // 16-byte dbias path if dout were aligned
+    for (const matmul_test::Shape& s : {matmul_test::Shape{64, 768, 256}, matmul_test::Shape{7, 37, 19}}) {
+        matmul_test::Inputs in(s.BT, s.C, s.OC, 300 + s.C);
+        matmul_test::check_forward(in, true, 1);
+        matmul_test::check_backward(in, true, 1);
+    }
+}
+
+TEST_CASE("matmul: bitwise deterministic, plans cached per shape") {
+    for (const matmul_test::Shape& s : {matmul_test::Shape{1000, 768, 2304}, matmul_test::Shape{8192, 128, 96},
+                                        matmul_test::Shape{513, 129, 1}}) {
+        INFO("BT=" << s.BT << " C=" << s.C << " OC=" << s.OC);
+        matmul_test::Inputs in(s.BT, s.C, s.OC, 400 + s.C);
+        matmul_test::Device d(in, 0);
+        cuda_scratch_reserve(matmul_scratch_bytes(s.BT, s.OC));
+        std::vector<floatX> out[2], dinp[2], dweight[2], dbias[2];
+        size_t plans_after_first = 0;
+        for (int run = 0; run < 2; run++) {
+            d.reset_grads(in);
+            matmul_forward(d.out.ptr(), d.inp.ptr(), d.weight.ptr(), d.bias.ptr, s.BT, s.C, s.OC);
+            matmul_backward(d.dinp.ptr(), d.dweight.ptr(), d.dbias.ptr, d.dout.ptr(), d.inp.ptr(), d.weight.ptr(), s.BT,
+                            s.C, s.OC);
+            out[run] = d.out.raw();
+            dinp[run] = d.dinp.raw();
+            dweight[run] = d.dweight.raw();
+            std::vector<floatX> db(s.OC);
+            cudaCheck(cudaMemcpy(db.data(), d.dbias.ptr, s.OC * sizeof(floatX), cudaMemcpyDeviceToHost));
+            dbias[run] = db;
+            if (run == 0) plans_after_first = matmul_cached_plans();
+        }
+        CHECK(matmul_test::same_bits(out[0], out[1]));
+        CHECK(matmul_test::same_bits(dinp[0], dinp[1]));
+        CHECK(matmul_test::same_bits(dweight[0], dweight[1]));
+        CHECK(matmul_test::same_bits(dbias[0], dbias[1]));
+        CHECK(matmul_cached_plans() == plans_after_first);  // the second step made no heuristic query
+    }
+}
+
+TEST_CASE("matmul: misaligned bias fails clearly; teardown then lazy setup gives the same bits") {
+    matmul_test::Inputs in(7, 37, 19, 500);
+    matmul_test::Device d(in, 0);
+    CHECK_THROWS_AS(matmul_forward(d.out.ptr(), d.inp.ptr(), d.weight.ptr(), d.bias.ptr + 1, in.BT, in.C, in.OC),
+                    LlmcError);
+
+    matmul_forward(d.out.ptr(), d.inp.ptr(), d.weight.ptr(), d.bias.ptr, in.BT, in.C, in.OC);
+    std::vector<floatX> before = d.out.raw();
+    matmul_teardown();
+    CHECK(matmul_cached_plans() == 0);
+    matmul_teardown();  // idempotent
+    d.out.buf.poison();
+    matmul_forward(d.out.ptr(), d.inp.ptr(), d.weight.ptr(), d.bias.ptr, in.BT, in.C, in.OC);  // sets up again
+    CHECK(matmul_test::same_bits(before, d.out.raw()));
+    matmul_setup();  // idempotent
+}

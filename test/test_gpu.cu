@@ -1,0 +1,87 @@
+// GPU tests: every CUDA op against its CPU twin, and the whole CUDA trainer against the CPU
+// reference trainer. Needs a GPU: without one it says so and exits 0 (CI only compiles it).
+// Run from the repository root: make test_gpu && ./test/test_gpu
+//
+// The trainer is compiled twice into this binary, in two namespaces: ref:: is the CPU build
+// (LLMC_CPU, fp32) and gpu:: the CUDA build (bf16), so one test can run both on the same batch.
+// Everything train_gpt.cu includes is included first, at global scope, so the two copies share
+// the ops and headers and differ only in their backend section.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+#include <sys/stat.h>
+#include <omp.h>
+
+#include "llmc/utils.h"
+#include "llmc/rand.h"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/schedulers.h"
+#include "llmc/checkpoint.h"
+#include "llmc/logger.h"
+#include "llmc/cpu/encoder.h"
+#include "llmc/cpu/layernorm.h"
+#include "llmc/cpu/matmul.h"
+#include "llmc/cpu/attention.h"
+#include "llmc/cpu/mlp.h"
+#include "llmc/cpu/classifier.h"
+#include "llmc/cpu/adamw.h"
+#include "llmc/cpu/global_norm.h"
+#include "llmc/cpu/moe.h"
+#include "llmc/cuda_common.cuh"
+#include "llmc/encoder.cuh"
+#include "llmc/layernorm.cuh"
+#include "llmc/matmul.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/mlp.cuh"
+#include "llmc/classifier.cuh"
+#include "llmc/adamw.cuh"
+#include "llmc/global_norm.cuh"
+#include "llmc/moe.cuh"
+
+#define LLMC_NO_MAIN
+namespace ref {
+#define LLMC_CPU
+#include "../train_gpt.cu"
+#undef LLMC_CPU
+}  // namespace ref
+namespace gpu {
+#include "../train_gpt.cu"
+}  // namespace gpu
+
+#include "gpu/harness.cuh"
+// one file per kernel family
+#include "gpu/encoder.cuh"
+#include "gpu/layernorm.cuh"
+#include "gpu/matmul.cuh"
+#include "gpu/attention.cuh"
+#include "gpu/mlp.cuh"
+#include "gpu/classifier.cuh"
+#include "gpu/adamw.cuh"
+#include "gpu/global_norm.cuh"
+#include "gpu/moe.cuh"
+// the whole model
+#include "gpu/model.cuh"
+
+int main(int argc, char** argv) {
+    int n_devices = 0;
+    if (cudaGetDeviceCount(&n_devices) != cudaSuccess || n_devices == 0) {
+        printf("test_gpu: no CUDA device found, skipping the GPU tests\n");
+        return 0;
+    }
+    cudaDeviceProp p;
+    cudaCheck(cudaGetDeviceProperties(&p, 0));
+    printf("test_gpu on %s (sm_%d%d)\n", p.name, p.major, p.minor);
+    matmul_setup();
+    cuda_scratch_reserve(256ull << 20);  // generous for the test shapes; ops check their needs
+    doctest::Context ctx(argc, argv);
+    return ctx.run();
+}
