@@ -60,7 +60,7 @@ static void buffer_free(void* p) { free(p); }
 static void buffer_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
 static void copy_to_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
-static void backend_setup(int, int, int, int, int, int, int) {}
+static void backend_setup(int, int, int, int, int, int, int, int, int) {}
 #else
 // The CUDA build: bf16 params, grads and activations, fp32 master weights and Adam moments, fp32
 // statistics. The ops (llmc/<op>.cuh) have the signatures of their CPU twins.
@@ -109,14 +109,20 @@ static void copy_from_buffer(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaStreamSynchronize(llmc_stream()));
 }
 // Start-up, before the first step: the cuBLASLt handle and workspace, and one scratch arena big
-// enough for every op at the largest batch (max_linear_out: the widest linear layer with a bias).
-static void backend_setup(int B, int T, int C, int n_head, int n_kv_head, int max_linear_out, int n_expert) {
+// enough for every op at the largest batch (max_linear_out: the widest linear layer with a bias;
+// MoE: expert_rows tokens per expert, experts of hidden size expert_hidden).
+static void backend_setup(int B, int T, int C, int n_head, int n_kv_head, int max_linear_out, int n_expert,
+                          int expert_rows, int expert_hidden) {
     matmul_setup();
     const int BT = B * T;
     size_t need = std::max({encoder_scratch_bytes(B, T, C), layernorm_scratch_bytes(BT, C),
                             matmul_scratch_bytes(BT, max_linear_out),
                             attention_scratch_bytes(B, T, n_head, n_kv_head, C / n_head), global_norm_scratch_bytes(),
-                            adamw_scratch_bytes(), n_expert > 0 ? moe_scratch_bytes(B, T, C, n_expert) : 0});
+                            adamw_scratch_bytes()});
+    if (n_expert > 0)
+        need = std::max({need, moe_scratch_bytes(B, T, C, n_expert),
+                         matmul_batched_scratch_bytes(n_expert, expert_rows, 2 * expert_hidden),
+                         matmul_batched_scratch_bytes(n_expert, expert_rows, C)});
     cuda_scratch_reserve(need);
 }
 #endif
@@ -165,7 +171,10 @@ struct GPTConfig {
         LLMC_CHECK(max_seq_len > 0, "--max_seq_len: must be > 0, got %d", max_seq_len);
         LLMC_CHECK(n_expert >= 0, "--n_expert: must be >= 0, got %d", n_expert);
         LLMC_CHECK(moe_every >= 1, "--moe_every: must be >= 1, got %d", moe_every);
-        LLMC_CHECK(capacity_factor > 0, "--capacity_factor: must be > 0, got %g", capacity_factor);
+        LLMC_CHECK(std::isfinite(capacity_factor) && capacity_factor > 0, "--capacity_factor: must be a positive number, got %g",
+                   capacity_factor);
+        LLMC_CHECK(n_expert == 0 || moe_every <= n_layer,
+                   "--moe_every %d is larger than --n_layer %d: no block would have an MoE layer", moe_every, n_layer);
         LLMC_CHECK(moe_group == MOE_GROUP_BATCH || moe_group == MOE_GROUP_POSITION, "--moe_group: expected batch or position");
         if (expert_hidden == 0) expert_hidden = ffn_hidden;
         LLMC_CHECK(expert_hidden > 0, "--expert_hidden: must be > 0, got %d", expert_hidden);
@@ -331,7 +340,8 @@ static float* alloc_stats(GPT& m, size_t n) {
 static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
     m.config = config;
     backend_setup(B, T, config.n_embd, config.n_head, config.n_kv_head,
-                  std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert);
+                  std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert,
+                  config.n_expert > 0 ? config.moe_capacity(B, T) : 0, config.expert_hidden);
     m.table = build_param_table(config);
     m.n_params = count_params(m.table);
     for (const ParamTensor& t : m.table) m.param_count += t.numel;
@@ -585,7 +595,7 @@ static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
 
 // Parameters that act on one token: all of them in a dense model (without the position table,
 // which does no matmul); in an MoE layer the router plus, on average, E * capacity / tokens
-// experts (= capacity_factor) instead of all E.
+// experts (about capacity_factor; more where the capacity rounds up) instead of all E.
 static double active_param_count(const GPT& m, int B, int T) {
     const GPTConfig& c = m.config;
     double n = (double)m.param_count - (c.pos == POS_LEARNED ? (double)c.max_seq_len * c.n_embd : 0.0);

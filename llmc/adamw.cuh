@@ -89,13 +89,6 @@ __device__ inline float adamw_element(float p, float grad, float& m, float& v, c
     return __fsub_rn(p, __fdiv_rn(__fmul_rn(a.lr, __fdiv_rn(m, a.bias1)), denom));
 }
 
-// bf16 <-> fp32 on raw bits: a bf16 is the top half of the fp32 with the same value
-__device__ inline float adamw_bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ inline float adamw_bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ inline uint32_t adamw_pack_bf16(floatX lo, floatX hi) {
-    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
-}
-
 // element i alone (the scalar path and the tail of the vector path)
 template <bool MASTER>
 __device__ inline void adamw_update_one(floatX* params, float* master, const floatX* grads, float* m, float* v,
@@ -125,25 +118,15 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
     const size_t n8 = n / 8;
     for (size_t j = tid; j < n8; j += stride) {
         const size_t i0 = j * 8;
-        const int4 graw = __ldcs(reinterpret_cast<const int4*>(grads + i0));
-        const uint32_t gw[4] = {(uint32_t)graw.x, (uint32_t)graw.y, (uint32_t)graw.z, (uint32_t)graw.w};
         float p[8], g[8], mm[8], vv[8];
-        for (int k = 0; k < 4; k++) {
-            g[2 * k] = adamw_bf16_lo(gw[k]);
-            g[2 * k + 1] = adamw_bf16_hi(gw[k]);
-        }
+        bf16x8::unpack8(g, __ldcs(reinterpret_cast<const uint4*>(grads + i0)));
         if constexpr (MASTER) {
             const float4 p0 = __ldcs(reinterpret_cast<const float4*>(master + i0));
             const float4 p1 = __ldcs(reinterpret_cast<const float4*>(master + i0 + 4));
             p[0] = p0.x; p[1] = p0.y; p[2] = p0.z; p[3] = p0.w;
             p[4] = p1.x; p[5] = p1.y; p[6] = p1.z; p[7] = p1.w;
         } else {
-            const int4 praw = __ldcs(reinterpret_cast<const int4*>(params + i0));
-            const uint32_t pw[4] = {(uint32_t)praw.x, (uint32_t)praw.y, (uint32_t)praw.z, (uint32_t)praw.w};
-            for (int k = 0; k < 4; k++) {
-                p[2 * k] = adamw_bf16_lo(pw[k]);
-                p[2 * k + 1] = adamw_bf16_hi(pw[k]);
-            }
+            bf16x8::unpack8(p, __ldcs(reinterpret_cast<const uint4*>(params + i0)));
         }
         const float4 m0 = __ldcs(reinterpret_cast<const float4*>(m + i0));
         const float4 m1 = __ldcs(reinterpret_cast<const float4*>(m + i0 + 4));
@@ -168,9 +151,9 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
         for (int k = 0; k < 4; k++) {
             const floatX lo = stochastic_round_bf16(p[2 * k], adamw_random_bits(a.seed, i0 + 2 * k));
             const floatX hi = stochastic_round_bf16(p[2 * k + 1], adamw_random_bits(a.seed, i0 + 2 * k + 1));
-            out[k] = adamw_pack_bf16(lo, hi);
+            out[k] = bf16x8::pack_bf16_bits(lo, hi);
         }
-        __stcs(reinterpret_cast<int4*>(params + i0), make_int4((int)out[0], (int)out[1], (int)out[2], (int)out[3]));
+        __stcs(reinterpret_cast<uint4*>(params + i0), make_uint4(out[0], out[1], out[2], out[3]));
     }
     // the last n % 8 elements (fewer than a block's threads: block 0 owns them)
     if (tid < n - n8 * 8) adamw_update_one<MASTER>(params, master, grads, m, v, n8 * 8 + tid, a);
@@ -214,14 +197,13 @@ inline void adamw_launch(bool vec8, floatX* params, float* master_params, const 
     }
 }
 
-inline bool adamw_aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
-
 // params, grads: bf16 [n]; master_params: fp32 [n] or nullptr; m, v: fp32 [n]. All overwritten in place.
 inline void adamw_update(floatX* params, float* master_params, const floatX* grads, float* m, float* v, size_t n,
                          float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t,
                          uint64_t seed) {
     const AdamwArgs a = adamw_make_args(lr, beta1, beta2, eps, weight_decay, grad_scale, t, seed);
-    const bool vec8 = adamw_aligned16(params) && adamw_aligned16(grads) && adamw_aligned16(m) &&
-                      adamw_aligned16(v) && (master_params == nullptr || adamw_aligned16(master_params));
+    using bf16x8::aligned16;
+    const bool vec8 = aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v) &&
+                      (master_params == nullptr || aligned16(master_params));
     adamw_launch(vec8, params, master_params, grads, m, v, n, a);
 }

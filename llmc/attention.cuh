@@ -8,14 +8,44 @@
 //   backward  p_ij = exp(s_ij - lse_i) recomputed from lse, D_i = dO_i . O_i, dS_ij = p_ij (dO_i.v_j - D_i)
 //             dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,  dv_j = sum_i p_ij dO_i
 //             (dk, dv also summed over the query heads of the kv head's group)
-// This is the plain, certainly-correct version for the training path (a fused tensor-core flash
-// kernel is a separate, later task): fp32 math on CUDA cores, bf16 loads/stores, no T x T buffer.
+// Two implementations; attention_forward / attention_backward pick one by head size:
+//   hs 64, 128   the flash path: fused FlashAttention-2 style kernels on the bf16 tensor cores
+//   other hs     the simple path: fp32 math on CUDA cores (correct, memory-lean, ~10x slower)
+// Both are callable directly (attention_detail::forward_simple / forward_flash, backward_*) for the
+// tests and the benchmarks (dev/cuda/attention_forward.cu, attention_backward.cu).
 //
-// Parallel decomposition. A block is 4 warps. Tiles of K/V (forward, dQ) or of Q/dO (dK/dV) are
-// staged in shared memory as fp32, CHUNK = 32 rows at a time, so that each lane owns one row of the
-// chunk for the dot products (lane j computes q.k_j reading its own padded smem row with float4
-// loads, conflict-free), and then owns head dims d = lane, lane + 32, ... for the accumulations
-// (o += p_j v_j, dq += dS_j k_j, dk += dS_i q_i, dv += p_i dO_i, with p_j broadcast by shuffle).
+// ---- The flash path (hs = 64, 128) ----
+// Every product is mma.sync.m16n8k16 (bf16 x bf16 -> fp32) on fragments loaded from shared memory by
+// ldmatrix; tiles come in by cp.async (16-byte copies, double-buffered so the copy of tile k+1 overlaps
+// the math of tile k). Tiles are 64 rows x hs, padded rows in smem (hs + 8 bf16: conflict-free
+// ldmatrix). A block is 4 warps; a warp owns 16 rows of its block's 64 and keeps its accumulators in
+// registers. Scores live in registers only: nothing T x T ever reaches memory.
+//  forward   block = (b, query head h, 64 queries). Q fragments stay in registers; for each 64-key tile:
+//            S = Q K^T (fp32 C fragments), scaled into log2 units plus the ALiBi term (from i, j and the
+//            slope, in registers), masked; online softmax (running row max m, rescale of O and of the
+//            running sum l); P rounded to bf16 goes straight from the C fragments of S into A fragments
+//            (same register layout) for O += P V. At the end O / l and lse = (m + log2 l) ln 2.
+//  backward  D = rowsum(dO * O) first (one thread per (token, head), into scratch), then two kernels,
+//            each owning what it writes, so nothing is accumulated across blocks (no atomics,
+//            deterministic):
+//   dQ       block = (b, h, 64 queries), loops over the key tiles: S = Q K^T and dP = dO V^T recomputed,
+//            P = exp2(S' - lse'), dS = P (dP - D) scale, dQ += dS K.
+//   dK/dV    block = (b, kv head, 64 keys), loops over the query heads of the group and, for each, over
+//            the 64-query tiles that can see one of its keys, 32 queries per step: S^T = K Q^T,
+//            dP^T = V dO^T, P^T, dS^T as above, dV += P^T dO, dK += dS^T Q. The GQA sum over the group
+//            happens in registers, in a fixed order.
+// Masking. A query tile visits keys [min doc_start of its queries, its last query] (those are exactly
+// the keys some query of the tile sees), a key tile the queries [its first key, last i with
+// doc_start[i] <= its last key]; a warp skips a tile none of its rows can see, and tiles wholly
+// visible to a warp skip the per-element mask. So a packed row of short documents costs about the
+// sum of its documents' squares, not T^2 / 2.
+//
+// ---- The simple path (other head sizes) ----
+// A block is 4 warps. Tiles of K/V (forward, dQ) or of Q/dO (dK/dV) are staged in shared memory as
+// fp32, CHUNK = 32 rows at a time, so that each lane owns one row of the chunk for the dot products
+// (lane j computes q.k_j reading its own padded smem row with float4 loads, conflict-free), and then
+// owns head dims d = lane, lane + 32, ... for the accumulations (o += p_j v_j, dq += dS_j k_j,
+// dk += dS_i q_i, dv += p_i dO_i, with p_j broadcast by shuffle).
 //  forward    block = (b, query head h, tile of 16 queries), 4 query rows per warp. Per row an online
 //             softmax over the chunks: running max m (warp-uniform), a per-lane partial of the sum
 //             of exp (rescaled with m, summed over the warp once at the end) and o[hs] spread over
@@ -31,18 +61,19 @@
 // Masking. A query only visits key chunks that meet [doc_start[i], i] and a key row only query
 // chunks holding a query that sees it (warp-uniform skips), so packed short documents are cheap.
 // Rows past the end of the staged range are zero-filled and masked lanes get p = 0 explicitly, so
-// nothing uninitialised or infinite reaches a product.
+// nothing uninitialised or infinite reaches a product (both paths).
+//
 // Preconditions: 0 <= doc_start[i] <= i (every query sees at least itself, as the loader builds it);
 // hs a multiple of 8 (16-byte bf16 vectors) in [8, 128]; n_kv_head divides n_head; qkv, out, dout,
 // dqkv 16-byte aligned. The kernels do not assume doc_start is non-decreasing (it is, by
 // construction), only the work they skip is tighter when it is.
 //
-// Scratch (cuda_scratch): attention_forward none; attention_backward B * n_head * T floats (D),
-// attention_scratch_bytes(B, T, n_head, n_kv_head, hs).
-// Shared memory (dynamic, fp32): forward 32(hs+4) + 32 hs + 16 hs floats (41.5 KB at hs = 128),
-// dQ 2 * 32(hs+4) + 2 * 16 hs (49 KB), dK/dV 2 * 32(hs+4) + 2 * 16 hs (49 KB) plus 400 B static.
-// Speed: every multiply-add reads shared memory (K/Q rows per lane, V/dO by head dim), so expect
-// roughly 10 TFLOP/s on an H200 (an estimate, not measured): correct and memory-lean, not fast.
+// Scratch (cuda_scratch): attention_forward none; attention_backward B * n_head * T floats (D), both
+// paths: attention_scratch_bytes(B, T, n_head, n_kv_head, hs).
+// Shared memory (dynamic): flash forward 5 tiles of 64 x (hs + 8) bf16 (45 KB at hs 64, 85 KB at 128),
+// flash dQ and dK/dV 6 tiles (54 KB, 102 KB; dK/dV + 1.5 KB static); simple forward
+// 32(hs+4) + 32 hs + 16 hs floats (41.5 KB at hs = 128), simple dQ and dK/dV 2 * 32(hs+4) + 2 * 16 hs
+// floats (49 KB) plus 400 B static.
 #pragma once
 #include <climits>
 #include <initializer_list>
@@ -57,6 +88,10 @@ inline size_t attention_scratch_bytes(int B, int T, int n_head, int n_kv_head, i
 }
 
 namespace attention_detail {
+
+// ================================================================================================
+// The simple path (any hs, multiple of 8, up to 128)
+// ================================================================================================
 
 constexpr int WARPS = 4;
 constexpr int THREADS = WARPS * 32;
@@ -463,13 +498,551 @@ inline void set_smem(Kernel kernel, size_t bytes) {
     if (bytes > 48 * 1024) cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-}  // namespace attention_detail
 
-// out [B, T, n_head*hs] and lse [B, n_head, T] overwritten; qkv [B, T, (n_head + 2 n_kv_head) hs];
-// doc_start [B*T] (device, row-relative indices).
-inline void attention_forward(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T,
-                              int n_head, int n_kv_head, int hs, bool alibi) {
-    using namespace attention_detail;
+// ================================================================================================
+// The flash path (hs = 64, 128): bf16 tensor cores, see the top of the file
+// ================================================================================================
+
+constexpr int FA_THREADS = 128;  // 4 warps
+constexpr int FA_TILE = 64;      // rows of every staged tile: 64 queries (16 per warp) or 64 keys
+constexpr int FA_PAD = 8;        // bf16 of padding per smem row: a row is (hs + 8) * 2 = 16 (mod 128) bytes, so the
+                                 // 8 row addresses of one ldmatrix matrix fall in 8 different 16-byte bank groups
+constexpr int FA_SUB = 32;       // queries per step in the dK/dV kernel (S^T and dP^T: 16 registers each)
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+inline bool flash_supported(int hs) { return hs == 64 || hs == 128; }
+
+// ---- PTX wrappers: the only code of the flash path with warp-collective or asynchronous semantics ----
+__device__ inline uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ldmatrix .x4: four 8x8 bf16 matrices, lanes 8m .. 8m+7 give the 16-byte row addresses of matrix m
+// (layout of the result: see "fragment layouts" below). volatile: it reads shared memory, so it must
+// not move across the barriers that publish that memory.
+__device__ inline void ldsm_x4(uint32_t (&r)[4], const floatX* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+__device__ inline void ldsm_x4_trans(uint32_t (&r)[4], const floatX* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+// d = A B + d for one 16x8x16 tile: A 16x16 bf16 (4 registers), B 16x8 bf16 (2 registers), d 16x8 fp32
+__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// asynchronous 16-byte global -> shared copy (L2 only); valid = false reads nothing and writes 16 zero bytes
+__device__ inline void cp_async_16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+// the same for 4 bytes (lse, D, doc_start of a query tile, whose rows are not 16-byte aligned)
+__device__ inline void cp_async_4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0)
+                 : "memory");
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// waits for all of this thread's copies; a __syncthreads() after it makes every thread's copies visible
+__device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// ---- end of PTX wrappers ----
+
+// ---- fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type", and ldmatrix) ----
+// lane = 4 g + t with g = groupID = lane >> 2, t = threadID_in_group = lane & 3. A .b32 register holds two
+// bf16 of neighbouring columns, the lower column in the low 16 bits.
+//   A (16 x 16, .row):    a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
+//   B (16 x 8, .col):     b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
+//   C, D (16 x 8, f32):   c[0], c[1] = C[g][2t], C[g][2t+1]   c[2], c[3] = C[g+8][2t], C[g+8][2t+1]
+// ldmatrix.m8n8.x4.b16: lanes 8m .. 8m+7 address rows 0 .. 7 of matrix m; register m of every lane gets
+// elements [g][2t], [g][2t+1] of matrix m, or with .trans elements [2t][g], [2t+1][g].
+__host__ __device__ constexpr int frag_row(int lane) { return lane >> 2; }       // g: C rows g and g + 8
+__host__ __device__ constexpr int frag_col(int lane) { return 2 * (lane & 3); }  // 2t: C columns 2t and 2t + 1
+// Lane row / column offsets for an x4 load of the 16 x 16 block of a row-major smem matrix, matrices in
+// the order (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15):
+//  - plain ldmatrix: registers 0..3 are the A fragment of the block, a[m] = matrix m;
+//  - .trans on a [k][n] matrix (rows are the k of the product): registers {0, 1} are the B fragment of
+//    columns n = 0..7, registers {2, 3} that of columns n = 8..15.
+__host__ __device__ constexpr int ldsm_a_row(int lane) { return lane & 15; }
+__host__ __device__ constexpr int ldsm_a_col(int lane) { return (lane >> 4) * 8; }
+// Lane offsets for a plain x4 load of the 16 x 16 block of an [n][k] matrix (rows are the n of the product,
+// as K in Q K^T), matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15): registers
+// {0, 1} are the B fragment of columns n = 0..7, registers {2, 3} that of columns n = 8..15.
+__host__ __device__ constexpr int ldsm_b_row(int lane) { return (lane & 7) + ((lane >> 4) << 3); }
+__host__ __device__ constexpr int ldsm_b_col(int lane) { return ((lane >> 3) & 1) * 8; }
+
+// two fp32 -> one register of two bf16 (round to nearest even), x in the low half (the lower column)
+__host__ __device__ inline uint32_t pack_bf16x2(float x, float y) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return (uint32_t)__bfloat16_as_ushort(v.x) | ((uint32_t)__bfloat16_as_ushort(v.y) << 16);
+}
+// The C fragments of two neighbouring n-blocks (columns 16k .. 16k+7 and 16k+8 .. 16k+15 of a 16-row
+// product) hold, register for register, the A fragment of the 16-column block k: P and dS go from one
+// product into the next without touching shared memory.
+__device__ inline void c_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+    a[0] = pack_bf16x2(lo[0], lo[1]);  // [g][2t, 2t+1]
+    a[1] = pack_bf16x2(lo[2], lo[3]);  // [g+8][2t, 2t+1]
+    a[2] = pack_bf16x2(hi[0], hi[1]);  // [g][8+2t, 8+2t+1]
+    a[3] = pack_bf16x2(hi[2], hi[3]);  // [g+8][8+2t, 8+2t+1]
+}
+
+// acc[n] += (A B^T)[:, 8n .. 8n+7] for A a 16 x 16 KSTEPS block (rows at a_s) and B a 8 NB x 16 KSTEPS block
+// (rows at b_s), both row-major in smem with row stride LD: the products S = Q K^T, dP = dO V^T,
+// S^T = K Q^T and dP^T = V dO^T.
+template <int KSTEPS, int NB, int LD>
+__device__ inline void warp_mma_abt(float (&acc)[NB][4], const floatX* a_s, const floatX* b_s, int lane) {
+    static_assert(NB % 2 == 0, "B is loaded 16 rows at a time");
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ks++) {
+        uint32_t a[4];
+        ldsm_x4(a, a_s + ldsm_a_row(lane) * LD + ks * 16 + ldsm_a_col(lane));
+#pragma unroll
+        for (int nb = 0; nb < NB; nb += 2) {
+            uint32_t b[4];
+            ldsm_x4(b, b_s + (nb * 8 + ldsm_b_row(lane)) * LD + ks * 16 + ldsm_b_col(lane));
+            mma_16816(acc[nb], a, b[0], b[1]);
+            mma_16816(acc[nb + 1], a, b[2], b[3]);
+        }
+    }
+}
+// the same with A already in registers: a[ks] is the A fragment of columns 16 ks .. 16 ks + 15
+template <int KSTEPS, int NB, int LD>
+__device__ inline void warp_mma_abt_reg(float (&acc)[NB][4], const uint32_t (&a)[KSTEPS][4], const floatX* b_s,
+                                        int lane) {
+    static_assert(NB % 2 == 0, "B is loaded 16 rows at a time");
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ks++) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb += 2) {
+            uint32_t b[4];
+            ldsm_x4(b, b_s + (nb * 8 + ldsm_b_row(lane)) * LD + ks * 16 + ldsm_b_col(lane));
+            mma_16816(acc[nb], a[ks], b[0], b[1]);
+            mma_16816(acc[nb + 1], a[ks], b[2], b[3]);
+        }
+    }
+}
+// acc[n] += (A B)[:, 8n .. 8n+7] for A a 16 x 16 KK block given as register fragments (a[k]: columns
+// 16k .. 16k+15) and B a 16 KK x 8 NB block, row-major in smem at b_s (row stride LD), read with
+// ldmatrix.trans: the products O += P V, dQ += dS K, dV += P^T dO and dK += dS^T Q.
+template <int KK, int NB, int LD>
+__device__ inline void warp_mma_ab(float (&acc)[NB][4], const uint32_t (&a)[KK][4], const floatX* b_s, int lane) {
+    static_assert(NB % 2 == 0, "B is loaded 16 columns at a time");
+#pragma unroll
+    for (int kk = 0; kk < KK; kk++) {
+#pragma unroll
+        for (int nb = 0; nb < NB; nb += 2) {
+            uint32_t b[4];
+            ldsm_x4_trans(b, b_s + (kk * 16 + ldsm_a_row(lane)) * LD + nb * 8 + ldsm_a_col(lane));
+            mma_16816(acc[nb], a[kk], b[0], b[1]);
+            mma_16816(acc[nb + 1], a[kk], b[2], b[3]);
+        }
+    }
+}
+
+// cp.async of FA_TILE rows of HS bf16 (row r at src + r * stride) into smem rows of HS + FA_PAD; rows
+// r >= n_valid (past the end of the sequence) become zeros and are not read: a masked product must not
+// meet garbage (p = 0 times a NaN is a NaN).
+template <int HS>
+__device__ inline void load_tile_async(floatX* dst, const floatX* src, size_t stride, int n_valid, int tid) {
+    constexpr int CHUNKS = HS / 8;  // 16-byte chunks per row
+    static_assert(FA_TILE * CHUNKS % FA_THREADS == 0, "the copies split evenly over the threads");
+#pragma unroll
+    for (int k = 0; k < FA_TILE * CHUNKS / FA_THREADS; k++) {
+        const int idx = tid + k * FA_THREADS, r = idx / CHUNKS, c = (idx % CHUNKS) * 8;
+        const bool ok = r < n_valid;
+        cp_async_16(dst + r * (HS + FA_PAD) + c, src + (ok ? (size_t)r * stride : 0) + c, ok);
+    }
+}
+
+// Writes a warp's 16 x HS fp32 accumulators (acc[n]: C fragment of columns 8n .. 8n+7; row g scaled by
+// mul0, row g + 8 by mul1) as bf16 to the global rows dst + r * stride, r < n_rows, through the warp's
+// own 16 smem rows at stage, so that the global stores are whole 16-byte vectors.
+template <int HS>
+__device__ inline void warp_store_rows(floatX* dst, size_t stride, int n_rows, const float (&acc)[HS / 8][4],
+                                       float mul0, float mul1, floatX* stage, int lane) {
+    constexpr int LD = HS + FA_PAD, CHUNKS = HS / 8;
+    const int g = frag_row(lane), c2 = frag_col(lane);
+#pragma unroll
+    for (int nb = 0; nb < HS / 8; nb++) {
+        *reinterpret_cast<uint32_t*>(stage + g * LD + nb * 8 + c2) = pack_bf16x2(acc[nb][0] * mul0, acc[nb][1] * mul0);
+        *reinterpret_cast<uint32_t*>(stage + (g + 8) * LD + nb * 8 + c2) =
+            pack_bf16x2(acc[nb][2] * mul1, acc[nb][3] * mul1);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < 16 * CHUNKS / 32; k++) {
+        const int idx = lane + 32 * k, r = idx / CHUNKS, c = (idx % CHUNKS) * 8;
+        if (r < n_rows)
+            *reinterpret_cast<uint4*>(dst + r * stride + c) = *reinterpret_cast<const uint4*>(stage + r * LD + c);
+    }
+}
+
+// The 16 query rows of a warp as seen from one thread: its two rows (C fragment rows g, g + 8), their
+// doc_start (INT_MAX past the end of the sequence: such a row sees nothing), and over the warp the
+// smallest and largest doc_start and the last row: enough to skip tiles and masks warp-uniformly.
+struct WarpRows {
+    int i[2], lo[2];
+    int lo_min, lo_max, first, last;
+};
+__device__ inline WarpRows warp_rows(const int* ds, int T, int first, int lane) {
+    WarpRows w;
+    w.first = first;
+    w.last = min(first + 15, T - 1);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        w.i[r] = first + frag_row(lane) + 8 * r;
+        w.lo[r] = w.i[r] < T ? ds[w.i[r]] : INT_MAX;
+    }
+    w.lo_min = min(w.lo[0], w.lo[1]);
+    w.lo_max = max(w.lo[0], w.lo[1]);
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {  // lanes with the same g hold the same rows: reduce over g only
+        w.lo_min = min(w.lo_min, __shfl_xor_sync(FULL, w.lo_min, off));
+        w.lo_max = max(w.lo_max, __shfl_xor_sync(FULL, w.lo_max, off));
+    }
+    return w;
+}
+// some row of the warp sees some key of [kc, kc + FA_TILE)
+__device__ inline bool warp_sees(const WarpRows& w, int kc) { return w.lo_min < kc + FA_TILE && kc <= w.last; }
+// every row of the warp sees every key of [kc, kc + FA_TILE) (all rows exist: lo_max is finite)
+__device__ inline bool warp_sees_all(const WarpRows& w, int kc) { return w.lo_max <= kc && kc + FA_TILE - 1 <= w.first; }
+
+// ------------------------------------------------------------------------------------------------
+// flash forward: block (b, h, 64 queries), warp w owns query rows 16w .. 16w+15 of the tile.
+
+template <int HS>
+__global__ void __launch_bounds__(FA_THREADS)
+flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int T, int n_head,
+                     int n_kv_head, float scale_log2, bool alibi) {
+    constexpr int LD = HS + FA_PAD, TILE = FA_TILE * LD, KSTEPS = HS / 16, DB = HS / 8;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    floatX* q_s = reinterpret_cast<floatX*>(fa_smem);  // [64][LD] queries, later each warp's output staging
+    floatX* k_s = q_s + TILE;                            // [2][64][LD] key tiles
+    floatX* v_s = k_s + 2 * TILE;                        // [2][64][LD] value tiles
+    __shared__ int kv_lo_s;
+
+    const int b = blockIdx.z, h = blockIdx.y;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE;  // last (heaviest) tiles are scheduled first
+    const int nq = min(FA_TILE, T - q0), q_hi = q0 + nq - 1;
+    const int row = (n_head + 2 * n_kv_head) * HS, kh = h / (n_head / n_kv_head);
+    const floatX* base = qkv + (size_t)b * T * row;
+    const floatX* k_g = base + (n_head + kh) * HS;  // key j at k_g + j * row
+    const floatX* v_g = base + (n_head + n_kv_head + kh) * HS;
+    const int* ds = doc_start + (size_t)b * T;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const float slope_log2 = alibi ? alibi_slope_f(h, n_head) * LOG2E : 0.f;
+
+    load_tile_async<HS>(q_s, base + (size_t)q0 * row + h * HS, row, nq, tid);
+    if (tid == 0) kv_lo_s = INT_MAX;
+    __syncthreads();
+    if (tid < nq) atomicMin(&kv_lo_s, ds[q0 + tid]);  // integer min: order-free
+    __syncthreads();
+    const int kv_lo = kv_lo_s;  // keys [kv_lo, q_hi]: each is seen by some query of the tile
+    const int n_tiles = (q_hi - kv_lo) / FA_TILE + 1;
+    load_tile_async<HS>(k_s, k_g + (size_t)kv_lo * row, row, T - kv_lo, tid);
+    load_tile_async<HS>(v_s, v_g + (size_t)kv_lo * row, row, T - kv_lo, tid);
+    cp_async_commit();
+
+    const WarpRows w = warp_rows(ds, T, q0 + warp * 16, lane);
+    const int c2 = frag_col(lane);
+    cp_async_wait_all();
+    __syncthreads();
+    uint32_t qf[KSTEPS][4];  // the warp's 16 query rows as A fragments, for the whole loop
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ks++)
+        ldsm_x4(qf[ks], q_s + (warp * 16 + ldsm_a_row(lane)) * LD + ks * 16 + ldsm_a_col(lane));
+
+    float o[DB][4] = {};
+    float m[2] = {-INFINITY, -INFINITY};  // running row max, log2 units
+    float l[2] = {0.f, 0.f};              // running sum of exp2(x - m) over this thread's columns
+    for (int it = 0; it < n_tiles; it++) {
+        const int kc = kv_lo + it * FA_TILE, buf = it & 1;
+        if (it + 1 < n_tiles) {  // the other buffer was released by the barrier that ended the last step
+            const int kn = kc + FA_TILE;
+            load_tile_async<HS>(k_s + (buf ^ 1) * TILE, k_g + (size_t)kn * row, row, T - kn, tid);
+            load_tile_async<HS>(v_s + (buf ^ 1) * TILE, v_g + (size_t)kn * row, row, T - kn, tid);
+        }
+        cp_async_commit();
+        if (warp_sees(w, kc)) {  // warp-uniform
+            float s[FA_TILE / 8][4] = {};
+            warp_mma_abt_reg<KSTEPS, FA_TILE / 8, LD>(s, qf, k_s + buf * TILE, lane);
+            // x = s * scale * log2(e) - slope * log2(e) * (i - j): the score in log2 units
+            const bool all = warp_sees_all(w, kc);
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int nb = 0; nb < FA_TILE / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, j = kc + nb * 8 + c2 + (e & 1);
+                    float x = fmaf(s[nb][e], scale_log2, -slope_log2 * (float)(w.i[r] - j));
+                    if (!all && (j < w.lo[r] || j > w.i[r])) x = -INFINITY;
+                    s[nb][e] = x;
+                    mx[r] = fmaxf(mx[r], x);
+                }
+            float m_use[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {  // the 4 lanes of a quad share rows g, g + 8
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(FULL, mx[r], 2));
+                const float m_new = fmaxf(m[r], mx[r]);
+                // no visible key so far (m_new = -inf): exponents against 0 keep p = 0 and alpha = 0, no NaN
+                m_use[r] = m_new == -INFINITY ? 0.f : m_new;
+                const float alpha = exp2f(m[r] - m_use[r]);  // 0 on the first visible tile (m = -inf)
+                m[r] = m_new;
+                l[r] *= alpha;
+#pragma unroll
+                for (int nb = 0; nb < DB; nb++) {
+                    o[nb][2 * r] *= alpha;
+                    o[nb][2 * r + 1] *= alpha;
+                }
+            }
+#pragma unroll
+            for (int nb = 0; nb < FA_TILE / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float p = exp2f(s[nb][e] - m_use[e >> 1]);
+                    s[nb][e] = p;
+                    l[e >> 1] += p;
+                }
+            uint32_t pa[FA_TILE / 16][4];
+#pragma unroll
+            for (int k = 0; k < FA_TILE / 16; k++) c_to_a(pa[k], s[2 * k], s[2 * k + 1]);
+            warp_mma_ab<FA_TILE / 16, DB, LD>(o, pa, v_s + buf * TILE, lane);
+        }
+        cp_async_wait_all();
+        __syncthreads();
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(FULL, l[r], 1);
+        l[r] += __shfl_xor_sync(FULL, l[r], 2);
+        inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;  // l = 0 only for rows past the end (not stored)
+        if (c2 == 0 && w.i[r] < T) lse[((size_t)b * n_head + h) * T + w.i[r]] = (m[r] + log2f(l[r])) * LN2;
+    }
+    // the warp's own rows of q_s (only this warp ever read them) stage its output
+    warp_store_rows<HS>(out + ((size_t)b * T + w.first) * n_head * HS + h * HS, (size_t)n_head * HS, T - w.first, o,
+                        inv[0], inv[1], q_s + warp * 16 * LD, lane);
+}
+
+// ------------------------------------------------------------------------------------------------
+// flash backward, dQ: block (b, h, 64 queries), warp w owns query rows 16w .. 16w+15; the forward's loop
+// over key tiles, writes dq (overwrite).
+
+template <int HS>
+__global__ void __launch_bounds__(FA_THREADS)
+flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
+                const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2, bool alibi) {
+    constexpr int LD = HS + FA_PAD, TILE = FA_TILE * LD, KSTEPS = HS / 16, DB = HS / 8;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    floatX* q_s = reinterpret_cast<floatX*>(fa_smem);  // [64][LD] queries, later each warp's dq staging
+    floatX* do_s = q_s + TILE;                           // [64][LD] their output gradients
+    floatX* k_s = do_s + TILE;                           // [2][64][LD] key tiles
+    floatX* v_s = k_s + 2 * TILE;                        // [2][64][LD] value tiles
+    __shared__ int kv_lo_s;
+
+    const int b = blockIdx.z, h = blockIdx.y;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE;
+    const int nq = min(FA_TILE, T - q0), q_hi = q0 + nq - 1;
+    const int row = (n_head + 2 * n_kv_head) * HS, kh = h / (n_head / n_kv_head);
+    const floatX* base = qkv + (size_t)b * T * row;
+    const floatX* k_g = base + (n_head + kh) * HS;
+    const floatX* v_g = base + (n_head + n_kv_head + kh) * HS;
+    const int* ds = doc_start + (size_t)b * T;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const float slope_log2 = alibi ? alibi_slope_f(h, n_head) * LOG2E : 0.f;
+
+    load_tile_async<HS>(q_s, base + (size_t)q0 * row + h * HS, row, nq, tid);
+    load_tile_async<HS>(do_s, dout + ((size_t)b * T + q0) * n_head * HS + h * HS, (size_t)n_head * HS, nq, tid);
+    if (tid == 0) kv_lo_s = INT_MAX;
+    __syncthreads();
+    if (tid < nq) atomicMin(&kv_lo_s, ds[q0 + tid]);
+    __syncthreads();
+    const int kv_lo = kv_lo_s;
+    const int n_tiles = (q_hi - kv_lo) / FA_TILE + 1;
+    load_tile_async<HS>(k_s, k_g + (size_t)kv_lo * row, row, T - kv_lo, tid);
+    load_tile_async<HS>(v_s, v_g + (size_t)kv_lo * row, row, T - kv_lo, tid);
+    cp_async_commit();
+
+    const WarpRows w = warp_rows(ds, T, q0 + warp * 16, lane);
+    const int c2 = frag_col(lane);
+    float lse2[2], dlt[2];  // lse in log2 units and D of this thread's two rows
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const bool in = w.i[r] < T;
+        const size_t si = ((size_t)b * n_head + h) * T + (in ? w.i[r] : 0);
+        lse2[r] = in ? lse[si] * LOG2E : 0.f;
+        dlt[r] = in ? delta[si] : 0.f;
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    float dq[DB][4] = {};
+    for (int it = 0; it < n_tiles; it++) {
+        const int kc = kv_lo + it * FA_TILE, buf = it & 1;
+        if (it + 1 < n_tiles) {
+            const int kn = kc + FA_TILE;
+            load_tile_async<HS>(k_s + (buf ^ 1) * TILE, k_g + (size_t)kn * row, row, T - kn, tid);
+            load_tile_async<HS>(v_s + (buf ^ 1) * TILE, v_g + (size_t)kn * row, row, T - kn, tid);
+        }
+        cp_async_commit();
+        if (warp_sees(w, kc)) {
+            float s[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
+            warp_mma_abt<KSTEPS, FA_TILE / 8, LD>(s, q_s + warp * 16 * LD, k_s + buf * TILE, lane);
+            warp_mma_abt<KSTEPS, FA_TILE / 8, LD>(dp, do_s + warp * 16 * LD, v_s + buf * TILE, lane);
+            const bool all = warp_sees_all(w, kc);
+#pragma unroll
+            for (int nb = 0; nb < FA_TILE / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = e >> 1, j = kc + nb * 8 + c2 + (e & 1);
+                    float p = exp2f(fmaf(s[nb][e], scale_log2, -slope_log2 * (float)(w.i[r] - j)) - lse2[r]);
+                    if (!all && (j < w.lo[r] || j > w.i[r])) p = 0.f;
+                    dp[nb][e] = p * (dp[nb][e] - dlt[r]) * scale;  // dS, with the scale folded in (as the CPU)
+                }
+            uint32_t dsa[FA_TILE / 16][4];
+#pragma unroll
+            for (int k = 0; k < FA_TILE / 16; k++) c_to_a(dsa[k], dp[2 * k], dp[2 * k + 1]);
+            warp_mma_ab<FA_TILE / 16, DB, LD>(dq, dsa, k_s + buf * TILE, lane);
+        }
+        cp_async_wait_all();
+        __syncthreads();
+    }
+    warp_store_rows<HS>(dqkv + ((size_t)b * T + w.first) * row + h * HS, row, T - w.first, dq, 1.f, 1.f,
+                        q_s + warp * 16 * LD, lane);
+}
+
+// ------------------------------------------------------------------------------------------------
+// flash backward, dK and dV: block (b, kv head, 64 keys), warp w owns key rows 16w .. 16w+15. Loop: the
+// query heads of the group, and for each the 64-query tiles from the block's first key to the last query
+// that sees one of its keys (double-buffered), 32 queries per step. Writes dk, dv (overwrite).
+
+template <int HS>
+__global__ void __launch_bounds__(FA_THREADS)
+flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
+                  const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2, bool alibi) {
+    constexpr int LD = HS + FA_PAD, TILE = FA_TILE * LD, KSTEPS = HS / 16, DB = HS / 8, NQ = FA_SUB / 8;
+    static_assert(FA_SUB == 32, "a step has one query per lane");
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    floatX* k_s = reinterpret_cast<floatX*>(fa_smem);  // [64][LD] keys of the block, later dk staging
+    floatX* v_s = k_s + TILE;                            // [64][LD] values of the block, later dv staging
+    floatX* q_s = v_s + TILE;                            // [2][64][LD] query tiles
+    floatX* do_s = q_s + 2 * TILE;                       // [2][64][LD] their output gradients
+    __shared__ float lse_s[2][FA_TILE], dlt_s[2][FA_TILE];
+    __shared__ int ds_s[2][FA_TILE];  // doc_start of the tile's queries (0 past the end: masked by i < T)
+    __shared__ int i_last_s;
+
+    const int b = blockIdx.z, kh = blockIdx.y;
+    const int j0 = blockIdx.x * FA_TILE;  // the first key tiles see the most queries: scheduled first
+    const int nk = min(FA_TILE, T - j0), j_last = j0 + nk - 1;
+    const int group = n_head / n_kv_head, row = (n_head + 2 * n_kv_head) * HS;
+    const floatX* base = qkv + (size_t)b * T * row;
+    const int* ds = doc_start + (size_t)b * T;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+
+    load_tile_async<HS>(k_s, base + (size_t)j0 * row + (n_head + kh) * HS, row, nk, tid);
+    load_tile_async<HS>(v_s, base + (size_t)j0 * row + (n_head + n_kv_head + kh) * HS, row, nk, tid);
+    // The queries that see a key of the block are among [j0, i_last], i_last the largest i with
+    // doc_start[i] <= j_last: scanned from the end of the row, 128 rows at a time (the first block with a
+    // hit holds the largest; no assumption on the order of doc_start).
+    if (tid == 0) i_last_s = j_last;  // the last key sees itself
+    __syncthreads();
+    for (int c = T - 1; c > j_last; c -= FA_THREADS) {
+        const int i = c - tid;
+        const bool hit = i > j_last && ds[i] <= j_last;
+        if (hit) atomicMax(&i_last_s, i);  // integer max: order-free
+        if (__syncthreads_or(hit)) break;  // block-uniform; the barrier also publishes the atomics
+    }
+    const int i_last = i_last_s;
+    const int n_qt = (i_last - j0) / FA_TILE + 1, n_steps = group * n_qt;
+
+    // step u: query head kh * group + u / n_qt, query tile j0 + (u % n_qt) * 64, into buffer buf
+    auto load_step = [&](int u, int buf) {
+        const int h = kh * group + u / n_qt, ic = j0 + (u % n_qt) * FA_TILE, nv = T - ic;
+        load_tile_async<HS>(q_s + buf * TILE, base + (size_t)ic * row + h * HS, row, nv, tid);
+        load_tile_async<HS>(do_s + buf * TILE, dout + ((size_t)b * T + ic) * n_head * HS + h * HS,
+                            (size_t)n_head * HS, nv, tid);
+        const int t = tid % FA_TILE;
+        const bool ok = t < nv;
+        if (tid < FA_TILE) {
+            const size_t si = ((size_t)b * n_head + h) * T + ic + (ok ? t : 0);
+            cp_async_4(&lse_s[buf][t], lse + si, ok);
+            cp_async_4(&dlt_s[buf][t], delta + si, ok);
+        } else {
+            cp_async_4(&ds_s[buf][t], ds + ic + (ok ? t : 0), ok);
+        }
+    };
+    load_step(0, 0);
+    cp_async_commit();
+
+    // this thread's two keys (C fragment rows g, g + 8 of the warp's 16)
+    const int jw = j0 + warp * 16, jw_last = min(jw + 15, T - 1), c2 = frag_col(lane);
+    const int kj[2] = {jw + frag_row(lane), jw + frag_row(lane) + 8};
+    float dk[DB][4] = {}, dv[DB][4] = {};
+    cp_async_wait_all();
+    __syncthreads();
+
+    for (int u = 0; u < n_steps; u++) {
+        const int buf = u & 1, h = kh * group + u / n_qt, ic = j0 + (u % n_qt) * FA_TILE;
+        if (u + 1 < n_steps) load_step(u + 1, buf ^ 1);
+        cp_async_commit();
+        const float slope_log2 = alibi ? alibi_slope_f(h, n_head) * LOG2E : 0.f;
+        const floatX* qt = q_s + buf * TILE;
+        const floatX* dot = do_s + buf * TILE;
+#pragma unroll 1
+        for (int c0 = 0; c0 < FA_TILE; c0 += FA_SUB) {
+            // lane l looks at query ic + c0 + l: does any see a key of the warp, do all see all of them?
+            const int iq = ic + c0 + lane, dsq = ds_s[buf][c0 + lane];
+            const bool q_in = iq < T;
+            if (!__any_sync(FULL, jw < T && q_in && iq >= jw && dsq <= jw_last)) continue;  // warp-uniform
+            const bool all = __all_sync(FULL, q_in && dsq <= jw) && ic + c0 >= jw + 15 && jw + 15 < T;
+            float s[NQ][4] = {}, dp[NQ][4] = {};
+            warp_mma_abt<KSTEPS, NQ, LD>(s, k_s + warp * 16 * LD, qt + c0 * LD, lane);
+            warp_mma_abt<KSTEPS, NQ, LD>(dp, v_s + warp * 16 * LD, dot + c0 * LD, lane);
+#pragma unroll
+            for (int nb = 0; nb < NQ; nb++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int c = c0 + nb * 8 + c2 + (e & 1), i = ic + c, j = kj[e >> 1];
+                    const float x = fmaf(s[nb][e], scale_log2, -slope_log2 * (float)(i - j));
+                    float p = exp2f(x - lse_s[buf][c] * LOG2E);
+                    if (!all && !(i < T && j < T && ds_s[buf][c] <= j && j <= i)) p = 0.f;
+                    s[nb][e] = p;
+                    dp[nb][e] = p * (dp[nb][e] - dlt_s[buf][c]) * scale;
+                }
+            uint32_t pa[NQ / 2][4], dsa[NQ / 2][4];
+#pragma unroll
+            for (int k = 0; k < NQ / 2; k++) {
+                c_to_a(pa[k], s[2 * k], s[2 * k + 1]);
+                c_to_a(dsa[k], dp[2 * k], dp[2 * k + 1]);
+            }
+            warp_mma_ab<NQ / 2, DB, LD>(dv, pa, dot + c0 * LD, lane);
+            warp_mma_ab<NQ / 2, DB, LD>(dk, dsa, qt + c0 * LD, lane);
+        }
+        cp_async_wait_all();
+        __syncthreads();
+    }
+    // the warp's own rows of k_s and v_s (only this warp ever read them) stage dk and dv
+    floatX* drow = dqkv + ((size_t)b * T + jw) * row;
+    warp_store_rows<HS>(drow + (n_head + kh) * HS, row, T - jw, dk, 1.f, 1.f, k_s + warp * 16 * LD, lane);
+    warp_store_rows<HS>(drow + (n_head + n_kv_head + kh) * HS, row, T - jw, dv, 1.f, 1.f, v_s + warp * 16 * LD, lane);
+}
+
+// ================================================================================================
+// host side
+// ================================================================================================
+
+inline size_t flash_forward_smem_bytes(int hs) { return (size_t)5 * FA_TILE * (hs + FA_PAD) * sizeof(floatX); }
+inline size_t flash_backward_smem_bytes(int hs) { return (size_t)6 * FA_TILE * (hs + FA_PAD) * sizeof(floatX); }
+
+// version 1: the simple kernels
+inline void forward_simple(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T, int n_head,
+                           int n_kv_head, int hs, bool alibi) {
     check_args("attention_forward", B, T, n_head, n_kv_head, hs, {out, qkv});
     const size_t smem = forward_smem_bytes(hs);
     set_smem(attention_forward_kernel, smem);
@@ -479,18 +1052,20 @@ inline void attention_forward(floatX* out, float* lse, const floatX* qkv, const 
     cudaCheckLaunch();
 }
 
-// dqkv [B, T, (n_head + 2 n_kv_head) hs] overwritten; dout, out [B, T, n_head*hs]; lse [B, n_head, T]
-// as saved by attention_forward. Scratch: attention_scratch_bytes(...).
-inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                               const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs, bool alibi) {
-    using namespace attention_detail;
-    check_args("attention_backward", B, T, n_head, n_kv_head, hs, {dqkv, dout, qkv, out});
+// D = dO.O into scratch, the first stage of both backward versions
+inline float* backward_delta(const floatX* dout, const floatX* out, int B, int T, int n_head, int hs) {
     float* delta = cuda_scratch<float>((size_t)B * n_head * T, "attention_backward");
-    const float scale = 1.0f / sqrtf((float)hs);
-
     const size_t n_rows = (size_t)B * T * n_head;
     attention_delta_kernel<<<(unsigned)((n_rows + 255) / 256), 256, 0, llmc_stream()>>>(delta, dout, out, B, T, n_head, hs);
     cudaCheckLaunch();
+    return delta;
+}
+
+inline void backward_simple(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                            const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs, bool alibi) {
+    check_args("attention_backward", B, T, n_head, n_kv_head, hs, {dqkv, dout, qkv, out});
+    const float* delta = backward_delta(dout, out, B, T, n_head, hs);
+    const float scale = 1.0f / sqrtf((float)hs);
 
     const size_t dq_smem = dq_smem_bytes(hs);
     set_smem(attention_dq_kernel, dq_smem);
@@ -505,4 +1080,70 @@ inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* q
     attention_dkdv_kernel<<<kv_grid, THREADS, kv_smem, llmc_stream()>>>(dqkv, dout, qkv, lse, delta, doc_start, T,
                                                                         n_head, n_kv_head, hs, scale, alibi);
     cudaCheckLaunch();
+}
+
+// version 2: the flash kernels (hs 64 or 128)
+template <int HS>
+inline void forward_flash_hs(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T,
+                             int n_head, int n_kv_head, bool alibi) {
+    const size_t smem = flash_forward_smem_bytes(HS);
+    set_smem(flash_forward_kernel<HS>, smem);
+    const dim3 grid((T + FA_TILE - 1) / FA_TILE, n_head, B);
+    flash_forward_kernel<HS><<<grid, FA_THREADS, smem, llmc_stream()>>>(out, lse, qkv, doc_start, T, n_head, n_kv_head,
+                                                                        LOG2E / sqrtf((float)HS), alibi);
+    cudaCheckLaunch();
+}
+inline void forward_flash(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T, int n_head,
+                          int n_kv_head, int hs, bool alibi) {
+    check_args("attention_forward", B, T, n_head, n_kv_head, hs, {out, qkv});
+    LLMC_CHECK(flash_supported(hs), "attention_forward (flash): head_size %d, the tensor-core kernels take 64 or 128", hs);
+    if (hs == 64) forward_flash_hs<64>(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, alibi);
+    else forward_flash_hs<128>(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, alibi);
+}
+
+template <int HS>
+inline void backward_flash_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
+                              const float* delta, const int* doc_start, int B, int T, int n_head, int n_kv_head,
+                              bool alibi) {
+    const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
+    const size_t smem = flash_backward_smem_bytes(HS);
+    set_smem(flash_dq_kernel<HS>, smem);
+    const dim3 dq_grid((T + FA_TILE - 1) / FA_TILE, n_head, B);
+    flash_dq_kernel<HS><<<dq_grid, FA_THREADS, smem, llmc_stream()>>>(dqkv, dout, qkv, lse, delta, doc_start, T,
+                                                                      n_head, n_kv_head, scale, scale_log2, alibi);
+    cudaCheckLaunch();
+    set_smem(flash_dkdv_kernel<HS>, smem);
+    const dim3 kv_grid((T + FA_TILE - 1) / FA_TILE, n_kv_head, B);
+    flash_dkdv_kernel<HS><<<kv_grid, FA_THREADS, smem, llmc_stream()>>>(dqkv, dout, qkv, lse, delta, doc_start, T,
+                                                                        n_head, n_kv_head, scale, scale_log2, alibi);
+    cudaCheckLaunch();
+}
+inline void backward_flash(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                           const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs, bool alibi) {
+    check_args("attention_backward", B, T, n_head, n_kv_head, hs, {dqkv, dout, qkv, out});
+    LLMC_CHECK(flash_supported(hs), "attention_backward (flash): head_size %d, the tensor-core kernels take 64 or 128",
+               hs);
+    const float* delta = backward_delta(dout, out, B, T, n_head, hs);
+    if (hs == 64) backward_flash_hs<64>(dqkv, dout, qkv, lse, delta, doc_start, B, T, n_head, n_kv_head, alibi);
+    else backward_flash_hs<128>(dqkv, dout, qkv, lse, delta, doc_start, B, T, n_head, n_kv_head, alibi);
+}
+
+}  // namespace attention_detail
+
+// out [B, T, n_head*hs] and lse [B, n_head, T] overwritten; qkv [B, T, (n_head + 2 n_kv_head) hs];
+// doc_start [B*T] (device, row-relative indices). hs 64, 128: the flash kernels, else the simple ones.
+inline void attention_forward(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T,
+                              int n_head, int n_kv_head, int hs, bool alibi) {
+    using namespace attention_detail;
+    if (flash_supported(hs)) forward_flash(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, hs, alibi);
+    else forward_simple(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, hs, alibi);
+}
+
+// dqkv [B, T, (n_head + 2 n_kv_head) hs] overwritten; dout, out [B, T, n_head*hs]; lse [B, n_head, T]
+// as saved by attention_forward. Scratch: attention_scratch_bytes(...).
+inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                               const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs, bool alibi) {
+    using namespace attention_detail;
+    if (flash_supported(hs)) backward_flash(dqkv, dout, qkv, out, lse, doc_start, B, T, n_head, n_kv_head, hs, alibi);
+    else backward_simple(dqkv, dout, qkv, out, lse, doc_start, B, T, n_head, n_kv_head, hs, alibi);
 }

@@ -18,66 +18,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 #include "cuda_common.cuh"
 
 namespace classifier_detail {
 
 constexpr int MAX_THREADS = 512;  // per block (a row); 2 blocks per SM fit the register file
 
-inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
-
-// bf16 <-> fp32 without type punning: a bf16 is the high half of an fp32, and in a 32-bit word of
-// two packed bf16 the lower address is the low half
-__device__ inline float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ inline float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
-__device__ inline void unpack8(float (&f)[8], const uint4& u) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        f[2 * k] = bf16_lo(w[k]);
-        f[2 * k + 1] = bf16_hi(w[k]);
-    }
-}
-
-// VEC consecutive bf16 <-> fp32; VEC == 8 is one 16-byte access (p must be 16-byte aligned)
-template <int VEC>
-__device__ inline void load_bf16(float (&f)[VEC], const floatX* p) {
-    if constexpr (VEC == 8) {
-        unpack8(f, *reinterpret_cast<const uint4*>(p));
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) f[k] = __bfloat162float(p[k]);
-    }
-}
-template <int VEC>
-__device__ inline void store_bf16(floatX* p, const float (&f)[VEC]) {
-    if constexpr (VEC == 8) {
-        *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]),
-                                                  pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) p[k] = __float2bfloat16_rn(f[k]);
-    }
-}
-
-// VEC bf16 exactly as stored (one 16-byte word for VEC == 8), unpacked to fp32 where used: loads
-// in flight cost half the registers of fp32 copies
-template <int VEC>
-using Packed = std::conditional_t<VEC == 8, uint4, floatX>;
-template <int VEC>
-__device__ inline Packed<VEC> load_packed(const floatX* p) {
-    return *reinterpret_cast<const Packed<VEC>*>(p);
-}
-template <int VEC>
-__device__ inline void unpack(float (&f)[VEC], const Packed<VEC>& u) {
-    if constexpr (VEC == 8) unpack8(f, u);
-    else f[0] = __bfloat162float(u);
-}
+using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
 
 // (m, s) <- the pair for the union of two sets of logits, each given as (max, sum exp(x - max));
 // an empty set is (-inf, 0). Symmetric, so a butterfly gives every lane the same bits.

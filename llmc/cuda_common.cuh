@@ -1,5 +1,7 @@
-// What every CUDA file shares: error checking, the element type, the stream, a scratch arena
-// sized once at start-up (kernels never cudaMalloc inside a training step), bf16 helpers.
+// What every CUDA file shares: error checking, the element type, the stream, the dispatch of a
+// runtime size to a kernel template instance (with_pow2), a scratch arena sized once at start-up
+// (kernels never cudaMalloc inside a training step), bf16 helpers (stochastic rounding; namespace
+// bf16x8: 16-byte vectors of 8 bf16 <-> fp32).
 //
 // Conventions of the GPU ops (llmc/<op>.cuh), the twins of llmc/cpu/<op>.h:
 //  - same function name and argument order as the CPU reference; tensors are floatX (bf16),
@@ -11,6 +13,8 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
+#include <utility>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include "utils.h"
@@ -26,6 +30,20 @@ inline void cuda_check(cudaError_t err, const char* file, int line) {
 
 // One stream for all work (cudaStreamPerThread keeps the default-stream semantics simple).
 inline cudaStream_t llmc_stream() { return cudaStreamPerThread; }
+
+// Runtime size -> kernel template instance: calls f(std::integral_constant<int, P>{}) for the
+// smallest P of LO, 2 LO, 4 LO, ..., HI with x <= P (P = HI when x > HI), so that f can launch the
+// instance compiled for P, e.g.
+//   with_pow2<1, 4>(k, [&](auto kc) { my_kernel<decltype(kc)::value><<<grid, block>>>(...); });
+template <int LO, int HI, typename F>
+inline void with_pow2(int x, F&& f) {
+    if constexpr (LO >= HI) {
+        f(std::integral_constant<int, HI>{});
+    } else {
+        if (x <= LO) f(std::integral_constant<int, LO>{});
+        else with_pow2<2 * LO, HI>(x, std::forward<F>(f));
+    }
+}
 
 // Scratch arena: reserved once (cuda_scratch_reserve at start-up, sized for the largest op), then
 // handed out by ops that need temporary space (partial sums of deterministic reductions). An op
@@ -67,3 +85,75 @@ __device__ inline floatX stochastic_round_bf16(float x, uint32_t random) {
     bits &= 0xffff0000u;
     return __float2bfloat16_rn(__uint_as_float(bits));
 }
+
+// ------------------------------------------------------------------------------------------------
+// bf16x8: the 16-byte vector paths of the kernels. VEC = 8 consecutive bf16 move as one uint4 (one
+// 16-byte access: the pointer must be 16-byte aligned, see aligned16); VEC = 1 is the scalar
+// fallback (element by element, any alignment). No type punning: a bf16 is the high half of the
+// fp32 with the same value (so bf16 -> fp32 is exact, a 16-bit shift), and in a 32-bit word of two
+// packed bf16 the lower address is the low half. Rounding fp32 -> bf16 is to nearest even
+// (__float2bfloat16_rn) everywhere here; pack_bf16_bits packs values that are bf16 already.
+// The op headers pull these in with `using namespace bf16x8;` inside their <op>_detail namespace.
+namespace bf16x8 {
+
+inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+
+// the low / high bf16 of a 32-bit word, as fp32 (exact)
+__device__ inline float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ inline float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+// two bf16 into one word, as they lie in memory (lo at the lower address)
+__device__ inline uint32_t pack_bf16_bits(floatX lo, floatX hi) {
+    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+}
+// two fp32, each rounded to the nearest bf16, into one word
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+    return pack_bf16_bits(__float2bfloat16_rn(lo), __float2bfloat16_rn(hi));
+}
+// the 8 bf16 of a 16-byte word as fp32, in memory order
+__device__ inline void unpack8(float (&f)[8], const uint4& u) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        f[2 * k] = bf16_lo(w[k]);
+        f[2 * k + 1] = bf16_hi(w[k]);
+    }
+}
+
+// VEC consecutive bf16 <-> fp32; VEC == 8 is one 16-byte access (p must be 16-byte aligned)
+template <int VEC>
+__device__ inline void load_bf16(float (&f)[VEC], const floatX* p) {
+    if constexpr (VEC == 8) {
+        const uint4 u = *reinterpret_cast<const uint4*>(p);  // (a copy: one 16-byte load, never four of 4)
+        unpack8(f, u);
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) f[k] = __bfloat162float(p[k]);
+    }
+}
+template <int VEC>
+__device__ inline void store_bf16(floatX* p, const float (&f)[VEC]) {
+    if constexpr (VEC == 8) {
+        *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]),
+                                                  pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) p[k] = __float2bfloat16_rn(f[k]);
+    }
+}
+
+// VEC bf16 exactly as stored (one 16-byte word for VEC == 8; VEC == 1 only), unpacked to fp32 where
+// used: what a thread keeps in registers across barriers or loads ahead costs half the registers of
+// fp32 copies
+template <int VEC>
+using Packed = std::conditional_t<VEC == 8, uint4, floatX>;
+template <int VEC>
+__device__ inline Packed<VEC> load_packed(const floatX* p) {
+    return *reinterpret_cast<const Packed<VEC>*>(p);
+}
+template <int VEC>
+__device__ inline void unpack(float (&f)[VEC], const Packed<VEC>& u) {
+    if constexpr (VEC == 8) unpack8(f, u);
+    else f[0] = __bfloat162float(u);
+}
+
+}  // namespace bf16x8

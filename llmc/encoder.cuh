@@ -31,7 +31,6 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <cub/device/device_radix_sort.cuh>
 #include "cuda_common.cuh"
 
@@ -41,58 +40,8 @@ constexpr int CHUNK = 64;        // sorted entries per block in the backward
 constexpr int UNROLL = 4;        // dout rows loaded together (loads in flight per thread)
 constexpr int MAX_THREADS = 128; // channel threads per backward block (C wider: more blocks in y)
 
-inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
+using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
 
-// bf16 <-> fp32 without type punning: a bf16 is the high half of an fp32, and in a 32-bit word of
-// two packed bf16 the lower address is the low half
-__device__ inline float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ inline float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
-__device__ inline void unpack8(float (&f)[8], const uint4& u) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        f[2 * k] = bf16_lo(w[k]);
-        f[2 * k + 1] = bf16_hi(w[k]);
-    }
-}
-
-// VEC consecutive bf16 <-> fp32; VEC == 8 is one 16-byte access (p must be 16-byte aligned)
-template <int VEC>
-__device__ inline void load_bf16(float (&f)[VEC], const floatX* p) {
-    if constexpr (VEC == 8) {
-        unpack8(f, *reinterpret_cast<const uint4*>(p));
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) f[k] = __bfloat162float(p[k]);
-    }
-}
-template <int VEC>
-__device__ inline void store_bf16(floatX* p, const float (&f)[VEC]) {
-    if constexpr (VEC == 8) {
-        *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]),
-                                                  pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) p[k] = __float2bfloat16_rn(f[k]);
-    }
-}
-// VEC bf16 exactly as stored (one 16-byte word for VEC == 8), unpacked to fp32 where used: loads
-// in flight cost half the registers of fp32 copies
-template <int VEC>
-using Packed = std::conditional_t<VEC == 8, uint4, floatX>;
-template <int VEC>
-__device__ inline Packed<VEC> load_packed(const floatX* p) {
-    return *reinterpret_cast<const Packed<VEC>*>(p);
-}
-template <int VEC>
-__device__ inline void unpack(float (&f)[VEC], const Packed<VEC>& u) {
-    if constexpr (VEC == 8) unpack8(f, u);
-    else f[0] = __bfloat162float(u);
-}
 // fp32 partials: VEC == 8 is two 16-byte accesses (p 32-byte aligned)
 template <int VEC>
 __device__ inline void load_f32(float (&f)[VEC], const float* p) {
@@ -292,14 +241,15 @@ inline void grouped_row_sum(floatX* grad, const floatX* dout, const int* tokens,
     const int units = vec ? C / 8 : C;  // thread work units across a row
     const int threads = std::min(MAX_THREADS, ceil_div(units, 32) * 32);
     const dim3 grid(ceil_div(n, CHUNK), ceil_div(units, threads));
+    cudaStream_t st = llmc_stream();
     if (vec) {
-        encoder_chunk_sum_kernel<8><<<grid, threads, 0, llmc_stream()>>>(grad, partials, dout, keys_out, vals_out, n, C);
+        encoder_chunk_sum_kernel<8><<<grid, threads, 0, st>>>(grad, partials, dout, keys_out, vals_out, n, C);
         cudaCheckLaunch();
-        encoder_combine_kernel<8><<<grid, threads, 0, llmc_stream()>>>(grad, partials, keys_out, n, C);
+        encoder_combine_kernel<8><<<grid, threads, 0, st>>>(grad, partials, keys_out, n, C);
     } else {
-        encoder_chunk_sum_kernel<1><<<grid, threads, 0, llmc_stream()>>>(grad, partials, dout, keys_out, vals_out, n, C);
+        encoder_chunk_sum_kernel<1><<<grid, threads, 0, st>>>(grad, partials, dout, keys_out, vals_out, n, C);
         cudaCheckLaunch();
-        encoder_combine_kernel<1><<<grid, threads, 0, llmc_stream()>>>(grad, partials, keys_out, n, C);
+        encoder_combine_kernel<1><<<grid, threads, 0, st>>>(grad, partials, keys_out, n, C);
     }
     cudaCheckLaunch();
 }
@@ -318,10 +268,9 @@ inline void encoder_forward(floatX* out, const int* tokens, const int* doc_start
     if (n_units == 0) return;
     const int threads = 256;
     const unsigned blocks = (unsigned)((n_units + threads - 1) / threads);
-    if (vec)
-        encoder_forward_kernel<8><<<blocks, threads, 0, llmc_stream()>>>(out, tokens, doc_start, wte, wpe, T, C, n_units);
-    else
-        encoder_forward_kernel<1><<<blocks, threads, 0, llmc_stream()>>>(out, tokens, doc_start, wte, wpe, T, C, n_units);
+    cudaStream_t st = llmc_stream();
+    if (vec) encoder_forward_kernel<8><<<blocks, threads, 0, st>>>(out, tokens, doc_start, wte, wpe, T, C, n_units);
+    else encoder_forward_kernel<1><<<blocks, threads, 0, st>>>(out, tokens, doc_start, wte, wpe, T, C, n_units);
     cudaCheckLaunch();
 }
 

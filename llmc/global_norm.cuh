@@ -58,16 +58,13 @@ __device__ inline float gn_square(floatX x) {
     return f * f;
 }
 
-// fp32 sum of the squares of the 8 bf16 in a 16-byte vector (bf16 -> fp32 is a 16-bit shift)
-__device__ inline float gn_sum8(int4 raw) {
-    const uint32_t w[4] = {(uint32_t)raw.x, (uint32_t)raw.y, (uint32_t)raw.z, (uint32_t)raw.w};
+// fp32 sum of the squares of the 8 bf16 in a 16-byte vector, in memory order
+__device__ inline float gn_sum8(const uint4& raw) {
+    float f[8];
+    bf16x8::unpack8(f, raw);
     float s = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float lo = __uint_as_float(w[k] << 16), hi = __uint_as_float(w[k] & 0xffff0000u);
-        s = fmaf(lo, lo, s);
-        s = fmaf(hi, hi, s);
-    }
+    for (int k = 0; k < 8; k++) s = fmaf(f[k], f[k], s);
     return s;
 }
 
@@ -76,16 +73,16 @@ __global__ void __launch_bounds__(GN_THREADS)
     global_norm_partials_kernel(const floatX* values, size_t n, size_t head, size_t n_vec, double* partials) {
     const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
-    const int4* vec = reinterpret_cast<const int4*>(values + head);
+    const uint4* vec = reinterpret_cast<const uint4*>(values + head);
     double acc = 0.0;
     // GN_UNROLL independent 16-byte loads in flight per thread (vectors j, j + stride, ...), then
     // added in that order; a vector past the end counts as zeros (adding +0.0 changes nothing)
     for (size_t j = tid; j < n_vec; j += GN_UNROLL * stride) {
-        int4 raw[GN_UNROLL];
+        uint4 raw[GN_UNROLL];
 #pragma unroll
         for (int u = 0; u < GN_UNROLL; u++) {
             const size_t jj = j + u * stride;
-            raw[u] = jj < n_vec ? vec[jj] : make_int4(0, 0, 0, 0);
+            raw[u] = jj < n_vec ? vec[jj] : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int u = 0; u < GN_UNROLL; u++) acc += (double)gn_sum8(raw[u]);

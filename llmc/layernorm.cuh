@@ -32,7 +32,6 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include "cuda_common.cuh"
 
 namespace layernorm_detail {
@@ -43,59 +42,7 @@ constexpr int BWD_THREADS = 256;  // target threads per backward block
 constexpr int FWD_MAX_X = 1024;   // most threads across one row, forward
 constexpr int BWD_MAX_X = 512;    // ... backward, 16-byte path (more state per thread: <= 128 registers)
 
-inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
-
-// bf16 <-> fp32 without type punning: a bf16 is the high half of an fp32, and in a 32-bit word of
-// two packed bf16 the lower address is the low half
-__device__ inline float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ inline float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
-__device__ inline void unpack8(float (&f)[8], const uint4& u) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        f[2 * k] = bf16_lo(w[k]);
-        f[2 * k + 1] = bf16_hi(w[k]);
-    }
-}
-
-// VEC consecutive bf16 <-> fp32; VEC == 8 is one 16-byte access (p must be 16-byte aligned)
-template <int VEC>
-__device__ inline void load_bf16(float (&f)[VEC], const floatX* p) {
-    if constexpr (VEC == 8) {
-        unpack8(f, *reinterpret_cast<const uint4*>(p));
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) f[k] = __bfloat162float(p[k]);
-    }
-}
-template <int VEC>
-__device__ inline void store_bf16(floatX* p, const float (&f)[VEC]) {
-    if constexpr (VEC == 8) {
-        *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]),
-                                                  pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) p[k] = __float2bfloat16_rn(f[k]);
-    }
-}
-
-// VEC bf16 exactly as stored (one 16-byte word for VEC == 8): what a thread keeps in registers
-// across the barriers, unpacked to fp32 where used (half the registers of fp32 copies)
-template <int VEC>
-using Packed = std::conditional_t<VEC == 8, uint4, floatX>;
-template <int VEC>
-__device__ inline Packed<VEC> load_packed(const floatX* p) {
-    return *reinterpret_cast<const Packed<VEC>*>(p);
-}
-template <int VEC>
-__device__ inline void unpack(float (&f)[VEC], const Packed<VEC>& u) {
-    if constexpr (VEC == 8) unpack8(f, u);
-    else f[0] = __bfloat162float(u);
-}
+using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
 
 __device__ inline float warp_sum(float v) {
 #pragma unroll
@@ -126,11 +73,14 @@ __device__ inline void row_sum2(float& a, float& b) {
     }
 }
 
+// One row per row group. FUSED: inp1 + inp2 -> residual (bf16) first, then the LayerNorm of it.
+// (residual, inp1, inp2 are not __restrict__: residual == inp1 is allowed, each element being read
+// and then written by the same thread.)
 template <int VEC, int K, bool FUSED>
-__global__ void __launch_bounds__(FWD_MAX_X) layernorm_forward_kernel(floatX* residual, floatX* __restrict__ out, float* __restrict__ mean,
-                                         float* __restrict__ rstd, const floatX* inp1, const floatX* inp2,
-                                         const floatX* __restrict__ weight, const floatX* __restrict__ bias, int N,
-                                         int C) {
+__global__ void __launch_bounds__(FWD_MAX_X)
+    layernorm_forward_kernel(floatX* residual, floatX* __restrict__ out, float* __restrict__ mean,
+                             float* __restrict__ rstd, const floatX* inp1, const floatX* inp2,
+                             const floatX* __restrict__ weight, const floatX* __restrict__ bias, int N, int C) {
     const int row = blockIdx.x * blockDim.y + threadIdx.y;
     const bool row_ok = row < N;  // the threads of a missing row still take part in the barriers
     const size_t off = (size_t)row * C;
@@ -345,13 +295,14 @@ inline int sm_count() {
     return n;
 }
 
-template <int VEC, int K>
-inline void* backward_kernel_ptr() {
-    return (void*)layernorm_backward_kernel<VEC, K>;
-}
-inline void* backward_kernel_for(const Shape& s) {
-    if (s.vec == 8) return s.k == 1 ? backward_kernel_ptr<8, 1>() : s.k == 2 ? backward_kernel_ptr<8, 2>() : backward_kernel_ptr<8, 4>();
-    return s.k == 1 ? backward_kernel_ptr<1, 1>() : s.k == 2 ? backward_kernel_ptr<1, 2>() : backward_kernel_ptr<1, 4>();
+inline const void* backward_kernel_for(const Shape& s) {  // (for the occupancy query)
+    const void* kernel = nullptr;
+    with_pow2<1, 4>(s.k, [&](auto k) {
+        constexpr int K = decltype(k)::value;
+        kernel = s.vec == 8 ? (const void*)layernorm_backward_kernel<8, K>
+                            : (const void*)layernorm_backward_kernel<1, K>;
+    });
+    return kernel;
 }
 
 // The backward's fixed partition: G blocks of rows_per_block rows (one resident wave).
@@ -383,19 +334,16 @@ inline void forward_launch(floatX* residual, floatX* out, float* mean, float* rs
     const Shape s = row_shape(C, vec, FWD_THREADS, FWD_MAX_X);
     const dim3 block(s.x, s.y);
     const int grid = ceil_div(N, s.y);
-#define LLMC_LN_FWD(V, K)                                                                                   \
-    layernorm_forward_kernel<V, K, FUSED><<<grid, block, 0, llmc_stream()>>>(residual, out, mean, rstd, inp1, \
-                                                                            inp2, weight, bias, N, C)
-    if (s.vec == 8) {
-        if (s.k == 1) LLMC_LN_FWD(8, 1);
-        else if (s.k == 2) LLMC_LN_FWD(8, 2);
-        else LLMC_LN_FWD(8, 4);
-    } else {
-        if (s.k == 1) LLMC_LN_FWD(1, 1);
-        else if (s.k == 2) LLMC_LN_FWD(1, 2);
-        else LLMC_LN_FWD(1, 4);
-    }
-#undef LLMC_LN_FWD
+    cudaStream_t st = llmc_stream();
+    with_pow2<1, 4>(s.k, [&](auto k) {
+        constexpr int K = decltype(k)::value;
+        if (s.vec == 8)
+            layernorm_forward_kernel<8, K, FUSED><<<grid, block, 0, st>>>(residual, out, mean, rstd, inp1, inp2,
+                                                                          weight, bias, N, C);
+        else
+            layernorm_forward_kernel<1, K, FUSED><<<grid, block, 0, st>>>(residual, out, mean, rstd, inp1, inp2,
+                                                                          weight, bias, N, C);
+    });
     cudaCheckLaunch();
 }
 
@@ -437,20 +385,16 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
     const Shape& s = g.shape;
     float* partials = cuda_scratch<float>((size_t)g.blocks * 2 * C, "layernorm_backward");
     const dim3 block(s.x, s.y);
-#define LLMC_LN_BWD(V, K)                                                                      \
-    layernorm_backward_kernel<V, K><<<g.blocks, block, g.smem, llmc_stream()>>>(dinp, partials, dout, inp, \
-                                                                              weight, mean, rstd, N, C,   \
-                                                                              g.rows_per_block)
-    if (s.vec == 8) {
-        if (s.k == 1) LLMC_LN_BWD(8, 1);
-        else if (s.k == 2) LLMC_LN_BWD(8, 2);
-        else LLMC_LN_BWD(8, 4);
-    } else {
-        if (s.k == 1) LLMC_LN_BWD(1, 1);
-        else if (s.k == 2) LLMC_LN_BWD(1, 2);
-        else LLMC_LN_BWD(1, 4);
-    }
-#undef LLMC_LN_BWD
+    cudaStream_t st = llmc_stream();
+    with_pow2<1, 4>(s.k, [&](auto k) {
+        constexpr int K = decltype(k)::value;
+        if (s.vec == 8)
+            layernorm_backward_kernel<8, K><<<g.blocks, block, g.smem, st>>>(dinp, partials, dout, inp, weight, mean,
+                                                                             rstd, N, C, g.rows_per_block);
+        else
+            layernorm_backward_kernel<1, K><<<g.blocks, block, g.smem, st>>>(dinp, partials, dout, inp, weight, mean,
+                                                                             rstd, N, C, g.rows_per_block);
+    });
     cudaCheckLaunch();
     layernorm_param_grad_kernel<<<dim3(ceil_div(C, 32), 2), dim3(32, 32), 0, llmc_stream()>>>(dweight, dbias, partials,
                                                                                              g.blocks, C);

@@ -83,6 +83,25 @@ inline size_t matmul_scratch_bytes(int BT, int OC) {
 // ------------------------------------------------------------------------------------------------
 // dbias kernels
 
+// End of stage 1 (a 32 x 8 block; thread (tx, ty) holds the sums acc of its row-strand ty for columns
+// strip_col0 + tx * VEC ..): the 8 row-strands are combined in shared memory in the fixed order
+// ty = 0..7, every thread of the block finishing columns, into partial_row[strip_col0 ..] (< OC).
+template <int VEC>
+__device__ inline void matmul_dbias_combine_strands(float* partial_row, const float (&acc)[VEC], int strip_col0,
+                                                    int OC) {
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    __shared__ float strand[8][32 * VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; v++) strand[ty][tx * VEC + v] = acc[v];
+    __syncthreads();
+    for (int c = ty * 32 + tx; c < 32 * VEC; c += 256) {
+        float s = 0.0f;
+#pragma unroll
+        for (int y = 0; y < 8; y++) s += strand[y][c];
+        if (strip_col0 + c < OC) partial_row[strip_col0 + c] = s;
+    }
+}
+
 template <int VEC>
 __global__ void __launch_bounds__(256) matmul_dbias_partial_kernel(float* __restrict__ partial,
                                                                   const floatX* __restrict__ dout, int BT, int OC) {
@@ -104,29 +123,22 @@ __global__ void __launch_bounds__(256) matmul_dbias_partial_kernel(float* __rest
         if constexpr (VEC == 8) {
             // four rows in flight per thread, added in row order
             for (; r + 24 < row_end; r += 32, p += 4 * stride) {
-                int4 raw[4];
+                uint4 raw[4];
 #pragma unroll
-                for (int u = 0; u < 4; u++) raw[u] = __ldg(reinterpret_cast<const int4*>(p + u * stride));
+                for (int u = 0; u < 4; u++) raw[u] = __ldg(reinterpret_cast<const uint4*>(p + u * stride));
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+                    float f[8];
+                    bf16x8::unpack8(f, raw[u]);
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        float2 f = __bfloat1622float2(h[i]);
-                        acc[2 * i] += f.x;
-                        acc[2 * i + 1] += f.y;
-                    }
+                    for (int v = 0; v < 8; v++) acc[v] += f[v];
                 }
             }
             for (; r < row_end; r += 8, p += stride) {
-                int4 raw = __ldg(reinterpret_cast<const int4*>(p));
-                const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+                float f[8];
+                bf16x8::unpack8(f, __ldg(reinterpret_cast<const uint4*>(p)));
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float2 f = __bfloat1622float2(h[i]);
-                    acc[2 * i] += f.x;
-                    acc[2 * i + 1] += f.y;
-                }
+                for (int v = 0; v < 8; v++) acc[v] += f[v];
             }
         } else {
             for (; r + 24 < row_end; r += 32, p += 4 * stride) {
@@ -140,27 +152,21 @@ __global__ void __launch_bounds__(256) matmul_dbias_partial_kernel(float* __rest
         }
     }
 
-    // combine the 8 row-strands in a fixed order; every thread of the block finishes columns
-    __shared__ float strand[8][32 * VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; v++) strand[ty][tx * VEC + v] = acc[v];
-    __syncthreads();
-    for (int c = ty * 32 + tx; c < 32 * VEC; c += 256) {
-        float s = 0.0f;
-#pragma unroll
-        for (int y = 0; y < 8; y++) s += strand[y][c];
-        if (strip_col0 + c < OC) partial[(size_t)chunk * OC + strip_col0 + c] = s;
-    }
+    matmul_dbias_combine_strands<VEC>(partial + (size_t)chunk * OC, acc, strip_col0, OC);
 }
 
+// Stage 2, for the single and the batched products: grid (column strips of 32, batch: 1 for the single
+// product), block 32 x 8: thread (tx, ty) sums chunks ty, ty + 8, ... of its column of partial[b]
+// [nchunks][OC]; the 8 strands are combined in order and added to dbias[b] (one bf16 rounding).
 __global__ void __launch_bounds__(256) matmul_dbias_finish_kernel(floatX* __restrict__ dbias,
                                                                  const float* __restrict__ partial, int nchunks, int OC) {
-    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int tx = threadIdx.x, ty = threadIdx.y, b = blockIdx.y;
     const int col = blockIdx.x * 32 + tx;
+    const float* p = partial + (size_t)b * nchunks * OC;
     float s = 0.0f;
     if (col < OC) {
 #pragma unroll 4
-        for (int k = ty; k < nchunks; k += 8) s += partial[(size_t)k * OC + col];
+        for (int k = ty; k < nchunks; k += 8) s += p[(size_t)k * OC + col];
     }
     __shared__ float strand[8][32];
     strand[ty][tx] = s;
@@ -169,7 +175,8 @@ __global__ void __launch_bounds__(256) matmul_dbias_finish_kernel(floatX* __rest
         float t = 0.0f;
 #pragma unroll
         for (int y = 0; y < 8; y++) t += strand[y][tx];
-        dbias[col] = __float2bfloat16(__bfloat162float(dbias[col]) + t);
+        floatX* db = dbias + (size_t)b * OC + col;
+        *db = __float2bfloat16(__bfloat162float(*db) + t);
     }
 }
 
@@ -243,6 +250,65 @@ inline size_t matmul_cached_plans() { return matmul_detail::state().plans.size()
 
 namespace matmul_detail {
 
+// A plan's matmul descriptor: fp32 compute and scale type, op(A) op(B), and with a bias the BIAS
+// epilogue on a bf16 vector (the pointer is set too: the heuristic reads its alignment from it)
+inline cublasLtMatmulDesc_t make_matmul_desc(bool transa, bool transb, const floatX* bias) {
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (bias) {
+        int32_t bias_type = CUDA_R_16BF;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                   sizeof(bias_type)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    return desc;
+}
+
+// The heuristic's first algorithm for a plan's descriptor and layouts under our preferences: the
+// workspace, split-K partials in fp32 (or no split-K), the operands' alignments in bytes (C is D).
+// found == 0 (or a status other than success): there is none.
+inline cublasStatus_t find_algo(const GemmPlan& p, uint32_t align_a, uint32_t align_b, uint32_t align_d,
+                                cublasLtMatmulHeuristicResult_t& result, int& found) {
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = MATMUL_WORKSPACE_BYTES;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // split-K partials in fp32 (or no split-K)
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                     sizeof(reduction)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                     sizeof(uint32_t)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                     sizeof(uint32_t)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                     sizeof(uint32_t)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                     sizeof(uint32_t)));
+    result = {};
+    found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(state().handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result,
+                                                           &found);
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    return status;
+}
+
+// D = op(A) op(B) (+ bias) + beta * D with a plan's algorithm, on llmc_stream(); the bias pointer
+// must have the alignment the plan was made with (it is in the plan's key)
+inline cublasStatus_t run_plan(GemmPlan& p, floatX* d, const floatX* a, const floatX* b, const floatX* bias,
+                               float beta) {
+    State& s = state();
+    if (bias)
+        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    const float alpha = 1.0f;
+    return cublasLtMatmul(s.handle, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo, s.workspace,
+                          MATMUL_WORKSPACE_BYTES, llmc_stream());
+}
+
 // D[m, n] (column-major, ld m) = op(A) op(B) (+ bias[m] broadcast over columns) + beta * D
 //   A stored [k, m] (ld k) if transa else [m, k] (ld m); B stored [n, k] (ld n) if transb else [k, n] (ld k)
 // `what`, BT, C, OC only name the caller's shape in error messages.
@@ -264,43 +330,13 @@ inline void gemm(const char* what, floatX* d, const floatX* a, const floatX* b, 
     if (it == s.plans.end()) {
         // first call of this shape: descriptors, layouts and the heuristic query (host-side work)
         GemmPlan p;
-        cublasCheck(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-        cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-        if (bias) {
-            int32_t bias_type = CUDA_R_16BF;
-            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                                       sizeof(bias_type)));
-            // the heuristic reads the bias pointer's alignment from the descriptor
-            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-        }
+        p.desc = make_matmul_desc(transa, transb, bias);
         cublasCheck(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, transa ? k : m, transa ? m : k, transa ? k : m));
         cublasCheck(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, transb ? n : k, transb ? k : n, transb ? n : k));
         cublasCheck(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_16BF, m, n, m));
-
-        cublasLtMatmulPreference_t pref;
-        cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-        uint64_t ws = MATMUL_WORKSPACE_BYTES;
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-        uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // split-K partials in fp32 (or no split-K)
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
-                                                         sizeof(reduction)));
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a,
-                                                         sizeof(uint32_t)));
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b,
-                                                         sizeof(uint32_t)));
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_d,
-                                                         sizeof(uint32_t)));
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_d,
-                                                         sizeof(uint32_t)));
-        cublasLtMatmulHeuristicResult_t result = {};
-        int found = 0;
-        cublasStatus_t status =
-            cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
-        cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+        cublasLtMatmulHeuristicResult_t result;
+        int found;
+        const cublasStatus_t status = find_algo(p, key.align_a, key.align_b, key.align_d, result, found);
         if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
             cublasLtMatrixLayoutDestroy(p.a);
             cublasLtMatrixLayoutDestroy(p.b);
@@ -315,12 +351,7 @@ inline void gemm(const char* what, floatX* d, const floatX* a, const floatX* b, 
         p.algo = result.algo;
         it = s.plans.emplace(key, p).first;
     }
-    GemmPlan& p = it->second;
-    if (bias)  // same alignment as the pointer the plan was made with (it is in the key)
-        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    const float alpha = 1.0f;
-    cublasStatus_t status = cublasLtMatmul(s.handle, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
-                                           s.workspace, MATMUL_WORKSPACE_BYTES, llmc_stream());
+    const cublasStatus_t status = run_plan(it->second, d, a, b, bias, beta);
     LLMC_CHECK(status == CUBLAS_STATUS_SUCCESS, "%s: cublasLtMatmul failed (%s) for BT=%d, C=%d, OC=%d", what,
                cublasLtGetStatusString(status), BT, C, OC);
     cudaCheckLaunch();
@@ -422,55 +453,19 @@ __global__ void __launch_bounds__(256) matmul_dbias_batched_partial_kernel(float
         for (int r = chunk * MATMUL_DBIAS_ROWS_PER_CHUNK + ty; r < row_end; r += 8) {
             const floatX* p = d + (size_t)r * OC + col;
             if constexpr (VEC == 8) {
-                const int4 raw = __ldg(reinterpret_cast<const int4*>(p));
-                const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+                float f[8];
+                bf16x8::unpack8(f, __ldg(reinterpret_cast<const uint4*>(p)));
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const float2 f = __bfloat1622float2(h[k]);
-                    acc[2 * k] += f.x;
-                    acc[2 * k + 1] += f.y;
-                }
+                for (int v = 0; v < 8; v++) acc[v] += f[v];
             } else {
                 acc[0] += __bfloat162float(*p);
             }
         }
     }
-    __shared__ float strand[8][32 * VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; v++) strand[ty][tx * VEC + v] = acc[v];
-    __syncthreads();
-    for (int c = ty * 32 + tx; c < 32 * VEC; c += 256) {
-        float s = 0.0f;
-#pragma unroll
-        for (int y = 0; y < 8; y++) s += strand[y][c];
-        if (strip_col0 + c < OC) partial[((size_t)b * nchunks + chunk) * OC + strip_col0 + c] = s;
-    }
+    matmul_dbias_combine_strands<VEC>(partial + ((size_t)b * nchunks + chunk) * OC, acc, strip_col0, OC);
 }
 
-// Stage 2: grid (column strips of 32, batch), block 32 x 8: thread (tx, ty) sums chunks ty, ty + 8, ...
-// of its column; the 8 strands are combined in order and added to dbias[b] (one bf16 rounding).
-__global__ void __launch_bounds__(256) matmul_dbias_batched_finish_kernel(floatX* __restrict__ dbias,
-                                                                         const float* __restrict__ partial,
-                                                                         int nchunks, int OC) {
-    const int tx = threadIdx.x, ty = threadIdx.y, b = blockIdx.y;
-    const int col = blockIdx.x * 32 + tx;
-    const float* p = partial + (size_t)b * nchunks * OC;
-    float s = 0.0f;
-    if (col < OC) {
-#pragma unroll 4
-        for (int k = ty; k < nchunks; k += 8) s += p[(size_t)k * OC + col];
-    }
-    __shared__ float strand[8][32];
-    strand[ty][tx] = s;
-    __syncthreads();
-    if (ty == 0 && col < OC) {
-        float t = 0.0f;
-#pragma unroll
-        for (int y = 0; y < 8; y++) t += strand[y][tx];
-        floatX* db = dbias + (size_t)b * OC + col;
-        *db = __float2bfloat16(__bfloat162float(*db) + t);
-    }
-}
+// Stage 2: matmul_dbias_finish_kernel above, with the batch as grid dimension y.
 
 namespace matmul_detail {
 
@@ -533,7 +528,6 @@ inline bool gemm_batched(const char* what, floatX* d, const floatX* a, const flo
     LLMC_CHECK(m > 0 && n > 0 && k > 0 && batch > 0, "%s: empty shape (n_batch=%d, BT=%d, C=%d, OC=%d)", what, batch,
                BT, C, OC);
     matmul_setup();
-    State& s = state();
     BatchedGemmKey key{transa,
                        transb,
                        bias != nullptr,
@@ -557,17 +551,8 @@ inline bool gemm_batched(const char* what, floatX* d, const floatX* a, const flo
     if (it == plans.end()) {
         BatchedGemmPlan bp;
         GemmPlan& p = bp.p;
-        cublasCheck(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-        cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        p.desc = make_matmul_desc(transa, transb, bias);
         if (bias) {
-            int32_t bias_type = CUDA_R_16BF;
-            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                                       sizeof(bias_type)));
-            cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
             const int64_t bias_stride = m;
             cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_stride,
                                                        sizeof(bias_stride)));
@@ -575,27 +560,9 @@ inline bool gemm_batched(const char* what, floatX* d, const floatX* a, const flo
         p.a = transa ? batched_layout(k, m, batch) : batched_layout(m, k, batch);
         p.b = transb ? batched_layout(n, k, batch) : batched_layout(k, n, batch);
         p.d = batched_layout(m, n, batch);
-
-        cublasLtMatmulPreference_t pref;
-        cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-        uint64_t ws = MATMUL_WORKSPACE_BYTES;
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-        uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
-                                                         sizeof(reduction)));
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a,
-                                                         sizeof(uint32_t)));
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b,
-                                                         sizeof(uint32_t)));
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_d,
-                                                         sizeof(uint32_t)));
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_d,
-                                                         sizeof(uint32_t)));
-        cublasLtMatmulHeuristicResult_t result = {};
-        int found = 0;
-        cublasStatus_t status =
-            cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
-        cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+        cublasLtMatmulHeuristicResult_t result;
+        int found;
+        const cublasStatus_t status = find_algo(p, key.align_a, key.align_b, key.align_d, result, found);
         bp.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
         if (bp.found) p.algo = result.algo;
         else if (!bias)
@@ -607,11 +574,7 @@ inline bool gemm_batched(const char* what, floatX* d, const floatX* a, const flo
         it = plans.emplace(key, bp).first;
     }
     if (!it->second.found) return false;
-    GemmPlan& p = it->second.p;
-    if (bias) cublasCheck(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    const float alpha = 1.0f;
-    cublasStatus_t status = cublasLtMatmul(s.handle, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
-                                           s.workspace, MATMUL_WORKSPACE_BYTES, llmc_stream());
+    const cublasStatus_t status = run_plan(it->second.p, d, a, b, bias, beta);
     LLMC_CHECK(status == CUBLAS_STATUS_SUCCESS, "%s: cublasLtMatmul failed (%s) for n_batch=%d, BT=%d, C=%d, OC=%d",
                what, cublasLtGetStatusString(status), batch, BT, C, OC);
     cudaCheckLaunch();
@@ -633,8 +596,8 @@ inline void bias_grad_batched(floatX* dbias, const floatX* dout, int n_batch, in
             partial, dout, BT, OC, nchunks);
     }
     cudaCheckLaunch();
-    matmul_dbias_batched_finish_kernel<<<dim3(ceil_div(OC, 32), n_batch), block, 0, llmc_stream()>>>(dbias, partial,
-                                                                                                   nchunks, OC);
+    matmul_dbias_finish_kernel<<<dim3(ceil_div(OC, 32), n_batch), block, 0, llmc_stream()>>>(dbias, partial, nchunks,
+                                                                                           OC);
     cudaCheckLaunch();
 }
 

@@ -18,45 +18,7 @@ namespace mlp_detail {
 constexpr int THREADS = 256;
 constexpr float GELU_SCALE = 0.7978845608028654f;  // sqrt(2 / pi)
 
-inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
-
-// bf16 <-> fp32 without type punning: a bf16 is the high half of an fp32, and in a 32-bit word of
-// two packed bf16 the lower address is the low half
-__device__ inline float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ inline float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
-__device__ inline void unpack8(float (&f)[8], const uint4& u) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        f[2 * k] = bf16_lo(w[k]);
-        f[2 * k + 1] = bf16_hi(w[k]);
-    }
-}
-
-// VEC consecutive bf16 <-> fp32; VEC == 8 is one 16-byte access (p must be 16-byte aligned)
-template <int VEC>
-__device__ inline void load_bf16(float (&f)[VEC], const floatX* p) {
-    if constexpr (VEC == 8) {
-        unpack8(f, *reinterpret_cast<const uint4*>(p));
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) f[k] = __bfloat162float(p[k]);
-    }
-}
-template <int VEC>
-__device__ inline void store_bf16(floatX* p, const float (&f)[VEC]) {
-    if constexpr (VEC == 8) {
-        *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]),
-                                                  pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) p[k] = __float2bfloat16_rn(f[k]);
-    }
-}
+using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
 
 __device__ inline float sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
 

@@ -8,9 +8,10 @@
 // of its CPU twin; scores are float, tensors floatX, routing int, all device pointers.
 //
 // Who owns what (every output element is written by one thread, sums in a fixed order: deterministic)
-//  moe_router_forward  one block stages a 64-channel slice of Wr (as fp32, transposed) in shared memory;
-//      a LANE owns one expert (two for E > 32, four for E > 64) of a group of 8 tokens and runs each
-//      dot product over C in channel order (fp32 FMA, x read as 16-byte vectors where possible); the
+//  moe_router_forward  a block owns 64..512 tokens and stages 32-channel slices of Wr (fp32,
+//      transposed) and of x (bf16, loaded by all threads as 16-byte vectors where possible) in shared
+//      memory; a LANE owns one expert (two for E > 32, four for E > 64) of a group of 8 tokens and runs
+//      each dot product over C in channel order (fp32 FMA of exact bf16 products, as the CPU); the
 //      softmax is then a shuffle reduction over the lanes of the group (E <= 32: 32 / E groups share
 //      a warp). E <= 128.
 //  moe_select, group = micro-batch: per expert the k-th largest score by radix select on the bits of
@@ -58,7 +59,7 @@ constexpr int THREADS = 256;
 constexpr int WARPS = THREADS / 32;
 constexpr unsigned FULL_MASK = 0xffffffffu;
 
-constexpr int ROUTER_KC = 64;         // channels of Wr in shared memory at a time (forward)
+constexpr int ROUTER_KC = 32;         // channels of Wr and x in shared memory at a time (forward)
 constexpr int ROUTER_RT = 8;          // tokens of one lane group (forward)
 constexpr int ROUTER_MAX_EXPERTS = 128;
 constexpr int RB_RT = 4;              // tokens of one warp (backward, dx)
@@ -69,41 +70,7 @@ constexpr int HIST_TOKENS = 1024;     // tokens of one histogram block
 constexpr int SEL_RUN = 8;            // consecutive tokens a thread classifies in the compaction
 constexpr int SEL_CHUNK = 32 * SEL_RUN;  // tokens of one compaction chunk (32 runs x 8 experts per block)
 
-inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
-
-// ---- bf16 <-> fp32: a bf16 is the high half of an fp32; in a 32-bit word of two, the lower address is the low half
-__device__ inline float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ inline float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-__device__ inline uint32_t pack_bf16(float lo, float hi) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
-// VEC consecutive elements; VEC == 8 is one 16-byte access (p 16-byte aligned)
-template <int VEC>
-__device__ inline void load_bf16(float (&f)[VEC], const floatX* p) {
-    if constexpr (VEC == 8) {
-        const uint4 u = *reinterpret_cast<const uint4*>(p);
-        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            f[2 * k] = bf16_lo(w[k]);
-            f[2 * k + 1] = bf16_hi(w[k]);
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) f[k] = __bfloat162float(p[k]);
-    }
-}
-template <int VEC>
-__device__ inline void store_bf16(floatX* p, const float (&f)[VEC]) {
-    if constexpr (VEC == 8) {
-        *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]),
-                                                  pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
-    } else {
-#pragma unroll
-        for (int k = 0; k < VEC; k++) p[k] = __float2bfloat16_rn(f[k]);
-    }
-}
+using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
 
 __device__ inline float warp_sum(float v) {
 #pragma unroll
@@ -132,11 +99,17 @@ __global__ void __launch_bounds__(THREADS) moe_router_forward_kernel(float* __re
     constexpr int G = 32 / LPG;                 // token groups per warp
     constexpr int EPL = EMAX / LPG;             // experts per lane (lane el owns el, el + 32, ...)
     constexpr int TOKENS = WARPS * G * ROUTER_RT;
+    constexpr int XS_LD = ROUTER_KC + 8;  // bf16 row pitch of the x tile (80 bytes: 16-byte rows, see below)
     // Wr^T slice [k][e] in fp32; the +1 makes the transposing stores (consecutive k) conflict-free
     __shared__ float wt[ROUTER_KC][EMAX + 1];
+    // x tile [token][k], zero-padded past n and C
+    __shared__ __align__(16) floatX xs[TOKENS][XS_LD];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int grp = lane / LPG, el = lane % LPG;
-    const int tok0 = blockIdx.x * TOKENS + (warp * G + grp) * ROUTER_RT;
+    // token r of this lane group is tile row r * WARPS * G + warp * G + grp: the G groups of a warp read
+    // consecutive rows, 80 bytes = 20 banks apart, so their 16-byte reads never share a bank
+    const int row0 = warp * G + grp;
+    const int tok0 = blockIdx.x * TOKENS;
 
     float acc[ROUTER_RT][EPL];
 #pragma unroll
@@ -146,32 +119,42 @@ __global__ void __launch_bounds__(THREADS) moe_router_forward_kernel(float* __re
 
     for (int k0 = 0; k0 < C; k0 += ROUTER_KC) {
         const int kc = min(ROUTER_KC, C - k0);
-        __syncthreads();  // every warp is done with the previous slice
+        __syncthreads();  // every warp is done with the previous tiles
         for (int idx = threadIdx.x; idx < ROUTER_KC * EMAX; idx += THREADS) {
             const int e = idx / ROUTER_KC, k = idx % ROUTER_KC;  // consecutive threads: consecutive k of a row
             wt[k][e] = (e < E && k < kc) ? __bfloat162float(router_w[(size_t)e * C + k0 + k]) : 0.0f;
         }
+        // the x tile: every thread loads distinct, coalesced pieces (many bytes in flight per SM)
+        if constexpr (VEC == 8) {  // C % 8 == 0: a vector is wholly inside or wholly outside C
+            for (int idx = threadIdx.x; idx < TOKENS * (ROUTER_KC / 8); idx += THREADS) {
+                const int t = idx / (ROUTER_KC / 8), k = (idx % (ROUTER_KC / 8)) * 8, i = tok0 + t;
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (i < n && k < kc) v = *reinterpret_cast<const uint4*>(x + (size_t)i * C + k0 + k);
+                *reinterpret_cast<uint4*>(&xs[t][k]) = v;
+            }
+        } else {
+            for (int idx = threadIdx.x; idx < TOKENS * ROUTER_KC; idx += THREADS) {
+                const int t = idx / ROUTER_KC, k = idx % ROUTER_KC, i = tok0 + t;
+                xs[t][k] = (i < n && k < kc) ? x[(size_t)i * C + k0 + k] : __float2bfloat16_rn(0.0f);
+            }
+        }
         __syncthreads();
-        // VEC = 8 only when C % 8 == 0, so kc is a multiple of 8 too
-        for (int k = 0; k < kc; k += VEC) {
-            float xv[ROUTER_RT][VEC];
+        // 8 channels at a time (the padding is zeros): Wr values in registers, reused by RT tokens
+        for (int k = 0; k < kc; k += 8) {
+            float w[8][EPL];
+#pragma unroll
+            for (int v = 0; v < 8; v++)
+#pragma unroll
+                for (int p = 0; p < EPL; p++) w[v][p] = wt[k + v][el + p * LPG];
 #pragma unroll
             for (int r = 0; r < ROUTER_RT; r++) {
-                if (tok0 + r < n) {
-                    load_bf16<VEC>(xv[r], x + (size_t)(tok0 + r) * C + k0 + k);
-                } else {
+                float xv[8];
+                load_bf16<8>(xv, &xs[r * WARPS * G + row0][k]);
 #pragma unroll
-                    for (int v = 0; v < VEC; v++) xv[r][v] = 0.0f;
-                }
+                for (int v = 0; v < 8; v++)
+#pragma unroll
+                    for (int p = 0; p < EPL; p++) acc[r][p] = fmaf(xv[v], w[v][p], acc[r][p]);
             }
-#pragma unroll
-            for (int v = 0; v < VEC; v++)
-#pragma unroll
-                for (int p = 0; p < EPL; p++) {
-                    const float w = wt[k + v][el + p * LPG];
-#pragma unroll
-                    for (int r = 0; r < ROUTER_RT; r++) acc[r][p] = fmaf(xv[r][v], w, acc[r][p]);
-                }
         }
     }
 
@@ -193,7 +176,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_forward_kernel(float* __re
         }
 #pragma unroll
         for (int off = LPG / 2; off > 0; off /= 2) sum += __shfl_xor_sync(FULL_MASK, sum, off);
-        const int i = tok0 + r;
+        const int i = tok0 + r * WARPS * G + row0;
         if (i < n) {
 #pragma unroll
             for (int p = 0; p < EPL; p++)
@@ -738,25 +721,14 @@ inline void moe_router_forward(float* scores, const floatX* x, const floatX* rou
     LLMC_CHECK(n > 0 && C > 0 && E > 0 && E <= ROUTER_MAX_EXPERTS,
                "moe_router_forward: need n, C > 0 and 1 <= E <= %d (n=%d, C=%d, E=%d)", ROUTER_MAX_EXPERTS, n, C, E);
     const bool vec = C % 8 == 0 && aligned16(x);
-    const int emax = E <= 4 ? 4 : E <= 8 ? 8 : E <= 16 ? 16 : E <= 32 ? 32 : E <= 64 ? 64 : 128;
-    // tokens per block: WARPS * (32 / lanes per group) * ROUTER_RT
-    const int tokens = WARPS * (32 / std::min(emax, 32)) * ROUTER_RT;
-    const unsigned grid = (unsigned)ceil_div(n, tokens);
     cudaStream_t st = llmc_stream();
-#define MOE_ROUTER_FWD(EM)                                                                                     \
-    do {                                                                                                       \
-        if (vec) moe_router_forward_kernel<EM, 8><<<grid, THREADS, 0, st>>>(scores, x, router_w, n, C, E);     \
-        else moe_router_forward_kernel<EM, 1><<<grid, THREADS, 0, st>>>(scores, x, router_w, n, C, E);         \
-    } while (0)
-    switch (emax) {
-        case 4: MOE_ROUTER_FWD(4); break;
-        case 8: MOE_ROUTER_FWD(8); break;
-        case 16: MOE_ROUTER_FWD(16); break;
-        case 32: MOE_ROUTER_FWD(32); break;
-        case 64: MOE_ROUTER_FWD(64); break;
-        default: MOE_ROUTER_FWD(128); break;
-    }
-#undef MOE_ROUTER_FWD
+    with_pow2<4, ROUTER_MAX_EXPERTS>(E, [&](auto emax) {  // the kernel for E <= EM experts
+        constexpr int EM = decltype(emax)::value;
+        // tokens per block: WARPS * (32 / lanes per group) * ROUTER_RT
+        const unsigned grid = (unsigned)ceil_div(n, WARPS * (32 / std::min(EM, 32)) * ROUTER_RT);
+        if (vec) moe_router_forward_kernel<EM, 8><<<grid, THREADS, 0, st>>>(scores, x, router_w, n, C, E);
+        else moe_router_forward_kernel<EM, 1><<<grid, THREADS, 0, st>>>(scores, x, router_w, n, C, E);
+    });
     cudaCheckLaunch();
 }
 
@@ -900,20 +872,11 @@ inline void moe_router_backward(floatX* dx, floatX* drouter_w, const float* dsco
 
     const bool vec = C % 8 == 0 && aligned16(x);
     const dim3 grid(ceil_div(C, RW_COLS), nchunks);
-    const int re = E <= 8 ? 1 : E <= 16 ? 2 : E <= 32 ? 4 : E <= 64 ? 8 : 16;
-#define MOE_ROUTER_DW(RE)                                                                                       \
-    do {                                                                                                        \
-        if (vec) moe_router_dw_partial_kernel<RE, 8><<<grid, THREADS, 0, st>>>(partial, dlogit, x, n, C, E);    \
-        else moe_router_dw_partial_kernel<RE, 1><<<grid, THREADS, 0, st>>>(partial, dlogit, x, n, C, E);        \
-    } while (0)
-    switch (re) {
-        case 1: MOE_ROUTER_DW(1); break;
-        case 2: MOE_ROUTER_DW(2); break;
-        case 4: MOE_ROUTER_DW(4); break;
-        case 8: MOE_ROUTER_DW(8); break;
-        default: MOE_ROUTER_DW(16); break;
-    }
-#undef MOE_ROUTER_DW
+    with_pow2<1, ROUTER_MAX_EXPERTS / 8>(ceil_div(E, 8), [&](auto re) {  // RE experts per thread, 8 RE >= E
+        constexpr int RE = decltype(re)::value;
+        if (vec) moe_router_dw_partial_kernel<RE, 8><<<grid, THREADS, 0, st>>>(partial, dlogit, x, n, C, E);
+        else moe_router_dw_partial_kernel<RE, 1><<<grid, THREADS, 0, st>>>(partial, dlogit, x, n, C, E);
+    });
     cudaCheckLaunch();
     moe_router_dw_finish_kernel<<<(unsigned)ceil_div(E * C, THREADS), THREADS, 0, st>>>(drouter_w, partial, nchunks, E, C);
     cudaCheckLaunch();

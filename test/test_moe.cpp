@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -336,7 +337,7 @@ vector<S> softmax_scores(TestRng& r, int n, int E) {
     return s;
 }
 
-const char* group_name(bool by_pos) { return by_pos ? "position" : "batch"; }
+std::string group_name(bool by_pos) { return by_pos ? "position" : "batch"; }
 
 // Runs moe_select (on outputs poisoned with -7) and checks it against the brute force and the
 // invariants of the two routing tables. Returns the brute-force routing.
@@ -417,6 +418,7 @@ struct MoeLayer {
     vector<int> et, ts;                 // routing [E, cap], [n, E]
     vector<F> scores, xe, fch, act, ye, out;
 
+    MoeLayer() = default;
     MoeLayer(TestRng& r, int B_, int T_, int C_, int E_, int He_, float cf_, bool by_pos_)
         : B(B_), T(T_), C(C_), E(E_), He(He_), n(B_ * T_), cf(cf_), by_pos(by_pos_) {
         cap = cpu::moe_capacity(B, T, E, cf, by_pos);
@@ -626,6 +628,18 @@ TEST_CASE_TEMPLATE("moe_router_forward: softmax of x . router_w^T vs naive, rows
             for (int e = 0; e < cs.E; e++) row_sum[i] += (double)s[(size_t)i * cs.E + e];
         check_close(op + " row sums", row_sum, ones, std::is_same<T, float>::value ? 1e-6 : 1e-14, 0.0);
         if (cs.E == 1) check_bitwise(op + " (one expert: exactly 1)", s, vector<T>(cs.n, T(1)));
+    }
+    // logits of about +-900 (exp overflows even in double): the max must be subtracted
+    {
+        const int n = 6, C = 16, E = 4;
+        vector<T> x((size_t)n * C), w((size_t)E * C);
+        for (auto& v : x) v = (T)r.uni(5, 10);
+        for (int e = 0; e < E; e++)
+            for (int c = 0; c < C; c++) w[(size_t)e * C + c] = (T)((e % 2 ? -1 : 1) * r.uni(5, 10));
+        auto s = nan_vec<T>((size_t)n * E);
+        cpu::moe_router_forward(s.data(), x.data(), w.data(), n, C, E);
+        check_close(std::string("moe_router_forward<") + tname<T>() + "> scores, logits ~ +-900", s,
+                    naive_router(to_d(x), to_d(w), n, C, E), std::is_same<T, float>::value ? 1e-3 : 1e-10, 1.0);
     }
 }
 
@@ -948,7 +962,7 @@ TEST_CASE("MoE ops: bitwise identical results with 1, 2 and 3 OpenMP threads") {
         const float cf = 1.5f;
         const int cap = cpu::moe_capacity(B, T, E, cf, by_pos);
         for (const vector<float>* sc : {(const vector<float>*)&scores, &tied})
-            same_across_thread_counts<int>(std::string("moe_select (") + group_name(by_pos) + ")", [&] {
+            same_across_thread_counts<int>("moe_select (" + group_name(by_pos) + ")", [&] {
                 vector<int> et((size_t)E * cap, -7), ts((size_t)n * E, -7);
                 cpu::moe_select(et.data(), ts.data(), sc->data(), B, T, E, cf, by_pos);
                 return vector<vector<int>>{et, ts};
@@ -1069,21 +1083,42 @@ int moe_run_train(std::vector<std::string> args) {
     return train_main((int)argv.size(), argv.data());
 }
 
-// one fixed batch [B, T]: inputs, next-token targets, doc_start
+// one fixed batch [B, T]: inputs, next-token targets, doc_start. memorizable: without EOTs and with
+// distinct first tokens, every row is one document and no two tokens share a context, so the loss
+// can go to 0 (an EOT sees only itself: several EOTs with different successors set a floor)
 struct FixedBatch {
     int B, T;
     std::vector<int> in, tgt, ds;
-    FixedBatch(int B_, int T_, uint64_t seed) : B(B_), T(T_), in(B_ * T_), tgt(B_ * T_), ds(B_ * T_) {
+    FixedBatch(int B_, int T_, uint64_t seed, bool memorizable = false)
+        : B(B_), T(T_), in(B_ * T_), tgt(B_ * T_), ds(B_ * T_) {
         std::vector<int> tokens = moe_synthetic_tokens(B * T + 1, seed);
+        if (memorizable) {
+            for (size_t i = 0; i < tokens.size(); i++)
+                if (tokens[i] == 256) tokens[i] = 'A' + (int)(i % 26);
+            for (int b = 0; b < B; b++) tokens[(size_t)b * T] = '0' + b;
+        }
         for (int i = 0; i < B * T; i++) in[i] = tokens[i], tgt[i] = tokens[i + 1];
         for (int b = 0; b < B; b++) compute_doc_start(ds.data() + b * T, in.data() + b * T, T, 256);
     }
+};
+
+// the OpenMP thread count 1 for a scope
+struct OneThread {
+    int saved = omp_get_max_threads();
+    OneThread() { omp_set_num_threads(1); }
+    ~OneThread() { omp_set_num_threads(saved); }
 };
 
 const ParamTensor* find_param(const GPT& m, const std::string& name) {
     for (const ParamTensor& p : m.table)
         if (p.name == name) return &p;
     return nullptr;
+}
+
+size_t param_offset(const GPT& m, const std::string& name) {
+    const ParamTensor* p = find_param(m, name);
+    REQUIRE_MESSAGE(p, name << " missing from the parameter table");
+    return p->offset;
 }
 
 // the routing statistics recomputed here from the token_slots of the last forward
@@ -1107,7 +1142,7 @@ MoeStats my_moe_stats(const GPT& m) {
         for (int i = 0; i < n; i++) {
             int k = 0;
             for (int e = 0; e < E; e++) k += ts[(size_t)i * E + e] >= 0;
-            st.frac[std::min(k, 2)] += 1.0 / n / 1.0;
+            st.frac[std::min(k, 2)] += 1.0 / n;
         }
     }
     for (double& f : st.frac) f /= std::max(layers, 1);
@@ -1131,8 +1166,12 @@ void check_moe_stats(const GPT& m, const std::string& what) {
 }  // namespace
 
 TEST_CASE("MoE models overfit a single batch (moe_every 1 and 2, routing group batch and position)") {
+    // a model this small gains nothing from threads (and OpenMP barriers cost more than the work on
+    // a busy machine); the result does not depend on the thread count (tested above for the MoE ops)
+    OneThread one_thread;
+    const float lr = 7e-3f;
     const int B = 4, T = 32;
-    FixedBatch batch(B, T, 5);
+    FixedBatch batch(B, T, 5, true);
     struct Variant {
         int moe_every, group;
     };
@@ -1173,7 +1212,7 @@ TEST_CASE("MoE models overfit a single batch (moe_every 1 and 2, routing group b
                 }
                 CHECK(moe_tensors == 5 * (v.moe_every == 1 ? 2 : 1));
             }
-            gpt_update(m, opt, step < 10 ? 1e-2f * (step + 1) / 10 : 1e-2f, step);
+            gpt_update(m, opt, step < 10 ? lr * (step + 1) / 10 : lr, step);
         }
         MESSAGE("MoE overfit (moe_every " << v.moe_every << ", group " << group_name(v.group == MOE_GROUP_POSITION)
                                           << "): loss " << loss << " after " << step << " steps");
@@ -1183,8 +1222,106 @@ TEST_CASE("MoE models overfit a single batch (moe_every 1 and 2, routing group b
     }
 }
 
+TEST_CASE("gpt_backward's MoE branch equals the ops composed in double on the model's own activations") {
+    // The last block's FFN is an MoE layer. From the model's saved activations and routing, the
+    // gradient reaching the block output (through the tied lm head and the final LayerNorm) and then
+    // the MoE layer's backward are recomputed in double; gpt_backward's gradients of the layer's
+    // tensors and of its ln2 (which sees the MoE layer's dx) must match to float rounding.
+    OneThread one_thread;  // (a tiny model: see the overfit test)
+    const int B = 4, T = 16, BT = B * T;
+    FixedBatch batch(B, T, 17);
+    struct Variant {
+        int moe_every, group;
+        float c;
+    };
+    for (Variant v : {Variant{1, MOE_GROUP_BATCH, 1.5f}, Variant{2, MOE_GROUP_POSITION, 1.5f},
+                      Variant{1, MOE_GROUP_POSITION, 3.0f}, Variant{2, MOE_GROUP_BATCH, 0.5f}}) {
+        CAPTURE(v.moe_every);
+        CAPTURE(v.group);
+        CAPTURE(v.c);
+        const GPTConfig c = moe_model_config(4, v.moe_every, v.group, v.c, 24);
+        const int C = c.n_embd, E = c.n_expert, He = c.expert_hidden, Vp = c.padded_vocab_size, l = c.n_layer - 1;
+        REQUIRE(c.is_moe(l));
+        GPT m;
+        gpt_allocate(m, c, B, T);
+        gpt_init_params(m, 5);
+        {  // non-zero biases and a sharper router, so that every term of the backward matters
+            TestRng r(51);
+            std::vector<float> p(m.n_params), zeros(m.n_params, 0.0f);
+            gpt_get_state(m, p.data(), nullptr, nullptr);
+            for (const ParamTensor& t : m.table) {
+                const bool bias = t.name.substr(t.name.size() - 2) == ".b";
+                const bool router = t.name.find("router") != std::string::npos;
+                for (size_t i = 0; i < t.numel; i++) {
+                    if (bias) p[t.offset + i] = (float)r.nz(0.01, 0.1);
+                    if (router) p[t.offset + i] *= 20.0f;
+                }
+            }
+            gpt_set_state(m, p.data(), zeros.data(), zeros.data());
+        }
+        gpt_zero_grad(m);
+        gpt_forward(m, batch.in.data(), batch.tgt.data(), batch.ds.data(), B, T, 1.0f);  // m.logits: dlogits
+        const LayerActs& a = m.acts[l];
+        auto dvec = [](const float* p, size_t n) { return vector<double>(p, p + n); };
+        // d(block output) = LN_f backward of (dlogits wte)
+        const vector<double> dlogits = dvec(m.logits, (size_t)BT * Vp), wte = dvec(m.p.wte, (size_t)Vp * C);
+        vector<double> dlnf((size_t)BT * C, 0.0);
+        for (int i = 0; i < BT; i++)
+            for (int v2 = 0; v2 < Vp; v2++) {
+                const double g = dlogits[(size_t)i * Vp + v2];
+                if (g != 0.0)
+                    for (int k = 0; k < C; k++) dlnf[(size_t)i * C + k] += g * wte[(size_t)v2 * C + k];
+            }
+        vector<double> dres((size_t)BT * C, 0.0), scratch_w(C, 0.0), scratch_b(C, 0.0);
+        cpu::layernorm_backward(dres.data(), scratch_w.data(), scratch_b.data(), dlnf.data(),
+                                dvec(a.residual3, (size_t)BT * C).data(), dvec(m.p.lnfw, C).data(),
+                                dvec(m.lnf_mean, BT).data(), dvec(m.lnf_rstd, BT).data(), BT, C);
+        // the MoE layer in double: the model's input (ln2), parameters and routing
+        MoeLayer<double> L;
+        L.B = B, L.T = T, L.C = C, L.E = E, L.He = He, L.n = BT, L.cf = c.capacity_factor;
+        L.by_pos = c.moe_group == MOE_GROUP_POSITION;
+        L.cap = c.moe_capacity(B, T);
+        const LayerTensors& w = m.p.layers[l];
+        L.x = dvec(a.ln2, (size_t)BT * C);
+        L.rw = dvec(w.routerw, (size_t)E * C);
+        L.fcw = dvec(w.fcw, (size_t)E * 2 * He * C);
+        L.fcb = dvec(w.fcb, (size_t)E * 2 * He);
+        L.pw = dvec(w.fcprojw, (size_t)E * C * He);
+        L.pb = dvec(w.fcprojb, (size_t)E * C);
+        L.et.assign(a.expert_tokens, a.expert_tokens + (size_t)E * L.cap);
+        L.ts.assign(a.token_slots, a.token_slots + (size_t)BT * E);
+        L.forward();
+        check_close("model forward: moe_scores of the last layer vs double", dvec(a.moe_scores, (size_t)BT * E), L.scores,
+                    1e-5);
+        check_close("model forward: expert_out of the last layer vs double", dvec(a.expert_out, (size_t)E * L.cap * C),
+                    L.ye, 1e-4);
+        vector<double> dx, drw(L.rw.size(), 0.0), dfcw(L.fcw.size(), 0.0), dfcb(L.fcb.size(), 0.0),
+            dpw(L.pw.size(), 0.0), dpb(L.pb.size(), 0.0);
+        L.backward(dx, drw, dfcw, dfcb, dpw, dpb, dres);
+        // ln2 of the block: d residual2 = dres + LN2 backward of the MoE layer's dx
+        vector<double> dres2 = dres, dln2w(C, 0.0), dln2b(C, 0.0);
+        cpu::layernorm_backward(dres2.data(), dln2w.data(), dln2b.data(), dx.data(),
+                                dvec(a.residual2, (size_t)BT * C).data(), dvec(w.ln2w, C).data(),
+                                dvec(a.ln2_mean, BT).data(), dvec(a.ln2_rstd, BT).data(), BT, C);
+        gpt_backward(m);
+        const std::string h = "h" + std::to_string(l) + ".";
+        const std::pair<std::string, const vector<double>*> expect[] = {
+            {h + "moe.router.w", &drw}, {h + "moe.fc.w", &dfcw}, {h + "moe.fc.b", &dfcb}, {h + "moe.proj.w", &dpw},
+            {h + "moe.proj.b", &dpb},   {h + "ln2.w", &dln2w},  {h + "ln2.b", &dln2b}};
+        for (const auto& [name, ref] : expect) {
+            const ParamTensor* p = find_param(m, name);
+            REQUIRE(p);
+            REQUIRE(p->numel == ref->size());
+            check_close("gpt_backward grad of " + name + " vs the double composition", dvec(m.grads + p->offset, p->numel),
+                        *ref, 1e-4);
+        }
+        gpt_free(m);
+    }
+}
+
 TEST_CASE("MoE routing statistics of the training log (gpt_moe_stats)") {
-    const int B = 4, T = 32, n = B * T;
+    OneThread one_thread;  // (a tiny model: see the overfit test)
+    const int B = 4, T = 32;
     FixedBatch batch(B, T, 9);
     struct Case {
         int E, moe_every, group;
@@ -1216,7 +1353,6 @@ TEST_CASE("MoE routing statistics of the training log (gpt_moe_stats)") {
             for (int k = 0; k < 3; k++) CHECK(st.frac[k] == (k == cs.exact ? 1.0 : 0.0));
         if (cs.frac0_min >= 0) CHECK(st.frac[0] >= cs.frac0_min - 1e-12);
         CHECK(st.load_min == m.config.moe_capacity(B, T));
-        (void)n;
         gpt_free(m);
     }
 }
@@ -1303,14 +1439,14 @@ TEST_CASE("MoE parameter table: names in the documented order, shapes, init, wei
             const std::string h = "h" + std::to_string(l) + ".";
             const std::string ffn = c.is_moe(l) ? h + "moe." : h + "mlp.";
             const LayerTensors& w = m.p.layers[l];
-            CHECK(w.fcw == m.params + find_param(m, ffn + "fc.w")->offset);
-            CHECK(w.fcb == m.params + find_param(m, ffn + "fc.b")->offset);
-            CHECK(w.fcprojw == m.params + find_param(m, ffn + "proj.w")->offset);
-            CHECK(w.fcprojb == m.params + find_param(m, ffn + "proj.b")->offset);
-            CHECK(m.g.layers[l].fcw == m.grads + find_param(m, ffn + "fc.w")->offset);
+            CHECK(w.fcw == m.params + param_offset(m, ffn + "fc.w"));
+            CHECK(w.fcb == m.params + param_offset(m, ffn + "fc.b"));
+            CHECK(w.fcprojw == m.params + param_offset(m, ffn + "proj.w"));
+            CHECK(w.fcprojb == m.params + param_offset(m, ffn + "proj.b"));
+            CHECK(m.g.layers[l].fcw == m.grads + param_offset(m, ffn + "fc.w"));
             if (c.is_moe(l)) {
-                CHECK(w.routerw == m.params + find_param(m, h + "moe.router.w")->offset);
-                CHECK(m.g.layers[l].routerw == m.grads + find_param(m, h + "moe.router.w")->offset);
+                CHECK(w.routerw == m.params + param_offset(m, h + "moe.router.w"));
+                CHECK(m.g.layers[l].routerw == m.grads + param_offset(m, h + "moe.router.w"));
             } else {
                 CHECK(w.routerw == nullptr);
             }
@@ -1422,6 +1558,7 @@ struct MoeTrainFixture {
         moe_write_shard(dir + "/tr_001.bin", moe_synthetic_tokens(3000, 2));
         moe_write_shard(dir + "/va_000.bin", moe_synthetic_tokens(2000, 3));
     }
+    ~MoeTrainFixture() { std::filesystem::remove_all(dir); }
     // the run's shape; the MoE flags separately (a resume may leave them to the checkpoint)
     std::vector<std::string> base(const std::string& out, int max_steps) const {
         return {"--train", dir + "/tr_*.bin", "--val", dir + "/va_*.bin", "--out_dir", dir + "/" + out, "--n_layer", "2",
@@ -1465,6 +1602,7 @@ double json_field(const std::string& line, const std::string& name) {
 }  // namespace
 
 TEST_CASE("MoE training run: log fields, bitwise-identical resume, a different expert config is refused") {
+    OneThread one_thread;  // (a tiny model: see the overfit test)
     MoeTrainFixture fx;
     REQUIRE(moe_run_train(fx.args("full", 8)) == 0);
     const std::string full = moe_read_file(fx.dir + "/full/ckpt_000000008.bin");

@@ -15,6 +15,8 @@
 #include "llmc/cpu/adamw.h"
 #include "llmc/adamw.cuh"
 
+using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+
 // The CPU twin is gaining a trailing seed argument (meaningless for fp32 params): call whichever
 // signature llmc/cpu/adamw.h has (the int overload exists only when the 14-argument call compiles).
 template <typename T>
@@ -30,16 +32,6 @@ void cpu_adamw_call(long, T* p, const T* g, float* m, float* v, size_t n, float 
 }
 
 static float bf16_to_float(floatX x) { return __bfloat162float(x); }
-
-static double rel_max(const std::vector<float>& got, const std::vector<float>& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        num = std::max(num, (double)std::fabs(got[i] - want[i]));
-        den = std::max(den, (double)std::fabs(want[i]));
-    }
-    return num / std::max(den, 1e-30);
-}
 
 // q is x rounded to one of its two bf16 neighbours (x itself if it is a bf16)
 static bool is_bf16_neighbour(float q, float x) {
@@ -96,14 +88,8 @@ static void validate(size_t n) {
         params_bf16[i] = __float2bfloat16(master[i]);
         grads_bf16[i] = __float2bfloat16(grads[i]);
     }
-    floatX *d_params, *d_grads;
-    float *d_master, *d_m, *d_v;
-    cudaCheck(cudaMalloc(&d_params, n * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&d_grads, n * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&d_master, n * sizeof(float)));
-    cudaCheck(cudaMalloc(&d_m, n * sizeof(float)));
-    cudaCheck(cudaMalloc(&d_v, n * sizeof(float)));
-    cudaCheck(cudaMemcpy(d_grads, grads_bf16.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+    floatX *d_params = dev_alloc<floatX>(n), *d_grads = to_device(grads_bf16);
+    float *d_master = dev_alloc<float>(n), *d_m = dev_alloc<float>(n), *d_v = dev_alloc<float>(n);
     const Hyper h;
     const AdamwArgs a = adamw_make_args(h.lr, h.beta1, h.beta2, h.eps, h.wd, h.grad_scale, h.t, h.seed);
     for (bool with_master : {true, false}) {
@@ -165,13 +151,8 @@ int main() {
 
     const size_t sizes[2] = {124475904, 1557611200};  // GPT-2 small and XL (padded vocab)
     const size_t n_max = sizes[1];
-    floatX *params, *grads;
-    float *master, *m, *v;
-    cudaCheck(cudaMalloc(&params, n_max * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&grads, n_max * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&master, n_max * sizeof(float)));
-    cudaCheck(cudaMalloc(&m, n_max * sizeof(float)));
-    cudaCheck(cudaMalloc(&v, n_max * sizeof(float)));
+    floatX *params = dev_alloc<floatX>(n_max), *grads = dev_alloc<floatX>(n_max);
+    float *master = dev_alloc<float>(n_max), *m = dev_alloc<float>(n_max), *v = dev_alloc<float>(n_max);
     fill_state<<<132 * 16, 256, 0, llmc_stream()>>>(params, master, grads, m, v, n_max);
     cudaCheckLaunch();
     const Hyper h;

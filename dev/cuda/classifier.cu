@@ -15,32 +15,7 @@
 #include "llmc/cpu/classifier.h"
 #include "llmc/classifier.cuh"
 
-static std::vector<float> to_host_bf16(const floatX* d, size_t n) {
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<floatX> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
-    return v;
-}
-static double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        num += (double)(got[i] - want[i]) * (got[i] - want[i]);
-        den += (double)want[i] * want[i];
-    }
-    return std::sqrt(num / std::max(den, 1e-30));
-}
-static double rel_max(const std::vector<float>& got, const std::vector<float>& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        num = std::max(num, (double)std::fabs(got[i] - want[i]));
-        den = std::max(den, (double)std::fabs(want[i]));
-    }
-    return num / std::max(den, 1e-30);
-}
+using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 
 static std::vector<int> make_targets(int N, int V, Rng& rng) {
     std::vector<int> t(N);
@@ -59,21 +34,12 @@ static bool validate(int N, int V, int Vp, float dloss) {
     std::vector<float> want = logits, want_losses(N);
     cpu::fused_classifier<float>(want.data(), want_losses.data(), targets.data(), dloss, N, V, Vp);
 
-    std::vector<floatX> h(total);
-    for (size_t i = 0; i < total; i++) h[i] = __float2bfloat16(logits[i]);
-    floatX* d_logits;
-    float* d_losses;
-    int* d_targets;
-    cudaCheck(cudaMalloc(&d_logits, total * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&d_losses, N * sizeof(float)));
-    cudaCheck(cudaMalloc(&d_targets, N * sizeof(int)));
-    cudaCheck(cudaMemcpy(d_logits, h.data(), total * sizeof(floatX), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(d_targets, targets.data(), N * sizeof(int), cudaMemcpyHostToDevice));
+    floatX* d_logits = to_device_bf16(logits);
+    int* d_targets = to_device(targets);
+    float* d_losses = dev_alloc<float>(N);
     cudaCheck(cudaMemset(d_losses, 0xFF, N * sizeof(float)));  // NaN: unwritten losses fail
     fused_classifier(d_logits, d_losses, d_targets, dloss, N, V, Vp);
-    std::vector<float> got_losses(N);
-    cudaCheck(cudaMemcpy(got_losses.data(), d_losses, N * sizeof(float), cudaMemcpyDeviceToHost));
-    const double e_loss = rel_max(got_losses, want_losses);
+    const double e_loss = rel_max(to_host(d_losses, N), want_losses);
     const double e_d = rel_l2(to_host_bf16(d_logits, total), want);
     const bool ok = e_loss <= 1e-4 && e_d <= 1e-2;
     printf("validate N=%d V=%d Vp=%d dloss=%g: losses %.2e (rel max), %s %.2e (rel L2): %s\n", N, V, Vp, dloss, e_loss,
@@ -126,10 +92,7 @@ int main() {
         ok = validate(64, 50257, 50304, dloss) && ok;
         ok = validate(300, 257, 384, dloss) && ok;
     }
-    if (!ok) {
-        printf("validation FAILED\n");
-        return 1;
-    }
+    require_valid(ok);
     run_bench(8192, 50257, 50304);
     run_bench(65536, 257, 384);
     return 0;

@@ -1,10 +1,16 @@
 // Shared by the dev/cuda benchmarks: event timing (median of repeats after warm-up), the measured
-// ceilings of this GPU (device-to-device copy bandwidth, bf16 cuBLASLt matmul rate), and a
-// one-line result printer. Each benchmark validates its kernels against the CPU twin
-// (llmc/cpu/<op>.h) before timing them.
+// ceilings of this GPU (device-to-device copy bandwidth, bf16 cuBLASLt matmul rate), a one-line
+// result printer, and the validation helpers. Each benchmark validates its kernels against the CPU
+// twin (llmc/cpu/<op>.h) before timing them: random bf16-rounded inputs on the host (host_random),
+// the twin in fp32, the same values on the device (to_device_bf16), outputs poisoned with NaN bytes
+// first, then back to the host (to_host_bf16) and compared (rel_l2, rel_max, compare); a failed
+// validation ends the program with exit status 1 (require_valid). Timing runs on device buffers
+// filled by a hash (alloc_random: no host round trip for gigabytes).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -69,6 +75,114 @@ inline void print_flops(const std::string& what, float ms, double flops, double 
     printf("%-48s %9.3f ms %8.1f TFLOP/s", what.c_str(), ms, f / 1e12);
     if (peak_flops > 0) printf(" %5.1f%% of measured matmul", 100.0 * f / peak_flops);
     printf("\n");
+}
+
+// ------------------------------------------------------------------------------------------------
+// validation
+
+// n values normal(mean, std) rounded through bf16 (the CPU twin sees exactly what the GPU sees);
+// an exact zero becomes 1e-3
+inline std::vector<float> host_random(size_t n, Rng& rng, float std = 1.0f, float mean = 0.0f) {
+    std::vector<float> v(n);
+    for (float& x : v) {
+        x = __bfloat162float(__float2bfloat16(rng.normal(mean, std)));
+        if (x == 0.0f) x = 1e-3f;
+    }
+    return v;
+}
+
+// device buffer of n elements (at least one, so that empty tensors get a valid pointer)
+template <typename T>
+inline T* dev_alloc(size_t n) {
+    T* p;
+    cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+    return p;
+}
+template <typename T>
+inline T* to_device(const std::vector<T>& h) {
+    T* d = dev_alloc<T>(h.size());
+    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+inline floatX* to_device_bf16(const std::vector<float>& v) {
+    std::vector<floatX> h(v.size());
+    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
+    return to_device(h);
+}
+// after the device is done: n elements back to the host
+template <typename T>
+inline std::vector<T> to_host(const T* d, size_t n) {
+    cudaCheck(cudaDeviceSynchronize());
+    std::vector<T> h(n);
+    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+inline std::vector<float> to_host_bf16(const floatX* d, size_t n) {
+    const std::vector<floatX> h = to_host(d, n);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
+    return v;
+}
+
+// ||got - want|| / ||want||; a NaN (an element the kernel did not write) gives +inf
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num += (double)(got[i] - want[i]) * (got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+}
+// max |got - want| / max |want|; NaN gives +inf
+inline double rel_max(const std::vector<float>& got, const std::vector<float>& want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num = std::max(num, (double)std::fabs(got[i] - want[i]));
+        den = std::max(den, (double)std::fabs(want[i]));
+    }
+    return num / std::max(den, 1e-30);
+}
+// relative L2 and max-norm errors, both <= tol, printed as one line; a NaN counts as infinite
+inline bool compare(const char* what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
+    double num = 0, den = 0, max_err = 0, max_ref = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        const double e = std::isfinite(got[i]) ? std::fabs((double)got[i] - want[i]) : INFINITY;
+        num += e * e;
+        den += (double)want[i] * want[i];
+        max_err = std::max(max_err, e);
+        max_ref = std::max(max_ref, (double)std::fabs(want[i]));
+    }
+    const double l2 = std::sqrt(num / std::max(den, 1e-30)), mx = max_err / std::max(max_ref, 1e-30);
+    const bool ok = l2 <= tol && mx <= tol;
+    printf("  %-14s rel_l2 %.2e  rel_max %.2e  %s\n", what, l2, mx, ok ? "ok" : "MISMATCH");
+    return ok;
+}
+
+// the end of a benchmark whose validation failed: no timing of wrong kernels
+inline void require_valid(bool ok) {
+    if (ok) return;
+    printf("validation FAILED\n");
+    std::exit(1);
+}
+
+// ------------------------------------------------------------------------------------------------
+// timing inputs
+
+// p[i] = bf16 of offset + u * scale, u uniform in (-1, 1) from a hash of (seed, i)
+__global__ void fill_uniform_kernel(floatX* p, size_t n, uint32_t seed, float scale, float offset) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t h = llmc_hash((uint32_t)i ^ llmc_hash(seed + (uint32_t)(i >> 32)));
+        p[i] = __float2bfloat16(((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale + offset);
+    }
+}
+// device buffer of n bf16 values uniform in (offset - scale, offset + scale)
+inline floatX* alloc_random(size_t n, uint32_t seed, float scale, float offset = 0.0f) {
+    floatX* p = dev_alloc<floatX>(n);
+    fill_uniform_kernel<<<1024, 256, 0, llmc_stream()>>>(p, n, seed, scale, offset);
+    cudaCheckLaunch();
+    return p;
 }
 
 }  // namespace bench

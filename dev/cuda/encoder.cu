@@ -19,34 +19,8 @@
 #include "llmc/cpu/encoder.h"
 #include "llmc/encoder.cuh"
 
-static std::vector<float> host_random(size_t n, Rng& rng, float std = 1.0f) {
-    std::vector<float> v(n);
-    for (float& x : v) {
-        x = __bfloat162float(__float2bfloat16(rng.normal(0.0f, std)));
-        if (x == 0.0f) x = 1e-3f;
-    }
-    return v;
-}
-template <typename T>
-static T* to_device(const std::vector<T>& h) {
-    T* d;
-    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-static floatX* to_device_bf16(const std::vector<float>& v) {
-    std::vector<floatX> h(v.size());
-    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
-    return to_device(h);
-}
-static std::vector<float> to_host(const floatX* d, size_t n) {
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<floatX> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
-    return v;
-}
+using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+
 // worst relative L2 error over the rows of [rows, C]
 static double max_row_rel_l2(const std::vector<float>& got, const std::vector<float>& want, int C) {
     double worst = 0;
@@ -99,13 +73,13 @@ static bool validate(int B, int T, int C, int V) {
     cudaCheck(cudaMalloc(&d_out, n * C * sizeof(floatX)));
     cudaCheck(cudaMemset(d_out, 0xFF, n * C * sizeof(floatX)));  // NaN: unwritten outputs fail
     encoder_forward(d_out, d_tokens, d_ds, d_wte, d_wpe, B, T, C);
-    const double e_out = max_row_rel_l2(to_host(d_out, n * C), out, C);
+    const double e_out = max_row_rel_l2(to_host_bf16(d_out, n * C), out, C);
     std::vector<float> got_wte[2], got_wpe[2];
     for (int rep = 0; rep < 2; rep++) {
         floatX *d_dwte = to_device_bf16(dwte0), *d_dwpe = to_device_bf16(dwpe0);
         encoder_backward(d_dwte, d_dwpe, d_dout, d_tokens, d_ds, B, T, C);
-        got_wte[rep] = to_host(d_dwte, (size_t)V * C);
-        got_wpe[rep] = to_host(d_dwpe, (size_t)T * C);
+        got_wte[rep] = to_host_bf16(d_dwte, (size_t)V * C);
+        got_wpe[rep] = to_host_bf16(d_dwpe, (size_t)T * C);
         cudaCheck(cudaFree(d_dwte));
         cudaCheck(cudaFree(d_dwpe));
     }
@@ -118,21 +92,6 @@ static bool validate(int B, int T, int C, int V) {
     for (void* p : {(void*)d_tokens, (void*)d_ds, (void*)d_wte, (void*)d_wpe, (void*)d_dout, (void*)d_out})
         cudaCheck(cudaFree(p));
     return ok;
-}
-
-// device buffer of n bf16 values uniform in (-scale, scale), from a hash of the index
-__global__ void fill_uniform_kernel(floatX* p, size_t n, uint32_t seed, float scale) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint32_t h = llmc_hash((uint32_t)i ^ llmc_hash(seed + (uint32_t)(i >> 32)));
-        p[i] = __float2bfloat16(((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
-    }
-}
-static floatX* alloc_random(size_t n, uint32_t seed, float scale) {
-    floatX* p;
-    cudaCheck(cudaMalloc(&p, n * sizeof(floatX)));
-    fill_uniform_kernel<<<1024, 256, 0, llmc_stream()>>>(p, n, seed, scale);
-    cudaCheckLaunch();
-    return p;
 }
 
 static void run_bench(int B, int T, int C, int V, int Vp) {
@@ -188,10 +147,7 @@ int main() {
     bench::print_header("encoder");
     bool ok = validate(4, 256, 768, 5000);
     ok = validate(3, 100, 37, 301) && ok;
-    if (!ok) {
-        printf("validation FAILED\n");
-        return 1;
-    }
+    require_valid(ok);
     for (int C : {768, 2048}) run_bench(64, 1024, C, 50257, 50304);
     return 0;
 }

@@ -18,58 +18,7 @@
 #include "llmc/cpu/layernorm.h"
 #include "llmc/layernorm.cuh"
 
-static std::vector<float> host_random(size_t n, Rng& rng, float std = 1.0f, float mean = 0.0f) {
-    std::vector<float> v(n);
-    for (float& x : v) {
-        x = __bfloat162float(__float2bfloat16(rng.normal(mean, std)));
-        if (x == 0.0f) x = 1e-3f;
-    }
-    return v;
-}
-template <typename T>
-static T* to_device(const std::vector<T>& h) {
-    T* d;
-    cudaCheck(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)));
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-static floatX* to_device_bf16(const std::vector<float>& v) {
-    std::vector<floatX> h(v.size());
-    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
-    return to_device(h);
-}
-static std::vector<float> to_host(const floatX* d, size_t n) {
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<floatX> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
-    return v;
-}
-static std::vector<float> to_host(const float* d, size_t n) {
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<float> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
-    return h;
-}
-static double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        num += (double)(got[i] - want[i]) * (got[i] - want[i]);
-        den += (double)want[i] * want[i];
-    }
-    return std::sqrt(num / std::max(den, 1e-30));
-}
-static double rel_max(const std::vector<float>& got, const std::vector<float>& want) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(got[i])) return INFINITY;
-        num = std::max(num, (double)std::fabs(got[i] - want[i]));
-        den = std::max(den, (double)std::fabs(want[i]));
-    }
-    return num / std::max(den, 1e-30);
-}
+using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 
 static bool validate(int N, int C) {
     Rng rng(99 + C);
@@ -96,13 +45,13 @@ static bool validate(int N, int C) {
     cudaCheck(cudaMemset(d_rstd, 0xFF, N * sizeof(float)));
     layernorm_forward(d_y, d_mean, d_rstd, d_x, d_w, d_b, N, C);
     double e[9];
-    e[0] = rel_l2(to_host(d_y, nc), y);
+    e[0] = rel_l2(to_host_bf16(d_y, nc), y);
     e[1] = std::max(rel_max(to_host(d_mean, N), mean), rel_max(to_host(d_rstd, N), rstd));
     cudaCheck(cudaMemset(d_y, 0xFF, nc * sizeof(floatX)));
     cudaCheck(cudaMemset(d_res, 0xFF, nc * sizeof(floatX)));
     fused_residual_layernorm_forward(d_res, d_y, d_mean, d_rstd, d_x, d_x2, d_w, d_b, N, C);
-    e[2] = rel_l2(to_host(d_res, nc), res);
-    e[3] = rel_l2(to_host(d_y, nc), y2);
+    e[2] = rel_l2(to_host_bf16(d_res, nc), res);
+    e[3] = rel_l2(to_host_bf16(d_y, nc), y2);
     e[4] = std::max(rel_max(to_host(d_mean, N), mean2), rel_max(to_host(d_rstd, N), rstd2));
     // backward with the CPU statistics of x, twice
     cudaCheck(cudaMemcpy(d_mean, mean.data(), N * sizeof(float), cudaMemcpyHostToDevice));
@@ -111,9 +60,9 @@ static bool validate(int N, int C) {
     for (int rep = 0; rep < 2; rep++) {
         floatX *d_dinp = to_device_bf16(dinp0), *d_dw = to_device_bf16(dw0), *d_db = to_device_bf16(db0);
         layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
-        got[rep][0] = to_host(d_dinp, nc);
-        got[rep][1] = to_host(d_dw, C);
-        got[rep][2] = to_host(d_db, C);
+        got[rep][0] = to_host_bf16(d_dinp, nc);
+        got[rep][1] = to_host_bf16(d_dw, C);
+        got[rep][2] = to_host_bf16(d_db, C);
         for (floatX* p : {d_dinp, d_dw, d_db}) cudaCheck(cudaFree(p));
     }
     e[5] = rel_l2(got[0][0], dinp);
@@ -129,21 +78,6 @@ static bool validate(int N, int C) {
                     (void*)d_mean, (void*)d_rstd})
         cudaCheck(cudaFree(p));
     return ok;
-}
-
-// device buffer of n bf16 values uniform in (offset - scale, offset + scale), from a hash of the index
-__global__ void fill_uniform_kernel(floatX* p, size_t n, uint32_t seed, float scale, float offset) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint32_t h = llmc_hash((uint32_t)i ^ llmc_hash(seed + (uint32_t)(i >> 32)));
-        p[i] = __float2bfloat16(((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale + offset);
-    }
-}
-static floatX* alloc_random(size_t n, uint32_t seed, float scale, float offset = 0.0f) {
-    floatX* p;
-    cudaCheck(cudaMalloc(&p, n * sizeof(floatX)));
-    fill_uniform_kernel<<<1024, 256, 0, llmc_stream()>>>(p, n, seed, scale, offset);
-    cudaCheckLaunch();
-    return p;
 }
 
 static void run_bench(int N, int C) {
@@ -175,10 +109,7 @@ int main() {
     bool ok = validate(300, 768);
     ok = validate(300, 769) && ok;
     ok = validate(1000, 2048) && ok;
-    if (!ok) {
-        printf("validation FAILED\n");
-        return 1;
-    }
+    require_valid(ok);
     for (int C : {768, 1024, 2048}) run_bench(65536, C);
     return 0;
 }

@@ -17,76 +17,23 @@
 #include "llmc/cpu/matmul.h"
 #include "llmc/matmul.cuh"
 
-// uniform(-scale, scale) bf16, from a hash of the index (no host RNG for gigabyte buffers)
-__global__ void fill_uniform_kernel(floatX* p, size_t n, uint32_t seed, float scale) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = llmc_hash((uint32_t)i ^ llmc_hash(seed + (uint32_t)(i >> 32)));
-        p[i] = __float2bfloat16(((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
-    }
-}
-
-static floatX* alloc_random(size_t n, uint32_t seed, float scale) {
-    floatX* p;
-    cudaCheck(cudaMalloc(&p, n * sizeof(floatX)));
-    fill_uniform_kernel<<<1024, 256, 0, llmc_stream()>>>(p, n, seed, scale);
-    cudaCheckLaunch();
-    return p;
-}
+using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 
 // ------------------------------------------------------------------------------------------------
 // validation
 
-static std::vector<float> host_random(size_t n, Rng& rng, float std, float mean = 0.05f) {
-    std::vector<float> v(n);
-    for (float& x : v) {
-        x = __bfloat162float(__float2bfloat16(rng.normal(mean, std)));
-        if (x == 0.0f) x = 1e-3f;
-    }
-    return v;
-}
-static floatX* to_device(const std::vector<float>& v) {
-    std::vector<floatX> h(v.size());
-    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
-    floatX* d;
-    cudaCheck(cudaMalloc(&d, h.size() * sizeof(floatX)));
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(floatX), cudaMemcpyHostToDevice));
-    return d;
-}
-static std::vector<float> to_host(const floatX* d, size_t n) {
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<floatX> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
-    return v;
-}
-// relative L2 and max-norm errors; a NaN (unwritten element) counts as infinite
-static bool compare(const char* what, const std::vector<float>& got, const std::vector<float>& want) {
-    double num = 0, den = 0, max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        double e = std::isfinite(got[i]) ? std::fabs((double)got[i] - want[i]) : INFINITY;
-        num += e * e;
-        den += (double)want[i] * want[i];
-        max_err = std::max(max_err, e);
-        max_ref = std::max(max_ref, (double)std::fabs(want[i]));
-    }
-    double l2 = std::sqrt(num / std::max(den, 1e-30)), mx = max_err / std::max(max_ref, 1e-30);
-    bool ok = l2 <= 1e-2 && mx <= 1e-2;  // bf16 output rounding: ~1e-3 relative L2, <= 2^-8 per element
-    printf("  %-8s rel_l2 %.2e  rel_max %.2e  %s\n", what, l2, mx, ok ? "ok" : "MISMATCH");
-    return ok;
-}
-
 static bool validate(int BT, int C, int OC) {
     printf("validate BT=%d C=%d OC=%d\n", BT, C, OC);
     Rng rng(1234 + BT + C + OC);
-    std::vector<float> inp = host_random((size_t)BT * C, rng, 1.0f);
-    std::vector<float> weight = host_random((size_t)OC * C, rng, 1.0f / std::sqrt((float)C));
-    std::vector<float> bias = host_random(OC, rng, 1.0f);
+    const float mean = 0.05f;  // not centred, except dout
+    std::vector<float> inp = host_random((size_t)BT * C, rng, 1.0f, mean);
+    std::vector<float> weight = host_random((size_t)OC * C, rng, 1.0f / std::sqrt((float)C), mean);
+    std::vector<float> bias = host_random(OC, rng, 1.0f, mean);
     std::vector<float> dout = host_random((size_t)BT * OC, rng, 1.0f / std::sqrt((float)BT), 0.0f);  // zero mean: colsums ~ prefill
-    std::vector<float> dweight = host_random((size_t)OC * C, rng, 1.0f);  // prefill: += is checked
-    std::vector<float> dbias = host_random(OC, rng, 1.0f);
-    floatX *d_inp = to_device(inp), *d_weight = to_device(weight), *d_bias = to_device(bias),
-           *d_dout = to_device(dout), *d_dweight = to_device(dweight), *d_dbias = to_device(dbias);
+    std::vector<float> dweight = host_random((size_t)OC * C, rng, 1.0f, mean);  // prefill: += is checked
+    std::vector<float> dbias = host_random(OC, rng, 1.0f, mean);
+    floatX *d_inp = to_device_bf16(inp), *d_weight = to_device_bf16(weight), *d_bias = to_device_bf16(bias),
+           *d_dout = to_device_bf16(dout), *d_dweight = to_device_bf16(dweight), *d_dbias = to_device_bf16(dbias);
     floatX *d_out, *d_dinp;
     cudaCheck(cudaMalloc(&d_out, (size_t)BT * OC * sizeof(floatX)));
     cudaCheck(cudaMalloc(&d_dinp, (size_t)BT * C * sizeof(floatX)));
@@ -100,10 +47,11 @@ static bool validate(int BT, int C, int OC) {
     cuda_scratch_reserve(matmul_scratch_bytes(BT, OC));
     matmul_forward(d_out, d_inp, d_weight, d_bias, BT, C, OC);
     matmul_backward(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, BT, C, OC);
-    bool ok = compare("out", to_host(d_out, out.size()), out);
-    ok &= compare("dinp", to_host(d_dinp, dinp.size()), dinp);
-    ok &= compare("dweight", to_host(d_dweight, dweight.size()), dweight);
-    ok &= compare("dbias", to_host(d_dbias, dbias.size()), dbias);
+    const double tol = 1e-2;  // bf16 output rounding: ~1e-3 relative L2, <= 2^-8 per element
+    bool ok = compare("out", to_host_bf16(d_out, out.size()), out, tol);
+    ok &= compare("dinp", to_host_bf16(d_dinp, dinp.size()), dinp, tol);
+    ok &= compare("dweight", to_host_bf16(d_dweight, dweight.size()), dweight, tol);
+    ok &= compare("dbias", to_host_bf16(d_dbias, dbias.size()), dbias, tol);
     for (floatX* p : {d_inp, d_weight, d_bias, d_dout, d_dweight, d_dbias, d_out, d_dinp}) cudaCheck(cudaFree(p));
     return ok;
 }
@@ -181,10 +129,7 @@ int main() {
         bool ok = validate(256, 768, 2304);
         ok &= validate(100, 37, 19);
         ok &= validate(257, 129, 1);
-        if (!ok) {
-            fprintf(stderr, "matmul: validation against the CPU reference FAILED\n");
-            return 1;
-        }
+        require_valid(ok);
         printf("\n");
         const double peak = measure_ceiling();
         const int BT = 65536;

@@ -27,81 +27,11 @@
 #include "llmc/mlp.cuh"
 #include "llmc/moe.cuh"
 
-// uniform(offset - scale, offset + scale) bf16 from a hash of the index
-__global__ void fill_uniform_kernel(floatX* p, size_t n, uint32_t seed, float scale, float offset) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint32_t h = llmc_hash((uint32_t)i ^ llmc_hash(seed + (uint32_t)(i >> 32)));
-        p[i] = __float2bfloat16(offset + ((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale);
-    }
-}
-
-template <typename T>
-static T* dev_alloc(size_t n) {
-    T* p;
-    cudaCheck(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-    return p;
-}
-static floatX* alloc_random(size_t n, uint32_t seed, float scale, float offset = 0.0f) {
-    floatX* p = dev_alloc<floatX>(n);
-    fill_uniform_kernel<<<1024, 256, 0, llmc_stream()>>>(p, n, seed, scale, offset);
-    cudaCheckLaunch();
-    return p;
-}
+using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 
 // ------------------------------------------------------------------------------------------------
 // validation
 
-static std::vector<float> host_random(size_t n, Rng& rng, float std, float mean = 0.0f) {
-    std::vector<float> v(n);
-    for (float& x : v) {
-        x = __bfloat162float(__float2bfloat16(rng.normal(mean, std)));
-        if (x == 0.0f) x = 1e-3f;
-    }
-    return v;
-}
-static floatX* to_device_bf16(const std::vector<float>& v) {
-    std::vector<floatX> h(v.size());
-    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
-    floatX* d = dev_alloc<floatX>(h.size());
-    cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(floatX), cudaMemcpyHostToDevice));
-    return d;
-}
-template <typename T>
-static T* to_device(const std::vector<T>& v) {
-    T* d = dev_alloc<T>(v.size());
-    cudaCheck(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-static std::vector<float> bf16_to_host(const floatX* d, size_t n) {
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<floatX> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
-    return v;
-}
-template <typename T>
-static std::vector<T> to_host(const T* d, size_t n) {
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<T> h(n);
-    cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
-// relative L2 and max-norm; NaN (an unwritten element) counts as infinite
-static bool compare(const char* what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
-    double num = 0, den = 0, max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        const double e = std::isfinite(got[i]) ? std::fabs((double)got[i] - want[i]) : INFINITY;
-        num += e * e;
-        den += (double)want[i] * want[i];
-        max_err = std::max(max_err, e);
-        max_ref = std::max(max_ref, (double)std::fabs(want[i]));
-    }
-    const double l2 = std::sqrt(num / std::max(den, 1e-30)), mx = max_err / std::max(max_ref, 1e-30);
-    const bool ok = l2 <= tol && mx <= tol;
-    printf("  %-14s rel_l2 %.2e  rel_max %.2e  %s\n", what, l2, mx, ok ? "ok" : "MISMATCH");
-    return ok;
-}
 static bool same_ints(const char* what, const std::vector<int>& got, const std::vector<int>& want) {
     size_t bad = 0;
     for (size_t i = 0; i < got.size(); i++) bad += got[i] != want[i];
@@ -167,12 +97,12 @@ static bool validate_ops(int B, int T, int C, int E, float c, bool by_position) 
     moe_combine_backward(d_dye, d_dscores, d_dout, d_ye, d_scores, d_tokens, d_slots, n, E, cap, C);
     moe_gather_backward(d_dx, d_dye, d_slots, n, E, cap, C);
     moe_router_backward(d_dx, d_dw, d_dscores, d_scores, d_x, d_w, n, C, E);
-    ok &= compare("xe", bf16_to_host(d_xe, rows * C), xe, 0.0);
-    ok &= compare("out", bf16_to_host(d_out, (size_t)n * C), out, 1e-2);
-    ok &= compare("dye", bf16_to_host(d_dye, rows * C), dye, 1e-2);
+    ok &= compare("xe", to_host_bf16(d_xe, rows * C), xe, 0.0);
+    ok &= compare("out", to_host_bf16(d_out, (size_t)n * C), out, 1e-2);
+    ok &= compare("dye", to_host_bf16(d_dye, rows * C), dye, 1e-2);
     ok &= compare("dscores", to_host(d_dscores, (size_t)n * E), dscores, 1e-4);
-    ok &= compare("dx", bf16_to_host(d_dx, (size_t)n * C), dx, 1e-2);
-    ok &= compare("drouter_w", bf16_to_host(d_dw, (size_t)E * C), dw, 1e-2);
+    ok &= compare("dx", to_host_bf16(d_dx, (size_t)n * C), dx, 1e-2);
+    ok &= compare("drouter_w", to_host_bf16(d_dw, (size_t)E * C), dw, 1e-2);
     for (void* p : {(void*)d_scores, (void*)d_x, (void*)d_w, (void*)d_tokens, (void*)d_slots, (void*)d_xe, (void*)d_ye,
                     (void*)d_out, (void*)d_dout, (void*)d_dye, (void*)d_dx, (void*)d_dw, (void*)d_dscores})
         cudaCheck(cudaFree(p));
@@ -228,10 +158,10 @@ static bool validate_batched(int n_batch, int BT, int C, int OC) {
     cuda_scratch_reserve(matmul_batched_scratch_bytes(n_batch, BT, OC));
     matmul_forward_batched(d_out, d_inp, d_w, d_b, n_batch, BT, C, OC);
     matmul_backward_batched(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, n_batch, BT, C, OC);
-    bool ok = compare("out", bf16_to_host(d_out, out.size()), out, 1e-2);
-    ok &= compare("dinp", bf16_to_host(d_dinp, dinp.size()), dinp, 1e-2);
-    ok &= compare("dweight", bf16_to_host(d_dw, dweight.size()), dweight, 1e-2);
-    ok &= compare("dbias", bf16_to_host(d_db, dbias.size()), dbias, 1e-2);
+    bool ok = compare("out", to_host_bf16(d_out, out.size()), out, 1e-2);
+    ok &= compare("dinp", to_host_bf16(d_dinp, dinp.size()), dinp, 1e-2);
+    ok &= compare("dweight", to_host_bf16(d_dw, dweight.size()), dweight, 1e-2);
+    ok &= compare("dbias", to_host_bf16(d_db, dbias.size()), dbias, 1e-2);
     for (floatX* p : {d_inp, d_w, d_b, d_dout, d_dw, d_db, d_out, d_dinp}) cudaCheck(cudaFree(p));
     return ok;
 }
@@ -387,10 +317,7 @@ int main() {
         ok &= validate_select(64, 1024, 64, 2.0f, true);
         ok &= validate_batched(4, 300, 256, 512);
         ok &= validate_batched(3, 37, 37, 19);
-        if (!ok) {
-            fprintf(stderr, "moe: validation against the CPU reference FAILED\n");
-            return 1;
-        }
+        require_valid(ok);
         printf("\n");
         const int B = 64, T = 1024, C = 1024, He = 2816;
         const float c = 2.0f;

@@ -24,9 +24,10 @@ namespace cpu {
 
 // tokens each expert takes in total (the size of one expert's list)
 inline int moe_capacity(int B, int T, int n_expert, float capacity_factor, bool group_by_position) {
-    if (group_by_position) return T * std::min(B, (int)std::ceil((double)B * capacity_factor / n_expert));
+    // capped in double before the conversion, so any capacity_factor gives a valid count
+    if (group_by_position) return T * (int)std::min((double)B, std::ceil((double)B * capacity_factor / n_expert));
     int n = B * T;
-    return std::min(n, (int)std::ceil((double)n * capacity_factor / n_expert));
+    return (int)std::min((double)n, std::ceil((double)n * capacity_factor / n_expert));
 }
 
 // scores [n, E] = softmax over experts of x [n, C] . router_w [E, C]^T, in fp32

@@ -78,6 +78,7 @@ TEST_CASE("fused_classifier matches the CPU twin (ragged V, padded Vp, ignored t
             check_classifier(N, 257, 384, dloss, 1000 + N);
             check_classifier(N, 1000, 1024, dloss, 1100 + N);
             check_classifier(N, 100, 101, dloss, 1200 + N);  // Vp % 8 != 0: the scalar path
+            check_classifier(N, 700, 701, dloss, 1250 + N);  // scalar, several columns per thread
             check_classifier(N, 384, 384, dloss, 1300 + N);  // no padding
         }
     }

@@ -161,7 +161,7 @@ TEST_CASE("encoder_backward: bitwise deterministic (repeated tokens, wpe)") {
     // Zipf-like: a few very frequent tokens spanning many chunks, many rare ones
     Rng rng(41);
     std::vector<int> tokens(n);
-    for (int& t : tokens) t = (int)std::min<double>(V - 1, std::floor(std::exp(rng.uniform() * std::log((double)V))) - 1);
+    for (int& t : tokens) t = std::min(V - 1, (int)std::floor(std::exp(rng.uniform() * std::log((double)V))) - 1);
     const std::vector<int> doc_start = make_doc_start(B, T, 300, 42);
     const std::vector<float> dout = random_vector((size_t)n * C, 43);
     const std::vector<float> dwte0 = random_vector((size_t)V * C, 44), dwpe0 = random_vector((size_t)T * C, 45);

@@ -5,8 +5,10 @@
 //   3. inputs to the device as bf16, outputs poisoned first (NaN bytes), the GPU op, copy back
 //   4. compare with rel_l2 (bf16 outputs: <= 1e-2) or rel_max (fp32 statistics: ~1e-5..1e-3)
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 #include <doctest/doctest.h>
@@ -45,12 +47,17 @@ struct DeviceBuffer {
     void poison() { cudaCheck(cudaMemset(ptr, 0xFF, n * sizeof(T))); }  // 0xFFFF is a bf16 NaN, 0xFFFFFFFF an fp32 NaN
 };
 
-inline DeviceBuffer<floatX>* to_device_bf16(const std::vector<float>& v) {
+// a device copy of h (of v as bf16)
+template <typename T>
+inline std::unique_ptr<DeviceBuffer<T>> to_device(const std::vector<T>& h) {
+    auto d = std::make_unique<DeviceBuffer<T>>(h.size());
+    if (!h.empty()) cudaCheck(cudaMemcpy(d->ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+inline std::unique_ptr<DeviceBuffer<floatX>> to_device_bf16(const std::vector<float>& v) {
     std::vector<floatX> h(v.size());
     for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
-    auto* d = new DeviceBuffer<floatX>(v.size());
-    cudaCheck(cudaMemcpy(d->ptr, h.data(), h.size() * sizeof(floatX), cudaMemcpyHostToDevice));
-    return d;
+    return to_device(h);
 }
 
 template <typename T>
@@ -78,6 +85,43 @@ inline std::vector<T> download(const DeviceBuffer<T>& d) {
     std::vector<T> h(d.n);
     cudaCheck(cudaMemcpy(h.data(), d.ptr, d.n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
+}
+
+// A bf16 device tensor of n elements placed `offset` elements into its allocation: offset 1 makes
+// the pointer 2 mod 16 bytes (only 2-byte aligned), which forces the scalar (non 16-byte) paths even
+// when the length is a multiple of 8; offset 0 keeps cudaMalloc's 256-byte alignment. Poisoned
+// (NaN) at creation, the elements before the tensor included.
+struct DevBF16 {
+    DeviceBuffer<floatX> buf;
+    size_t n, offset;
+    DevBF16(size_t count, size_t off = 0) : buf(count + off), n(count), offset(off) { buf.poison(); }
+    DevBF16(const std::vector<float>& v, size_t off = 0) : DevBF16(v.size(), off) { upload(v); }
+    floatX* ptr() const { return buf.ptr + offset; }
+    void upload(const std::vector<float>& v) {
+        REQUIRE(v.size() == n);
+        std::vector<floatX> h(n);
+        for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16(v[i]);
+        cudaCheck(cudaMemcpy(ptr(), h.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+    }
+    std::vector<floatX> raw() const {  // the bits, for bitwise comparisons
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<floatX> h(n);
+        cudaCheck(cudaMemcpy(h.data(), ptr(), n * sizeof(floatX), cudaMemcpyDeviceToHost));
+        return h;
+    }
+    std::vector<float> get() const {
+        const std::vector<floatX> h = raw();
+        std::vector<float> v(n);
+        for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
+        return v;
+    }
+    void poison() { buf.poison(); }
+};
+
+// bitwise equal (the determinism checks: two runs of an op on the same inputs)
+template <typename T>
+inline bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 // ||got - want|| / ||want||; any NaN (an element the kernel did not write) gives +inf

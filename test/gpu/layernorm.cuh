@@ -21,24 +21,6 @@ using namespace gpu_test;
 
 constexpr double STAT_TOL = 1e-4;
 
-// A device copy of v starting `offset` elements into its buffer: offset 1 makes the pointer
-// 2 mod 16 bytes, which forces the scalar (non 16-byte) path even when C % 8 == 0.
-struct Shifted {
-    DeviceBuffer<floatX> buf;
-    size_t offset;
-    Shifted(const std::vector<float>& v, size_t off) : buf(v.size() + off), offset(off) {
-        std::vector<float> padded(off, 0.0f);
-        padded.insert(padded.end(), v.begin(), v.end());
-        upload_bf16(buf, padded);
-    }
-    floatX* ptr() const { return buf.ptr + offset; }
-    std::vector<float> get() const {
-        std::vector<float> all = download_bf16(buf);
-        return std::vector<float>(all.begin() + offset, all.end());
-    }
-    void poison() { buf.poison(); }
-};
-
 TEST_CASE("layernorm_forward and fused_residual_layernorm_forward match the CPU twin (ragged C, N, scalar path)") {
     for (int C : {7, 37, 768, 769, 1100, 3000, 4104, 8200})
         for (int N : {1, 5, 300})
@@ -53,7 +35,7 @@ TEST_CASE("layernorm_forward and fused_residual_layernorm_forward match the CPU 
                 const std::vector<float> x2 = bf16_round(random_vector(nc, seed + 1, 0.5f, -0.3f));
                 const std::vector<float> w = bf16_round(random_vector(C, seed + 2, 0.3f, 1.0f));
                 const std::vector<float> b = bf16_round(random_vector(C, seed + 3, 0.3f));
-                Shifted d_x(x, shift), d_x2(x2, shift), d_w(w, shift), d_b(b, shift), d_out(x, shift), d_res(x, shift);
+                DevBF16 d_x(x, shift), d_x2(x2, shift), d_w(w, shift), d_b(b, shift), d_out(x, shift), d_res(x, shift);
                 DeviceBuffer<float> d_mean(N), d_rstd(N);
 
                 // plain forward
@@ -118,7 +100,7 @@ TEST_CASE("layernorm_backward accumulates like the CPU twin (ragged C, N, scalar
                                                w.data(), mean.data(), rstd.data(), N, C);
 
                 cuda_scratch_reserve(layernorm_scratch_bytes(N, C));
-                Shifted d_x(x, shift), d_w(w, shift), d_dout(dout, shift), d_dinp(dinp0, shift), d_dw(dw0, shift),
+                DevBF16 d_x(x, shift), d_w(w, shift), d_dout(dout, shift), d_dinp(dinp0, shift), d_dw(dw0, shift),
                     d_db(db0, shift);
                 DeviceBuffer<float> d_mean(N), d_rstd(N);
                 upload(d_mean, mean);

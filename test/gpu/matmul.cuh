@@ -18,41 +18,10 @@
 namespace matmul_test {
 
 using gpu_test::BF16_TOL;
+using gpu_test::DevBF16;
 using gpu_test::DeviceBuffer;
 
 constexpr double MAX_TOL = 1e-2;
-
-// a bf16 tensor placed `offset` elements into its allocation, to test pointers that are only 2-byte
-// aligned (offset 1) as well as cudaMalloc's 256-byte alignment (offset 0); poisoned (NaN) at creation
-struct DevTensor {
-    DeviceBuffer<floatX> buf;
-    size_t n;
-    int offset;
-    DevTensor(size_t count, int off) : buf(count + off), n(count), offset(off) { buf.poison(); }
-    floatX* ptr() const { return buf.ptr + offset; }
-    void upload(const std::vector<float>& v) {
-        REQUIRE(v.size() == n);
-        std::vector<floatX> h(n);
-        for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16(v[i]);
-        cudaCheck(cudaMemcpy(ptr(), h.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
-    }
-    std::vector<floatX> raw() const {
-        cudaCheck(cudaDeviceSynchronize());
-        std::vector<floatX> h(n);
-        cudaCheck(cudaMemcpy(h.data(), ptr(), n * sizeof(floatX), cudaMemcpyDeviceToHost));
-        return h;
-    }
-    std::vector<float> download() const {
-        std::vector<floatX> h = raw();
-        std::vector<float> v(n);
-        for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
-        return v;
-    }
-};
-
-inline bool same_bits(const std::vector<floatX>& a, const std::vector<floatX>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(floatX)) == 0;
-}
 
 // host inputs of one shape, already rounded through bf16
 struct Inputs {
@@ -74,7 +43,7 @@ struct Inputs {
 // the same shape's device tensors; the bias vectors always start 256-byte aligned (the epilogue's
 // documented requirement is 16 bytes), the others `offset` elements into their allocation
 struct Device {
-    DevTensor inp, weight, out, dout, dinp, dweight;
+    DevBF16 inp, weight, out, dout, dinp, dweight;
     DeviceBuffer<floatX> bias, dbias;
     Device(const Inputs& in, int offset)
         : inp((size_t)in.BT * in.C, offset), weight((size_t)in.OC * in.C, offset), out((size_t)in.BT * in.OC, offset),
@@ -88,8 +57,8 @@ struct Device {
     }
     // overwritten outputs poisoned, accumulated ones set to their prefill
     void reset_grads(const Inputs& in) {
-        out.buf.poison();
-        dinp.buf.poison();
+        out.poison();
+        dinp.poison();
         dweight.upload(in.dweight0);
         gpu_test::upload_bf16(dbias, in.dbias0);
     }
@@ -104,7 +73,7 @@ inline void check_forward(const Inputs& in, bool with_bias, int offset) {
     Device d(in, offset);
     matmul_forward(d.out.ptr(), d.inp.ptr(), d.weight.ptr(), with_bias ? d.bias.ptr : nullptr, in.BT, in.C, in.OC);
     cudaCheck(cudaDeviceSynchronize());
-    std::vector<float> got = d.out.download();
+    std::vector<float> got = d.out.get();
     CHECK_CLOSE("out rel_l2", gpu_test::rel_l2(got, want), BF16_TOL);
     CHECK_CLOSE("out rel_max", gpu_test::rel_max(got, want), MAX_TOL);
 }
@@ -120,7 +89,7 @@ inline void check_backward(const Inputs& in, bool with_dbias, int offset) {
     matmul_backward(d.dinp.ptr(), d.dweight.ptr(), with_dbias ? d.dbias.ptr : nullptr, d.dout.ptr(), d.inp.ptr(),
                     d.weight.ptr(), in.BT, in.C, in.OC);
     cudaCheck(cudaDeviceSynchronize());
-    std::vector<float> got_dinp = d.dinp.download(), got_dweight = d.dweight.download();
+    std::vector<float> got_dinp = d.dinp.get(), got_dweight = d.dweight.get();
     CHECK_CLOSE("dinp rel_l2", gpu_test::rel_l2(got_dinp, dinp), BF16_TOL);
     CHECK_CLOSE("dinp rel_max", gpu_test::rel_max(got_dinp, dinp), MAX_TOL);
     CHECK_CLOSE("dweight rel_l2", gpu_test::rel_l2(got_dweight, dweight), BF16_TOL);
@@ -191,15 +160,13 @@ TEST_CASE("matmul: bitwise deterministic, plans cached per shape") {
             out[run] = d.out.raw();
             dinp[run] = d.dinp.raw();
             dweight[run] = d.dweight.raw();
-            std::vector<floatX> db(s.OC);
-            cudaCheck(cudaMemcpy(db.data(), d.dbias.ptr, s.OC * sizeof(floatX), cudaMemcpyDeviceToHost));
-            dbias[run] = db;
+            dbias[run] = gpu_test::download(d.dbias);
             if (run == 0) plans_after_first = matmul_cached_plans();
         }
-        CHECK(matmul_test::same_bits(out[0], out[1]));
-        CHECK(matmul_test::same_bits(dinp[0], dinp[1]));
-        CHECK(matmul_test::same_bits(dweight[0], dweight[1]));
-        CHECK(matmul_test::same_bits(dbias[0], dbias[1]));
+        CHECK(gpu_test::same_bytes(out[0], out[1]));
+        CHECK(gpu_test::same_bytes(dinp[0], dinp[1]));
+        CHECK(gpu_test::same_bytes(dweight[0], dweight[1]));
+        CHECK(gpu_test::same_bytes(dbias[0], dbias[1]));
         CHECK(matmul_cached_plans() == plans_after_first);  // the second step made no heuristic query
     }
 }
@@ -215,8 +182,8 @@ TEST_CASE("matmul: misaligned bias fails clearly; teardown then lazy setup gives
     matmul_teardown();
     CHECK(matmul_cached_plans() == 0);
     matmul_teardown();  // idempotent
-    d.out.buf.poison();
+    d.out.poison();
     matmul_forward(d.out.ptr(), d.inp.ptr(), d.weight.ptr(), d.bias.ptr, in.BT, in.C, in.OC);  // sets up again
-    CHECK(matmul_test::same_bits(before, d.out.raw()));
+    CHECK(gpu_test::same_bytes(before, d.out.raw()));
     matmul_setup();  // idempotent
 }

@@ -11,24 +11,6 @@
 namespace mlp_test {
 using namespace gpu_test;
 
-// A device copy starting `offset` elements into its buffer (offset 1: not 16-byte aligned, so the
-// scalar path runs even when the length is a multiple of 8).
-struct Shifted {
-    DeviceBuffer<floatX> buf;
-    size_t offset;
-    Shifted(const std::vector<float>& v, size_t off) : buf(v.size() + off), offset(off) {
-        std::vector<float> padded(off, 0.0f);
-        padded.insert(padded.end(), v.begin(), v.end());
-        upload_bf16(buf, padded);
-    }
-    floatX* ptr() const { return buf.ptr + offset; }
-    std::vector<float> get() const {
-        std::vector<float> all = download_bf16(buf);
-        return std::vector<float>(all.begin() + offset, all.end());
-    }
-    void poison() { buf.poison(); }
-};
-
 TEST_CASE("swiglu forward and backward match the CPU twin (ragged H, N, scalar path)") {
     for (int H : {11, 1536})
         for (int N : {1, 5, 300})
@@ -45,7 +27,7 @@ TEST_CASE("swiglu forward and backward match the CPU twin (ragged H, N, scalar p
                 cpu::swiglu_forward<float>(want.data(), inp.data(), N, H);
                 cpu::swiglu_backward<float>(want_dinp.data(), dout.data(), inp.data(), N, H);
 
-                Shifted d_inp(inp, shift), d_dout(dout, shift), d_out(want, shift), d_dinp(want_dinp, shift);
+                DevBF16 d_inp(inp, shift), d_dout(dout, shift), d_out(want, shift), d_dinp(want_dinp, shift);
                 d_out.poison();
                 d_dinp.poison();
                 swiglu_forward(d_out.ptr(), d_inp.ptr(), N, H);
@@ -80,7 +62,7 @@ TEST_CASE("gelu forward and backward match the CPU twin (ragged N, scalar path)"
             cpu::gelu_forward<float>(want.data(), inp.data(), N);
             cpu::gelu_backward<float>(want_dinp.data(), dout.data(), inp.data(), N);
 
-            Shifted d_inp(inp, shift), d_dout(dout, shift), d_out(want, shift), d_dinp(want_dinp, shift);
+            DevBF16 d_inp(inp, shift), d_dout(dout, shift), d_out(want, shift), d_dinp(want_dinp, shift);
             d_out.poison();
             d_dinp.poison();
             gelu_forward(d_out.ptr(), d_inp.ptr(), N);

@@ -29,48 +29,6 @@ using namespace gpu_test;
 constexpr double MAX_TOL = 1e-2;   // max-norm of bf16 outputs
 constexpr double FP32_TOL = 1e-5;  // max-norm of fp32 outputs (see the top)
 
-template <typename T>
-inline bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
-// a bf16 device tensor `offset` elements into its allocation (offset 1: only 2-byte aligned, so
-// the scalar paths run), poisoned at creation
-struct DevBF16 {
-    DeviceBuffer<floatX> buf;
-    size_t n;
-    int offset;
-    DevBF16(size_t count, int off = 0) : buf(count + off), n(count), offset(off) { buf.poison(); }
-    DevBF16(const std::vector<float>& v, int off = 0) : DevBF16(v.size(), off) { upload(v); }
-    floatX* ptr() const { return buf.ptr + offset; }
-    void upload(const std::vector<float>& v) {
-        REQUIRE(v.size() == n);
-        std::vector<floatX> h(n);
-        for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16(v[i]);
-        cudaCheck(cudaMemcpy(ptr(), h.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
-    }
-    std::vector<floatX> raw() const {
-        cudaCheck(cudaDeviceSynchronize());
-        std::vector<floatX> h(n);
-        cudaCheck(cudaMemcpy(h.data(), ptr(), n * sizeof(floatX), cudaMemcpyDeviceToHost));
-        return h;
-    }
-    std::vector<float> get() const {
-        std::vector<floatX> h = raw();
-        std::vector<float> v(n);
-        for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
-        return v;
-    }
-    void poison() { buf.poison(); }
-};
-
-template <typename T>
-inline std::unique_ptr<DeviceBuffer<T>> to_device(const std::vector<T>& h) {
-    auto d = std::make_unique<DeviceBuffer<T>>(h.size());
-    if (!h.empty()) cudaCheck(cudaMemcpy(d->ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-
 // ------------------------------------------------------------------------------------------------
 // score generators (rows need not sum to 1 for the selection; the router tests use real softmaxes)
 
@@ -90,11 +48,11 @@ inline std::vector<float> softmax_scores(size_t n, int E, uint64_t seed) {
     return s;
 }
 
-// continuous scores, then ties of the requested kind
-inline std::vector<float> make_scores(int B, int T, int E, float c, bool by_position, Ties ties, uint64_t seed) {
+// ties of the requested kind applied to (a copy of) continuous scores
+inline std::vector<float> with_ties(std::vector<float> s, int B, int T, int E, float c, bool by_position, Ties ties,
+                                    uint64_t seed) {
     const size_t n = (size_t)B * T;
-    std::vector<float> s = softmax_scores(n, E, seed);
-    Rng rng(seed + 7);
+    Rng rng(seed);
     switch (ties) {
         case Ties::none: break;
         case Ties::levels:  // 5 distinct values: thousands of ties everywhere, and at every threshold
@@ -131,6 +89,9 @@ inline std::vector<float> make_scores(int B, int T, int E, float c, bool by_posi
         }
     }
     return s;
+}
+inline std::vector<float> make_scores(int B, int T, int E, float c, bool by_position, Ties ties, uint64_t seed) {
+    return with_ties(softmax_scores((size_t)B * T, E, seed), B, T, E, c, by_position, ties, seed + 7);
 }
 
 inline void check_select(const std::vector<float>& scores, int B, int T, int E, float c, bool by_position) {
@@ -170,6 +131,17 @@ inline void check_select(const std::vector<float>& scores, int B, int T, int E, 
     CHECK(same_bytes(runs_slots[0], runs_slots[1]));
 }
 
+// every grouping x capacity x tie pattern on one set of continuous scores per (B, T, E)
+inline void check_select_all(int B, int T, int E, uint64_t seed) {
+    const std::vector<float> base = softmax_scores((size_t)B * T, E, seed);
+    for (float c : {1.0f, 2.0f})
+        for (bool pos : {false, true})
+            for (Ties ties : {Ties::none, Ties::at_threshold, Ties::levels}) {
+                CAPTURE((int)ties);
+                check_select(with_ties(base, B, T, E, c, pos, ties, seed + 7), B, T, E, c, pos);
+            }
+}
+
 // ------------------------------------------------------------------------------------------------
 // a routing (from the CPU selection) and the float ops' inputs
 
@@ -185,15 +157,11 @@ struct Routing {
         token_slots.resize((size_t)n * E);
         cpu::moe_select<float>(expert_tokens.data(), token_slots.data(), scores.data(), B, T, E, c, by_position);
     }
-    // how many tokens no expert took (the test shapes must have some, to check the zero rows)
-    int untaken() const {
-        int u = 0;
-        for (int i = 0; i < n; i++) {
-            bool any = false;
-            for (int e = 0; e < E; e++) any |= token_slots[(size_t)i * E + e] >= 0;
-            u += !any;
-        }
-        return u;
+    bool taken(int i, int e) const { return token_slots[(size_t)i * E + e] >= 0; }
+    bool taken(int i) const {  // by any expert
+        for (int e = 0; e < E; e++)
+            if (taken(i, e)) return true;
+        return false;
     }
 };
 
@@ -221,13 +189,7 @@ TEST_CASE("moe_select: identical to cpu::moe_select, both groupings, ties at the
     };
     uint64_t seed = 7000;
     for (BT bt : {BT{1, 1}, BT{1, 7}, BT{3, 37}, BT{4, 1000}, BT{2, 4097}, BT{16, 300}})
-        for (int E : {4, 6, 8, 64})
-            for (float c : {1.0f, 2.0f})
-                for (bool pos : {false, true})
-                    for (Ties ties : {Ties::none, Ties::at_threshold, Ties::levels}) {
-                        CAPTURE((int)ties);
-                        check_select(make_scores(bt.B, bt.T, E, c, pos, ties, seed++), bt.B, bt.T, E, c, pos);
-                    }
+        for (int E : {4, 6, 8, 64}) check_select_all(bt.B, bt.T, E, seed += 10);
 }
 
 TEST_CASE("moe_select: n = 65536 (both B x T layouts), E in {4, 8, 64}, c in {1, 2}") {
@@ -237,13 +199,7 @@ TEST_CASE("moe_select: n = 65536 (both B x T layouts), E in {4, 8, 64}, c in {1,
     };
     uint64_t seed = 8000;
     for (BT bt : {BT{8, 8192}, BT{64, 1024}})
-        for (int E : {4, 8, 64})
-            for (float c : {1.0f, 2.0f})
-                for (bool pos : {false, true})
-                    for (Ties ties : {Ties::none, Ties::at_threshold, Ties::levels}) {
-                        CAPTURE((int)ties);
-                        check_select(make_scores(bt.B, bt.T, E, c, pos, ties, seed++), bt.B, bt.T, E, c, pos);
-                    }
+        for (int E : {4, 8, 64}) check_select_all(bt.B, bt.T, E, seed += 10);
 }
 
 TEST_CASE("moe_select: degenerate scores and capacities") {
@@ -396,12 +352,9 @@ TEST_CASE("moe_gather (exact copy) and moe_gather_backward (dx +=) match the CPU
             CHECK_CLOSE("dx rel_max", rel_max(got_dx, want_dx), MAX_TOL);
             // rows of tokens no expert took are untouched, bit for bit
             bool untouched = true;
-            for (int i = 0; i < r.n; i++) {
-                bool any = false;
-                for (int e = 0; e < r.E; e++) any |= r.token_slots[(size_t)i * r.E + e] >= 0;
-                if (!any)
+            for (int i = 0; i < r.n; i++)
+                if (!r.taken(i))
                     for (int c = 0; c < r.C; c++) untouched &= got_dx[(size_t)i * r.C + c] == dx0[(size_t)i * r.C + c];
-            }
             CHECK(untouched);
             CHECK(same_bytes(raw_xe[0], raw_xe[1]));
             CHECK(same_bytes(raw_dx[0], raw_dx[1]));
@@ -452,13 +405,9 @@ TEST_CASE("moe_combine_forward and moe_combine_backward match the CPU twins") {
             // exact zeros: rows of tokens no expert took, dscores of pairs not taken
             bool zeros = true;
             for (int i = 0; i < r.n; i++) {
-                bool any = false;
-                for (int e = 0; e < r.E; e++) {
-                    const bool taken = r.token_slots[(size_t)i * r.E + e] >= 0;
-                    any |= taken;
-                    if (!taken) zeros &= got_ds[0][(size_t)i * r.E + e] == 0.0f;
-                }
-                if (!any)
+                for (int e = 0; e < r.E; e++)
+                    if (!r.taken(i, e)) zeros &= got_ds[0][(size_t)i * r.E + e] == 0.0f;
+                if (!r.taken(i))
                     for (int c = 0; c < r.C; c++) zeros &= got_out[(size_t)i * r.C + c] == 0.0f;
             }
             CHECK(zeros);

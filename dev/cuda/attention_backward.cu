@@ -1,0 +1,176 @@
+// Attention backward benchmark (llmc/attention.cuh): causal attention over packed documents, GQA, ALiBi.
+// Both versions first compute D = rowsum(dO * O) (one thread per (token, head), into scratch), then:
+//   version 1  attention_detail::backward_simple: fp32 CUDA-core kernels, a dQ kernel over 16-query
+//              blocks and a dK/dV kernel over 16-key blocks that loops over the group's query heads
+//              (the GQA sum in registers, deterministic); operands staged as fp32 in shared memory,
+//              every multiply-add reads shared memory. The path for head sizes other than 64 and 128.
+//   version 2  attention_detail::backward_flash: FlashAttention-2 style on the bf16 tensor cores
+//              (mma.sync m16n8k16, fp32 accumulation), P recomputed from the saved lse:
+//              dQ kernel, block = 64 queries: per 64-key tile S = Q K^T, dP = dO V^T, dS, dQ += dS K;
+//              dK/dV kernel, block = 64 keys: per query head of the group and per 64-query tile that can
+//              see the keys (32 queries a step) S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q,
+//              accumulated in registers in a fixed order (no atomics: deterministic). Tiles that no
+//              query / key of the block can see are skipped. What attention_backward runs for hs 64, 128.
+// 1. validates both versions against the CPU twin (llmc/cpu/attention.h) on small shapes (hs 64 and
+//    128, rows of 3-token documents / one document / the benchmark's packed rows, ragged T, GQA, ALiBi),
+//    on the CPU's own bf16 out and lse: dq, dk, dv relative L2 and max-norm <= 1e-2, two runs bitwise
+//    equal; exits 1 on a mismatch
+// 2. times B*T = 65536 tokens, n_head 16, hs 64 and 128, T = 1024 .. 8192, GQA ratios 1 / 4 / 8, on
+//    packed rows (random document lengths uniform in [1, T/4), mean ~T/8) and unpacked rows (one
+//    document per row). Version 1 only on a few shapes (it is ~20x slower).
+// FLOPs: 2.5x the forward's, FlashAttention-2's convention: 10 * hs * n_head * sum_i (i - doc_start[i] + 1)
+// over the visible pairs only = five products of 2 hs flops per visible pair (the recomputed Q K^T,
+// dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ += dS K); the recomputation is counted, D = dO.O and the
+// element-wise softmax work are not. "packed speed-up" is time(unpacked) / time(packed) on the same
+// shape, next to the ratio of their visible work.
+// Build: nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -I. dev/cuda/attention_backward.cu -lcublasLt -lcublas -o attention_backward
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "dev/cuda/common.cuh"
+#include "llmc/cpu/attention.h"
+#include "llmc/attention.cuh"
+
+using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+
+typedef void (*BackwardFn)(floatX*, const floatX*, const floatX*, const floatX*, const float*, const int*, int, int,
+                           int, int, int, bool);
+struct Version {
+    const char* name;
+    BackwardFn fn;
+};
+static const Version versions[] = {{"v1 simple", attention_detail::backward_simple},
+                                   {"v2 flash ", attention_detail::backward_flash}};
+
+// doc_start of B rows of T tokens: packed = documents of random length in [1, T/4) (mean ~T/8), the
+// row starting inside a document; unpacked = one document per row
+static std::vector<int> make_doc_start(int B, int T, bool packed, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int> ds((size_t)B * T, 0);
+    if (!packed) return ds;
+    const int max_len = std::max(2, T / 4);
+    for (int b = 0; b < B; b++) {
+        int start = 0, next = 1 + (int)rng.below(max_len - 1);
+        for (int t = 0; t < T; t++) {
+            if (t == next) {
+                start = t;
+                next = t + 1 + (int)rng.below(max_len - 1);
+            }
+            ds[(size_t)b * T + t] = start;
+        }
+    }
+    return ds;
+}
+// backward FLOPs over the visible pairs (2.5x the forward's 4 hs per pair)
+static double visible_flops(const std::vector<int>& ds, int T, int n_head, int hs) {
+    double pairs = 0;
+    for (size_t t = 0; t < ds.size(); t++) pairs += (double)((int)(t % T) - ds[t] + 1);
+    return 10.0 * hs * n_head * pairs;
+}
+
+// the columns [begin, end) of every row of a [rows, row_len] tensor (the q, k or v part of dqkv)
+static std::vector<float> columns(const std::vector<float>& x, size_t rows, int row_len, int begin, int end) {
+    std::vector<float> r;
+    r.reserve(rows * (end - begin));
+    for (size_t i = 0; i < rows; i++)
+        for (int c = begin; c < end; c++) r.push_back(x[i * row_len + c]);
+    return r;
+}
+
+static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
+    Rng rng(11 + T + hs);
+    const int row = (NH + 2 * KVH) * hs, C = NH * hs;
+    const size_t BT = (size_t)B * T;
+    const std::vector<float> qkv = host_random(BT * row, rng, 1.5f, 0.1f), dout = host_random(BT * C, rng, 1.0f, 0.05f);
+    // rows b % 3: 0 documents of 3 tokens, 1 one document, 2 the benchmark's packed distribution
+    std::vector<int> ds((size_t)B * T);
+    for (int b = 0; b < B; b++) {
+        const std::vector<int> r = make_doc_start(1, T, true, 200 + b);
+        for (int t = 0; t < T; t++) ds[(size_t)b * T + t] = b % 3 == 0 ? t - t % 3 : (b % 3 == 1 ? 0 : r[t]);
+    }
+    std::vector<float> out((size_t)BT * C), lse((size_t)B * NH * T);
+    cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi);
+    for (float& x : out) x = __bfloat162float(__float2bfloat16(x));  // the GPU saves a bf16 out
+    std::vector<float> dqkv_ref(qkv.size());
+    cpu::attention_backward<float>(dqkv_ref.data(), dout.data(), qkv.data(), out.data(), lse.data(), ds.data(), B, T,
+                                   NH, KVH, hs, alibi);
+    floatX *d_qkv = to_device_bf16(qkv), *d_dout = to_device_bf16(dout), *d_out = to_device_bf16(out);
+    float* d_lse = to_device(lse);
+    int* d_ds = to_device(ds);
+    floatX *d_dqkv = dev_alloc<floatX>(qkv.size()), *d_dqkv2 = dev_alloc<floatX>(qkv.size());
+    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
+    const int q_end = NH * hs, k_end = (NH + KVH) * hs;
+    bool ok = true;
+    for (const Version& v : versions) {
+        printf("validate %s B=%d T=%d n_head=%d n_kv_head=%d hs=%d alibi=%d\n", v.name, B, T, NH, KVH, hs, alibi);
+        cudaCheck(cudaMemset(d_dqkv, 0xFF, qkv.size() * sizeof(floatX)));  // NaN: unwritten outputs fail
+        v.fn(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi);
+        v.fn(d_dqkv2, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi);
+        const std::vector<float> got = to_host_bf16(d_dqkv, qkv.size()), got2 = to_host_bf16(d_dqkv2, qkv.size());
+        // relative L2 and max-norm of each part: dq and dk are small where documents are 1..3 tokens long
+        // (p ~ 1, dp ~ D), so the max-norm of the whole part, not of each element, is the scale
+        ok = compare("dq", columns(got, BT, row, 0, q_end), columns(dqkv_ref, BT, row, 0, q_end), 1e-2) && ok;
+        ok = compare("dk", columns(got, BT, row, q_end, k_end), columns(dqkv_ref, BT, row, q_end, k_end), 1e-2) && ok;
+        ok = compare("dv", columns(got, BT, row, k_end, row), columns(dqkv_ref, BT, row, k_end, row), 1e-2) && ok;
+        const bool same = got == got2;
+        printf("  deterministic  %s\n", same ? "yes" : "NO");
+        ok = ok && same;
+    }
+    for (void* p : {(void*)d_qkv, (void*)d_dout, (void*)d_out, (void*)d_lse, (void*)d_ds, (void*)d_dqkv, (void*)d_dqkv2})
+        cudaCheck(cudaFree(p));
+    return ok;
+}
+
+static void run_bench(int hs, int T, int ratio, bool with_v1) {
+    const int NH = 16, KVH = NH / ratio, B = 65536 / T;
+    const int row = (NH + 2 * KVH) * hs, C = NH * hs;
+    const size_t BT = (size_t)B * T;
+    floatX *qkv = alloc_random(BT * row, 1 + hs + T, 2.0f), *dout = alloc_random(BT * C, 7 + hs + T, 1.0f);
+    floatX *dqkv = dev_alloc<floatX>(BT * row), *out = dev_alloc<floatX>(BT * C);
+    float* lse = dev_alloc<float>(BT * NH);
+    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
+    double flops[2];
+    float ms[2][2] = {};
+    for (int packed = 0; packed < 2; packed++) {
+        const std::vector<int> ds = make_doc_start(B, T, packed, 1000 + T);
+        int* d_ds = to_device(ds);
+        flops[packed] = visible_flops(ds, T, NH, hs);
+        attention_forward(out, lse, qkv, d_ds, B, T, NH, KVH, hs, true);  // the real saved state
+        for (int v = with_v1 ? 0 : 1; v < 2; v++) {
+            const int reps = v == 0 ? 3 : (T >= 4096 ? 10 : 20);
+            ms[v][packed] = bench::time_ms(
+                [&] { versions[v].fn(dqkv, dout, qkv, out, lse, d_ds, B, T, NH, KVH, hs, true); }, 1, reps);
+            const std::string what = std::string("  ") + versions[v].name + (packed ? " packed  " : " unpacked");
+            bench::print_flops(what, ms[v][packed], flops[packed], 0);
+        }
+        cudaCheck(cudaFree(d_ds));
+    }
+    for (int v = with_v1 ? 0 : 1; v < 2; v++)
+        printf("  %s packed speed-up %.2fx (visible work ratio %.2fx)\n", versions[v].name, ms[v][0] / ms[v][1],
+               flops[0] / flops[1]);
+    if (with_v1)
+        printf("  v2 / v1 speed: unpacked %.1fx, packed %.1fx\n", ms[0][0] / ms[1][0], ms[0][1] / ms[1][1]);
+    for (void* p : {(void*)qkv, (void*)dqkv, (void*)out, (void*)dout, (void*)lse}) cudaCheck(cudaFree(p));
+}
+
+int main() {
+    bench::print_header("attention_backward");
+    bool ok = true;
+    ok = validate(3, 300, 4, 1, 64, true) && ok;
+    ok = validate(3, 257, 6, 2, 128, true) && ok;
+    ok = validate(2, 130, 4, 4, 64, false) && ok;
+    ok = validate(3, 200, 8, 1, 128, false) && ok;
+    require_valid(ok);
+    printf("B*T = 65536 tokens, n_head 16, alibi; TFLOP/s over visible score elements (10 hs per pair, 2.5x the "
+           "forward)\n");
+    for (int hs : {64, 128})
+        for (int T : {1024, 2048, 4096, 8192})
+            for (int ratio : {1, 4, 8}) {
+                printf("hs %d T %d GQA %d (n_kv_head %d, B %d)\n", hs, T, ratio, 16 / ratio, 65536 / T);
+                run_bench(hs, T, ratio, ratio == 4 && (T == 1024 || T == 4096));
+            }
+    return 0;
+}

@@ -1,0 +1,155 @@
+// Attention forward benchmark (llmc/attention.cuh): causal attention over packed documents, GQA, ALiBi.
+//   version 1  attention_detail::forward_simple: fp32 math on CUDA cores, 16 queries per block, keys
+//              staged 32 at a time as fp32 in shared memory, one lane per key for the dot products and
+//              one lane per head dim for the accumulation. Correct and memory-lean, but every
+//              multiply-add reads shared memory: far from the tensor-core roofline. It stays the path
+//              for head sizes other than 64 and 128.
+//   version 2  attention_detail::forward_flash: FlashAttention-2 style. 64 queries per block (16 per
+//              warp, Q fragments in registers), 64-key tiles double-buffered by cp.async, S = Q K^T and
+//              O += P V on the bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation), online softmax
+//              on the fp32 C fragments, P handed from the S fragments to the PV product in registers.
+//              Key tiles outside [min doc_start of the query tile, its last query] are never visited
+//              and fully visible tiles skip the mask, so packed rows cost ~ the sum of their documents'
+//              squares. What attention_forward runs for hs 64 and 128.
+// 1. validates both versions against the CPU twin (llmc/cpu/attention.h) on small shapes (hs 64 and
+//    128, rows of 3-token documents / one document / the benchmark's packed rows, ragged T, GQA, ALiBi):
+//    out relative L2 and max-norm <= 1e-2, lse <= 1e-3, two runs bitwise equal; exits 1 on a mismatch
+// 2. times B*T = 65536 tokens, n_head 16, hs 64 and 128, T = 1024 .. 8192, GQA ratios 1 / 4 / 8, on
+//    packed rows (random document lengths uniform in [1, T/4), mean ~T/8, the row starting
+//    mid-document) and unpacked rows (one document per row: plain causal). Version 1 only on a few
+//    shapes (it is ~20x slower).
+// FLOPs count only the visible (unmasked) score elements: 4 * hs * n_head * sum_i (i - doc_start[i] + 1)
+// (2 hs for q.k and 2 hs for p v per visible pair; the softmax is not counted), so packed and unpacked
+// rows are compared on useful work. "packed speed-up" is time(unpacked) / time(packed) on the same
+// shape; the ratio of their FLOPs (the best a kernel that skips all masked work can do) is printed next
+// to it.
+// Build: nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -I. dev/cuda/attention_forward.cu -lcublasLt -lcublas -o attention_forward
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "dev/cuda/common.cuh"
+#include "llmc/cpu/attention.h"
+#include "llmc/attention.cuh"
+
+using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+
+typedef void (*ForwardFn)(floatX*, float*, const floatX*, const int*, int, int, int, int, int, bool);
+struct Version {
+    const char* name;
+    ForwardFn fn;
+};
+static const Version versions[] = {{"v1 simple", attention_detail::forward_simple},
+                                   {"v2 flash ", attention_detail::forward_flash}};
+
+// doc_start of B rows of T tokens: packed = documents of random length in [1, T/4) (mean ~T/8), the
+// row starting inside a document; unpacked = one document per row
+static std::vector<int> make_doc_start(int B, int T, bool packed, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int> ds((size_t)B * T, 0);
+    if (!packed) return ds;
+    const int max_len = std::max(2, T / 4);
+    for (int b = 0; b < B; b++) {
+        int start = 0, next = 1 + (int)rng.below(max_len - 1);
+        for (int t = 0; t < T; t++) {
+            if (t == next) {
+                start = t;
+                next = t + 1 + (int)rng.below(max_len - 1);
+            }
+            ds[(size_t)b * T + t] = start;
+        }
+    }
+    return ds;
+}
+// forward FLOPs over the visible pairs
+static double visible_flops(const std::vector<int>& ds, int T, int n_head, int hs) {
+    double pairs = 0;
+    for (size_t t = 0; t < ds.size(); t++) pairs += (double)((int)(t % T) - ds[t] + 1);
+    return 4.0 * hs * n_head * pairs;
+}
+
+static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
+    Rng rng(7 + T + hs);
+    const int row = (NH + 2 * KVH) * hs, C = NH * hs;
+    const size_t BT = (size_t)B * T, n_lse = (size_t)B * NH * T;
+    const std::vector<float> qkv = host_random(BT * row, rng, 1.5f, 0.1f);
+    // rows b % 3: 0 documents of 3 tokens, 1 one document, 2 the benchmark's packed distribution
+    std::vector<int> ds((size_t)B * T);
+    for (int b = 0; b < B; b++) {
+        const std::vector<int> r = make_doc_start(1, T, true, 100 + b);
+        for (int t = 0; t < T; t++) ds[(size_t)b * T + t] = b % 3 == 0 ? t - t % 3 : (b % 3 == 1 ? 0 : r[t]);
+    }
+    std::vector<float> out_ref(BT * C), lse_ref(n_lse);
+    cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi);
+    floatX *d_qkv = to_device_bf16(qkv), *d_out = dev_alloc<floatX>(BT * C), *d_out2 = dev_alloc<floatX>(BT * C);
+    int* d_ds = to_device(ds);
+    float *d_lse = dev_alloc<float>(n_lse), *d_lse2 = dev_alloc<float>(n_lse);
+    bool ok = true;
+    for (const Version& v : versions) {
+        printf("validate %s B=%d T=%d n_head=%d n_kv_head=%d hs=%d alibi=%d\n", v.name, B, T, NH, KVH, hs, alibi);
+        cudaCheck(cudaMemset(d_out, 0xFF, BT * C * sizeof(floatX)));  // NaN: unwritten outputs fail
+        cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * sizeof(float)));
+        v.fn(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, alibi);
+        v.fn(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, alibi);
+        const std::vector<float> out = to_host_bf16(d_out, BT * C), out2 = to_host_bf16(d_out2, BT * C);
+        const std::vector<float> lse = to_host(d_lse, n_lse), lse2 = to_host(d_lse2, n_lse);
+        ok = compare("out", out, out_ref, 1e-2) && ok;
+        ok = compare("lse", lse, lse_ref, 1e-3) && ok;
+        const bool same = out == out2 && std::memcmp(lse.data(), lse2.data(), n_lse * sizeof(float)) == 0;
+        printf("  deterministic  %s\n", same ? "yes" : "NO");
+        ok = ok && same;
+    }
+    for (void* p : {(void*)d_qkv, (void*)d_ds, (void*)d_out, (void*)d_out2, (void*)d_lse, (void*)d_lse2})
+        cudaCheck(cudaFree(p));
+    return ok;
+}
+
+static void run_bench(int hs, int T, int ratio, bool with_v1) {
+    const int NH = 16, KVH = NH / ratio, B = 65536 / T;
+    const int row = (NH + 2 * KVH) * hs, C = NH * hs;
+    const size_t BT = (size_t)B * T;
+    floatX *qkv = alloc_random(BT * row, 1 + hs + T, 2.0f), *out = dev_alloc<floatX>(BT * C);
+    float* lse = dev_alloc<float>(BT * NH);
+    double flops[2];
+    float ms[2][2] = {};
+    for (int packed = 0; packed < 2; packed++) {
+        const std::vector<int> ds = make_doc_start(B, T, packed, 1000 + T);
+        int* d_ds = to_device(ds);
+        flops[packed] = visible_flops(ds, T, NH, hs);
+        for (int v = with_v1 ? 0 : 1; v < 2; v++) {
+            const int reps = v == 0 ? 3 : (T >= 4096 ? 10 : 20);
+            ms[v][packed] = bench::time_ms([&] { versions[v].fn(out, lse, qkv, d_ds, B, T, NH, KVH, hs, true); }, 1, reps);
+            const std::string what = std::string("  ") + versions[v].name + (packed ? " packed  " : " unpacked");
+            bench::print_flops(what, ms[v][packed], flops[packed], 0);
+        }
+        cudaCheck(cudaFree(d_ds));
+    }
+    for (int v = with_v1 ? 0 : 1; v < 2; v++)
+        printf("  %s packed speed-up %.2fx (visible work ratio %.2fx)\n", versions[v].name, ms[v][0] / ms[v][1],
+               flops[0] / flops[1]);
+    if (with_v1)
+        printf("  v2 / v1 speed: unpacked %.1fx, packed %.1fx\n", ms[0][0] / ms[1][0], ms[0][1] / ms[1][1]);
+    cudaCheck(cudaFree(qkv));
+    cudaCheck(cudaFree(out));
+    cudaCheck(cudaFree(lse));
+}
+
+int main() {
+    bench::print_header("attention_forward");
+    bool ok = true;
+    ok = validate(3, 300, 4, 1, 64, true) && ok;
+    ok = validate(3, 257, 6, 2, 128, true) && ok;
+    ok = validate(2, 130, 4, 4, 64, false) && ok;
+    ok = validate(3, 200, 8, 1, 128, false) && ok;
+    require_valid(ok);
+    printf("B*T = 65536 tokens, n_head 16, alibi; TFLOP/s over visible score elements (4 hs per pair)\n");
+    for (int hs : {64, 128})
+        for (int T : {1024, 2048, 4096, 8192})
+            for (int ratio : {1, 4, 8}) {
+                printf("hs %d T %d GQA %d (n_kv_head %d, B %d)\n", hs, T, ratio, 16 / ratio, 65536 / T);
+                run_bench(hs, T, ratio, ratio == 4 && (T == 1024 || T == 4096));
+            }
+    return 0;
+}
