@@ -909,7 +909,7 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
     const float temperature = args.f("temperature");
     const int ckpt_every = args.i("ckpt_every");
     const std::string out_dir = args.str("out_dir");
-    mkdir(out_dir.c_str(), 0755);
+    make_dirs(out_dir);
 
     // resume: the checkpoint's config wins over defaults, and must agree with explicit flags
     Checkpoint ck;

@@ -92,3 +92,14 @@ inline std::vector<std::string> glob_files(const std::string& pattern) {
 }
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// mkdir -p: creates every missing directory of path
+#include <sys/stat.h>
+inline void make_dirs(const std::string& path) {
+    for (size_t i = 1; i <= path.size(); i++) {
+        if (i < path.size() && path[i] != '/') continue;
+        std::string prefix = path.substr(0, i);
+        if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+            LLMC_FAIL("%s: cannot create directory (%s)", prefix.c_str(), strerror(errno));
+    }
+}

@@ -228,7 +228,7 @@ struct TrainFixture {
         write_shard(dir + "/va_000.bin", synthetic_tokens(2000, 3));
     }
     std::vector<std::string> args(const std::string& out, int max_steps) const {
-        return {"--train", dir + "/tr_*.bin", "--val", dir + "/va_*.bin", "--out_dir", dir + "/" + out,
+        return {"--train", dir + "/tr_*.bin", "--val", dir + "/va_*.bin", "--out_dir", dir + "/" + out + "/run",
                 "--n_layer", "2", "--n_embd", "32", "--n_head", "4", "--n_kv_head", "2", "-b", "2", "-t", "32",
                 "-d", "128", "--max_steps", std::to_string(max_steps), "--warmup", "2", "--val_every", "3",
                 "--val_batches", "2", "--sample_len", "16", "--ckpt_every", "4"};
@@ -256,23 +256,23 @@ TEST_CASE("checkpoints: round trip, and resume continues bitwise-identically") {
     REQUIRE(run_train(fx.args("full", 10)) == 0);
     // the same run again: bitwise identical (determinism for a fixed seed)
     REQUIRE(run_train(fx.args("again", 10)) == 0);
-    CHECK(read_file(fx.dir + "/full/ckpt_000000010.bin") == read_file(fx.dir + "/again/ckpt_000000010.bin"));
+    CHECK(read_file(fx.dir + "/full/run/ckpt_000000010.bin") == read_file(fx.dir + "/again/run/ckpt_000000010.bin"));
     // resume from step 4 in a fresh directory
     std::vector<std::string> a = fx.args("resumed", 10);
     a.push_back("--resume");
-    a.push_back(fx.dir + "/full/ckpt_000000004.bin");
+    a.push_back(fx.dir + "/full/run/ckpt_000000004.bin");
     REQUIRE(run_train(a) == 0);
-    std::string full = read_file(fx.dir + "/full/ckpt_000000010.bin");
+    std::string full = read_file(fx.dir + "/full/run/ckpt_000000010.bin");
     CHECK(full.size() > 1000);
-    CHECK(full == read_file(fx.dir + "/resumed/ckpt_000000010.bin"));
-    auto l_full = logged_losses(fx.dir + "/full/log.jsonl"), l_res = logged_losses(fx.dir + "/resumed/log.jsonl");
+    CHECK(full == read_file(fx.dir + "/resumed/run/ckpt_000000010.bin"));
+    auto l_full = logged_losses(fx.dir + "/full/run/log.jsonl"), l_res = logged_losses(fx.dir + "/resumed/run/log.jsonl");
     CHECK(l_res.size() == 6);
     for (auto& [step, text] : l_res) {
         CAPTURE(step);
         CHECK(text == l_full[step]);
     }
     // round trip of the file format itself
-    Checkpoint ck = load_checkpoint(fx.dir + "/full/ckpt_000000010.bin");
+    Checkpoint ck = load_checkpoint(fx.dir + "/full/run/ckpt_000000010.bin");
     CHECK(ck.get_int("step", "") == 10);
     CHECK(ck.get_int("config.n_kv_head", "") == 2);
     save_checkpoint(fx.dir + "/copy.bin", ck, ck.params.data(), ck.adam_m.data(), ck.adam_v.data(), ck.params.size());
@@ -283,7 +283,7 @@ TEST_CASE("checkpoints: round trip, and resume continues bitwise-identically") {
     b.push_back("--resume");
     b.push_back("latest");
     REQUIRE(run_train(b) == 0);
-    CHECK(file_exists(fx.dir + "/full/ckpt_000000012.bin"));
+    CHECK(file_exists(fx.dir + "/full/run/ckpt_000000012.bin"));
 }
 
 TEST_CASE("bad input: each a clear error") {
@@ -324,7 +324,7 @@ TEST_CASE("bad input: each a clear error") {
     fails_with(with(base, {"--resume", d + "/missing.bin"}), "missing.bin: cannot open");
 
     REQUIRE(run_train(fx.args("ok", 4)) == 0);
-    const std::string ck = d + "/ok/ckpt_000000004.bin";
+    const std::string ck = d + "/ok/run/ckpt_000000004.bin";
     fails_with(with(fx.args("ok", 6), {"--resume", ck, "--n_layer", "3"}),
                "checkpoint has n_layer = 2 but the flags ask for 3");
     fails_with(with(fx.args("ok", 6), {"--resume", ck, "-b", "1", "-d", "64"}),
