@@ -653,8 +653,8 @@ static MoeStats gpt_moe_stats(const GPT& m) {
     return st;
 }
 
-// Generates up to n_tokens after the prompt (temperature, top-k; top_k <= 0 means all), feeding
-// at most the last max_T tokens, and stops at EOT. MoE models sample `rows` independent sequences
+// Generates n_tokens after the prompt (temperature, top-k; top_k <= 0 means all), feeding at most
+// the last max_T tokens; an EOT starts a new document, as in training. MoE models sample `rows` independent sequences
 // side by side so the routing groups look as in training (the B tokens of a position, or the
 // B x length tokens of the batch); a dense model needs one row. Returns row 0.
 static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n_tokens, float temperature, int top_k,
@@ -665,8 +665,7 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
     std::vector<int> ctx, ctx_start;
     std::vector<std::pair<float, int>> cand(V);
     std::vector<floatX> logits(V);
-    std::vector<bool> done(rows, false);
-    for (int i = 0; i < n_tokens && !done[0]; i++) {
+    for (int i = 0; i < n_tokens; i++) {
         const int T = std::min((int)seqs[0].size(), m.max_T);  // all rows have the same length
         ctx.resize((size_t)rows * T);
         ctx_start.resize((size_t)rows * T);
@@ -691,13 +690,10 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
                 acc += std::exp((double)cand[j].first - cand[0].first);
                 if (u < acc) { next = cand[j].second; break; }
             }
-            if (next == eot) done[r] = true;  // a finished row keeps going (as padding) until row 0 ends
             seqs[r].push_back(next);
         }
     }
-    std::vector<int> out(seqs[0].begin() + prompt.size(), seqs[0].end());
-    if (!out.empty() && out.back() == eot) out.pop_back();
-    return out;
+    return std::vector<int>(seqs[0].begin() + prompt.size(), seqs[0].end());
 }
 
 // ----------------------------------------------------------------------------------------------

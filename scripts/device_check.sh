@@ -24,10 +24,19 @@ export PATH=/usr/local/cuda/bin:$PATH
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee -a "$OUT/gpu.txt"
 
+# the device tool runs one command for at most 600 s: steps that would start after BUDGET seconds
+# are reported as skipped instead of being cut off mid-way
+BUDGET=${BUDGET:-540}
+START=$(date +%s)
 declare -a TABLE
 run_step() {  # name, timeout seconds, command...
     local name=$1 limit=$2; shift 2
     local log="$OUT/$name.log" t0=$(date +%s)
+    if [ $(( t0 - START + 10 )) -gt "$BUDGET" ]; then
+        TABLE+=("$(printf '%-28s %-6s' "$name" "skipped (time budget)")")
+        return 1
+    fi
+    [ $(( t0 - START + limit )) -gt "$BUDGET" ] && limit=$(( BUDGET - (t0 - START) ))
     echo "=== $name: $*"
     timeout "$limit" "$@" > "$log" 2>&1
     local rc=$? dt=$(( $(date +%s) - t0 ))
@@ -49,13 +58,14 @@ run_step test_gpu 240 ./test/test_gpu
 run_step train_50_steps 180 ./train_gpt --train "${DATA}_train_*.bin" --val "${DATA}_val_*.bin" --out_dir "$OUT/train" \
     -e d12 -b 32 -t 1024 --max_steps 50 --warmup 10 --val_every 25 --val_batches 4 --sample_len 128
 for b in dev/cuda/bin/*; do
-    run_step "bench_$(basename "$b")" 60 "$b"
+    run_step "bench_$(basename "$b")" 45 "$b"
 done
+run_step bench_attention_vs_torch 120 python3 scripts/bench_attention.py
 
 echo
 echo "== training (last steps)"
 grep -E "^step +(1|10|25|50)/" "$OUT/train_50_steps.log" | head -8
 echo "== benchmarks (% of measured ceilings)"
-grep -hE "GB/s|TFLOP/s" "$OUT"/bench_*.log | sort -u | head -60
+grep -hE "GB/s|TFLOP/s|ratio|PASS|MISS" "$OUT"/bench_*.log | head -80
 echo "== summary"
 printf '%s\n' "${TABLE[@]}"
