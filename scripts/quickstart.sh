@@ -2,7 +2,8 @@
 # Quick start on a fresh Debian/Ubuntu machine: installs the Debian packages, builds the trainer,
 # turns the fortunes corpus into token shards and trains a small model, printing the losses and
 # a sample at the end. Extra arguments go to the trainer (e.g. --max_steps 2000).
-# The CUDA kernels are not in the tree yet, so this trains on the CPU (OpenMP, all cores).
+# On a machine with an NVIDIA GPU and nvcc it builds and uses the CUDA trainer, otherwise the CPU
+# reference trainer (OpenMP, all cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,8 +16,13 @@ if [ -n "$missing" ]; then
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
 
-make train_gpt_cpu
+trainer=./train_gpt_cpu
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && make train_gpt && [ -x train_gpt ]; then
+    trainer=./train_gpt
+else
+    make train_gpt_cpu
+fi
 if [ ! -f data/fortunes/fortunes_val_000.bin ]; then
     python3 dev/data/prepare_text.py /usr/share/games/fortunes --sep percent --out_dir data/fortunes
 fi
-./train_gpt_cpu --out_dir out/quickstart --max_steps 700 --val_every 100 --sample_len 400 "$@"
+$trainer --out_dir out/quickstart --max_steps 700 --val_every 100 --sample_len 400 "$@"
