@@ -49,7 +49,7 @@ test_gpu: test/test_gpu
 cuda_targets: train_gpt test/test_gpu dev_cuda
 
 TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp test/test_moe.cpp
-test/test_cpu: $(TEST_SOURCES) train_gpt.cu $(HEADERS)
+test/test_cpu: $(TEST_SOURCES) test/test_util.h train_gpt.cu $(HEADERS)
 	$(CXX) $(CXXFLAGS) $(TEST_SOURCES) -o $@
 
 test:

@@ -4,6 +4,8 @@
 #define LLMC_NO_MAIN
 #include "../train_gpt.cu"
 
+#include "test_util.h"
+
 #include <doctest/doctest.h>
 #include <fstream>
 #include <sstream>
@@ -11,66 +13,12 @@
 
 namespace {
 
-// Writes a token shard with an explicit header, so tests can also write broken ones.
-void write_shard(const std::string& path, const std::vector<int>& tokens, uint32_t vocab_size = 257,
-                 uint32_t eot = 256, uint32_t token_bytes = 2, const char* magic = "LLMCSHRD",
-                 long long num_tokens_in_header = -1) {
-    FILE* f = fopen(path.c_str(), "wb");
-    REQUIRE(f);
-    unsigned char h[SHARD_HEADER_BYTES] = {0};
-    memcpy(h, magic, 8);
-    uint32_t version = SHARD_VERSION;
-    uint64_t n = num_tokens_in_header >= 0 ? (uint64_t)num_tokens_in_header : tokens.size();
-    memcpy(h + 8, &version, 4);
-    memcpy(h + 12, &token_bytes, 4);
-    memcpy(h + 16, &n, 8);
-    memcpy(h + 24, &vocab_size, 4);
-    memcpy(h + 28, &eot, 4);
-    fwrite(h, 1, sizeof(h), f);
-    for (int t : tokens) fwrite(&t, 1, token_bytes, f);  // little-endian host
-    fclose(f);
-}
-
-// Byte-like text with documents opened by EOT (256), lengths 1..40.
-std::vector<int> synthetic_tokens(int n, uint64_t seed) {
-    Rng rng(seed);
-    std::vector<int> t;
-    while ((int)t.size() < n) {
-        t.push_back(256);
-        int len = 1 + (int)rng.below(40);
-        for (int i = 0; i < len && (int)t.size() < n; i++) t.push_back('a' + (int)rng.below(8) + (i % 3 == 0 ? 0 : 8));
-    }
-    return t;
-}
-
-std::string make_temp_dir() {
-    char tmpl[] = "/tmp/llmc_test_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    return tmpl;
-}
-
-// Runs the trainer in-process with its stdout silenced (errors still propagate as LlmcError).
-int run_train(std::vector<std::string> args) {
-    args.insert(args.begin(), "train_gpt_cpu");
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    fflush(stdout);
-    int saved = dup(1), devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    close(devnull);
-    struct Restore {
-        int fd;
-        ~Restore() { fflush(stdout); dup2(fd, 1); close(fd); }
-    } restore{saved};
-    return train_main((int)argv.size(), argv.data());
-}
-
-std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
+// shards, temp dirs, running the trainer: test_util.h
+using test_util::make_temp_dir;
+using test_util::read_file;
+using test_util::run_train;
+using test_util::synthetic_tokens;
+using test_util::write_shard;
 
 GPTConfig small_config(int mlp, int pos, int n_head = 4, int n_kv_head = 2) {
     GPTConfig c;

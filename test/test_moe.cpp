@@ -14,6 +14,7 @@
 #define LLMC_CPU
 #define LLMC_NO_MAIN
 #include "../train_gpt.cu"
+#include "test_util.h"
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -36,148 +37,19 @@ namespace {
 using std::vector;
 
 // ------------------------------------------------------------------------------------------------
-// helpers (the same conventions as test_ops.cpp)
+// helpers: test_util.h (the same conventions as test_ops.cpp; train_gpt.cu has its own Rng)
 
-struct TestRng {
-    std::mt19937_64 g;
-    explicit TestRng(uint64_t seed) : g(seed) {}
-    double uni(double a, double b) { return std::uniform_real_distribution<double>(a, b)(g); }
-    double nz(double lo = 0.1, double hi = 1.0) {  // never zero: magnitude in [lo, hi], random sign
-        double m = uni(lo, hi);
-        return (g() & 1) ? m : -m;
-    }
-    int randint(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); }  // inclusive
-};
-
-template <class T>
-vector<T> rand_vec(TestRng& r, size_t n, double lo = 0.1, double hi = 1.0) {
-    vector<T> v(n);
-    for (auto& x : v) x = (T)r.nz(lo, hi);
-    return v;
-}
-
-template <class T>
-vector<T> nan_vec(size_t n) {
-    return vector<T>(n, std::numeric_limits<T>::quiet_NaN());
-}
-
-template <class T>
-vector<double> to_d(const vector<T>& v) {
-    return vector<double>(v.begin(), v.end());
-}
-
-double dotv(const vector<double>& a, const vector<double>& b) {
-    double s = 0;
-    for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
-    return s;
-}
-
-vector<double> subv(const vector<double>& a, const vector<double>& b) {
-    vector<double> c(a.size());
-    for (size_t i = 0; i < a.size(); i++) c[i] = a[i] - b[i];
-    return c;
-}
-
-template <class T>
-const char* tname() {
-    return std::is_same<T, float>::value ? "float" : "double";
-}
-
-template <class T>
-double fwd_rtol() {
-    return std::is_same<T, float>::value ? 1e-5 : 1e-12;
-}
-
-// |got - ref| <= rtol * (|ref| + scale) for every element (scale = max |ref| unless given); NaN fails.
-// One CHECK per tensor, whose message names the tensor, the number of bad elements and the worst.
-template <class G, class R>
-bool check_close(const std::string& what, const G* got, const R* ref, size_t n, double rtol, double scale = -1,
-                 const vector<size_t>* index = nullptr) {
-    if (scale < 0) {
-        scale = 0;
-        for (size_t i = 0; i < n; i++)
-            if (std::isfinite((double)ref[i])) scale = std::max(scale, std::fabs((double)ref[i]));
-    }
-    size_t nfail = 0, worst = 0;
-    double worst_ratio = -1;
-    for (size_t i = 0; i < n; i++) {
-        double g = (double)got[i], r = (double)ref[i];
-        double err = std::fabs(g - r), tol = rtol * (std::fabs(r) + scale);
-        if (!(err <= tol)) {
-            nfail++;
-            double ratio = std::isnan(err) ? INFINITY : err / std::max(tol, 1e-300);
-            if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
-        }
-    }
-    std::string msg;
-    if (nfail) {
-        std::ostringstream os;
-        os << std::setprecision(12) << what << ": " << nfail << "/" << n << " elements out of tolerance; worst at index "
-           << (index ? (*index)[worst] : worst) << ": got " << (double)got[worst] << ", expected " << (double)ref[worst]
-           << ", |err| " << std::fabs((double)got[worst] - (double)ref[worst]) << " > tol "
-           << rtol * (std::fabs((double)ref[worst]) + scale) << " (rtol " << rtol << ", scale " << scale << ")";
-        msg = os.str();
-    }
-    CHECK_MESSAGE(nfail == 0, msg);
-    return nfail == 0;
-}
-
-template <class G, class R>
-bool check_close(const std::string& what, const vector<G>& got, const vector<R>& ref, double rtol, double scale = -1) {
-    REQUIRE_MESSAGE(got.size() == ref.size(), what << ": size mismatch");
-    return check_close(what, got.data(), ref.data(), got.size(), rtol, scale);
-}
-
-template <class T>
-void check_bitwise(const std::string& what, const vector<T>& got, const vector<T>& ref) {
-    REQUIRE_MESSAGE(got.size() == ref.size(), what << ": size mismatch");
-    size_t first = got.size();
-    for (size_t i = 0; i < got.size(); i++)
-        if (std::memcmp(&got[i], &ref[i], sizeof(T)) != 0) {
-            first = i;
-            break;
-        }
-    std::string msg;
-    if (first < got.size()) {
-        std::ostringstream os;
-        os << std::setprecision(12) << what << ": first bitwise difference at index " << first << ": "
-           << (double)got[first] << " vs " << (double)ref[first];
-        msg = os.str();
-    }
-    CHECK_MESSAGE(first == got.size(), msg);
-}
-
-// Central differences of loss() w.r.t. every element of x (or a random subset of max_n), vs grad.
-void fd_check(const std::string& what, vector<double>& x, const vector<double>& grad,
-              const std::function<double()>& loss, size_t max_n = SIZE_MAX, double h = 1e-5, double rtol = 1e-6) {
-    REQUIRE_MESSAGE(grad.size() == x.size(), what << ": gradient size mismatch");
-    vector<size_t> idx(x.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    if (x.size() > max_n) {
-        TestRng r(1234 + x.size());
-        std::shuffle(idx.begin(), idx.end(), r.g);
-        idx.resize(max_n);
-        std::sort(idx.begin(), idx.end());
-    }
-    vector<double> fd, an;
-    const int saved_threads = omp_get_max_threads();
-    omp_set_num_threads(1);  // thousands of tiny forwards
-    for (size_t i : idx) {
-        const double x0 = x[i];
-        x[i] = x0 + h;
-        const double lp = loss();
-        x[i] = x0 - h;
-        const double lm = loss();
-        x[i] = x0;
-        fd.push_back((lp - lm) / (2 * h));
-        an.push_back(grad[i]);
-    }
-    omp_set_num_threads(saved_threads);
-    double scale = 1e-4;
-    for (double g : grad) scale = std::max(scale, std::fabs(g));
-    if (!std::isfinite(scale)) scale = 1;
-    check_close(what + " vs central finite differences", an.data(), fd.data(), idx.size(), rtol, scale, &idx);
-}
+using TestRng = test_util::Rng;
+using test_util::check_bitwise;
+using test_util::check_close;
+using test_util::dot;
+using test_util::fd_check;
+using test_util::fwd_rtol;
+using test_util::nan_vec;
+using test_util::rand_vec;
+using test_util::sub;
+using test_util::tname;
+using test_util::to_d;
 
 // Runs f (returning a list of output buffers) with 1, 2 and 3 OpenMP threads; all must be bitwise equal.
 template <class T>
@@ -772,7 +644,7 @@ TEST_CASE("moe_combine_backward: dye and dscores vs finite differences (double),
         auto loss = [&] {
             vector<double> out((size_t)n * C);
             cpu::moe_combine_forward(out.data(), ye.data(), scores.data(), ts.data(), n, E, cap, C);
-            return dotv(out, R);
+            return dot(out, R);
         };
         auto dye = nan_vec<double>((size_t)E * cap * C), ds = nan_vec<double>((size_t)n * E);
         cpu::moe_combine_backward(dye.data(), ds.data(), R.data(), ye.data(), scores.data(), et.data(), ts.data(), n, E,
@@ -808,12 +680,12 @@ TEST_CASE("moe_gather_backward: dx accumulates, vs finite differences (double)")
         auto loss = [&] {
             vector<double> xe((size_t)E * cap * C);
             cpu::moe_gather(xe.data(), x.data(), et.data(), E, cap, C);
-            return dotv(xe, R);
+            return dot(xe, R);
         };
         const auto prefill = rand_vec<double>(r, (size_t)n * C);
         auto dx = prefill;
         cpu::moe_gather_backward(dx.data(), R.data(), ts.data(), n, E, cap, C);
-        fd_check("moe_gather_backward<double> dx (minus prefill)", x, subv(dx, prefill), loss);
+        fd_check("moe_gather_backward<double> dx (minus prefill)", x, sub(dx, prefill), loss);
     }
 }
 
@@ -832,14 +704,14 @@ TEST_CASE("moe_router_backward: dx and drouter_w accumulate, vs finite differenc
         vector<double> s((size_t)cs.n * cs.E);
         auto loss = [&] {
             cpu::moe_router_forward(s.data(), x.data(), w.data(), cs.n, cs.C, cs.E);
-            return dotv(s, R);
+            return dot(s, R);
         };
         loss();
         const auto px = rand_vec<double>(r, x.size()), pw = rand_vec<double>(r, w.size());
         auto dx = px, dw = pw;
         cpu::moe_router_backward(dx.data(), dw.data(), R.data(), s.data(), x.data(), w.data(), cs.n, cs.C, cs.E);
-        fd_check("moe_router_backward<double> dx (minus prefill)", x, subv(dx, px), loss);
-        fd_check("moe_router_backward<double> drouter_w (minus prefill)", w, subv(dw, pw), loss);
+        fd_check("moe_router_backward<double> dx (minus prefill)", x, sub(dx, px), loss);
+        fd_check("moe_router_backward<double> drouter_w (minus prefill)", w, sub(dw, pw), loss);
         if (cs.E == 1) {  // the softmax of one logit is constant: no gradient at all
             check_bitwise("moe_router_backward<double> dx with one expert (prefill unchanged)", dx, px);
             check_bitwise("moe_router_backward<double> drouter_w with one expert (prefill unchanged)", dw, pw);
@@ -870,7 +742,7 @@ TEST_CASE("MoE layer backward composed as in gpt_backward vs finite differences 
         const auto R = rand_vec<double>(r, L.out.size());
         auto loss = [&] {
             L.forward();
-            return dotv(L.out, R);
+            return dot(L.out, R);
         };
         // parameter gradients accumulate: prefilled
         const auto p_rw = rand_vec<double>(r, L.rw.size()), p_fcw = rand_vec<double>(r, L.fcw.size()),
@@ -881,11 +753,11 @@ TEST_CASE("MoE layer backward composed as in gpt_backward vs finite differences 
         L.forward();
         L.backward(dx, drw, dfcw, dfcb, dpw, dpb, R);
         fd_check("MoE layer dx", L.x, dx, loss);
-        fd_check("MoE layer drouter_w (minus prefill)", L.rw, subv(drw, p_rw), loss);
-        fd_check("MoE layer d fc.w (minus prefill)", L.fcw, subv(dfcw, p_fcw), loss);
-        fd_check("MoE layer d fc.b (minus prefill)", L.fcb, subv(dfcb, p_fcb), loss);
-        fd_check("MoE layer d proj.w (minus prefill)", L.pw, subv(dpw, p_pw), loss);
-        fd_check("MoE layer d proj.b (minus prefill)", L.pb, subv(dpb, p_pb), loss);
+        fd_check("MoE layer drouter_w (minus prefill)", L.rw, sub(drw, p_rw), loss);
+        fd_check("MoE layer d fc.w (minus prefill)", L.fcw, sub(dfcw, p_fcw), loss);
+        fd_check("MoE layer d fc.b (minus prefill)", L.fcb, sub(dfcb, p_fcb), loss);
+        fd_check("MoE layer d proj.w (minus prefill)", L.pw, sub(dpw, p_pw), loss);
+        fd_check("MoE layer d proj.b (minus prefill)", L.pb, sub(dpb, p_pb), loss);
     }
 }
 
@@ -1021,67 +893,11 @@ GPTConfig moe_model_config(int n_expert, int moe_every, int group, float cf = 2.
     return c;
 }
 
-// Byte-like text with documents opened by EOT (256), lengths 1..40 (as test_model.cpp).
-std::vector<int> moe_synthetic_tokens(int n, uint64_t seed) {
-    Rng rng(seed);
-    std::vector<int> t;
-    while ((int)t.size() < n) {
-        t.push_back(256);
-        int len = 1 + (int)rng.below(40);
-        for (int i = 0; i < len && (int)t.size() < n; i++) t.push_back('a' + (int)rng.below(8) + (i % 3 == 0 ? 0 : 8));
-    }
-    return t;
-}
-
-void moe_write_shard(const std::string& path, const std::vector<int>& tokens) {
-    FILE* f = fopen(path.c_str(), "wb");
-    REQUIRE(f);
-    unsigned char h[SHARD_HEADER_BYTES] = {0};
-    memcpy(h, "LLMCSHRD", 8);
-    uint32_t version = SHARD_VERSION, token_bytes = 2, vocab = 257, eot = 256;
-    uint64_t n = tokens.size();
-    memcpy(h + 8, &version, 4);
-    memcpy(h + 12, &token_bytes, 4);
-    memcpy(h + 16, &n, 8);
-    memcpy(h + 24, &vocab, 4);
-    memcpy(h + 28, &eot, 4);
-    fwrite(h, 1, sizeof(h), f);
-    for (int t : tokens) fwrite(&t, 1, token_bytes, f);  // little-endian host
-    fclose(f);
-}
-
-std::string moe_temp_dir() {
-    char tmpl[] = "/tmp/llmc_moe_test_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    return tmpl;
-}
-
-std::string moe_read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-// Runs the trainer in-process with its stdout silenced (errors still propagate as LlmcError).
-int moe_run_train(std::vector<std::string> args) {
-    args.insert(args.begin(), "train_gpt_cpu");
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    fflush(stdout);
-    int saved = dup(1), devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    close(devnull);
-    struct Restore {
-        int fd;
-        ~Restore() {
-            fflush(stdout);
-            dup2(fd, 1);
-            close(fd);
-        }
-    } restore{saved};
-    return train_main((int)argv.size(), argv.data());
-}
+// shards, temp dirs, running the trainer: test_util.h (as test_model.cpp)
+using test_util::read_file;
+using test_util::run_train;
+using test_util::synthetic_tokens;
+using test_util::write_shard;
 
 // one fixed batch [B, T]: inputs, next-token targets, doc_start. memorizable: without EOTs and with
 // distinct first tokens, every row is one document and no two tokens share a context, so the loss
@@ -1091,7 +907,7 @@ struct FixedBatch {
     std::vector<int> in, tgt, ds;
     FixedBatch(int B_, int T_, uint64_t seed, bool memorizable = false)
         : B(B_), T(T_), in(B_ * T_), tgt(B_ * T_), ds(B_ * T_) {
-        std::vector<int> tokens = moe_synthetic_tokens(B * T + 1, seed);
+        std::vector<int> tokens = synthetic_tokens(B * T + 1, seed);
         if (memorizable) {
             for (size_t i = 0; i < tokens.size(); i++)
                 if (tokens[i] == 256) tokens[i] = 'A' + (int)(i % 26);
@@ -1552,11 +1368,11 @@ TEST_CASE("MoE active_param_count: below param_count, equal to the count by hand
 namespace {
 
 struct MoeTrainFixture {
-    std::string dir = moe_temp_dir();
+    std::string dir = test_util::make_temp_dir("llmc_moe_test_");
     MoeTrainFixture() {
-        moe_write_shard(dir + "/tr_000.bin", moe_synthetic_tokens(6000, 1));
-        moe_write_shard(dir + "/tr_001.bin", moe_synthetic_tokens(3000, 2));
-        moe_write_shard(dir + "/va_000.bin", moe_synthetic_tokens(2000, 3));
+        write_shard(dir + "/tr_000.bin", synthetic_tokens(6000, 1));
+        write_shard(dir + "/tr_001.bin", synthetic_tokens(3000, 2));
+        write_shard(dir + "/va_000.bin", synthetic_tokens(2000, 3));
     }
     ~MoeTrainFixture() { std::filesystem::remove_all(dir); }
     // the run's shape; the MoE flags separately (a resume may leave them to the checkpoint)
@@ -1604,8 +1420,8 @@ double json_field(const std::string& line, const std::string& name) {
 TEST_CASE("MoE training run: log fields, bitwise-identical resume, a different expert config is refused") {
     OneThread one_thread;  // (a tiny model: see the overfit test)
     MoeTrainFixture fx;
-    REQUIRE(moe_run_train(fx.args("full", 8)) == 0);
-    const std::string full = moe_read_file(fx.dir + "/full/ckpt_000000008.bin");
+    REQUIRE(run_train(fx.args("full", 8)) == 0);
+    const std::string full = read_file(fx.dir + "/full/ckpt_000000008.bin");
     CHECK(full.size() > 1000);
     Checkpoint ck = load_checkpoint(fx.dir + "/full/ckpt_000000004.bin");
     CHECK(ck.get_int("config.n_expert", "") == 4);
@@ -1644,8 +1460,8 @@ TEST_CASE("MoE training run: log fields, bitwise-identical resume, a different e
         std::vector<std::string> a = with_flags ? fx.args(out, 8) : fx.base(out, 8);
         a.push_back("--resume");
         a.push_back(fx.dir + "/full/ckpt_000000004.bin");
-        REQUIRE(moe_run_train(a) == 0);
-        CHECK(moe_read_file(fx.dir + "/" + out + "/ckpt_000000008.bin") == full);
+        REQUIRE(run_train(a) == 0);
+        CHECK(read_file(fx.dir + "/" + out + "/ckpt_000000008.bin") == full);
         auto l_res = moe_logged_steps(fx.dir + "/" + out + "/log.jsonl");
         CHECK(l_res.size() == 4);
         for (auto& [step, text] : l_res) {
@@ -1661,7 +1477,7 @@ TEST_CASE("MoE training run: log fields, bitwise-identical resume, a different e
         std::vector<std::string> a = fx.args("refused", 8, moe);
         a.push_back("--resume");
         a.push_back(ck4);
-        CHECK_THROWS_WITH_AS(moe_run_train(a), doctest::Contains(needle), LlmcError);
+        CHECK_THROWS_WITH_AS(run_train(a), doctest::Contains(needle), LlmcError);
     };
     refused({"--n_expert", "2"}, "checkpoint has n_expert = 4 but the flags ask for 2");
     refused({"--n_expert", "0"}, "checkpoint has n_expert = 4 but the flags ask for 0");

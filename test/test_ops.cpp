@@ -29,54 +29,17 @@
 #include "llmc/cpu/layernorm.h"
 #include "llmc/cpu/matmul.h"
 #include "llmc/cpu/mlp.h"
+#include "test_util.h"
 
 namespace {
 
 using std::vector;
 
 // ------------------------------------------------------------------------------------------------
-// helpers
+// helpers: test_util.h (Rng, rand_vec, nan_vec, to_d, dot, sub, tname, fwd_rtol, check_close,
+// check_bitwise, fd_check)
 
-struct Rng {
-    std::mt19937_64 g;
-    explicit Rng(uint64_t seed) : g(seed) {}
-    double uni(double a, double b) { return std::uniform_real_distribution<double>(a, b)(g); }
-    // never zero: magnitude uniform in [lo, hi], random sign
-    double nz(double lo = 0.1, double hi = 1.0) {
-        double m = uni(lo, hi);
-        return (g() & 1) ? m : -m;
-    }
-    int randint(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); }  // inclusive
-};
-
-template <class T>
-vector<T> rand_vec(Rng& r, size_t n, double lo = 0.1, double hi = 1.0) {
-    vector<T> v(n);
-    for (auto& x : v) x = (T)r.nz(lo, hi);
-    return v;
-}
-
-template <class T>
-vector<T> nan_vec(size_t n) {
-    return vector<T>(n, std::numeric_limits<T>::quiet_NaN());
-}
-
-template <class T>
-vector<double> to_d(const vector<T>& v) {
-    return vector<double>(v.begin(), v.end());
-}
-
-double dot(const vector<double>& a, const vector<double>& b) {
-    double s = 0;
-    for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
-    return s;
-}
-
-vector<double> sub(const vector<double>& a, const vector<double>& b) {
-    vector<double> c(a.size());
-    for (size_t i = 0; i < a.size(); i++) c[i] = a[i] - b[i];
-    return c;
-}
+using namespace test_util;
 
 vector<double> add(const vector<double>& a, const vector<double>& b) {
     vector<double> c(a.size());
@@ -84,118 +47,6 @@ vector<double> add(const vector<double>& a, const vector<double>& b) {
     return c;
 }
 
-template <class T>
-const char* tname() {
-    return std::is_same<T, float>::value ? "float" : "double";
-}
-
-// forward tolerance vs a double-precision naive definition
-template <class T>
-double fwd_rtol() {
-    return std::is_same<T, float>::value ? 1e-5 : 1e-12;
-}
-
-// |got - ref| <= rtol * (|ref| + scale) for every element, scale = max |ref| unless given: a relative
-// error with a floor relative to the tensor's magnitude. NaN anywhere fails. One CHECK per tensor,
-// whose message names the tensor, the number of bad elements and the worst one.
-template <class G, class R>
-bool check_close(const std::string& what, const G* got, const R* ref, size_t n, double rtol,
-                 double scale = -1, const vector<size_t>* index = nullptr) {
-    if (scale < 0) {
-        scale = 0;
-        for (size_t i = 0; i < n; i++)
-            if (std::isfinite((double)ref[i])) scale = std::max(scale, std::fabs((double)ref[i]));
-    }
-    size_t nfail = 0, worst = 0;
-    double worst_ratio = -1;
-    for (size_t i = 0; i < n; i++) {
-        double g = (double)got[i], r = (double)ref[i];
-        double err = std::fabs(g - r), tol = rtol * (std::fabs(r) + scale);
-        if (!(err <= tol)) {
-            nfail++;
-            double ratio = std::isnan(err) ? INFINITY : err / std::max(tol, 1e-300);
-            if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
-        }
-    }
-    std::string msg;
-    if (nfail) {
-        std::ostringstream os;
-        os << std::setprecision(12) << what << ": " << nfail << "/" << n
-           << " elements out of tolerance; worst at index " << (index ? (*index)[worst] : worst)
-           << ": got " << (double)got[worst] << ", expected " << (double)ref[worst] << ", |err| "
-           << std::fabs((double)got[worst] - (double)ref[worst]) << " > tol "
-           << rtol * (std::fabs((double)ref[worst]) + scale) << " (rtol " << rtol << ", scale " << scale
-           << ")";
-        msg = os.str();
-    }
-    CHECK_MESSAGE(nfail == 0, msg);
-    return nfail == 0;
-}
-
-template <class G, class R>
-bool check_close(const std::string& what, const vector<G>& got, const vector<R>& ref, double rtol,
-                 double scale = -1) {
-    REQUIRE_MESSAGE(got.size() == ref.size(), what << ": size mismatch");
-    return check_close(what, got.data(), ref.data(), got.size(), rtol, scale);
-}
-
-template <class T>
-void check_bitwise(const std::string& what, const vector<T>& got, const vector<T>& ref) {
-    REQUIRE(got.size() == ref.size());
-    size_t first = got.size();
-    for (size_t i = 0; i < got.size(); i++)
-        if (std::memcmp(&got[i], &ref[i], sizeof(T)) != 0) {
-            first = i;
-            break;
-        }
-    std::string msg;
-    if (first < got.size()) {
-        std::ostringstream os;
-        os << std::setprecision(12) << what << ": first bitwise difference at index " << first << ": "
-           << (double)got[first] << " vs " << (double)ref[first];
-        msg = os.str();
-    }
-    CHECK_MESSAGE(first == got.size(), msg);
-}
-
-// Central differences (L(x+h) - L(x-h)) / 2h of loss() w.r.t. x[i], compared with grad[i], for every
-// element of x (or a random subset of max_n of them when x is larger).
-void fd_check(const std::string& what, vector<double>& x, const vector<double>& grad,
-              const std::function<double()>& loss, size_t max_n = SIZE_MAX, double h = 1e-5,
-              double rtol = 1e-6) {
-    REQUIRE_MESSAGE(grad.size() == x.size(), what << ": gradient size mismatch");
-    vector<size_t> idx(x.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    if (x.size() > max_n) {
-        Rng r(1234 + x.size());
-        std::shuffle(idx.begin(), idx.end(), r.g);
-        idx.resize(max_n);
-        std::sort(idx.begin(), idx.end());
-    }
-    vector<double> fd, an;
-    // thousands of tiny forwards: one thread avoids the fork/join cost (the backward under test ran
-    // with the default thread count; thread-count independence is tested separately)
-    const int saved_threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    for (size_t i : idx) {
-        const double x0 = x[i];
-        x[i] = x0 + h;
-        const double lp = loss();
-        x[i] = x0 - h;
-        const double lm = loss();
-        x[i] = x0;
-        fd.push_back((lp - lm) / (2 * h));
-        an.push_back(grad[i]);
-    }
-    omp_set_num_threads(saved_threads);
-    // relative to the gradient's magnitude, with an absolute floor of 1e-4 * rtol for gradients that
-    // are exactly zero (FD roundoff, and the prefill subtraction of accumulated gradients, ~1e-14)
-    double scale = 1e-4;
-    for (double g : grad) scale = std::max(scale, std::fabs(g));
-    if (!std::isfinite(scale)) scale = 1;
-    check_close(what + " vs central finite differences", an.data(), fd.data(), idx.size(), rtol, scale,
-                &idx);
-}
 
 // doc_start for packed rows: doc_start[t] = last EOT position <= t, or 0. With B > 1 row 0 has no
 // EOT at all (it starts mid-document); the other rows have random EOTs plus a document of length 1
