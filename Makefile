@@ -1,5 +1,6 @@
 # Builds the CPU reference trainer, the CUDA trainer, the tests and the kernel benchmarks.
-# nvcc, NCCL and MPI are detected; what is missing is skipped with a message, never an error.
+# nvcc is detected: without it the CUDA targets are skipped with a message, never an error.
+# (MPI and NCCL are not used yet: the multi-process build comes with data/pipeline parallelism.)
 #   make train_gpt_cpu        CPU reference build (g++, OpenMP, fp32)
 #   make train_gpt            CUDA build (GPU_ARCH=sm_90 by default: make train_gpt GPU_ARCH=sm_80)
 #   make test                 CPU tests + compile checks of every CUDA target (what CI runs)

@@ -878,7 +878,7 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
     const int B = args.i("batch_size"), T = args.i("seq_len");
     LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
     LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %d", T);
-    const int world = 1;  // data parallel ranks (ZeRO issue)
+    const int world = 1;  // data-parallel ranks: one process until the MPI/ZeRO work lands
     const int tokens_per_micro = B * T * world;
     const int total_batch = args.i("total_batch_tokens") > 0 ? args.i("total_batch_tokens") : tokens_per_micro;
     LLMC_CHECK(total_batch % tokens_per_micro == 0,
