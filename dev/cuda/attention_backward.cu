@@ -45,30 +45,9 @@ struct Version {
 static const Version versions[] = {{"v1 simple", attention_detail::backward_simple},
                                    {"v2 flash ", attention_detail::backward_flash}};
 
-// doc_start of B rows of T tokens: packed = documents of random length in [1, T/4) (mean ~T/8), the
-// row starting inside a document; unpacked = one document per row
-static std::vector<int> make_doc_start(int B, int T, bool packed, uint64_t seed) {
-    Rng rng(seed);
-    std::vector<int> ds((size_t)B * T, 0);
-    if (!packed) return ds;
-    const int max_len = std::max(2, T / 4);
-    for (int b = 0; b < B; b++) {
-        int start = 0, next = 1 + (int)rng.below(max_len - 1);
-        for (int t = 0; t < T; t++) {
-            if (t == next) {
-                start = t;
-                next = t + 1 + (int)rng.below(max_len - 1);
-            }
-            ds[(size_t)b * T + t] = start;
-        }
-    }
-    return ds;
-}
 // backward FLOPs over the visible pairs (2.5x the forward's 4 hs per pair)
 static double visible_flops(const std::vector<int>& ds, int T, int n_head, int hs) {
-    double pairs = 0;
-    for (size_t t = 0; t < ds.size(); t++) pairs += (double)((int)(t % T) - ds[t] + 1);
-    return 10.0 * hs * n_head * pairs;
+    return 10.0 * hs * n_head * visible_pairs(ds, T);
 }
 
 // the columns [begin, end) of every row of a [rows, row_len] tensor (the q, k or v part of dqkv)

@@ -185,4 +185,31 @@ inline floatX* alloc_random(size_t n, uint32_t seed, float scale, float offset =
     return p;
 }
 
+// doc_start of B rows of T tokens: packed = documents of random length in [1, T/4) (mean ~T/8), the
+// row starting inside a document; unpacked = one document per row
+inline std::vector<int> make_doc_start(int B, int T, bool packed, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int> ds((size_t)B * T, 0);
+    if (!packed) return ds;
+    const int max_len = std::max(2, T / 4);
+    for (int b = 0; b < B; b++) {
+        int start = 0, next = 1 + (int)rng.below(max_len - 1);
+        for (int t = 0; t < T; t++) {
+            if (t == next) {
+                start = t;
+                next = t + 1 + (int)rng.below(max_len - 1);
+            }
+            ds[(size_t)b * T + t] = start;
+        }
+    }
+    return ds;
+}
+// number of (query, key) pairs the document-causal mask lets through: sum over queries of
+// i - doc_start[i] + 1 (the attention benchmarks count FLOPs over these only)
+inline double visible_pairs(const std::vector<int>& ds, int T) {
+    double pairs = 0;
+    for (size_t t = 0; t < ds.size(); t++) pairs += (double)((int)(t % T) - ds[t] + 1);
+    return pairs;
+}
+
 }  // namespace bench
