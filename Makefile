@@ -1,6 +1,10 @@
 # Builds the CPU reference trainer, the CUDA trainer, the tests and the kernel benchmarks.
-# nvcc is detected: without it the CUDA targets are skipped with a message, never an error.
-# (MPI and NCCL are not used yet: the multi-process build comes with data/pipeline parallelism.)
+# Detected, never required: nvcc (without it the CUDA targets are skipped with a message), MPI
+# (mpicxx / mpicc --showme: train_gpt_cpu and train_gpt become multi-process trainers for mpirun)
+# and NCCL (nccl.h + libnccl under NCCL_HOME, the CUDA toolkit, or a Python wheel's nvidia/nccl;
+# train_gpt uses it only together with MPI, which bootstraps it). Without them both trainers are
+# single-process programs that refuse to run as N copies under mpirun.
+#   make ... USE_MPI=0        build without MPI even where it is installed
 #   make train_gpt_cpu        CPU reference build (g++, OpenMP, fp32)
 #   make train_gpt            CUDA build (GPU_ARCH=sm_90 by default: make train_gpt GPU_ARCH=sm_80)
 #   make test                 CPU tests + compile checks of every CUDA target (what CI runs)
@@ -14,6 +18,24 @@ NVCCFLAGS ?= -O3 -std=c++17 -arch=$(GPU_ARCH) --use_fast_math -Xcompiler -fopenm
 CUDA_LIBS := -lcublasLt -lcublas
 
 HEADERS   := $(wildcard llmc/*.h llmc/*.cuh llmc/cpu/*.h)
+
+# MPI: the compile and link flags its wrapper would add
+USE_MPI   ?= 1
+MPI_SHOW  := $(if $(filter 1,$(USE_MPI)),$(shell (mpicxx --showme 2>/dev/null || mpicc --showme 2>/dev/null) | head -n1))
+MPI_FLAGS := $(filter -I% -L% -l% -pthread -Wl%,$(wordlist 2,1000,$(MPI_SHOW)))
+ifneq ($(MPI_FLAGS),)
+MPI_CFLAGS := -DLLMC_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX $(filter -I%,$(MPI_FLAGS))
+MPI_LIBS   := $(filter -L% -l% -Wl%,$(MPI_FLAGS))
+endif
+# NCCL: a folder with include/nccl.h and lib/libnccl.so*
+CUDA_HOME ?= /usr/local/cuda
+NCCL_HOME ?= $(firstword $(foreach d,$(CUDA_HOME) $(wildcard $(HOME)/.local/lib/python3*/site-packages/nvidia/nccl /usr/local/lib/python3*/dist-packages/nvidia/nccl),$(if $(and $(wildcard $(d)/include/nccl.h),$(wildcard $(d)/lib*/libnccl.so*)),$(d))))
+ifneq ($(and $(NCCL_HOME),$(MPI_FLAGS)),)
+NCCL_CFLAGS := -DLLMC_NCCL -I$(NCCL_HOME)/include
+NCCL_LIBS   := -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -Xlinker -rpath=$(NCCL_HOME)/lib -lnccl
+endif
+# nvcc passes -pthread / -Wl flags to the host compiler
+NVCC_MPI_LIBS := $(patsubst -Wl%,-Xlinker %,$(filter-out -pthread,$(MPI_LIBS)))
 # doctest's header: the system one, or a copy in .deps/ (the GPU machine has none; see
 # scripts/device_check.sh --prepare)
 DOCTEST_INC := $(if $(wildcard .deps/doctest/doctest.h),-I.deps,)
@@ -22,7 +44,8 @@ DOCTEST_INC := $(if $(wildcard .deps/doctest/doctest.h),-I.deps,)
 all: train_gpt_cpu train_gpt
 
 train_gpt_cpu: train_gpt.cu $(HEADERS)
-	$(CXX) $(CXXFLAGS) -DLLMC_CPU -x c++ train_gpt.cu -o $@
+	$(CXX) $(CXXFLAGS) $(MPI_CFLAGS) -DLLMC_CPU -x c++ train_gpt.cu $(MPI_LIBS) -o $@
+	@echo "train_gpt_cpu: $(if $(MPI_CFLAGS),with MPI (multi-process),single process (no MPI found))"
 
 DEV_CUDA_BINS := $(patsubst dev/cuda/%.cu,dev/cuda/bin/%,$(wildcard dev/cuda/*.cu))
 ifeq ($(NVCC),)
@@ -30,7 +53,8 @@ train_gpt test/test_gpu dev_cuda:
 	@echo "$@: nvcc not found (install the CUDA toolkit or set NVCC=/path/to/nvcc); skipping the GPU build"
 else
 train_gpt: train_gpt.cu $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) train_gpt.cu $(CUDA_LIBS) -o $@
+	$(NVCC) $(NVCCFLAGS) $(MPI_CFLAGS) $(NCCL_CFLAGS) train_gpt.cu $(CUDA_LIBS) $(NCCL_LIBS) $(NVCC_MPI_LIBS) -o $@
+	@echo "train_gpt: $(if $(NCCL_CFLAGS),with NCCL + MPI (multi-GPU),single GPU ($(if $(MPI_CFLAGS),no NCCL found,no MPI found)))"
 
 # GPU tests: every op vs its CPU twin, the CUDA trainer vs the CPU trainer (needs a GPU to run)
 test/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)

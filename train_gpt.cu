@@ -30,6 +30,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
 #include "llmc/schedulers.h"
+#include "llmc/comm.h"
 #include "llmc/checkpoint.h"
 #include "llmc/logger.h"
 
@@ -46,6 +47,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include "llmc/cpu/adamw.h"
 #include "llmc/cpu/global_norm.h"
 #include "llmc/cpu/moe.h"
+#include "llmc/cpu/accumulate.h"
 using namespace cpu;
 typedef float floatX;  // the element type of params, grads and activations
 static const char* backend_name() { return "cpu (fp32 reference)"; }
@@ -60,6 +62,8 @@ static void buffer_free(void* p) { free(p); }
 static void buffer_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
 static void copy_to_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static void copy_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static void backend_sync() {}
 static void backend_setup(int, int, int, int, int, int, int, int, int) {}
 #else
 // The CUDA build: bf16 params, grads and activations, fp32 master weights and Adam moments, fp32
@@ -75,6 +79,7 @@ static void backend_setup(int, int, int, int, int, int, int, int, int) {}
 #include "llmc/global_norm.cuh"
 #include "llmc/cpu/moe.h"  // for moe_capacity (host arithmetic)
 #include "llmc/moe.cuh"
+#include "llmc/accumulate.cuh"
 static const char* backend_name() {
     static char name[320];
     cudaDeviceProp p;
@@ -108,6 +113,11 @@ static void copy_from_buffer(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, llmc_stream()));
     cudaCheck(cudaStreamSynchronize(llmc_stream()));
 }
+static void copy_buffer(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, llmc_stream()));
+}
+// the step time includes everything queued on the GPU
+static void backend_sync() { cudaCheck(cudaStreamSynchronize(llmc_stream())); }
 // Start-up, before the first step: the cuBLASLt handle and workspace, and one scratch arena big
 // enough for every op at the largest batch (max_linear_out: the widest linear layer with a bias;
 // MoE: expert_rows tokens per expert, experts of hidden size expert_hidden).
@@ -126,6 +136,9 @@ static void backend_setup(int B, int T, int C, int n_head, int n_kv_head, int ma
     cuda_scratch_reserve(need);
 }
 #endif
+
+// Multi-process: the rank grid and collectives (llmc/comm.h), ZeRO sharding (llmc/zero.h).
+#include "llmc/zero.h"
 
 // ----------------------------------------------------------------------------------------------
 // 2. Config and parameters
@@ -252,32 +265,58 @@ static size_t count_params(const std::vector<ParamTensor>& table) {
 
 // Pointers into a flat buffer (params or grads) laid out by the table.
 struct LayerTensors {
-    floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b;
-    floatX *fcw, *fcb, *fcprojw, *fcprojb;  // dense FFN, or the stacked experts' of an MoE layer
-    floatX* routerw;                        // MoE layers only
+    floatX *ln1w = nullptr, *ln1b = nullptr, *qkvw = nullptr, *qkvb = nullptr, *attprojw = nullptr,
+           *attprojb = nullptr, *ln2w = nullptr, *ln2b = nullptr;
+    // dense FFN, or the stacked experts' of an MoE layer
+    floatX *fcw = nullptr, *fcb = nullptr, *fcprojw = nullptr, *fcprojb = nullptr;
+    floatX* routerw = nullptr;  // MoE layers only
 };
 struct ModelTensors {
-    floatX *wte, *wpe, *lnfw, *lnfb;
+    floatX *wte = nullptr, *wpe = nullptr, *lnfw = nullptr, *lnfb = nullptr;
     std::vector<LayerTensors> layers;
 };
 
-static ModelTensors point_into(floatX* base, const GPTConfig& c, const std::vector<ParamTensor>& table) {
-    std::map<std::string, floatX*> at;  // (names a layer does not have read as nullptr)
-    for (const ParamTensor& p : table) at[p.name] = base + p.offset;
-    ModelTensors t;
-    t.wte = at["wte"];
-    t.wpe = c.pos == POS_LEARNED ? at["wpe"] : nullptr;
-    t.lnfw = at["lnf.w"];
-    t.lnfb = at["lnf.b"];
-    for (int l = 0; l < c.n_layer; l++) {
-        std::string h = "h" + std::to_string(l) + ".";
-        const std::string ffn = c.is_moe(l) ? h + "moe." : h + "mlp.";
-        t.layers.push_back({at[h + "ln1.w"], at[h + "ln1.b"], at[h + "attn.qkv.w"], at[h + "attn.qkv.b"],
-                            at[h + "attn.proj.w"], at[h + "attn.proj.b"], at[h + "ln2.w"], at[h + "ln2.b"],
-                            at[ffn + "fc.w"], at[ffn + "fc.b"], at[ffn + "proj.w"], at[ffn + "proj.b"],
-                            at[h + "moe.router.w"]});
+// The segments of the flat buffers (llmc/zero.h): the embedding, each block, the final LayerNorm.
+// Segment of layer l is 1 + l; the final LayerNorm's is n_layer + 1.
+static int segment_of(const std::string& name, int n_layer) {
+    if (name == "wte" || name == "wpe") return 0;
+    if (name[0] == 'h') return 1 + std::stoi(name.substr(1, name.find('.') - 1));
+    return n_layer + 1;
+}
+static std::vector<std::pair<std::string, size_t>> segment_begins(const GPTConfig& c, const std::vector<ParamTensor>& table) {
+    std::vector<std::pair<std::string, size_t>> begins;
+    int last = -1;
+    for (const ParamTensor& p : table) {
+        int s = segment_of(p.name, c.n_layer);
+        if (s != last) begins.push_back({s == 0 ? "embedding" : s == c.n_layer + 1 ? "final" : "h" + std::to_string(s - 1), p.offset});
+        last = s;
     }
-    return t;
+    return begins;
+}
+
+// Points the fields of the tensors of segment `seg` at base (the segment's first element), or
+// at nullptr (stage 3: the segment is not gathered).
+static void point_segment(ModelTensors& t, const GPTConfig& c, const std::vector<ParamTensor>& table,
+                          const ZeroLayout& z, int seg, floatX* base) {
+    t.layers.resize(c.n_layer);
+    for (const ParamTensor& p : table) {
+        if (segment_of(p.name, c.n_layer) != seg) continue;
+        floatX* ptr = base ? base + (p.offset - z.segs[seg].begin) : nullptr;
+        if (p.name == "wte") { t.wte = ptr; continue; }
+        if (p.name == "wpe") { t.wpe = ptr; continue; }
+        if (p.name == "lnf.w") { t.lnfw = ptr; continue; }
+        if (p.name == "lnf.b") { t.lnfb = ptr; continue; }
+        LayerTensors& L = t.layers[seg - 1];
+        const std::string f = p.name.substr(p.name.find('.') + 1);
+        floatX** field = f == "ln1.w" ? &L.ln1w : f == "ln1.b" ? &L.ln1b : f == "attn.qkv.w" ? &L.qkvw
+                       : f == "attn.qkv.b" ? &L.qkvb : f == "attn.proj.w" ? &L.attprojw : f == "attn.proj.b" ? &L.attprojb
+                       : f == "ln2.w" ? &L.ln2w : f == "ln2.b" ? &L.ln2b : f == "moe.router.w" ? &L.routerw
+                       : (f == "mlp.fc.w" || f == "moe.fc.w") ? &L.fcw : (f == "mlp.fc.b" || f == "moe.fc.b") ? &L.fcb
+                       : (f == "mlp.proj.w" || f == "moe.proj.w") ? &L.fcprojw
+                       : (f == "mlp.proj.b" || f == "moe.proj.b") ? &L.fcprojb : nullptr;
+        LLMC_CHECK(field, "internal: parameter %s has no field", p.name.c_str());
+        *field = ptr;
+    }
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -304,12 +343,19 @@ struct LayerActs {
 struct GPT {
     GPTConfig config;
     std::vector<ParamTensor> table;
-    size_t n_params = 0;     // elements of the flat param/grad/moment buffers (with alignment padding)
+    size_t n_params = 0;     // elements of the parameter table (with alignment padding): checkpoints
     size_t param_count = 0;  // the model's parameters (what is reported and counted for FLOPs)
-    floatX *params = nullptr, *grads = nullptr;
-    float* master = nullptr;  // fp32 master weights when params are not fp32 (the CUDA build)
+    // the flat buffers, laid out and sharded by `zero` (llmc/zero.h explains the index spaces)
+    ZeroLayout zero;
+    floatX* params = nullptr;    // stage 0-2: every segment (padded space); stage 3: this rank's shard
+    floatX* grads = nullptr;     // leaf gradients of one micro-batch (padded space; stage 3: slots)
+    float* grad_acc = nullptr;   // fp32 sum of the leaves over the step's global micro-batches
+    float* master = nullptr;     // fp32 master weights when params are not fp32 (the CUDA build)
     float *adam_m = nullptr, *adam_v = nullptr;
-    ModelTensors p, g;  // pointers into params and grads
+    floatX* comm_scratch = nullptr;  // reduce_scatter_add's receive buffer (dp > 1)
+    SegmentSlots<floatX> param_slots, grad_slots;  // stage 3: gathered segments
+    std::vector<UpdatePiece> update_pieces;         // what this rank's optimizer step updates
+    ModelTensors p, g;  // pointers into params and grads (stage 3: into the slots, while gathered)
 
     int max_B = 0, max_T = 0;
     std::vector<LayerActs> acts;
@@ -336,8 +382,19 @@ static float* alloc_stats(GPT& m, size_t n) {
     return (float*)buffer_alloc(n * sizeof(float));
 }
 
+// Stage 3 keeps this many gathered segments at once: parameters of the current and the next
+// segment (a block's forward ends with the next block's LN1); leaf gradients of the embedding
+// (tied: the head writes them first, the encoder last) and of the segment in its backward.
+constexpr int ZERO3_PARAM_SLOTS = 2, ZERO3_GRAD_SLOTS = 2;
+
+// The layout of the flat buffers for a ZeRO stage over the data-parallel group (zero.h).
+static ZeroLayout gpt_zero_layout(const GPTConfig& c, const std::vector<ParamTensor>& table, int zero_stage,
+                                  const CommGroup& dp) {
+    return zero_layout(segment_begins(c, table), count_params(table), zero_stage, dp.size, dp.rank);
+}
+
 // The memory plan: everything is allocated here, once; the training step allocates nothing.
-static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
+static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero_stage = 0) {
     m.config = config;
     backend_setup(B, T, config.n_embd, config.n_head, config.n_kv_head,
                   std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert,
@@ -345,13 +402,32 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
     m.table = build_param_table(config);
     m.n_params = count_params(m.table);
     for (const ParamTensor& t : m.table) m.param_count += t.numel;
-    m.params = (floatX*)buffer_alloc(m.n_params * sizeof(floatX));
-    m.grads = (floatX*)buffer_alloc(m.n_params * sizeof(floatX));
-    if (sizeof(floatX) != sizeof(float)) m.master = (float*)buffer_alloc(m.n_params * sizeof(float));
-    m.adam_m = (float*)buffer_alloc(m.n_params * sizeof(float));
-    m.adam_v = (float*)buffer_alloc(m.n_params * sizeof(float));
-    m.p = point_into(m.params, config, m.table);
-    m.g = point_into(m.grads, config, m.table);
+    const CommGroup& dp = comm_world().dp;
+    m.zero = gpt_zero_layout(config, m.table, zero_stage, dp);
+    const ZeroLayout& z = m.zero;
+    m.params = (floatX*)buffer_alloc(z.params_elems() * sizeof(floatX));
+    m.grad_acc = (float*)buffer_alloc(z.acc_elems() * sizeof(float));
+    if (sizeof(floatX) != sizeof(float)) m.master = (float*)buffer_alloc(z.state_elems() * sizeof(float));
+    m.adam_m = (float*)buffer_alloc(z.state_elems() * sizeof(float));
+    m.adam_v = (float*)buffer_alloc(z.state_elems() * sizeof(float));
+    if (dp.size > 1) m.comm_scratch = (floatX*)buffer_alloc(z.max_padded * sizeof(floatX));
+    if (z.params_sharded()) {
+        for (int k = 0; k < ZERO3_PARAM_SLOTS; k++) m.param_slots.buf.push_back((floatX*)buffer_alloc(z.max_padded * sizeof(floatX)));
+        for (int k = 0; k < ZERO3_GRAD_SLOTS; k++) m.grad_slots.buf.push_back((floatX*)buffer_alloc(z.max_padded * sizeof(floatX)));
+        m.param_slots.holds.assign(ZERO3_PARAM_SLOTS, -1);
+        m.grad_slots.holds.assign(ZERO3_GRAD_SLOTS, -1);
+        m.p.layers.resize(config.n_layer);  // pointers appear while a segment is gathered
+        m.g.layers.resize(config.n_layer);
+    } else {
+        m.grads = (floatX*)buffer_alloc(z.padded_total * sizeof(floatX));
+        for (int s = 0; s < (int)z.segs.size(); s++) {
+            point_segment(m.p, config, m.table, z, s, m.params + z.segs[s].padded_offset);
+            point_segment(m.g, config, m.table, z, s, m.grads + z.segs[s].padded_offset);
+        }
+    }
+    std::vector<TensorRange> tensors;
+    for (const ParamTensor& t : m.table) tensors.push_back({t.offset, t.numel, t.decay});
+    m.update_pieces = zero_update_pieces(z, tensors);
 
     const size_t BT = (size_t)B * T, C = config.n_embd;
     m.max_B = B;
@@ -412,9 +488,12 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
 }
 
 static void gpt_free(GPT& m) {
-    if (m.master) buffer_free(m.master);
-    for (void* b : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.batch_inputs,
-                    (void*)m.batch_targets, (void*)m.batch_doc_start}) buffer_free(b);
+    for (void* b : {(void*)m.params, (void*)m.grads, (void*)m.grad_acc, (void*)m.master, (void*)m.adam_m,
+                    (void*)m.adam_v, (void*)m.comm_scratch, (void*)m.batch_inputs, (void*)m.batch_targets,
+                    (void*)m.batch_doc_start})
+        if (b) buffer_free(b);
+    for (floatX* b : m.param_slots.buf) buffer_free(b);
+    for (floatX* b : m.grad_slots.buf) buffer_free(b);
     for (LayerActs& a : m.acts) {
         for (floatX* b : {a.ln1, a.qkv, a.atty, a.residual2, a.ln2, a.fch, a.fch_act, a.residual3}) buffer_free(b);
         if (a.moe_scores) {
@@ -430,25 +509,110 @@ static void gpt_free(GPT& m) {
     m = GPT();
 }
 
-// Model state in fp32 host memory (init, checkpoints, tests) <-> wherever the model keeps it.
-// With master weights the fp32 values live in the master and params hold their rounding.
-static void gpt_set_state(GPT& m, const float* params, const float* adam_m, const float* adam_v) {
-    std::vector<floatX> rounded(params, params + m.n_params);
-    copy_to_buffer(m.params, rounded.data(), m.n_params * sizeof(floatX));
-    if (m.master) copy_to_buffer(m.master, params, m.n_params * sizeof(float));
-    copy_to_buffer(m.adam_m, adam_m, m.n_params * sizeof(float));
-    copy_to_buffer(m.adam_v, adam_v, m.n_params * sizeof(float));
-}
-static void gpt_get_state(const GPT& m, float* params, float* adam_m, float* adam_v) {
-    if (m.master) {
-        copy_from_buffer(params, m.master, m.n_params * sizeof(float));
-    } else {
-        std::vector<floatX> p(m.n_params);
-        copy_from_buffer(p.data(), m.params, m.n_params * sizeof(floatX));
-        std::copy(p.begin(), p.end(), params);
+// Model state in fp32 host memory, in the table's layout (init, checkpoints, tests) <-> wherever
+// this rank keeps it. With master weights the fp32 values live in the master and params hold their
+// rounding. Segment padding stays zero.
+template <typename T>
+static std::vector<T> table_to_space(const ZeroLayout& z, bool shard, const float* table_values) {
+    std::vector<T> out(shard ? z.shard_total : z.padded_total, (T)0.0f);
+    for (int s = 0; s < (int)z.segs.size(); s++) {
+        const Segment& seg = z.segs[s];
+        const size_t lo = shard ? z.own_begin(s) : 0, hi = shard ? lo + z.shard_len(s) : seg.padded;
+        for (size_t rel = lo; rel < std::min(hi, seg.len); rel++)
+            out[shard ? z.shard_index(s, rel) : z.padded_index(s, rel)] = (T)table_values[seg.begin + rel];
     }
-    if (adam_m) copy_from_buffer(adam_m, m.adam_m, m.n_params * sizeof(float));
-    if (adam_v) copy_from_buffer(adam_v, m.adam_v, m.n_params * sizeof(float));
+    return out;
+}
+
+// Every rank passes the whole state (the same arrays); each keeps what its layout holds.
+static void gpt_set_state(GPT& m, const float* params, const float* adam_m, const float* adam_v) {
+    const ZeroLayout& z = m.zero;
+    std::vector<floatX> p = table_to_space<floatX>(z, z.params_sharded(), params);
+    copy_to_buffer(m.params, p.data(), p.size() * sizeof(floatX));
+    if (m.master) copy_to_buffer(m.master, table_to_space<float>(z, z.state_sharded(), params).data(), z.state_elems() * 4);
+    copy_to_buffer(m.adam_m, table_to_space<float>(z, z.state_sharded(), adam_m).data(), z.state_elems() * 4);
+    copy_to_buffer(m.adam_v, table_to_space<float>(z, z.state_sharded(), adam_v).data(), z.state_elems() * 4);
+}
+
+// This rank's own slice of every segment (the shard space, z.shard_total elements each): fp32
+// params, adam m, adam v. At stage 0 every rank holds everything and reports its slice.
+static void gpt_own_state(const GPT& m, float* params, float* adam_m, float* adam_v) {
+    const ZeroLayout& z = m.zero;
+    std::vector<float> st_m(z.state_elems()), st_v(z.state_elems()), st_p;
+    copy_from_buffer(st_m.data(), m.adam_m, st_m.size() * 4);
+    copy_from_buffer(st_v.data(), m.adam_v, st_v.size() * 4);
+    if (m.master) {
+        st_p.resize(z.state_elems());
+        copy_from_buffer(st_p.data(), m.master, st_p.size() * 4);
+    } else {
+        std::vector<floatX> raw(z.params_elems());
+        copy_from_buffer(raw.data(), m.params, raw.size() * sizeof(floatX));
+        st_p.assign(raw.begin(), raw.end());
+    }
+    for (int s = 0; s < (int)z.segs.size(); s++)
+        for (size_t rel = z.own_begin(s); rel < z.own_begin(s) + z.shard_len(s); rel++) {
+            const size_t out = z.shard_index(s, rel);
+            const size_t st = z.state_sharded() ? out : z.padded_index(s, rel);
+            params[out] = st_p[m.master ? st : (z.params_sharded() ? out : z.padded_index(s, rel))];
+            adam_m[out] = st_m[st];
+            adam_v[out] = st_v[st];
+        }
+}
+
+// The ranges of the table that this rank's own slices cover (what it writes to a checkpoint), and
+// the shard-space values in that order.
+static std::vector<CheckpointRange> own_table_ranges(const ZeroLayout& z, int rank) {
+    std::vector<CheckpointRange> out;
+    for (int s = 0; s < (int)z.segs.size(); s++) {
+        const size_t lo = (size_t)rank * z.shard_len(s), hi = std::min(lo + z.shard_len(s), z.segs[s].len);
+        if (lo < hi) out.push_back({z.segs[s].begin + lo, hi - lo});
+    }
+    return out;
+}
+static std::vector<float> own_values_in_table_order(const ZeroLayout& z, const float* shard_values) {
+    std::vector<float> out;
+    for (int s = 0; s < (int)z.segs.size(); s++) {
+        const size_t lo = z.own_begin(s), hi = std::min(lo + z.shard_len(s), z.segs[s].len);
+        for (size_t rel = lo; rel < hi; rel++) out.push_back(shard_values[z.shard_index(s, rel)]);
+    }
+    return out;
+}
+
+// Every rank's own slice (shard space) -> the whole table, on every rank (collective).
+static void gather_to_table(const ZeroLayout& z, const float* own_shard, float* table_out) {
+    const CommGroup& dp = comm_world().dp;
+    std::vector<float> all(z.shard_total * dp.size);
+    host_all_gather(dp, own_shard, all.data(), z.shard_total * 4);
+    for (int r = 0; r < dp.size; r++) {
+        ZeroLayout zr = z;
+        zr.rank = r;
+        std::vector<float> vals = own_values_in_table_order(zr, all.data() + r * z.shard_total);
+        size_t at = 0;
+        for (const CheckpointRange& rg : own_table_ranges(z, r))
+            for (size_t k = 0; k < rg.n; k++) table_out[rg.begin + k] = vals[at++];
+    }
+}
+
+// The whole state in table layout on every rank (collective): tests, rank agreement.
+[[maybe_unused]] static void gpt_get_state(const GPT& m, float* params, float* adam_m, float* adam_v) {
+    std::vector<float> own[3];
+    for (auto& v : own) v.resize(m.zero.shard_total);
+    gpt_own_state(m, own[0].data(), own[1].data(), own[2].data());
+    float* outs[3] = {params, adam_m, adam_v};
+    for (int a = 0; a < 3; a++)
+        if (outs[a]) gather_to_table(m.zero, own[a].data(), outs[a]);
+}
+
+// The accumulated gradient of the step so far, in table layout, on every rank (collective; tests).
+[[maybe_unused]] static std::vector<float> gpt_grads(const GPT& m) {
+    const ZeroLayout& z = m.zero;
+    std::vector<float> acc(z.acc_elems()), own(z.shard_total), out(m.n_params, 0.0f);
+    copy_from_buffer(acc.data(), m.grad_acc, acc.size() * 4);
+    for (int s = 0; s < (int)z.segs.size(); s++)
+        for (size_t rel = z.own_begin(s); rel < z.own_begin(s) + z.shard_len(s); rel++)
+            own[z.shard_index(s, rel)] = acc[z.acc_sharded() ? z.shard_index(s, rel) : z.padded_index(s, rel)];
+    gather_to_table(z, own.data(), out.data());
+    return out;
 }
 
 static void gpt_init_params(GPT& m, uint64_t seed) {
@@ -459,6 +623,41 @@ static void gpt_init_params(GPT& m, uint64_t seed) {
             p[t.offset + i] = t.init == ParamTensor::NORMAL ? rng.normal(0.0f, t.init_std)
                               : t.init == ParamTensor::ONES  ? 1.0f : 0.0f;
     gpt_set_state(m, p.data(), zeros.data(), zeros.data());
+}
+
+// ZeRO glue for the model code (llmc/zero.h). At stages 0-2 the parameters are always in place
+// and the param calls do nothing; at stage 3 a segment is all-gathered into a slot before its
+// first use and the slot is released after its last. grads_ready sums a segment's leaf gradient
+// into the owners' fp32 accumulators, right after the backward wrote it (on the GPU the next
+// segment's backward is queued behind it).
+static void params_needed(GPT& m, int seg) {
+    const ZeroLayout& z = m.zero;
+    if (!z.params_sharded() || m.param_slots.find(seg)) return;
+    floatX* slot = m.param_slots.acquire(seg, "parameter");
+    floatX* own = slot + z.own_begin(seg);
+    copy_buffer(own, m.params + z.segs[seg].shard_offset, z.shard_len(seg) * sizeof(floatX));
+    all_gather(comm_world().dp, own, slot, z.shard_len(seg) * sizeof(floatX));
+    point_segment(m.p, m.config, m.table, z, seg, slot);
+}
+static void params_done(GPT& m, int seg) {
+    if (!m.zero.params_sharded()) return;
+    m.param_slots.release(seg);
+    point_segment(m.p, m.config, m.table, m.zero, seg, nullptr);
+}
+static void grads_needed(GPT& m, int seg) {
+    if (!m.zero.params_sharded() || m.grad_slots.find(seg)) return;
+    floatX* slot = m.grad_slots.acquire(seg, "gradient");
+    buffer_zero(slot, m.zero.segs[seg].padded * sizeof(floatX));
+    point_segment(m.g, m.config, m.table, m.zero, seg, slot);
+}
+static void grads_ready(GPT& m, int seg) {
+    const ZeroLayout& z = m.zero;
+    const floatX* leaf = z.params_sharded() ? m.grad_slots.find(seg) : m.grads + z.segs[seg].padded_offset;
+    reduce_scatter_add(comm_world().dp, m.grad_acc + z.acc_own(seg), leaf, z.shard_len(seg), m.comm_scratch);
+    if (z.params_sharded()) {
+        m.grad_slots.release(seg);
+        point_segment(m.g, m.config, m.table, z, seg, nullptr);
+    }
 }
 
 // Forward over a [B, T] batch. With targets, computes the per-token losses and returns the mean
@@ -476,10 +675,15 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
     if (targets) copy_to_buffer(m.batch_targets, targets, BT * sizeof(int));
     doc_start = m.batch_doc_start;
 
+    const int embedding = 0, final_ln = L + 1;  // segments; block l is segment l + 1
+    params_needed(m, embedding);
     encoder_forward(m.encoded, m.batch_inputs, doc_start, m.p.wte, m.p.wpe, B, T, C);
+    params_done(m, embedding);
+    params_needed(m, 1);
     layernorm_forward(m.acts[0].ln1, m.acts[0].ln1_mean, m.acts[0].ln1_rstd, m.encoded, m.p.layers[0].ln1w,
                       m.p.layers[0].ln1b, BT, C);
     for (int l = 0; l < L; l++) {
+        params_needed(m, l + 2);  // the next block (its LN1 ends this one), or the final LN
         const LayerTensors& w = m.p.layers[l];
         LayerActs& a = m.acts[l];
         const floatX* x = l == 0 ? m.encoded : m.acts[l - 1].residual3;
@@ -512,8 +716,12 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
                                          last ? m.lnf_rstd : m.acts[l + 1].ln1_rstd, a.residual2, m.scratch,
                                          last ? m.p.lnfw : m.p.layers[l + 1].ln1w,
                                          last ? m.p.lnfb : m.p.layers[l + 1].ln1b, BT, C);
+        params_done(m, l + 1);
     }
+    params_done(m, final_ln);
+    params_needed(m, embedding);  // the tied lm head
     matmul_forward(m.logits, m.lnf, m.p.wte, (const floatX*)nullptr, BT, C, c.padded_vocab_size);
+    params_done(m, embedding);
     if (!targets) return 0.0f;
 
     int n_valid = 0;
@@ -526,19 +734,32 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
     return n_valid > 0 ? (float)(sum / n_valid) : 0.0f;
 }
 
-// Backward of the last gpt_forward (which must have been given dloss_scale != 0). Parameter
-// gradients accumulate into m.grads (zero them once per optimizer step).
+// Backward of the last gpt_forward (which must have been given dloss_scale != 0): this
+// micro-batch's parameter gradients (the leaves) are written segment by segment and each is added,
+// once complete, into the fp32 accumulators (grads_ready; zero them once per optimizer step with
+// gpt_zero_grad).
 static void gpt_backward(GPT& m) {
     const GPTConfig& c = m.config;
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, L = c.n_layer, H = c.ffn_hidden;
     const bool alibi = c.pos == POS_ALIBI;
+    const int embedding = 0, final_ln = L + 1;
+    if (m.grads) buffer_zero(m.grads, m.zero.padded_total * sizeof(floatX));
 
     // m.logits holds dlogits; the lm head is tied to wte
+    params_needed(m, embedding);
+    params_needed(m, final_ln);
+    grads_needed(m, embedding);
+    grads_needed(m, final_ln);
     matmul_backward(m.d_ln, m.g.wte, (floatX*)nullptr, m.logits, m.lnf, m.p.wte, BT, C, c.padded_vocab_size);
+    params_done(m, embedding);
     buffer_zero(m.d_residual, (size_t)BT * C * sizeof(floatX));
     layernorm_backward(m.d_residual, m.g.lnfw, m.g.lnfb, m.d_ln, m.acts[L - 1].residual3, m.p.lnfw, m.lnf_mean,
                        m.lnf_rstd, BT, C);
+    params_done(m, final_ln);
+    grads_ready(m, final_ln);
     for (int l = L - 1; l >= 0; l--) {
+        params_needed(m, l + 1);
+        grads_needed(m, l + 1);
         const LayerTensors& w = m.p.layers[l];
         const LayerTensors& dw = m.g.layers[l];
         LayerActs& a = m.acts[l];
@@ -568,28 +789,43 @@ static void gpt_backward(GPT& m) {
                            c.head_size(), alibi);
         matmul_backward(m.d_ln, dw.qkvw, dw.qkvb, m.d_qkv, a.ln1, w.qkvw, BT, C, c.qkv_channels());
         layernorm_backward(m.d_residual, dw.ln1w, dw.ln1b, m.d_ln, x, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+        params_done(m, l + 1);
+        grads_ready(m, l + 1);
     }
     encoder_backward(m.g.wte, m.g.wpe, m.d_residual, m.batch_inputs, m.batch_doc_start, B, T, C);
+    grads_ready(m, embedding);
 }
 
-static void gpt_zero_grad(GPT& m) { buffer_zero(m.grads, m.n_params * sizeof(floatX)); }
+static void gpt_zero_grad(GPT& m) { buffer_zero(m.grad_acc, m.zero.acc_elems() * sizeof(float)); }
 
 struct OptimizerConfig {
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_clip = 1.0f;
 };
 
-// Global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6))) then AdamW.
-// Returns the gradient norm before clipping. step is 0-based.
+// The optimizer step, after the step's last gpt_backward: stages 0-1 first complete the
+// all-reduce of the gradients (all-gather of the reduced slices); then global-norm clipping
+// (PyTorch's rule: scale = min(1, clip / (norm + 1e-6))) and AdamW on what this rank updates;
+// stages 1-2 then all-gather the updated parameters. Returns the gradient norm before clipping.
+// step is 0-based.
 static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
-    float norm = (float)std::sqrt(global_norm_squared(m.grads, m.n_params));
+    const ZeroLayout& z = m.zero;
+    const CommGroup& dp = comm_world().dp;
+    if (!z.acc_sharded() && dp.size > 1)
+        for (int s = 0; s < (int)z.segs.size(); s++)
+            all_gather(dp, m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
+    float norm = (float)std::sqrt(grad_norm_squared(z, m.grad_acc));
     float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
-    // stochastic rounding of bf16 params: a fresh seed per step; element i of the flat buffer
-    // draws its bits from step_seed + i, so the result does not depend on how tensors are split
+    // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
+    // bits from step_seed + i, so the result does not depend on how tensors are split or sharded
     const uint64_t step_seed = Rng(0xADA3ull ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull)).next_u64();
-    for (const ParamTensor& t : m.table)
-        adamw_update(m.params + t.offset, m.master ? m.master + t.offset : nullptr, m.grads + t.offset,
-                     m.adam_m + t.offset, m.adam_v + t.offset, t.numel, lr, o.beta1, o.beta2, o.eps,
-                     t.decay ? o.weight_decay : 0.0f, scale, step + 1, step_seed + t.offset);
+    for (const UpdatePiece& u : m.update_pieces)
+        adamw_update(m.params + u.param_index, m.master ? m.master + u.state_index : nullptr, m.grad_acc + u.acc_index,
+                     m.adam_m + u.state_index, m.adam_v + u.state_index, u.n, lr, o.beta1, o.beta2, o.eps,
+                     u.decay ? o.weight_decay : 0.0f, scale, step + 1, step_seed + u.table_offset);
+    if ((z.stage == 1 || z.stage == 2) && dp.size > 1)
+        for (int s = 0; s < (int)z.segs.size(); s++)
+            all_gather(dp, m.params + z.params_own(s), m.params + z.segs[s].padded_offset,
+                       z.shard_len(s) * sizeof(floatX));
     return norm;
 }
 
@@ -747,6 +983,8 @@ static const Option OPTIONS[] = {
     {"ckpt_every", "n", "0", "write a checkpoint every N steps (0: only at the end)"},
     {"resume", "y", "", "checkpoint to resume from: a file, or 'latest' (newest in out_dir; default: none)"},
     {"seed", "", "1337", "seed for init, data order and sampling"},
+    {"zero", "z", "0", "ZeRO stage over the data-parallel ranks: 0 all-reduce, 1 shard optimizer state, 2 also "
+                       "gradients, 3 also parameters (gathered per block)"},
 };
 
 struct Args {
@@ -841,50 +1079,138 @@ static std::vector<std::pair<const char*, int*>> config_fields(GPTConfig& c) {
 // ----------------------------------------------------------------------------------------------
 // 5. Training
 
-static std::string checkpoint_path(const std::string& out_dir, int step) {
-    return out_dir + "/ckpt_" + std::to_string(1000000000 + step).substr(1) + ".bin";
+// Sum, in global order, of one value per rank per round: rounds x dp values, ordered as the global
+// micro-batch index round * dp + rank (the first `count` of them).
+static double sum_in_global_order(const std::vector<double>& mine, size_t count) {
+    const CommGroup& dp = comm_world().dp;
+    std::vector<double> all(mine.size() * dp.size);
+    host_all_gather(dp, mine.data(), all.data(), mine.size() * sizeof(double));
+    double sum = 0;
+    for (size_t g = 0; g < count; g++) sum += all[(g % dp.size) * mine.size() + g / dp.size];
+    return sum;
 }
 
-static std::string latest_checkpoint(const std::string& out_dir) {
-    std::vector<std::string> files = glob_files(out_dir + "/ckpt_*.bin");
-    LLMC_CHECK(!files.empty(), "--resume latest: no checkpoint ckpt_*.bin in %s", out_dir.c_str());
-    return files.back();  // zero-padded step numbers sort in step order
-}
-
+// Mean loss over the first n_batches micro-batches of the val stream, split over the dp ranks
+// (every rank runs the same number of forwards: ZeRO-3 gathers in them); the same for any layout.
 static double evaluate(GPT& m, DataLoader& loader, int n_batches, std::vector<int>& in, std::vector<int>& tgt,
                        std::vector<int>& ds) {
     loader.reset(LoaderState{});
-    double sum = 0;
-    for (int k = 0; k < n_batches; k++) {
+    const int rounds = ceil_div(n_batches, loader.world);
+    std::vector<double> losses(rounds);
+    for (int k = 0; k < rounds; k++) {
         loader.next_batch(in.data(), tgt.data(), ds.data());
-        sum += gpt_forward(m, in.data(), tgt.data(), ds.data(), loader.B, loader.T);
+        losses[k] = gpt_forward(m, in.data(), tgt.data(), ds.data(), loader.B, loader.T);
     }
-    return sum / n_batches;
+    return sum_in_global_order(losses, n_batches) / n_batches;
 }
 
 static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int eot, Rng& rng) {
     std::vector<int> out = gpt_sample(m, {eot}, n_tokens, temperature, top_k, eot, rng);
     std::string text;
     for (int t : out) text += decode_token(t, eot);
+    if (comm_world().world_rank != 0) return;  // every rank samples (stage 3 gathers), rank 0 prints
     printf("---- sample ----\n%s\n----------------\n", text.c_str());
     fflush(stdout);
 }
 
+// Per-rank memory of the flat buffers for every ZeRO stage (the current one marked), plus the
+// activations, which no stage shards.
+static void print_memory_plan(const GPT& m, int zero_stage) {
+    const CommGroup& dp = comm_world().dp;
+    ZeroMemory mem[4];
+    for (int z = 0; z < 4; z++)
+        mem[z] = zero_memory(gpt_zero_layout(m.config, m.table, z, dp), sizeof(floatX), sizeof(floatX) != sizeof(float),
+                             ZERO3_PARAM_SLOTS, ZERO3_GRAD_SLOTS);
+    printf("memory per rank (MiB), dp %d:  %10s %10s %10s %10s\n", dp.size, zero_stage == 0 ? "[-z 0]" : "-z 0",
+           zero_stage == 1 ? "[-z 1]" : "-z 1", zero_stage == 2 ? "[-z 2]" : "-z 2", zero_stage == 3 ? "[-z 3]" : "-z 3");
+    auto row = [&](const char* name, double ZeroMemory::*field, double extra) {
+        printf("  %-30s", name);
+        for (int z = 0; z < 4; z++) printf(" %10.2f", ((field ? mem[z].*field : 0.0) + extra) / 1048576.0);
+        printf("\n");
+    };
+    row("params (+ stage-3 slots)", &ZeroMemory::params, 0);
+    row("grads (leaf, one micro-batch)", &ZeroMemory::grads, 0);
+    row("grad accumulators (fp32)", &ZeroMemory::grad_acc, 0);
+    row("master weights (fp32)", &ZeroMemory::master, 0);
+    row("adam moments (fp32)", &ZeroMemory::moments, 0);
+    row("comm buffers", &ZeroMemory::comm, 0);
+    row("activations", nullptr, (double)m.activation_bytes);
+    printf("  %-30s", "total");
+    for (int z = 0; z < 4; z++)
+        printf(" %10.2f", (mem[z].params + mem[z].grads + mem[z].grad_acc + mem[z].master + mem[z].moments +
+                           mem[z].comm + m.activation_bytes) / 1048576.0);
+    printf("\n");
+}
+
+// Bytes this rank sends in one optimizer step, by collective, for the layout (what the counters
+// in comm.h must show after a step without evaluation or sampling).
+static void print_comm_volume(const GPT& m, int grad_accum) {
+    const Comm& c = comm_world();
+    const ZeroLayout& z = m.zero;
+    const double share = (double)(z.dp - 1) / z.dp, fx = sizeof(floatX);
+    double theory[COMM_N_OPS] = {0, 0, 0, 0};
+    theory[COMM_ALL_TO_ALL] = grad_accum * share * fx * z.padded_total;  // reduce_scatter_add of the leaves
+    if (z.stage <= 1) theory[COMM_ALL_GATHER] += share * 4.0 * z.padded_total;  // completes the all-reduce
+    if (z.stage == 1 || z.stage == 2) theory[COMM_ALL_GATHER] += share * fx * z.padded_total;  // updated params
+    if (z.stage == 3)  // per micro-batch: the embedding 3 times (encoder, head, its backward), the rest twice
+        theory[COMM_ALL_GATHER] += grad_accum * share * fx * (z.padded_total + z.segs[0].padded + z.padded_total);
+    printf("communication per step, rank 0 (sent bytes): ");
+    for (int k = 0; k < COMM_N_OPS; k++) {
+        if (k == COMM_HOST) printf("%s %llu", comm_op_name(k), (unsigned long long)c.sent_bytes[k]);
+        else printf("%s %llu (theory %.0f), ", comm_op_name(k), (unsigned long long)c.sent_bytes[k], theory[k]);
+    }
+    printf("\n");
+}
+
+static std::string checkpoint_path(const std::string& out_dir, int step) {
+    return out_dir + "/ckpt_" + std::to_string(1000000000 + step).substr(1) + ".bin";
+}
+
+// The newest checkpoint in out_dir that loads and verifies, by the step stored inside; the ones
+// that do not are skipped with a warning. Every rank reads the files; they must agree.
+static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck) {
+    std::vector<std::pair<int64_t, std::string>> found;
+    for (const std::string& f : glob_files(out_dir + "/ckpt_*.bin")) {
+        int64_t step = checkpoint_step(f);
+        if (step >= 0) found.push_back({step, f});
+        else if (comm_world().world_rank == 0) fprintf(stderr, "warning: %s is not a readable checkpoint, skipped\n", f.c_str());
+    }
+    std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    for (auto& [step, path] : found) {
+        bool ok = true;
+        try {
+            ck = load_checkpoint(path);
+        } catch (const LlmcError& e) {
+            ok = false;
+            if (comm_world().world_rank == 0) fprintf(stderr, "warning: skipping %s\n", e.what());
+        }
+        if (all_ranks_agree(comm_world().dp, ok)) return path;
+    }
+    LLMC_FAIL("--resume latest: no checkpoint in %s loads (looked for ckpt_*.bin)", out_dir.c_str());
+}
+
 // The whole training program; main() only maps errors to exit codes. Returns the exit code.
 [[maybe_unused]] static int train_main(int argc, char** argv) {
+    Comm& cm = comm_world();
+    const bool rank0 = cm.world_rank == 0;  // prints, writes log.jsonl
     Args args;
-    if (!parse_args(argc, argv, args)) { print_usage(); return 0; }
+    if (!parse_args(argc, argv, args)) { if (rank0) print_usage(); return 0; }
     GPTConfig config = config_from_args(args);
     const int B = args.i("batch_size"), T = args.i("seq_len");
     LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
     LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %d", T);
-    const int world = 1;  // data-parallel ranks: one process until the MPI/ZeRO work lands
-    const int tokens_per_micro = B * T * world;
-    const int total_batch = args.i("total_batch_tokens") > 0 ? args.i("total_batch_tokens") : tokens_per_micro;
+    const int zero_stage = args.i("zero");
+    LLMC_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero: expected 0, 1, 2 or 3, got %d", zero_stage);
+    comm_make_grid(cm, cm.world_size);  // all ranks data-parallel (pipeline and tensor groups come later)
+    const CommGroup& dp = cm.dp;
+    const int world = dp.size;
+    const long long tokens_per_micro = (long long)B * T * world;
+    const long long total_batch = args.i("total_batch_tokens") > 0 ? args.i("total_batch_tokens") : tokens_per_micro;
     LLMC_CHECK(total_batch % tokens_per_micro == 0,
-               "--total_batch_tokens %d is not a multiple of B*T*ranks = %d*%d*%d = %d", total_batch, B, T, world,
+               "--total_batch_tokens %lld is not a multiple of B*T*ranks = %d*%d*%d = %lld", total_batch, B, T, world,
                tokens_per_micro);
-    const int grad_accum = total_batch / tokens_per_micro;
+    const int grad_accum = (int)(total_batch / tokens_per_micro);  // micro-batches per rank per step
+    const int global_micro = grad_accum * world;
     const int max_steps = args.i("max_steps");
     const uint64_t seed = (uint64_t)std::stoll(args.str("seed"));
     LRSchedule sched;
@@ -905,14 +1231,15 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
     const float temperature = args.f("temperature");
     const int ckpt_every = args.i("ckpt_every");
     const std::string out_dir = args.str("out_dir");
-    make_dirs(out_dir);
+    if (rank0) make_dirs(out_dir);
+    barrier(dp);
 
     // resume: the checkpoint's config wins over defaults, and must agree with explicit flags
     Checkpoint ck;
     std::string resume = args.str("resume");
     if (!resume.empty()) {
-        if (resume == "latest") resume = latest_checkpoint(out_dir);
-        ck = load_checkpoint(resume);
+        if (resume == "latest") resume = latest_checkpoint(out_dir, ck);
+        else ck = load_checkpoint(resume);
         for (auto& [name, field] : config_fields(config)) {
             int64_t stored = ck.get_int(std::string("config.") + name, resume);
             const std::string n = name;
@@ -929,30 +1256,34 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
                    config.capacity_factor);
         config.capacity_factor = (float)stored_cf;
         config.finalize();
-        const std::pair<const char*, int> shape[] = {{"batch_size", B}, {"seq_len", T}, {"total_batch_tokens", total_batch}};
+        // the global batch decides the math; how it is split over ranks does not
+        const std::pair<const char*, long long> shape[] = {{"batch_size", B}, {"seq_len", T}, {"total_batch_tokens", total_batch}};
         for (auto& [name, v] : shape) {
             int64_t stored = ck.get_int(std::string("train.") + name, resume);
-            LLMC_CHECK(stored == v, "%s: checkpoint was trained with --%s %lld, this run has %d; resuming needs the same batch shape",
+            LLMC_CHECK(stored == v, "%s: checkpoint was trained with --%s %lld, this run has %lld; resuming needs the same batch shape",
                        resume.c_str(), name, (long long)stored, v);
         }
         LLMC_CHECK((uint64_t)ck.get_int("train.seed", resume) == seed,
                    "%s: checkpoint was trained with --seed %lld, this run has %llu", resume.c_str(),
                    (long long)ck.get_int("train.seed", resume), (unsigned long long)seed);
+        const int64_t step = ck.get_int("step", resume);
+        LLMC_CHECK(step >= 0 && step <= max_steps, "%s: checkpoint step %lld is outside [0, --max_steps %d]",
+                   resume.c_str(), (long long)step, max_steps);
     }
 
-    DataLoader train_loader(args.str("train"), B, T, 0, world, true, seed, config.vocab_size, "--train");
+    DataLoader train_loader(args.str("train"), B, T, dp.rank, world, true, seed, config.vocab_size, "--train");
     const int eot = train_loader.eot;
     const bool have_val = !args.str("val").empty() && val_batches > 0;
     DataLoader val_loader;
     if (have_val) {
-        val_loader = DataLoader(args.str("val"), B, T, 0, world, false, seed, config.vocab_size, "--val");
+        val_loader = DataLoader(args.str("val"), B, T, dp.rank, world, false, seed, config.vocab_size, "--val");
         int64_t avail = val_loader.batches_in_shard(0);
         LLMC_CHECK(val_batches <= avail, "--val_batches %d: the first val shard holds only %lld batches of %dx%d",
                    val_batches, (long long)avail, B, T);
     }
 
     GPT model;
-    gpt_allocate(model, config, B, T);
+    gpt_allocate(model, config, B, T, zero_stage);
     int start_step = 0;
     Rng sample_rng(seed ^ 0x5A5A5A5Aull);
     if (!resume.empty()) {
@@ -963,40 +1294,44 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
         train_loader.reset({ck.get_int("loader.epoch", resume), ck.get_int("loader.shard", resume),
                             ck.get_int("loader.batch", resume)});
         sample_rng.state = (uint64_t)ck.get_int("rng.sample", resume);
-        printf("resumed from %s at step %d\n", resume.c_str(), start_step);
+        if (rank0) printf("resumed from %s at step %d\n", resume.c_str(), start_step);
+        ck = Checkpoint();  // the arrays are in the model now
     } else {
         gpt_init_params(model, seed);
     }
 
-    const double param_bytes = (double)model.n_params * sizeof(floatX);  // the buffers, padding included
-    printf("backend: %s", backend_name());
+    if (rank0) {
+        printf("backend: %s", backend_name());
 #ifdef _OPENMP
-    printf(", %d OpenMP threads", omp_get_max_threads());
+        printf(", %d OpenMP threads", omp_get_max_threads());
 #endif
-    printf("\nmodel: n_layer %d, n_embd %d, n_head %d, n_kv_head %d, ffn_hidden %d (%s), pos %s, vocab %d (padded %d)\n",
-           config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
-           config.mlp == MLP_SWIGLU ? "swiglu" : "gelu", config.pos == POS_ALIBI ? "alibi" : "learned",
-           config.vocab_size, config.padded_vocab_size);
-    if (config.n_expert > 0) {
-        printf("mixture of experts: %d experts of hidden %d in layers", config.n_expert, config.expert_hidden);
-        for (int l = 0; l < config.n_layer; l++) if (config.is_moe(l)) printf(" %d", l);
-        printf(", capacity factor %g (%d tokens per expert per micro-batch), routing group %s\n", config.capacity_factor,
-               config.moe_capacity(B, T), config.moe_group == MOE_GROUP_BATCH ? "batch" : "position");
-        printf("parameters: %zu, active per token %.0f\n", model.param_count, active_param_count(model, B, T));
-    } else {
-        printf("parameters: %zu\n", model.param_count);
+        printf("\nlayout: %d rank%s (dp %d), ZeRO stage %d, collectives: %s\n", cm.world_size,
+               cm.world_size > 1 ? "s" : "", world, zero_stage, comm_backend_name());
+        printf("model: n_layer %d, n_embd %d, n_head %d, n_kv_head %d, ffn_hidden %d (%s), pos %s, vocab %d (padded %d)\n",
+               config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
+               config.mlp == MLP_SWIGLU ? "swiglu" : "gelu", config.pos == POS_ALIBI ? "alibi" : "learned",
+               config.vocab_size, config.padded_vocab_size);
+        if (config.n_expert > 0) {
+            printf("mixture of experts: %d experts of hidden %d in layers", config.n_expert, config.expert_hidden);
+            for (int l = 0; l < config.n_layer; l++) if (config.is_moe(l)) printf(" %d", l);
+            printf(", capacity factor %g (%d tokens per expert per micro-batch), routing group %s\n",
+                   config.capacity_factor, config.moe_capacity(B, T),
+                   config.moe_group == MOE_GROUP_BATCH ? "batch" : "position");
+            printf("parameters: %zu, active per token %.0f\n", model.param_count, active_param_count(model, B, T));
+        } else {
+            printf("parameters: %zu\n", model.param_count);
+        }
+        printf("batch: B %d x T %d x %d ranks x %d accumulation steps = %lld tokens per step\n", B, T, world,
+               grad_accum, total_batch);
+        print_memory_plan(model, zero_stage);
+        printf("train: %zu shard(s), val: %s\n", train_loader.shards.size(), have_val ? "yes" : "no");
     }
-    printf("batch: B %d x T %d x %d ranks x %d accumulation steps = %d tokens per step\n", B, T, world, grad_accum,
-           total_batch);
-    printf("memory plan: params %.1f MiB, grads %.1f MiB, master %.1f MiB, adam moments %.1f MiB, activations %.1f MiB\n",
-           param_bytes / 1048576, param_bytes / 1048576, model.master ? 4.0 * model.n_params / 1048576 : 0.0,
-           8.0 * model.n_params / 1048576, model.activation_bytes / 1048576.0);
-    printf("train: %zu shard(s), val: %s\n", train_loader.shards.size(), have_val ? "yes" : "no");
 
     JsonlLogger log;
-    log.open(out_dir + "/log.jsonl", !resume.empty());
+    if (rank0) log.open(out_dir + "/log.jsonl", !resume.empty());
     std::vector<int> in((size_t)B * T), tgt((size_t)B * T), ds((size_t)B * T);
 
+    // collective: every rank writes the table ranges of its own slices, rank 0 the header last
     auto save = [&](int step) {
         Checkpoint out;
         for (auto& [name, field] : config_fields(config)) out.set_int(std::string("config.") + name, *field);
@@ -1010,54 +1345,69 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
         out.set_int("loader.shard", train_loader.state.shard);
         out.set_int("loader.batch", train_loader.state.batch);
         out.set_int("rng.sample", (int64_t)sample_rng.state);
-        std::vector<float> p(model.n_params), am(model.n_params), av(model.n_params);
-        gpt_get_state(model, p.data(), am.data(), av.data());
+        const ZeroLayout& z = model.zero;
+        std::vector<float> own[3];
+        for (auto& v : own) v.resize(z.shard_total);
+        gpt_own_state(model, own[0].data(), own[1].data(), own[2].data());
         std::string path = checkpoint_path(out_dir, step);
-        save_checkpoint(path, out, p.data(), am.data(), av.data(), model.n_params);
-        printf("saved %s\n", path.c_str());
+        save_checkpoint_parts(dp, path, out, model.n_params, own_table_ranges(z, dp.rank),
+                              own_values_in_table_order(z, own[0].data()).data(),
+                              own_values_in_table_order(z, own[1].data()).data(),
+                              own_values_in_table_order(z, own[2].data()).data());
+        if (rank0) printf("saved %s\n", path.c_str());
     };
 
     const double peak = peak_flops_per_s();
+    std::vector<double> micro_losses(grad_accum);
     for (int step = start_step; step < max_steps; step++) {
         auto t0 = std::chrono::steady_clock::now();
+        comm_reset_counters(cm);
         gpt_zero_grad(model);
-        double loss = 0, flops = 0;
+        double flops = 0;
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch(in.data(), tgt.data(), ds.data());
-            loss += gpt_forward(model, in.data(), tgt.data(), ds.data(), B, T, 1.0f / grad_accum);
+            micro_losses[micro] = gpt_forward(model, in.data(), tgt.data(), ds.data(), B, T, 1.0f / global_micro);
             gpt_backward(model);
             flops += step_flops(model, ds.data(), B, T, 1);
         }
-        loss /= grad_accum;
+        const double loss = sum_in_global_order(micro_losses, global_micro) / global_micro;
         float lr = sched.at(step);
         float norm = gpt_update(model, opt, lr, step);
+        backend_sync();
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (rank0 && step == start_step && world > 1) print_comm_volume(model, grad_accum);
         double tok_s = total_batch / (ms / 1000.0);
-        double mfu = peak > 0 ? flops / (ms / 1000.0) / peak : -1;
-        char mfu_text[32] = "n/a";
-        if (mfu >= 0) snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100 * mfu);
-        printf("step %5d/%d | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %s", step + 1, max_steps,
-               loss, norm, lr, ms, tok_s, mfu_text);
-        std::vector<std::pair<const char*, double>> fields = {
-            {"step", step + 1}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"ms", ms}, {"tok_s", tok_s}};
-        if (mfu >= 0) fields.push_back({"mfu", mfu});
-        if (config.n_expert > 0) {  // routing of the step's last micro-batch
-            MoeStats st = gpt_moe_stats(model);
-            printf(" | tokens by 0/1/2+ experts %.0f/%.0f/%.0f%% | expert load %d..%d", 100 * st.frac[0],
-                   100 * st.frac[1], 100 * st.frac[2], st.load_min, st.load_max);
-            fields.insert(fields.end(), {{"moe_frac_0", st.frac[0]}, {"moe_frac_1", st.frac[1]},
-                                         {"moe_frac_2plus", st.frac[2]}, {"moe_load_min", (double)st.load_min},
-                                         {"moe_load_max", (double)st.load_max}});
+        double mfu = peak > 0 ? flops / (ms / 1000.0) / peak : -1;  // per GPU: this rank's FLOPs
+        MoeStats st;
+        if (config.n_expert > 0) st = gpt_moe_stats(model);  // rank 0's last micro-batch
+        if (rank0) {
+            char mfu_text[32] = "n/a";
+            if (mfu >= 0) snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100 * mfu);
+            printf("step %5d/%d | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %s", step + 1, max_steps,
+                   loss, norm, lr, ms, tok_s, mfu_text);
+            std::vector<std::pair<const char*, double>> fields = {
+                {"step", step + 1}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"ms", ms}, {"tok_s", tok_s}};
+            if (mfu >= 0) fields.push_back({"mfu", mfu});
+            if (config.n_expert > 0) {
+                printf(" | tokens by 0/1/2+ experts %.0f/%.0f/%.0f%% | expert load %d..%d", 100 * st.frac[0],
+                       100 * st.frac[1], 100 * st.frac[2], st.load_min, st.load_max);
+                fields.insert(fields.end(), {{"moe_frac_0", st.frac[0]}, {"moe_frac_1", st.frac[1]},
+                                             {"moe_frac_2plus", st.frac[2]}, {"moe_load_min", (double)st.load_min},
+                                             {"moe_load_max", (double)st.load_max}});
+            }
+            if (world > 1) printf(" | dp %d z%d", world, zero_stage);
+            printf("\n");
+            fflush(stdout);
+            log.write(fields);
         }
-        printf("\n");
-        fflush(stdout);
-        log.write(fields);
 
         const bool last = step + 1 == max_steps;
         if (have_val && ((val_every > 0 && (step + 1) % val_every == 0) || last)) {
             double val_loss = evaluate(model, val_loader, val_batches, in, tgt, ds);
-            printf("step %5d/%d | val loss %.4f\n", step + 1, max_steps, val_loss);
-            log.write({{"step", step + 1}, {"val_loss", val_loss}});
+            if (rank0) {
+                printf("step %5d/%d | val loss %.4f\n", step + 1, max_steps, val_loss);
+                log.write({{"step", step + 1}, {"val_loss", val_loss}});
+            }
         }
         if ((sample_every > 0 && (step + 1) % sample_every == 0) || (last && sample_len > 0))
             print_sample(model, sample_len, temperature, top_k, eot, sample_rng);
@@ -1068,12 +1418,32 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
 }
 
 #ifndef LLMC_NO_MAIN
+// Any rank's error stops the whole job, with the rank named. An error every rank hits (a bad
+// flag, a bad layout) is printed once: ranks other than 0 wait a moment, and rank 0's abort
+// ends them first.
+static int fail(const char* what) {
+    const Comm& c = comm_world();
+    if (c.world_size > 1) {
+        if (c.world_rank != 0) sleep(2);
+        fprintf(stderr, "error (rank %d of %d): %s\n", c.world_rank, c.world_size, what);
+        fflush(stderr);
+        comm_abort(1);
+    } else {
+        fprintf(stderr, "error: %s\n", what);
+    }
+    return 1;
+}
+
 int main(int argc, char** argv) {
     try {
-        return train_main(argc, argv);
+        comm_init(&argc, &argv);
+        int rc = train_main(argc, argv);
+        comm_finalize();
+        return rc;
     } catch (const LlmcError& e) {
-        fprintf(stderr, "error: %s\n", e.what());
-        return 1;
+        return fail(e.what());
+    } catch (const std::exception& e) {
+        return fail(strfmt("internal error: %s", e.what()).c_str());
     }
 }
 #endif

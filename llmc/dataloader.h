@@ -5,11 +5,13 @@
 //   uint64 num_tokens, uint32 vocab_size, uint32 eot_token, zero padding; then the tokens.
 //
 // A shard of N tokens holds (N - 1) / T rows; row r is tokens [r*T, r*T + T] (T inputs, T
-// targets shifted by one), so rows pack documents and may start mid-document. A global batch is
-// B * world rows; rank r takes rows [r*B, r*B + B) of it. With shuffling, the row order of each
-// shard is a fresh permutation per epoch (seeded by seed, epoch, shard), so an epoch visits every
-// row once. The loader's position (epoch, shard, batch) is its whole state: saving and restoring
-// it resumes the exact token stream.
+// targets shifted by one), so rows pack documents and may start mid-document. The data is one
+// stream of micro-batches of B rows (a shard holds rows / B of them, in its row order; with
+// shuffling a fresh permutation per epoch, seeded by seed, epoch, shard, so an epoch visits every
+// row once). The stream does not depend on the number of ranks: each call of next_batch consumes
+// the next `world` micro-batches of it and rank r reads the r-th (global micro-batch index
+// call * world + rank). The loader's position (epoch, shard, batch) is its whole state, the same
+// on every rank: saving and restoring it resumes the exact token stream, under any layout.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -123,16 +125,16 @@ struct DataLoader {
                        "%s: eot_token %u differs from %u in %s", p.c_str(), s.eot_token, shards[0].eot_token,
                        shards[0].path.c_str());
             long long rows = s.num_tokens > 0 ? ((long long)s.num_tokens - 1) / T : 0;
-            LLMC_CHECK(rows >= (long long)B * world,
-                       "%s: %llu tokens make %lld rows of T=%d, fewer than one batch of B*ranks = %d rows",
-                       p.c_str(), (unsigned long long)s.num_tokens, rows, T, B * world);
+            LLMC_CHECK(rows >= (long long)B, "%s: %llu tokens make %lld rows of T=%d, fewer than one batch of B = %d rows",
+                       p.c_str(), (unsigned long long)s.num_tokens, rows, T, B);
             shards.push_back(s);
         }
         eot = (int)shards[0].eot_token;
         reset(LoaderState{});
     }
 
-    int64_t batches_in_shard(int64_t s) const { return (int64_t)((shards[s].num_tokens - 1) / T) / ((int64_t)B * world); }
+    // micro-batches of B rows in shard s
+    int64_t batches_in_shard(int64_t s) const { return (int64_t)((shards[s].num_tokens - 1) / T) / (int64_t)B; }
 
     void reset(const LoaderState& st) {
         LLMC_CHECK(st.shard >= 0 && st.shard < (int64_t)shards.size() && st.batch >= 0 &&
@@ -158,15 +160,23 @@ struct DataLoader {
         loaded_shard = shard;
     }
 
-    // Fills inputs, targets, doc_start ([B, T] each) with this rank's rows and advances.
+    // Fills inputs, targets, doc_start ([B, T] each) with this rank's micro-batch and advances
+    // past all ranks' micro-batches of this call.
     void next_batch(int* inputs, int* targets, int* doc_start) {
-        if (state.batch >= batches_in_shard(state.shard)) {
-            state.batch = 0;
-            if (++state.shard == (int64_t)shards.size()) { state.shard = 0; state.epoch++; }
+        for (int r = 0; r < world; r++) {
+            if (state.batch >= batches_in_shard(state.shard)) {
+                state.batch = 0;
+                if (++state.shard == (int64_t)shards.size()) { state.shard = 0; state.epoch++; }
+            }
+            if (r == rank) read_batch(inputs, targets, doc_start);
+            state.batch++;
         }
+    }
+
+    void read_batch(int* inputs, int* targets, int* doc_start) {
         load(state.epoch, state.shard);
         for (int b = 0; b < B; b++) {
-            int64_t r = row_order[state.batch * B * world + (int64_t)rank * B + b];
+            int64_t r = row_order[state.batch * B + b];
             const int* src = tokens.data() + r * T;
             for (int t = 0; t < T; t++) {
                 inputs[b * T + t] = src[t];
@@ -174,6 +184,5 @@ struct DataLoader {
             }
             compute_doc_start(doc_start + b * T, inputs + b * T, T, eot);
         }
-        state.batch++;
     }
 };

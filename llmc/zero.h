@@ -1,0 +1,217 @@
+// ZeRO (Rajbhandari et al. 2020): sharding the flat parameter, gradient and optimizer buffers over
+// the data-parallel ranks, and the sharded optimizer step.
+//
+// Segments. The flat buffers are cut into segments, the units that are reduced and (stage 3)
+// gathered together: the embedding (wte, wpe), each block, the final LayerNorm. Every segment is
+// padded to a multiple of dp * NORM_CHUNK elements and rank r owns the r-th of its dp equal
+// slices, so any parameter count works with any dp. Three index spaces, by buffer:
+//   table   the parameter table's offsets: layout-independent, what checkpoints hold
+//   padded  the segments back to back, each padded: the full buffers
+//   shard   the rank's slice of every segment, back to back: the sharded buffers
+//
+//   stage  params          leaf grads       grad_acc (fp32)   master, adam m/v   after the update
+//   0      padded (full)   padded           padded            padded             (all ranks updated all)
+//   1      padded          padded           padded            shard              all-gather params
+//   2      padded          padded           shard             shard              all-gather params
+//   3      shard           per-segment      shard             shard              (gathered per segment
+//                          slots                                                  before each use)
+//
+// A layout moves bytes, not math. Each micro-batch's backward writes its own gradient (the leaf,
+// in the params' type, scaled by 1 / global micro-batches). Global micro-batch g = micro * dp +
+// rank. After a segment's backward, reduce_scatter_add sends every rank the slices it owns and the
+// owner adds them into its fp32 accumulator in rank order: acc += leaf(g) in increasing g, one g
+// at a time. One process with dp x accumulation micro-batches adds exactly the same values in
+// exactly the same order, so the gradients, and everything after them, are bitwise identical for
+// every dp and every stage (on the CPU build; the GPU kernels are deterministic too, but their
+// gradient norm is summed per segment, see grad_norm_squared).
+#ifndef LLMC_ZERO_H
+#define LLMC_ZERO_H
+#include <algorithm>
+#include <string>
+#include <vector>
+#include "comm.h"
+#include "utils.h"
+
+// The gradient norm is summed over fixed chunks of each segment; a shard holds whole chunks.
+constexpr size_t NORM_CHUNK = 2048;
+
+struct Segment {
+    std::string name;
+    size_t begin = 0, len = 0;  // table offsets [begin, begin + len)
+    size_t padded = 0;          // len rounded up to a multiple of dp * NORM_CHUNK
+    size_t padded_offset = 0;   // where it starts in the padded space
+    size_t shard_offset = 0;    // where the rank's slice starts in the shard space
+};
+
+struct ZeroLayout {
+    int stage = 0, dp = 1, rank = 0;
+    std::vector<Segment> segs;
+    size_t table_total = 0, padded_total = 0, shard_total = 0, max_padded = 0;
+
+    size_t shard_len(int s) const { return segs[s].padded / dp; }
+    size_t own_begin(int s) const { return (size_t)rank * shard_len(s); }  // segment-relative
+    // where an element at segment-relative position rel of segment s lives in each space
+    size_t padded_index(int s, size_t rel) const { return segs[s].padded_offset + rel; }
+    size_t shard_index(int s, size_t rel) const { return segs[s].shard_offset + rel - own_begin(s); }
+    // the spaces of the buffers at this stage
+    bool params_sharded() const { return stage >= 3; }
+    bool state_sharded() const { return stage >= 1; }
+    bool acc_sharded() const { return stage >= 2; }
+    size_t params_elems() const { return params_sharded() ? shard_total : padded_total; }
+    size_t state_elems() const { return state_sharded() ? shard_total : padded_total; }
+    size_t acc_elems() const { return acc_sharded() ? shard_total : padded_total; }
+    // the rank's slice of segment s in the accumulator, master/moment and param buffers
+    size_t acc_own(int s) const { return acc_sharded() ? segs[s].shard_offset : padded_index(s, own_begin(s)); }
+    size_t state_own(int s) const { return state_sharded() ? segs[s].shard_offset : padded_index(s, own_begin(s)); }
+    size_t params_own(int s) const { return params_sharded() ? segs[s].shard_offset : padded_index(s, own_begin(s)); }
+};
+
+// seg_begins: the table offset where each segment starts, in order; table_total: the table's size.
+inline ZeroLayout zero_layout(const std::vector<std::pair<std::string, size_t>>& seg_begins, size_t table_total,
+                              int stage, int dp, int rank) {
+    LLMC_CHECK(stage >= 0 && stage <= 3, "--zero: expected 0, 1, 2 or 3, got %d", stage);
+    ZeroLayout z;
+    z.stage = stage;
+    z.dp = dp;
+    z.rank = rank;
+    z.table_total = table_total;
+    const size_t unit = (size_t)dp * NORM_CHUNK;
+    for (size_t k = 0; k < seg_begins.size(); k++) {
+        Segment s;
+        s.name = seg_begins[k].first;
+        s.begin = seg_begins[k].second;
+        s.len = (k + 1 < seg_begins.size() ? seg_begins[k + 1].second : table_total) - s.begin;
+        s.padded = (s.len + unit - 1) / unit * unit;
+        s.padded_offset = z.padded_total;
+        s.shard_offset = z.shard_total;
+        z.padded_total += s.padded;
+        z.shard_total += s.padded / dp;
+        z.max_padded = std::max(z.max_padded, s.padded);
+        z.segs.push_back(s);
+    }
+    return z;
+}
+
+// One contiguous run of elements the rank's optimizer step updates (inside one tensor).
+struct UpdatePiece {
+    size_t param_index, state_index, acc_index;  // into params, master/moments, grad_acc
+    size_t table_offset, n;                      // its place in the table (stochastic-rounding seed)
+    bool decay;
+};
+
+// tensors: (table offset, numel, decay) in table order. Stage 0 updates every element on every
+// rank; stages 1-3 each rank its own slices.
+struct TensorRange {
+    size_t offset, numel;
+    bool decay;
+};
+inline std::vector<UpdatePiece> zero_update_pieces(const ZeroLayout& z, const std::vector<TensorRange>& tensors) {
+    std::vector<UpdatePiece> pieces;
+    size_t s = 0;
+    for (const TensorRange& t : tensors) {
+        while (t.offset >= z.segs[s].begin + z.segs[s].len) s++;
+        const Segment& seg = z.segs[s];
+        const size_t rel0 = t.offset - seg.begin, rel1 = rel0 + t.numel;
+        const size_t lo = z.stage == 0 ? rel0 : std::max(rel0, z.own_begin(s));
+        const size_t hi = z.stage == 0 ? rel1 : std::min(rel1, z.own_begin(s) + z.shard_len(s));
+        if (lo >= hi) continue;
+        UpdatePiece p;
+        p.param_index = z.params_sharded() ? z.shard_index(s, lo) : z.padded_index(s, lo);
+        p.state_index = z.state_sharded() ? z.shard_index(s, lo) : z.padded_index(s, lo);
+        p.acc_index = z.acc_sharded() ? z.shard_index(s, lo) : z.padded_index(s, lo);
+        p.table_offset = seg.begin + lo;
+        p.n = hi - lo;
+        p.decay = t.decay;
+        pieces.push_back(p);
+    }
+    return pieces;
+}
+
+// acc_own[0, chunk) += sum over ranks r, in rank order, of rank r's send[rank * chunk, + chunk):
+// a reduce-scatter whose float sums happen here, in a fixed order, never inside MPI or NCCL.
+// scratch holds dp * chunk elements.
+template <typename floatX>
+inline void reduce_scatter_add(const CommGroup& g, float* acc_own, const floatX* send, size_t chunk,
+                               floatX* scratch) {
+    if (g.size == 1) {
+        grad_accumulate(acc_own, send, chunk);
+        return;
+    }
+    all_to_all(g, send, scratch, chunk * sizeof(floatX));
+    for (int r = 0; r < g.size; r++) grad_accumulate(acc_own, scratch + (size_t)r * chunk, chunk);
+}
+
+// Squared L2 norm of the accumulated gradient, the same on every rank. The CPU build sums fixed
+// NORM_CHUNK chunks of each segment (shards hold whole chunks) and adds the chunk sums in
+// (segment, chunk) order after gathering them: bitwise the unsharded norm, for any dp (padding
+// chunks add +0.0). The GPU build sums each rank's slice of a segment in one kernel call.
+inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc) {
+    const size_t n_seg = z.segs.size();
+#ifdef LLMC_CPU
+    std::vector<size_t> first(n_seg + 1, 0);  // this rank's chunks of segment s: [first[s], first[s + 1])
+    for (size_t s = 0; s < n_seg; s++) first[s + 1] = first[s] + z.shard_len((int)s) / NORM_CHUNK;
+    std::vector<double> mine(first[n_seg]);
+#pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < first[n_seg]; k++) {
+        const size_t s = std::upper_bound(first.begin(), first.end(), k) - first.begin() - 1;
+        const float* x = grad_acc + z.acc_own((int)s) + (k - first[s]) * NORM_CHUNK;
+        double sum = 0;
+        for (size_t i = 0; i < NORM_CHUNK; i++) sum += (double)x[i] * x[i];
+        mine[k] = sum;
+    }
+#else
+    std::vector<size_t> first(n_seg + 1);
+    for (size_t s = 0; s <= n_seg; s++) first[s] = s;
+    std::vector<double> mine(n_seg);
+    for (size_t s = 0; s < n_seg; s++) mine[s] = global_norm_squared(grad_acc + z.acc_own((int)s), z.shard_len((int)s));
+#endif
+    const CommGroup& dp = comm_world().dp;
+    std::vector<double> all(mine.size() * dp.size);
+    host_all_gather(dp, mine.data(), all.data(), mine.size() * sizeof(double));
+    double total = 0;
+    for (size_t s = 0; s < n_seg; s++)
+        for (int r = 0; r < dp.size; r++)
+            for (size_t k = first[s]; k < first[s + 1]; k++) total += all[(size_t)r * mine.size() + k];
+    return total;
+}
+
+// Stage 3: a few segment-sized buffers that hold gathered segments (parameters in the forward and
+// backward, leaf gradients in the backward) while they are in use.
+template <typename floatX>
+struct SegmentSlots {
+    std::vector<floatX*> buf;
+    std::vector<int> holds;  // segment index, or -1
+    floatX* find(int seg) const {
+        for (size_t k = 0; k < buf.size(); k++)
+            if (holds[k] == seg) return buf[k];
+        return nullptr;
+    }
+    floatX* acquire(int seg, const char* what) {
+        if (floatX* p = find(seg)) return p;
+        for (size_t k = 0; k < buf.size(); k++)
+            if (holds[k] < 0) { holds[k] = seg; return buf[k]; }
+        LLMC_FAIL("zero stage 3: no free %s slot for segment %d (all %zu in use)", what, seg, buf.size());
+    }
+    void release(int seg) {
+        for (size_t k = 0; k < buf.size(); k++)
+            if (holds[k] == seg) holds[k] = -1;
+    }
+};
+
+// Bytes per rank of each buffer for one stage (the start-up memory table; the program allocates
+// these sizes, see gpt_allocate).
+struct ZeroMemory {
+    double params, grads, grad_acc, master, moments, comm;
+};
+inline ZeroMemory zero_memory(const ZeroLayout& z, size_t param_bytes, bool has_master, int param_slots,
+                              int grad_slots) {
+    ZeroMemory mem;
+    mem.params = (double)param_bytes * (z.params_elems() + (z.stage == 3 ? param_slots * z.max_padded : 0));
+    mem.grads = (double)param_bytes * (z.stage == 3 ? grad_slots * z.max_padded : z.padded_total);
+    mem.grad_acc = 4.0 * z.acc_elems();
+    mem.master = has_master ? 4.0 * z.state_elems() : 0.0;
+    mem.moments = 8.0 * z.state_elems();
+    mem.comm = z.dp > 1 ? (double)param_bytes * z.max_padded : 0.0;  // reduce_scatter_add's scratch
+    return mem;
+}
+#endif  // LLMC_ZERO_H
