@@ -40,7 +40,7 @@ NVCC_MPI_LIBS := $(patsubst -Wl%,-Xlinker %,$(filter-out -pthread,$(MPI_LIBS)))
 # scripts/device_check.sh --prepare)
 DOCTEST_INC := $(if $(wildcard .deps/doctest/doctest.h),-I.deps,)
 
-.PHONY: all test test_gpu dev_cuda cuda_targets clean reference
+.PHONY: all test test_gpu test_dist dev_cuda cuda_targets clean reference
 all: train_gpt_cpu train_gpt
 
 train_gpt_cpu: train_gpt.cu $(HEADERS)
@@ -77,9 +77,14 @@ TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/te
 test/test_cpu: $(TEST_SOURCES) test/test_util.h train_gpt.cu $(HEADERS)
 	$(CXX) $(CXXFLAGS) $(TEST_SOURCES) -o $@
 
+# multi-process tests of train_gpt_cpu under mpirun (needs the MPI build)
+test_dist: train_gpt_cpu
+	bash test/test_dist.sh
+
 test:
 	$(MAKE) -j2 test/test_cpu train_gpt_cpu cuda_targets
 	OMP_NUM_THREADS=2 ./test/test_cpu
+	bash test/test_dist.sh
 	./test/test_gpu
 	@echo "make test: all CPU tests passed, CUDA targets compile"
 

@@ -509,6 +509,14 @@ static void gpt_free(GPT& m) {
     m = GPT();
 }
 
+// where the element at a table offset lives in the padded space (the full buffers at stages 0-2)
+[[maybe_unused]] static size_t gpt_padded_index(const GPT& m, size_t table_offset) {
+    const ZeroLayout& z = m.zero;
+    for (int s = 0; s < (int)z.segs.size(); s++)
+        if (table_offset < z.segs[s].begin + z.segs[s].len) return z.padded_index(s, table_offset - z.segs[s].begin);
+    LLMC_FAIL("table offset %zu is past the parameters", table_offset);
+}
+
 // Model state in fp32 host memory, in the table's layout (init, checkpoints, tests) <-> wherever
 // this rank keeps it. With master weights the fp32 values live in the master and params hold their
 // rounding. Segment padding stays zero.
@@ -1362,6 +1370,8 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     for (int step = start_step; step < max_steps; step++) {
         auto t0 = std::chrono::steady_clock::now();
         comm_reset_counters(cm);
+        if (const char* f = getenv("LLMC_FAULT_FAIL_RANK"))  // fault injection for the tests
+            LLMC_CHECK(atoi(f) != dp.rank || step != start_step + 1, "fault injected on rank %d at step %d", dp.rank, step + 1);
         gpt_zero_grad(model);
         double flops = 0;
         for (int micro = 0; micro < grad_accum; micro++) {
@@ -1412,6 +1422,15 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         if ((sample_every > 0 && (step + 1) % sample_every == 0) || (last && sample_len > 0))
             print_sample(model, sample_len, temperature, top_k, eot, sample_rng);
         if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) save(step + 1);
+    }
+    if (world > 1 && !model.zero.params_sharded()) {  // replicated params must be bitwise the same everywhere
+        std::vector<floatX> p(model.zero.params_elems());
+        copy_from_buffer(p.data(), model.params, p.size() * sizeof(floatX));
+        const uint64_t h = ckpt_hash_bytes((const unsigned char*)p.data(), p.size() * sizeof(floatX));
+        for (uint64_t other : host_gather_all<uint64_t>(dp, h))
+            LLMC_CHECK(other == h, "rank %d: parameters differ between ranks at the end (hash %016llx vs %016llx)",
+                       dp.rank, (unsigned long long)h, (unsigned long long)other);
+        if (rank0) printf("params identical on all %d ranks (hash %016llx)\n", world, (unsigned long long)h);
     }
     gpt_free(model);
     return 0;

@@ -18,6 +18,7 @@
 // Version 1 files (no checksum, written before multi-process training) still load.
 #pragma once
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -150,6 +151,9 @@ inline void save_checkpoint_parts(const CommGroup& g, const std::string& path, c
     const bool synced = fsync(fd) == 0;
     close(fd);
     LLMC_CHECK(synced, "%s: fsync failed (%s)", tmp.c_str(), strerror(errno));
+    // fault injection for the tests: this rank dies after writing its part, before the header
+    if (const char* kill_rank = getenv("LLMC_FAULT_KILL_IN_CHECKPOINT"))
+        if (atoi(kill_rank) == g.rank) raise(SIGKILL);
     uint64_t total = ckpt_hash_bytes(header.data(), header.size());
     for (uint64_t h : host_gather_all<uint64_t>(g, hash)) total += h;
     if (g.rank == 0) {
@@ -210,10 +214,11 @@ inline Checkpoint read_checkpoint_header(const std::string& path, FILE* f, uint3
     checksum = 0;
     if (version >= 2) fread_or_fail(&checksum, 8, f, path, "checksum");
     const uint64_t data_offset = header.size() + (version >= 2 ? 8 : 0);
-    const uint64_t data = actual >= data_offset ? actual - data_offset : 0;
-    LLMC_CHECK(actual >= data_offset && n_params <= data / 12 && data == 12 * n_params,
-               "%s: checkpoint is %llu bytes, which does not match %llu parameters after a %llu-byte header (truncated?)",
-               path.c_str(), (unsigned long long)actual, (unsigned long long)n_params, (unsigned long long)data_offset);
+    const bool representable = n_params <= (UINT64_MAX - data_offset) / 12;  // checked before multiplying
+    LLMC_CHECK(representable && actual == data_offset + 12 * n_params,
+               "%s: checkpoint is %llu bytes, expected %s%llu for %llu parameters (truncated or corrupt header?)",
+               path.c_str(), (unsigned long long)actual, representable ? "" : "more than ",
+               (unsigned long long)(representable ? data_offset + 12 * n_params : UINT64_MAX), (unsigned long long)n_params);
     return ck;
 }
 

@@ -118,23 +118,29 @@ TEST_CASE("data loader: doc_start, epochs, rank slices, exact resume") {
     const int B = 2, T = 8, world = 2;
     DataLoader r0(dir + "/s_*.bin", B, T, 0, world, true, 42, 257, "--train");
     DataLoader r1(dir + "/s_*.bin", B, T, 1, world, true, 42, 257, "--train");
-    CHECK(r0.batches_in_shard(0) == 2);  // 10 rows / (B * world) = 2 full batches, 2 rows dropped
-    std::vector<int> in(B * T), tgt(B * T), d(B * T);
-    for (int epoch = 0; epoch < 2; epoch++) {
-        std::vector<int> seen;
-        for (int k = 0; k < 2; k++) {
-            for (DataLoader* l : {&r0, &r1}) {
-                l->next_batch(in.data(), tgt.data(), d.data());
-                for (int b = 0; b < B; b++) {
-                    CHECK(in[b * T] % T == 0);
-                    for (int t = 0; t < T; t++) CHECK(tgt[b * T + t] == (in[b * T + t] + 1) % 250);
-                    seen.push_back(in[b * T] / T);
-                }
+    CHECK(r0.batches_in_shard(0) == 5);  // 10 rows / B: micro-batches of the stream, whatever world is
+    // the ranks' calls interleave into the one stream a single loader reads: global micro-batch
+    // call * world + rank, across shard and epoch ends
+    DataLoader single(dir + "/s_*.bin", B, T, 0, 1, true, 42, 257, "--train");
+    std::vector<int> in(B * T), tgt(B * T), d(B * T), want(B * T);
+    std::vector<int> seen;
+    for (int k = 0; k < 5; k++) {
+        for (DataLoader* l : {&r0, &r1}) {
+            l->next_batch(in.data(), tgt.data(), d.data());
+            single.next_batch(want.data(), tgt.data(), d.data());
+            CHECK(in == want);
+            for (int b = 0; b < B; b++) {
+                CHECK(in[b * T] % T == 0);
+                seen.push_back(in[b * T] / T);
             }
         }
-        std::sort(seen.begin(), seen.end());
-        CHECK(std::unique(seen.begin(), seen.end()) == seen.end());  // no row twice in an epoch
-        CHECK(seen.size() == 8);
+        CHECK(r0.state.epoch == r1.state.epoch);  // the position is the same on every rank
+        CHECK(r0.state.batch == r1.state.batch);
+    }
+    for (int epoch = 0; epoch < 2; epoch++) {  // each epoch visits every row once
+        std::vector<int> rows(seen.begin() + epoch * 10, seen.begin() + epoch * 10 + 10);
+        std::sort(rows.begin(), rows.end());
+        CHECK(std::unique(rows.begin(), rows.end()) == rows.end());
     }
     // restoring a saved position replays exactly the same batches
     DataLoader a(dir + "/s_*.bin", B, T, 0, 1, true, 42, 257, "--train");
@@ -289,4 +295,47 @@ TEST_CASE("bad input: each a clear error") {
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 1);
     CHECK(read_file(d + "/stderr.txt").find("error: " + d + "/magic_000.bin: not a token shard") != std::string::npos);
+}
+
+TEST_CASE("multi-process: a build without MPI refuses to run as N copies; ZeRO slices cover every element once") {
+    // what mpirun would announce to a binary without MPI
+    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+    Comm& c = comm_world();
+    const bool was = c.initialized;
+    c.initialized = false;
+    CHECK_THROWS_WITH_AS(comm_init(nullptr, nullptr), doctest::Contains("built without MPI but was started as one of 4"),
+                         LlmcError);
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    comm_init(nullptr, nullptr);
+    c.initialized = was || c.initialized;
+
+    // for any dp and stage: the ranks' update pieces and checkpoint ranges partition the table
+    GPTConfig cfg;
+    cfg.n_layer = 3; cfg.n_embd = 27; cfg.n_head = 3; cfg.n_kv_head = 1; cfg.ffn_hidden = 53; cfg.max_seq_len = 16;
+    cfg.n_expert = 3; cfg.moe_every = 2; cfg.expert_hidden = 41;
+    cfg.finalize();
+    const std::vector<ParamTensor> table = build_param_table(cfg);
+    std::vector<TensorRange> tensors;
+    for (const ParamTensor& t : table) tensors.push_back({t.offset, t.numel, t.decay});
+    for (int dp = 1; dp <= 5; dp++)
+        for (int stage = 0; stage <= 3; stage++) {
+            CAPTURE(dp);
+            CAPTURE(stage);
+            std::vector<int> updated(count_params(table), 0), written(count_params(table), 0);
+            for (int r = 0; r < dp; r++) {
+                ZeroLayout z = zero_layout(segment_begins(cfg, table), count_params(table), stage, dp, r);
+                CHECK(z.shard_total * dp == z.padded_total);
+                for (const Segment& s : z.segs) CHECK(s.padded % (dp * NORM_CHUNK) == 0);
+                for (const UpdatePiece& u : zero_update_pieces(z, tensors))
+                    for (size_t k = 0; k < u.n; k++) updated[u.table_offset + k]++;
+                for (const CheckpointRange& rg : own_table_ranges(z, r))
+                    for (size_t k = 0; k < rg.n; k++) written[rg.begin + k]++;
+            }
+            std::vector<int> in_tensor(count_params(table), 0);
+            for (const ParamTensor& t : table) for (size_t k = 0; k < t.numel; k++) in_tensor[t.offset + k] = 1;
+            for (size_t i = 0; i < updated.size(); i++) {
+                CHECK(written[i] == 1);                                           // each element written once
+                CHECK(updated[i] == (in_tensor[i] ? (stage == 0 ? dp : 1) : 0));  // stage 0: every rank updates
+            }
+        }
 }

@@ -1014,14 +1014,15 @@ TEST_CASE("MoE models overfit a single batch (moe_every 1 and 2, routing group b
             gpt_backward(m);
             if (step == 0) {
                 int moe_tensors = 0;
+                const std::vector<float> grads = gpt_grads(m);
                 for (const ParamTensor& p : m.table) {
                     if (p.name.find(".moe.") == std::string::npos) continue;
                     moe_tensors++;
                     double sq = 0;
                     bool finite = true;
                     for (size_t i = 0; i < p.numel; i++) {
-                        finite = finite && std::isfinite(m.grads[p.offset + i]);
-                        sq += (double)m.grads[p.offset + i] * m.grads[p.offset + i];
+                        finite = finite && std::isfinite(grads[p.offset + i]);
+                        sq += (double)grads[p.offset + i] * grads[p.offset + i];
                     }
                     CHECK_MESSAGE(finite, p.name << ": non-finite gradient");
                     CHECK_MESSAGE(sq > 0, p.name << ": gradient is exactly zero");
@@ -1124,11 +1125,12 @@ TEST_CASE("gpt_backward's MoE branch equals the ops composed in double on the mo
         const std::pair<std::string, const vector<double>*> expect[] = {
             {h + "moe.router.w", &drw}, {h + "moe.fc.w", &dfcw}, {h + "moe.fc.b", &dfcb}, {h + "moe.proj.w", &dpw},
             {h + "moe.proj.b", &dpb},   {h + "ln2.w", &dln2w},  {h + "ln2.b", &dln2b}};
+        const std::vector<float> grads = gpt_grads(m);
         for (const auto& [name, ref] : expect) {
             const ParamTensor* p = find_param(m, name);
             REQUIRE(p);
             REQUIRE(p->numel == ref->size());
-            check_close("gpt_backward grad of " + name + " vs the double composition", dvec(m.grads + p->offset, p->numel),
+            check_close("gpt_backward grad of " + name + " vs the double composition", dvec(grads.data() + p->offset, p->numel),
                         *ref, 1e-4);
         }
         gpt_free(m);
@@ -1255,14 +1257,14 @@ TEST_CASE("MoE parameter table: names in the documented order, shapes, init, wei
             const std::string h = "h" + std::to_string(l) + ".";
             const std::string ffn = c.is_moe(l) ? h + "moe." : h + "mlp.";
             const LayerTensors& w = m.p.layers[l];
-            CHECK(w.fcw == m.params + param_offset(m, ffn + "fc.w"));
-            CHECK(w.fcb == m.params + param_offset(m, ffn + "fc.b"));
-            CHECK(w.fcprojw == m.params + param_offset(m, ffn + "proj.w"));
-            CHECK(w.fcprojb == m.params + param_offset(m, ffn + "proj.b"));
-            CHECK(m.g.layers[l].fcw == m.grads + param_offset(m, ffn + "fc.w"));
+            CHECK(w.fcw == m.params + gpt_padded_index(m, param_offset(m, ffn + "fc.w")));
+            CHECK(w.fcb == m.params + gpt_padded_index(m, param_offset(m, ffn + "fc.b")));
+            CHECK(w.fcprojw == m.params + gpt_padded_index(m, param_offset(m, ffn + "proj.w")));
+            CHECK(w.fcprojb == m.params + gpt_padded_index(m, param_offset(m, ffn + "proj.b")));
+            CHECK(m.g.layers[l].fcw == m.grads + gpt_padded_index(m, param_offset(m, ffn + "fc.w")));
             if (c.is_moe(l)) {
-                CHECK(w.routerw == m.params + param_offset(m, h + "moe.router.w"));
-                CHECK(m.g.layers[l].routerw == m.grads + param_offset(m, h + "moe.router.w"));
+                CHECK(w.routerw == m.params + gpt_padded_index(m, param_offset(m, h + "moe.router.w")));
+                CHECK(m.g.layers[l].routerw == m.grads + gpt_padded_index(m, param_offset(m, h + "moe.router.w")));
             } else {
                 CHECK(w.routerw == nullptr);
             }

@@ -345,8 +345,7 @@ void check_reference_file(const std::string& path) {
                                              << ", relative error " << loss_err << " > " << TOL_LOSS);
     Worst grad_worst;
     {
-        std::vector<float> grads(m.n_params);
-        copy_from_buffer(grads.data(), m.grads, m.n_params * sizeof(float));
+        const std::vector<float> grads = gpt_grads(m);
         for (const ParamTensor& t : m.table) {
             const RefEntry& g = ref.get("grad." + t.name, 0, to_dims(t.shape));
             const double err = rel_l2_err(grads.data() + t.offset, g.f.data(), t.numel);

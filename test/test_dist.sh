@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Distributed tests of the CPU build under mpirun (make test runs this). A layout moves bytes, not
+# math: every run below is compared with one process on the same global batch, bitwise: the final
+# checkpoints (params, Adam moments, data position, RNG) must be byte-identical and the logged
+# losses and gradient norms equal.
+#   1. matrix: np 1..4 x --zero 0..3, a dense and an MoE model (parameter counts not divisible
+#      by 3 or 4), 8 steps of 2 micro-batches per rank, vs one process with np x 2 micro-batches
+#   2. resume with the same layout, and resharded resumes 4 -> 2, 2 -> 4, 3 -> 1, -z 3 -> 0
+#   3. faults: one rank SIGKILLed while writing a checkpoint (no loadable checkpoint appears;
+#      --resume latest takes the previous one), one rank killed mid-run, one rank's error
+#   4. bad layouts refused with one clear message
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=$PWD/train_gpt_cpu
+W=$(mktemp -d /tmp/llmc_dist.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=1
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none"
+fails=0; checks=0
+pass() { checks=$((checks + 1)); }
+fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+
+if ! command -v mpirun >/dev/null || ! $BIN -h >/dev/null 2>&1 || ! grep -q "MPI" <(strings "$BIN" | grep -m1 "OMPI\|MPI_Init"); then
+    echo "test_dist: train_gpt_cpu was built without MPI (or mpirun is missing): distributed tests FAILED to run"
+    exit 1
+fi
+
+# data: this repository's sources as documents
+python3 dev/data/prepare_text.py llmc test/test_ops.cpp --sep blank --out_dir "$W/data" --val_frac 0.1 >/dev/null || exit 1
+B=2; T=16
+COMMON="-i $W/data/data_train_*.bin -j $W/data/data_val_*.bin -b $B -t $T -m 3 -v 4 -g 0 -u 2 -l 3e-3 --n_layer 2 --n_embd 27 --n_head 3 --n_kv_head 1 --ffn_hidden 53"
+DENSE="$COMMON"
+MOE="$COMMON --n_expert 3 --moe_every 2 --expert_hidden 41 --capacity_factor 1.5"
+STEPS=8
+
+# run NP OUT ARGS...: trains, keeps stdout+stderr in OUT.log
+run() {
+    local np=$1 out=$2; shift 2
+    if [ "$np" = 1 ]; then "$BIN" "$@" -o "$out" >"$out.log" 2>&1
+    else timeout 300 $MPIRUN -np "$np" "$BIN" "$@" -o "$out" >"$out.log" 2>&1; fi
+}
+# the step records without timings
+losses() { grep -o '"step":[0-9]*,"\(loss\|val_loss\)":[^,}]*\(,"grad_norm":[^,}]*\)\?' "$1/log.jsonl"; }
+same_run() {  # same_run REF OUT STEP what [N: compare only the last N log records]
+    local n=${5:-100000}
+    if cmp -s "$1/ckpt_$(printf %09d "$3").bin" "$2/ckpt_$(printf %09d "$3").bin" &&
+        [ "$(losses "$1" | tail -n $n)" = "$(losses "$2" | tail -n $n)" ]; then pass
+    else fail "$4: checkpoint or losses differ ($1 vs $2)"; fi
+}
+
+# ---- 1. the matrix
+t0=$(date +%s)
+for model in dense moe; do
+    [ $model = dense ] && ARGS=$DENSE || ARGS=$MOE
+    for np in 1 2 3 4; do
+        tokens=$((B * T * np * 2))
+        ref=$W/$model.ref$np
+        run 1 "$ref" $ARGS -d $tokens -x $STEPS || { fail "$model reference np-equivalent $np: rc $?"; cat "$ref.log"; continue; }
+        if [ $np = 1 ]; then
+            n=$(grep -o "^parameters: [0-9]*" "$ref.log" | grep -o "[0-9]*$")
+            if [ $((n % 3)) -ne 0 ] && [ $((n % 4)) -ne 0 ]; then pass; else fail "$model: $n parameters divide by 3 or 4"; fi
+        fi
+        for z in 0 1 2 3; do
+            out=$W/$model.np$np.z$z
+            if run $np "$out" $ARGS -d $tokens -x $STEPS -z $z; then
+                same_run "$ref" "$out" $STEPS "$model np $np -z $z vs one process"
+                if [ $np -gt 1 ] && [ $z -le 2 ]; then grep -q "params identical on all $np ranks" "$out.log" && pass || fail "$model np $np z$z: no rank-agreement line"; fi
+                if [ $np -gt 1 ]; then
+                    line=$(grep "^communication per step" "$out.log")
+                    echo "$line" | python3 -c "
+import re,sys; l=sys.stdin.read(); m=re.findall(r'(\w+) (\d+) \(theory (\d+)\)', l)
+sys.exit(0 if m and all(a==b for _,a,b in m) else 1)" && pass || fail "$model np $np z$z: communication bytes differ from theory: $line"
+                fi
+            else
+                fail "$model np $np -z $z: rc $?"; tail -5 "$out.log"
+            fi
+        done
+    done
+done
+echo "test_dist: matrix (2 models x np 1-4 x zero 0-3) done in $(( $(date +%s) - t0 )) s"
+
+# ---- 2. resume and reshard: 8 steps with a checkpoint at 4, drop the final checkpoint, continue
+# from step 4 under another layout; the final checkpoint and the resumed steps' records must be
+# the uninterrupted run's (any layout: they are all the same bits)
+TOK=$((B * T * 4 * 2))
+run 1 "$W/full" $DENSE -d $TOK -x $STEPS || fail "uninterrupted run"
+for case in "2 0 2 0" "4 1 2 2" "2 2 4 0" "3 0 1 0" "2 3 2 0" "1 0 1 0"; do
+    set -- $case  # np_a z_a np_b z_b
+    if [ $(( TOK % (B * T * $1) )) -ne 0 ] || [ $(( TOK % (B * T * $3) )) -ne 0 ]; then
+        tok=$((B * T * 12)); ref=$W/full12; [ -d $ref ] || run 1 "$ref" $DENSE -d $tok -x $STEPS
+    else tok=$TOK; ref=$W/full; fi
+    out=$W/resume.$1.$2.$3.$4
+    run $1 "$out" $DENSE -d $tok -x $STEPS -n 4 -z $2 && rm "$out/ckpt_$(printf %09d $STEPS).bin" &&
+        run $3 "$out" $DENSE -d $tok -x $STEPS -z $4 -y latest &&
+        grep -q "resumed from .*ckpt_000000004.bin" "$out.log" && same_run "$ref" "$out" $STEPS "resume np $1 z$2 -> np $3 z$4" 5 ||
+        { fail "resume np $1 z$2 -> np $3 z$4"; tail -3 "$out.log"; }
+done
+
+# ---- 3. faults
+# a rank dies while writing a checkpoint: the job fails, no checkpoint of that step loads, and
+# --resume latest continues from the previous one
+out=$W/kill_ckpt
+LLMC_FAULT_KILL_IN_CHECKPOINT=1 run 2 "$out.2" $DENSE -d $TOK -x 6 -n 3; rc=$?
+if [ $rc -ne 0 ] && [ ! -e "$out.2/ckpt_000000003.bin" ]; then pass; else fail "rank killed in checkpoint write: rc $rc, ckpt exists: $(ls "$out.2")"; fi
+run 2 "$out.2" $DENSE -d $TOK -x 3 -y latest 2>/dev/null; grep -q "no checkpoint in .* loads" "$out.2.log" && pass || fail "half-written checkpoint was loadable: $(tail -2 "$out.2.log")"
+# a rank is SIGKILLed mid-run: the job ends non-zero within 60 s, naming the rank
+out=$W/kill_run
+( timeout 120 $MPIRUN -np 2 "$BIN" $DENSE -d $TOK -x 100000 -v 0 -o "$out" >"$out.log" 2>&1; echo $? >"$out.rc" ) &
+job=$!
+for i in $(seq 1 100); do grep -q "^step     2" "$out.log" 2>/dev/null && break; sleep 0.2; done
+victim=$(pgrep -f "$BIN.*$out" | sort -n | tail -1)
+t_kill=$(date +%s); kill -9 "$victim"; wait $job; took=$(( $(date +%s) - t_kill ))
+rc=$(cat "$out.rc")
+if [ "$rc" -ne 0 ] && [ $took -le 60 ] && grep -qi "rank" "$out.log"; then pass; else fail "killed rank: rc $rc after $took s"; tail -5 "$out.log"; fi
+echo "test_dist: killed rank -> job exit $rc after $took s"
+# an error on one rank stops all of them, with the rank named
+out=$W/fail_rank
+LLMC_FAULT_FAIL_RANK=1 run 3 "$out" $DENSE -d $((B * T * 3)) -x 5; rc=$?
+if [ $rc -ne 0 ] && grep -q "error (rank 1 of 3): fault injected on rank 1" "$out.log"; then pass; else fail "error on rank 1: rc $rc"; tail -5 "$out.log"; fi
+
+# ---- 4. bad layouts: refused before allocating, one message
+out=$W/bad1; run 2 "$out" $DENSE -d $((B * T * 3)) -x 2; rc=$?
+n=$(grep -c "^error" "$out.log")
+if [ $rc -ne 0 ] && [ "$n" = 1 ] && grep -q "is not a multiple of B\*T\*ranks = 2\*16\*2" "$out.log"; then pass; else fail "bad total batch: rc $rc, $n error lines"; cat "$out.log"; fi
+out=$W/bad2; run 2 "$out" $DENSE -x 2 -z 4; rc=$?
+if [ $rc -ne 0 ] && [ "$(grep -c '^error' "$out.log")" = 1 ] && grep -q "\-\-zero: expected 0, 1, 2 or 3" "$out.log"; then pass; else fail "bad -z: rc $rc"; cat "$out.log"; fi
+
+echo "test_dist: $checks checks, $fails failed"
+[ $fails -eq 0 ]
