@@ -45,6 +45,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include "llmc/cpu/classifier.h"
 #include "llmc/cpu/adamw.h"
 #include "llmc/cpu/global_norm.h"
+#include "llmc/cpu/accumulate.h"
 #include "llmc/cpu/moe.h"
 using namespace cpu;
 typedef float floatX;  // the element type of params, grads and activations
@@ -73,6 +74,7 @@ static void backend_setup(int, int, int, int, int, int, int, int, int) {}
 #include "llmc/classifier.cuh"
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
+#include "llmc/accumulate.cuh"
 #include "llmc/cpu/moe.h"  // for moe_capacity (host arithmetic)
 #include "llmc/moe.cuh"
 static const char* backend_name() {
@@ -308,6 +310,9 @@ struct GPT {
     size_t param_count = 0;  // the model's parameters (what is reported and counted for FLOPs)
     floatX *params = nullptr, *grads = nullptr;
     float* master = nullptr;  // fp32 master weights when params are not fp32 (the CUDA build)
+    // fp32 gradient accumulator (Megatron's main_grad): grads is the leaf one micro-batch's backward
+    // writes (floatX); grad_accumulate adds it here after each micro-step; the optimizer reads this
+    float* grad_acc = nullptr;
     float *adam_m = nullptr, *adam_v = nullptr;
     ModelTensors p, g;  // pointers into params and grads
 
@@ -347,6 +352,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
     for (const ParamTensor& t : m.table) m.param_count += t.numel;
     m.params = (floatX*)buffer_alloc(m.n_params * sizeof(floatX));
     m.grads = (floatX*)buffer_alloc(m.n_params * sizeof(floatX));
+    m.grad_acc = (float*)buffer_alloc(m.n_params * sizeof(float));
     if (sizeof(floatX) != sizeof(float)) m.master = (float*)buffer_alloc(m.n_params * sizeof(float));
     m.adam_m = (float*)buffer_alloc(m.n_params * sizeof(float));
     m.adam_v = (float*)buffer_alloc(m.n_params * sizeof(float));
@@ -413,8 +419,8 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T) {
 
 static void gpt_free(GPT& m) {
     if (m.master) buffer_free(m.master);
-    for (void* b : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.batch_inputs,
-                    (void*)m.batch_targets, (void*)m.batch_doc_start}) buffer_free(b);
+    for (void* b : {(void*)m.params, (void*)m.grads, (void*)m.grad_acc, (void*)m.adam_m, (void*)m.adam_v,
+                    (void*)m.batch_inputs, (void*)m.batch_targets, (void*)m.batch_doc_start}) buffer_free(b);
     for (LayerActs& a : m.acts) {
         for (floatX* b : {a.ln1, a.qkv, a.atty, a.residual2, a.ln2, a.fch, a.fch_act, a.residual3}) buffer_free(b);
         if (a.moe_scores) {
@@ -527,7 +533,8 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
 }
 
 // Backward of the last gpt_forward (which must have been given dloss_scale != 0). Parameter
-// gradients accumulate into m.grads (zero them once per optimizer step).
+// gradients accumulate into m.grads, the leaf; the trainer adds the leaf into the fp32 m.grad_acc
+// after each micro-step (grad_accumulate) and clears it. gpt_update reads m.grad_acc.
 static void gpt_backward(GPT& m) {
     const GPTConfig& c = m.config;
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, L = c.n_layer, H = c.ffn_hidden;
@@ -572,22 +579,26 @@ static void gpt_backward(GPT& m) {
     encoder_backward(m.g.wte, m.g.wpe, m.d_residual, m.batch_inputs, m.batch_doc_start, B, T, C);
 }
 
-static void gpt_zero_grad(GPT& m) { buffer_zero(m.grads, m.n_params * sizeof(floatX)); }
+// Once per optimizer step: the fp32 accumulator and the leaf.
+static void gpt_zero_grad(GPT& m) {
+    buffer_zero(m.grads, m.n_params * sizeof(floatX));
+    buffer_zero(m.grad_acc, m.n_params * sizeof(float));
+}
 
 struct OptimizerConfig {
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_clip = 1.0f;
 };
 
-// Global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6))) then AdamW.
-// Returns the gradient norm before clipping. step is 0-based.
+// Global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6))) then AdamW, both on
+// the fp32 accumulated gradient m.grad_acc. Returns the gradient norm before clipping. step is 0-based.
 static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
-    float norm = (float)std::sqrt(global_norm_squared(m.grads, m.n_params));
+    float norm = (float)std::sqrt(global_norm_squared(m.grad_acc, m.n_params));
     float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the flat buffer
     // draws its bits from step_seed + i, so the result does not depend on how tensors are split
     const uint64_t step_seed = Rng(0xADA3ull ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull)).next_u64();
     for (const ParamTensor& t : m.table)
-        adamw_update(m.params + t.offset, m.master ? m.master + t.offset : nullptr, m.grads + t.offset,
+        adamw_update(m.params + t.offset, m.master ? m.master + t.offset : nullptr, m.grad_acc + t.offset,
                      m.adam_m + t.offset, m.adam_v + t.offset, t.numel, lr, o.beta1, o.beta2, o.eps,
                      t.decay ? o.weight_decay : 0.0f, scale, step + 1, step_seed + t.offset);
     return norm;
@@ -1026,6 +1037,9 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
             train_loader.next_batch(in.data(), tgt.data(), ds.data());
             loss += gpt_forward(model, in.data(), tgt.data(), ds.data(), B, T, 1.0f / grad_accum);
             gpt_backward(model);
+            // the micro-batch's leaf gradient into the fp32 accumulator; the leaf cleared for the next
+            grad_accumulate(model.grad_acc, model.grads, model.n_params);
+            buffer_zero(model.grads, model.n_params * sizeof(floatX));
             flops += step_flops(model, ds.data(), B, T, 1);
         }
         loss /= grad_accum;

@@ -96,6 +96,7 @@ TEST_CASE("a d2 model overfits a single batch") {
         loss = gpt_forward(m, in.data(), tgt.data(), ds.data(), B, T, 1.0f);
         if (loss < 0.1f) break;
         gpt_backward(m);
+        grad_accumulate(m.grad_acc, m.grads, m.n_params);  // one micro-step: the leaf is the step's gradient
         gpt_update(m, opt, step < 10 ? 3e-3f * (step + 1) / 10 : 3e-3f, step);
     }
     MESSAGE("d2 overfit: loss " << loss << " after " << step << " steps");

@@ -1028,6 +1028,7 @@ TEST_CASE("MoE models overfit a single batch (moe_every 1 and 2, routing group b
                 }
                 CHECK(moe_tensors == 5 * (v.moe_every == 1 ? 2 : 1));
             }
+            grad_accumulate(m.grad_acc, m.grads, m.n_params);  // one micro-step per optimizer step
             gpt_update(m, opt, step < 10 ? lr * (step + 1) / 10 : lr, step);
         }
         MESSAGE("MoE overfit (moe_every " << v.moe_every << ", group " << group_name(v.group == MOE_GROUP_POSITION)

@@ -383,6 +383,9 @@ void check_reference_file(const std::string& path) {
             const size_t off = (size_t)a * BT;
             loss += gpt_forward(m, inputs.data() + off, targets.data() + off, doc_start.data() + off, B, T, 1.0f / A);
             gpt_backward(m);
+            // as train_main: the leaf into the fp32 accumulator, then cleared for the next micro-step
+            grad_accumulate(m.grad_acc, m.grads, m.n_params);
+            buffer_zero(m.grads, m.n_params * sizeof(floatX));
         }
         loss /= A;
         const float lr = sched.at(step);

@@ -101,6 +101,10 @@ TEST_CASE("model: one training step of the CUDA build matches the CPU build") {
 }
 
 namespace gpu_test {
+// after a backward, as train_main does: the leaf gradient into the fp32 accumulator gpt_update reads
+inline void accumulate_leaf(ref::GPT& m) { cpu::grad_accumulate<float>(m.grad_acc, m.grads, m.n_params); }
+inline void accumulate_leaf(gpu::GPT& m) { ::grad_accumulate(m.grad_acc, m.grads, m.n_params); }
+
 // n AdamW steps on batches model_test_batch(seed = step); returns the per-step losses
 template <typename M, typename Opt>
 std::vector<float> train_steps(M& m, float (*forward)(M&, const int*, const int*, const int*, int, int, float),
@@ -114,6 +118,7 @@ std::vector<float> train_steps(M& m, float (*forward)(M&, const int*, const int*
         model_test_batch(B, T, 100 + s, in, tgt, ds);
         losses.push_back(forward(m, in.data(), tgt.data(), ds.data(), B, T, 1.0f));
         backward(m);
+        accumulate_leaf(m);  // one micro-step per optimizer step
         update(m, opt, 3e-3f * std::min(1.0f, (s + 1) / 5.0f), s);
     }
     return losses;
