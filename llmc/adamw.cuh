@@ -22,15 +22,19 @@
 // The trainer should draw an unrelated 64-bit seed per step (e.g. a hash of (run seed, step)):
 // seeds of consecutive steps that differ by less than n would reuse bits of neighbouring elements.
 //
-// Parallel decomposition: purely elementwise, memory bound (28 bytes per element with master
-// weights: read grad 2 + master 4 + m 4 + v 4, write param 2 + master 4 + m 4 + v 4; 22 without).
-// Vector path: a thread owns 8 consecutive elements per iteration of a grid-stride loop: one 16-byte
-// load of bf16 grads (and params), two 16-byte loads each of master, m, v; the same stores. Loads and
-// stores use the streaming hints (__ldcs/__stcs): the optimizer state is touched once per step and
-// is far larger than L2. The n % 8 tail elements go one each to the first threads of the grid. The
-// grid is one wave of resident blocks. Scalar path (some pointer not 16-byte aligned, e.g. a slice at
-// an odd offset): one element per thread per iteration, the same per-element code, so the two
-// paths give bitwise-identical results.
+// Gradients are fp32: the trainer sums each micro-batch's bf16 gradient into an fp32 accumulator
+// (grad_accumulate, llmc/accumulate.cuh) and the optimizer reads that sum, never rounded to bf16.
+//
+// Parallel decomposition: purely elementwise, memory bound (30 bytes per element with master
+// weights: read grad 4 + master 4 + m 4 + v 4, write param 2 + master 4 + m 4 + v 4; 24 without).
+// Vector path: a thread owns 8 consecutive elements per iteration of a grid-stride loop: two 16-byte
+// loads each of fp32 grads, master, m, v (one 16-byte load of bf16 params without master); the
+// same stores. Loads and stores use the streaming hints (__ldcs/__stcs): the optimizer state is
+// touched once per step and is far larger than L2. The n % 8 tail elements go one each to the
+// first threads of the grid. The grid is one wave of resident blocks. Scalar path (some pointer not
+// 16-byte aligned, e.g. a slice at an odd offset; for the fp32 grads that includes an offset of 2
+// floats): one element per thread per iteration, the same per-element code, so the two paths give
+// bitwise-identical results.
 //
 // Scratch: none (adamw_scratch_bytes() == 0).
 #pragma once
@@ -91,13 +95,13 @@ __device__ inline float adamw_element(float p, float grad, float& m, float& v, c
 
 // element i alone (the scalar path and the tail of the vector path)
 template <bool MASTER>
-__device__ inline void adamw_update_one(floatX* params, float* master, const floatX* grads, float* m, float* v,
+__device__ inline void adamw_update_one(floatX* params, float* master, const float* grads, float* m, float* v,
                                         size_t i, const AdamwArgs& a) {
     float p;
     if constexpr (MASTER) p = master[i];
     else p = __bfloat162float(params[i]);
     float mi = m[i], vi = v[i];
-    p = adamw_element(p, __bfloat162float(grads[i]), mi, vi, a);
+    p = adamw_element(p, grads[i], mi, vi, a);
     m[i] = mi;
     v[i] = vi;
     if constexpr (MASTER) master[i] = p;
@@ -108,7 +112,7 @@ __device__ inline void adamw_update_one(floatX* params, float* master, const flo
 // !VEC8: a thread owns element j.
 template <bool MASTER, bool VEC8>
 __global__ void __launch_bounds__(ADAMW_THREADS)
-    adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, AdamwArgs a) {
+    adamw_kernel(floatX* params, float* master, const float* grads, float* m, float* v, size_t n, AdamwArgs a) {
     const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     if constexpr (!VEC8) {
@@ -119,7 +123,10 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
     for (size_t j = tid; j < n8; j += stride) {
         const size_t i0 = j * 8;
         float p[8], g[8], mm[8], vv[8];
-        bf16x8::unpack8(g, __ldcs(reinterpret_cast<const uint4*>(grads + i0)));
+        const float4 g0 = __ldcs(reinterpret_cast<const float4*>(grads + i0));
+        const float4 g1 = __ldcs(reinterpret_cast<const float4*>(grads + i0 + 4));
+        g[0] = g0.x; g[1] = g0.y; g[2] = g0.z; g[3] = g0.w;
+        g[4] = g1.x; g[5] = g1.y; g[6] = g1.z; g[7] = g1.w;
         if constexpr (MASTER) {
             const float4 p0 = __ldcs(reinterpret_cast<const float4*>(master + i0));
             const float4 p1 = __ldcs(reinterpret_cast<const float4*>(master + i0 + 4));
@@ -174,7 +181,7 @@ inline size_t adamw_wave_blocks() {
 }
 
 template <bool MASTER, bool VEC8>
-inline void adamw_launch_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+inline void adamw_launch_kernel(floatX* params, float* master, const float* grads, float* m, float* v, size_t n,
                                 const AdamwArgs& a) {
     const size_t work = VEC8 ? std::max<size_t>(n / 8, 1) : n;  // >= 1: the tail needs a thread
     const size_t needed = (work + ADAMW_THREADS - 1) / ADAMW_THREADS;
@@ -185,7 +192,7 @@ inline void adamw_launch_kernel(floatX* params, float* master, const floatX* gra
 
 // Runs the vector path (vec8 = true; every pointer must be 16-byte aligned) or the scalar path.
 // adamw_update picks; dev/cuda/adamw.cu times both.
-inline void adamw_launch(bool vec8, floatX* params, float* master_params, const floatX* grads, float* m, float* v,
+inline void adamw_launch(bool vec8, floatX* params, float* master_params, const float* grads, float* m, float* v,
                          size_t n, const AdamwArgs& a) {
     if (n == 0) return;
     if (master_params) {
@@ -197,8 +204,9 @@ inline void adamw_launch(bool vec8, floatX* params, float* master_params, const 
     }
 }
 
-// params, grads: bf16 [n]; master_params: fp32 [n] or nullptr; m, v: fp32 [n]. All overwritten in place.
-inline void adamw_update(floatX* params, float* master_params, const floatX* grads, float* m, float* v, size_t n,
+// params: bf16 [n]; master_params: fp32 [n] or nullptr; grads (read only), m, v: fp32 [n]. params,
+// master_params, m, v overwritten in place.
+inline void adamw_update(floatX* params, float* master_params, const float* grads, float* m, float* v, size_t n,
                          float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t,
                          uint64_t seed) {
     const AdamwArgs a = adamw_make_args(lr, beta1, beta2, eps, weight_decay, grad_scale, t, seed);

@@ -1,28 +1,36 @@
-// Sum of squares of a bf16 buffer (the gradient, for global-norm clipping), the twin of
-// llmc/cpu/global_norm.h: returns sum_i values[i]^2 as a host double.
+// Sum of squares of a bf16 or fp32 buffer (the gradient, for global-norm clipping), the twin of
+// llmc/cpu/global_norm.h: returns sum_i values[i]^2 as a host double. The trainer calls the fp32
+// overload on its fp32 gradient accumulator (llmc/accumulate.cuh); the bf16 one serves bf16 buffers.
 //
-// Accuracy: a bf16 has an 8-bit significand, so its square is exact in fp32; a thread sums the 8
+// Accuracy, bf16 values: a bf16 has an 8-bit significand, so its square is exact in fp32; a thread sums the 8
 // squares of one 16-byte vector in fp32 (relative error < 8 * 2^-24 for these positive terms) and
 // adds that to a double accumulator. Everything after that is double. The trainer calls this once
 // on the whole flat gradient buffer (up to ~2e9 elements): size_t indexing throughout, and a
 // thread's double accumulator keeps the long per-thread sums (thousands of vectors) exact enough.
 //
+// Accuracy, fp32 values: the square of an fp32 (24-bit significand) is not exact in fp32 but is exact in
+// double (48 <= 53 bits), so every element is widened to double, squared and added in double: the
+// only roundings are the double additions, as in the twin (which squares in double too). The
+// vectors are 16-byte float4 (4 elements); the head and tail (< 4 elements each) as below.
+//
 // Determinism: a fixed partition that depends only on n (and on the pointer's alignment, which is
 // fixed for a given buffer, not on the GPU model), no atomics.
-//   pass 1: grid = min(GN_MAX_BLOCKS, ceil(n / (GN_THREADS * 8))) blocks of GN_THREADS threads.
-//           The 16-byte aligned middle of the buffer is a sequence of vectors of 8 bf16; thread t
-//           (global index) owns vectors t, t + stride, t + 2 stride, ... (grid-stride loop, GN_UNROLL
-//           loads issued together) and adds their fp32 8-sums to its double in that order. The
-//           < 8 elements before the aligned middle (head) and after it (tail) go to the first
-//           threads of block 0. Each block reduces its threads' doubles with a fixed shuffle tree
-//           and writes its partial to scratch[blockIdx.x]. GN_MAX_BLOCKS = 528 is 4 blocks per SM of
+//   pass 1: grid = min(GN_MAX_BLOCKS, ceil(n / (GN_THREADS * V))) blocks of GN_THREADS threads,
+//           V = 8 (bf16) or 4 (fp32), the elements of one 16-byte vector.
+//           The 16-byte aligned middle of the buffer is a sequence of vectors of V elements; thread
+//           t (global index) owns vectors t, t + stride, t + 2 stride, ... (grid-stride loop,
+//           GN_UNROLL loads issued together) and adds their sums (bf16: the fp32 8-sum; fp32: the 4
+//           double squares in memory order) to its double in that order. The < V elements before
+//           the aligned middle (head) and after it (tail) go to the first threads of block 0.
+//           Each block reduces its threads' doubles with a fixed shuffle tree and writes its
+//           partial to scratch[blockIdx.x]. GN_MAX_BLOCKS = 528 is 4 blocks per SM of
 //           an H200, so for large n the whole grid is resident (no second, partial wave) and holds
 //           528 * 256 * 4 * 16 B = 8.6 MB of loads in flight, more than HBM latency x bandwidth.
 //   pass 2: one block of GN_FINISH_THREADS threads: thread b loads partial b (0 past the grid), the
 //           same fixed tree in double; the total goes to scratch[GN_MAX_BLOCKS].
 // The host then copies the double back and synchronizes the stream: this is the one host sync of
 // the optimizer step (the clipping scale must be known on the host before adamw_update).
-// (A square above fp32 range, |x| > 1.8e19, becomes inf: such a gradient is broken anyway.)
+// (bf16: a square above fp32 range, |x| > 1.8e19, becomes inf: such a gradient is broken anyway.)
 //
 // Scratch: (GN_MAX_BLOCKS + 1) doubles = 4232 bytes, whatever n (global_norm_scratch_bytes()).
 #pragma once
@@ -94,6 +102,42 @@ __global__ void __launch_bounds__(GN_THREADS)
     if (threadIdx.x == 0) partials[blockIdx.x] = block;
 }
 
+// fp32: values[0, head) unaligned head, values[head, head + 4 * n_vec) 16-byte aligned, then the tail.
+// Each square is exact in double, so (x * x) + acc rounds once whether or not the compiler fuses it
+// into an fma: the result does not depend on -fmad.
+__device__ inline double gn_square_f64(float x) {
+    const double d = (double)x;
+    return d * d;
+}
+__global__ void __launch_bounds__(GN_THREADS)
+    global_norm_partials_f32_kernel(const float* values, size_t n, size_t head, size_t n_vec, double* partials) {
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const float4* vec = reinterpret_cast<const float4*>(values + head);
+    double acc = 0.0;
+    // as the bf16 kernel: GN_UNROLL independent 16-byte loads, a vector past the end is zeros
+    for (size_t j = tid; j < n_vec; j += GN_UNROLL * stride) {
+        float4 raw[GN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GN_UNROLL; u++) {
+            const size_t jj = j + u * stride;
+            raw[u] = jj < n_vec ? vec[jj] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < GN_UNROLL; u++) {
+            acc += gn_square_f64(raw[u].x);
+            acc += gn_square_f64(raw[u].y);
+            acc += gn_square_f64(raw[u].z);
+            acc += gn_square_f64(raw[u].w);
+        }
+    }
+    const size_t tail_start = head + 4 * n_vec;
+    if (tid < head) acc += gn_square_f64(values[tid]);
+    if (tid < n - tail_start) acc += gn_square_f64(values[tail_start + tid]);
+    const double block = gn_block_sum(acc);
+    if (threadIdx.x == 0) partials[blockIdx.x] = block;
+}
+
 __global__ void __launch_bounds__(GN_FINISH_THREADS)
     global_norm_finish_kernel(const double* partials, int n_partials, double* out) {
     const double x = (int)threadIdx.x < n_partials ? partials[threadIdx.x] : 0.0;
@@ -101,23 +145,46 @@ __global__ void __launch_bounds__(GN_FINISH_THREADS)
     if (threadIdx.x == 0) *out = total;
 }
 
+// The elements before the first 16-byte boundary (fewer than one vector), capped at n.
+template <typename T>
+inline size_t gn_head(const T* values, size_t n) {
+    LLMC_CHECK(((uintptr_t)values % sizeof(T)) == 0, "global_norm_squared: values must be %zu-byte aligned",
+               sizeof(T));
+    return std::min<size_t>(((16 - ((uintptr_t)values & 15)) & 15) / sizeof(T), n);
+}
+// pass 1 grid: one vector of V elements per thread, at most GN_MAX_BLOCKS blocks, at least one
+inline int gn_grid(size_t n, size_t V) {
+    const size_t per_block = (size_t)GN_THREADS * V;
+    return (int)std::min<size_t>(GN_MAX_BLOCKS, std::max<size_t>(1, (n + per_block - 1) / per_block));
+}
+
 // Enqueues both passes on llmc_stream(); the sum lands in device memory at *d_out (no sync).
 // d_out must not lie in the first GN_MAX_BLOCKS doubles of the scratch arena (the partials).
 inline void global_norm_squared_launch(const floatX* values, size_t n, double* d_out) {
     double* partials = cuda_scratch<double>(GN_MAX_BLOCKS, "global_norm_squared");
-    LLMC_CHECK(((uintptr_t)values & 1) == 0, "global_norm_squared: values must be 2-byte aligned");
-    const size_t head = std::min<size_t>(((16 - ((uintptr_t)values & 15)) & 15) / sizeof(floatX), n);
+    const size_t head = gn_head(values, n);
     const size_t n_vec = (n - head) / 8;
-    const size_t per_block = (size_t)GN_THREADS * 8;
-    const int grid = (int)std::min<size_t>(GN_MAX_BLOCKS, std::max<size_t>(1, (n + per_block - 1) / per_block));
+    const int grid = gn_grid(n, 8);
     global_norm_partials_kernel<<<grid, GN_THREADS, 0, llmc_stream()>>>(values, n, head, n_vec, partials);
     cudaCheckLaunch();
     global_norm_finish_kernel<<<1, GN_FINISH_THREADS, 0, llmc_stream()>>>(partials, grid, d_out);
     cudaCheckLaunch();
 }
+// The same for fp32 values (float4 vectors, squares in double).
+inline void global_norm_squared_launch(const float* values, size_t n, double* d_out) {
+    double* partials = cuda_scratch<double>(GN_MAX_BLOCKS, "global_norm_squared");
+    const size_t head = gn_head(values, n);
+    const size_t n_vec = (n - head) / 4;
+    const int grid = gn_grid(n, 4);
+    global_norm_partials_f32_kernel<<<grid, GN_THREADS, 0, llmc_stream()>>>(values, n, head, n_vec, partials);
+    cudaCheckLaunch();
+    global_norm_finish_kernel<<<1, GN_FINISH_THREADS, 0, llmc_stream()>>>(partials, grid, d_out);
+    cudaCheckLaunch();
+}
 
-// values: bf16 [n] (device). Returns sum of values[i]^2; synchronizes the stream.
-inline double global_norm_squared(const floatX* values, size_t n) {
+// Both passes, then the double back to the host (the stream is synchronized).
+template <typename T>
+inline double gn_to_host(const T* values, size_t n) {
     if (n == 0) return 0.0;
     double* scratch = cuda_scratch<double>(GN_MAX_BLOCKS + 1, "global_norm_squared");
     global_norm_squared_launch(values, n, scratch + GN_MAX_BLOCKS);
@@ -127,3 +194,9 @@ inline double global_norm_squared(const floatX* values, size_t n) {
     cudaCheck(cudaStreamSynchronize(llmc_stream()));
     return result;
 }
+
+// values: bf16 [n] (device). Returns sum of values[i]^2; synchronizes the stream.
+inline double global_norm_squared(const floatX* values, size_t n) { return gn_to_host(values, n); }
+// values: fp32 [n] (device), e.g. the fp32 gradient accumulator. Returns sum of values[i]^2 (squares
+// and sums in double); synchronizes the stream.
+inline double global_norm_squared(const float* values, size_t n) { return gn_to_host(values, n); }

@@ -35,6 +35,7 @@
 #include "llmc/cpu/classifier.h"
 #include "llmc/cpu/adamw.h"
 #include "llmc/cpu/global_norm.h"
+#include "llmc/cpu/accumulate.h"
 #include "llmc/cpu/moe.h"
 #include "llmc/cuda_common.cuh"
 #include "llmc/encoder.cuh"
@@ -45,14 +46,22 @@
 #include "llmc/classifier.cuh"
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
+#include "llmc/accumulate.cuh"
 #include "llmc/moe.cuh"
 
 #define LLMC_NO_MAIN
 namespace ref {
+// The CPU build's calls must reach the cpu:: templates (via its `using namespace cpu`). A CUDA op
+// at global scope that takes the same host types would win the overload tie against the template
+// and be handed host pointers: global_norm_squared(const float*) (the fp32 accumulator's norm).
+// The using-declaration makes ref:: the scope where lookup stops, so only the cpu:: one is found.
+using cpu::global_norm_squared;
 #define LLMC_CPU
 #include "../train_gpt.cu"
 #undef LLMC_CPU
 }  // namespace ref
+// zero.h depends on the backend (floatX, the ops): each namespace gets its own copy
+#undef LLMC_ZERO_H
 namespace gpu {
 #include "../train_gpt.cu"
 }  // namespace gpu
@@ -67,6 +76,7 @@ namespace gpu {
 #include "gpu/classifier.cuh"
 #include "gpu/adamw.cuh"
 #include "gpu/global_norm.cuh"
+#include "gpu/accumulate.cuh"
 #include "gpu/moe.cuh"
 // the whole model
 #include "gpu/model.cuh"

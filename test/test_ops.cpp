@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "llmc/cpu/accumulate.h"
 #include "llmc/cpu/adamw.h"
 #include "llmc/cpu/attention.h"
 #include "llmc/cpu/classifier.h"
@@ -851,7 +852,7 @@ void adamw_case(int t0, int steps, double grad_scale) {
     vector<double> rp = to_d(p), rm = to_d(m), rv = to_d(v);
     for (int t = t0; t < t0 + steps; t++) {
         CAPTURE(t);
-        auto g = rand_vec<P>(r, n, 0.01, 1.0);
+        auto g = rand_vec<float>(r, n, 0.01, 1.0);  // fp32 grads whatever P (the fp32 accumulator)
         const auto p_before = to_d(p);
         cpu::adamw_update<P>(p.data(), nullptr, g.data(), m.data(), v.data(), n, (float)lr, (float)b1, (float)b2,
                              (float)eps, (float)wd, (float)grad_scale, t, 0);
@@ -898,6 +899,32 @@ TEST_CASE_TEMPLATE("global_norm_squared: vs naive double sum, independent of the
         check_close(std::string("global_norm_squared<") + tname<T>() + ">", &got, &ref, 1, 1e-12);
         same_across_thread_counts<double>(std::string("global_norm_squared<") + tname<T>() + ">",
                                           [&] { return vector<vector<double>>{{cpu::global_norm_squared<T>(x.data(), n)}}; });
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// accumulate.h
+
+// acc[i] += (float)x[i]: one fp32 addition per element, so exactly the naive loop's bits; the leaf
+// type T is float (CPU build) or double (converted to float first)
+TEST_CASE_TEMPLATE("grad_accumulate: acc += (float)x bitwise, three micro-steps, independent of the thread count", T,
+                   float, double) {
+    Rng r(21);
+    for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(1003)}) {
+        CAPTURE(n);
+        vector<float> acc = rand_vec<float>(r, n, 0.01, 1.0), want = acc;
+        for (int micro = 0; micro < 3; micro++) {
+            const auto x = rand_vec<T>(r, n, 0.001, 0.1);
+            for (size_t i = 0; i < n; i++) want[i] = want[i] + (float)x[i];
+            cpu::grad_accumulate<T>(acc.data(), x.data(), n);
+        }
+        CHECK(std::memcmp(acc.data(), want.data(), n * sizeof(float)) == 0);
+        const auto x = rand_vec<T>(r, n, 0.001, 0.1);
+        same_across_thread_counts<float>(std::string("grad_accumulate<") + tname<T>() + ">", [&] {
+            vector<float> a = acc;
+            cpu::grad_accumulate<T>(a.data(), x.data(), n);
+            return vector<vector<float>>{a};
+        });
     }
 }
 

@@ -1,5 +1,10 @@
-// Gradient accumulation into fp32: acc[i] += x[i]. Each element is owned by one thread, so the
-// result does not depend on the thread count.
+// Gradient accumulation in fp32 (Megatron's main_grad): each micro-batch's backward writes its
+// gradient in the params' type T (the "leaf"), and the step's gradient is the sum of the leaves
+// added in micro-batch order into an fp32 accumulator, which the optimizer reads. Summing in fp32
+// keeps the small late contributions that a bf16 running sum would round away.
+//   acc[i] += (float)x[i]        (acc accumulated, x read only)
+// Each element is one fp32 addition, rounded to nearest: the result does not depend on the thread
+// count, and the GPU twin (llmc/accumulate.cuh) produces the same bits.
 #pragma once
 #include <cstddef>
 

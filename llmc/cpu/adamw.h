@@ -1,9 +1,11 @@
 // AdamW (Loshchilov & Hutter 2019) with PyTorch's conventions: decoupled decay p -= lr*wd*p first,
 // then the bias-corrected Adam step. t is the 1-based step. grad_scale multiplies the gradient
-// (gradient clipping). master_params is the fp32 copy the GPU build keeps next to bf16 params;
-// the CPU build trains fp32 params directly and passes nullptr. seed drives the stochastic
-// rounding of bf16 params in the CUDA build (random bits of element i from seed + i); fp32 params
-// need no rounding and ignore it.
+// (gradient clipping). grads are fp32 whatever T is: the optimizer reads the fp32 accumulator the
+// micro-batches' gradients were summed into (grad_accumulate, llmc/cpu/accumulate.h), so the
+// summed gradient is never rounded to the params' type. master_params is the fp32 copy the GPU
+// build keeps next to bf16 params; the CPU build trains fp32 params directly and passes nullptr.
+// seed drives the stochastic rounding of bf16 params in the CUDA build (random bits of element i
+// from seed + i); fp32 params need no rounding and ignore it.
 #pragma once
 #include <cmath>
 #include <cstddef>
@@ -12,7 +14,7 @@
 namespace cpu {
 
 template <typename T>
-void adamw_update(T* params, float* master_params, const T* grads, float* m, float* v, size_t n,
+void adamw_update(T* params, float* master_params, const float* grads, float* m, float* v, size_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t,
                   uint64_t seed) {
     (void)master_params;
@@ -20,7 +22,7 @@ void adamw_update(T* params, float* master_params, const T* grads, float* m, flo
     const float c1 = 1.0f - std::pow(beta1, (float)t), c2 = 1.0f - std::pow(beta2, (float)t);
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        float g = (float)grads[i] * grad_scale;
+        float g = grads[i] * grad_scale;
         float p = (float)params[i];
         p -= lr * weight_decay * p;
         m[i] = beta1 * m[i] + (1.0f - beta1) * g;

@@ -15,13 +15,13 @@ using namespace gpu_test;
 // signature llmc/cpu/adamw.h has: the first overload exists only when the 14-argument call
 // compiles (and wins by the int/long tie-break), the second is the 13-argument form.
 template <typename T>
-auto cpu_adamw_call(int, T* params, const T* grads, float* m, float* v, size_t n, float lr, float b1, float b2,
+auto cpu_adamw_call(int, T* params, const float* grads, float* m, float* v, size_t n, float lr, float b1, float b2,
                     float eps, float wd, float gs, int t, uint64_t seed)
     -> decltype(cpu::adamw_update(params, (float*)nullptr, grads, m, v, n, lr, b1, b2, eps, wd, gs, t, seed), void()) {
     cpu::adamw_update(params, (float*)nullptr, grads, m, v, n, lr, b1, b2, eps, wd, gs, t, seed);
 }
 template <typename T>
-void cpu_adamw_call(long, T* params, const T* grads, float* m, float* v, size_t n, float lr, float b1, float b2,
+void cpu_adamw_call(long, T* params, const float* grads, float* m, float* v, size_t n, float lr, float b1, float b2,
                     float eps, float wd, float gs, int t, uint64_t) {
     cpu::adamw_update(params, (float*)nullptr, grads, m, v, n, lr, b1, b2, eps, wd, gs, t);
 }
@@ -55,12 +55,14 @@ inline bool is_bf16_neighbour(float q, float x) {
 // the spacing of bf16 values at |x| (x normal): 2^(exponent - 7)
 inline double bf16_ulp(float x) { return std::ldexp(1.0, std::ilogb(x) - 7); }
 
-// Optimizer state of n elements in host fp32, all nonzero; v > 0.
+// Optimizer state of n elements in host fp32, all nonzero; v > 0. The grads are full fp32 values
+// (the fp32 gradient accumulator), deliberately not bf16-representable: a kernel that rounded them
+// to bf16 (up to 2^-9 relative) would move m and v by ~1e-4 relative, far outside the tolerances.
 struct State {
     std::vector<float> master, grads, m, v;
     State(size_t n, uint64_t seed) {
         master = random_vector(n, seed, 0.5f);
-        grads = bf16_round(random_vector(n, seed + 1, 1.0f));
+        grads = random_vector(n, seed + 1, 1.0f);
         m = random_vector(n, seed + 2, 0.1f);
         std::vector<float> r = random_vector(n, seed + 3, 0.1f);
         v.resize(n);
@@ -72,11 +74,11 @@ struct State {
 // every pointer misaligned: the scalar path).
 struct DeviceState {
     size_t n, offset;
-    DeviceBuffer<floatX> params, grads;
-    DeviceBuffer<float> master, m, v;
+    DeviceBuffer<floatX> params;
+    DeviceBuffer<float> grads, master, m, v;
     DeviceState(const State& s, size_t off)
         : n(s.m.size()), offset(off), params(n + off), grads(n + off), master(n + off), m(n + off), v(n + off) {
-        put_bf16(grads, s.grads);
+        put(grads, s.grads);
         put_bf16(params, s.master);  // the bf16 params the no-master path starts from: RN(master)
         put(master, s.master);
         put(m, s.m);
@@ -225,6 +227,32 @@ TEST_CASE("adamw: slices with seed + offset reproduce the whole-buffer update bi
             if (with_master)
                 CHECK(std::memcmp(whole.get(whole.master).data(), parts.get(parts.master).data(), n * 4) == 0);
         }
+    }
+}
+
+// fp32 grads 8 bytes past a 16-byte boundary while every other pointer is aligned: the vector path
+// would issue misaligned float4 loads (a launch error), so adamw_update must check the grads'
+// alignment as fp32 and take the scalar path, which writes the same bits as the aligned call.
+TEST_CASE("adamw: fp32 grads alone not 16-byte aligned take the scalar path, same bits") {
+    const size_t n = 10007;
+    Hyper h;
+    h.t = 4;
+    h.wd = 0.1f;
+    h.grad_scale = 0.6f;
+    const uint64_t seed = 0xabcdef12345ull;
+    for (bool with_master : {true, false}) {
+        CAPTURE(with_master);
+        State s(n, 31);
+        DeviceState aligned(s, 0), shifted(s, 0);
+        aligned.update(with_master, h, seed);
+        DeviceBuffer<float> g(n + 2);  // grads at g + 2: 8 mod 16 bytes
+        cudaCheck(cudaMemcpy(g.ptr + 2, s.grads.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        adamw_update(shifted.params.ptr, with_master ? shifted.master.ptr : nullptr, g.ptr + 2, shifted.m.ptr,
+                     shifted.v.ptr, n, h.lr, h.beta1, h.beta2, h.eps, h.wd, h.grad_scale, h.t, seed);
+        CHECK(std::memcmp(aligned.get(aligned.params).data(), shifted.get(shifted.params).data(), n * 2) == 0);
+        CHECK(std::memcmp(aligned.get(aligned.m).data(), shifted.get(shifted.m).data(), n * 4) == 0);
+        CHECK(std::memcmp(aligned.get(aligned.v).data(), shifted.get(shifted.v).data(), n * 4) == 0);
+        CHECK(std::memcmp(aligned.get(aligned.master).data(), shifted.get(shifted.master).data(), n * 4) == 0);
     }
 }
 

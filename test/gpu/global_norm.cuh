@@ -1,4 +1,5 @@
-// GPU global_norm_squared (llmc/global_norm.cuh) vs the CPU twin (llmc/cpu/global_norm.h).
+// GPU global_norm_squared (llmc/global_norm.cuh) vs the CPU twin (llmc/cpu/global_norm.h), for bf16
+// values and for fp32 values (the fp32 gradient accumulator).
 #pragma once
 #include <cstring>
 #include <memory>
@@ -55,6 +56,82 @@ TEST_CASE("global_norm: bitwise deterministic") {
     const double x0 = __bfloat162float(__float2bfloat16(x[0]));
     const double c = global_norm_squared(d->ptr + 1, n - 1);
     CHECK(std::fabs(c - (a - x0 * x0)) / a < 1e-6);
+}
+
+// ------------------------------------------------------------------------------------------------
+// fp32 values (the trainer's fp32 gradient accumulator): squares and sums in double on both sides
+
+// n fp32 values at `offset` elements into a device allocation whose other elements are NaN: a read
+// outside [0, n) makes the sum NaN. offset 1..3 gives a start that is not 16-byte aligned (head).
+struct DevF32 {
+    DeviceBuffer<float> buf;
+    size_t offset;
+    DevF32(const std::vector<float>& x, size_t off) : buf(off + x.size() + 5), offset(off) {
+        buf.poison();
+        if (!x.empty()) cudaCheck(cudaMemcpy(ptr(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    float* ptr() const { return buf.ptr + offset; }
+};
+
+// Tolerance 1e-11 relative: every square is exact in double on both sides (24-bit significands), so
+// the two differ only in the order of the double additions of positive terms. Recursive summation
+// of k positive terms is off by at most (k - 1) 2^-53 relative: the twin adds chunks of 16384 and
+// then <= 513 chunk sums (< 1.9e-12 for n <= 2^23 + 5), the GPU a few dozen terms per thread and two
+// trees (< 1e-14). An fp32 square or fp32 partial sum would be off by ~1e-8 on the small sizes.
+TEST_CASE("global_norm fp32: sum of squares matches the CPU twin (n = 1..odd..large, misaligned starts)") {
+    cuda_scratch_reserve(global_norm_scratch_bytes());
+    for (size_t n : {(size_t)1, (size_t)2, (size_t)3, (size_t)4, (size_t)5, (size_t)7, (size_t)8, (size_t)1000,
+                     (size_t)1001, (size_t)(1 << 20) + 3, (size_t)(1 << 23) + 5})
+        for (size_t offset : {(size_t)0, (size_t)1, (size_t)2, (size_t)3}) {
+            CAPTURE(n);
+            CAPTURE(offset);
+            // full fp32 values (not bf16-representable): their squares are not exact in fp32
+            const std::vector<float> x = random_vector(n, 700 + n + offset, 1.0f, 0.1f);
+            DevF32 d(x, offset);
+            const double want = cpu::global_norm_squared<float>(x.data(), n);
+            const double got = global_norm_squared(d.ptr(), n);
+            INFO("got " << got << " want " << want);
+            CHECK(std::isfinite(got));
+            CHECK_CLOSE("sum of squares (fp32)", std::fabs(got - want) / want, 1e-11);
+        }
+}
+
+// x = +-(1 + 2^-23): x^2 = 1 + 2^-22 + 2^-46 needs 47 bits, so it is not an fp32 but is a double,
+// and k x^2 for k < 64 spans 52 bits: every partial sum of any grouping is exact in double. The
+// GPU must return exactly k x^2 for every n and start, whatever its partition; an fp32 square
+// (1 + 2^-22) or fp32 partial sum would show in the last bits.
+TEST_CASE("global_norm fp32: exact for values whose squares need double (n = 0..60, every start)") {
+    cuda_scratch_reserve(global_norm_scratch_bytes());
+    const float x = 1.0f + std::ldexp(1.0f, -23);
+    const double x2 = (double)x * (double)x;
+    REQUIRE((double)(float)x2 != x2);  // the square is not an fp32
+    for (size_t offset : {(size_t)0, (size_t)1, (size_t)2, (size_t)3})
+        for (size_t n = 0; n <= 60; n++) {
+            CAPTURE(offset);
+            CAPTURE(n);
+            std::vector<float> v(n);
+            for (size_t i = 0; i < n; i++) v[i] = i % 3 == 1 ? -x : x;
+            DevF32 d(v, offset);
+            const double got = global_norm_squared(d.ptr(), n);
+            INFO("got " << got << " want " << (double)n * x2);
+            CHECK(got == (double)n * x2);
+        }
+}
+
+TEST_CASE("global_norm fp32: bitwise deterministic, and n = 0 gives 0") {
+    cuda_scratch_reserve(global_norm_scratch_bytes());
+    const size_t n = (1 << 22) + 11;
+    const std::vector<float> x = random_vector(n, 98, 1.0f);
+    DevF32 d(x, 0);
+    CHECK(global_norm_squared(d.ptr(), 0) == 0.0);
+    const double a = global_norm_squared(d.ptr(), n);
+    for (int rep = 0; rep < 3; rep++) {
+        const double b = global_norm_squared(d.ptr(), n);
+        CHECK(std::memcmp(&a, &b, sizeof(double)) == 0);
+    }
+    // without the first element: another (misaligned) partition, the same sum less one square
+    const double c = global_norm_squared(d.ptr() + 1, n - 1);
+    CHECK(std::fabs(c - (a - (double)x[0] * x[0])) / a < 1e-11);
 }
 
 }  // namespace global_norm_test
