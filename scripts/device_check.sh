@@ -14,8 +14,9 @@
 #      attention, MoE and layernorm kernels)
 #   4. a short training run (d12, 32 x 1024 tokens per step, 30 steps; --val_batches computed from
 #      the val shard's size) and a short MoE run; checkpoints under /tmp, never under $OUT
-#   5. benchmarks, each under its own timeout: scripts/bench_attention.py --quick (FlexAttention and
-#      SDPA, trimmed grid), then the dev/cuda benchmarks
+#   5. benchmarks, each under its own timeout: dev/cuda attention forward / backward, then
+#      scripts/bench_attention.py --quick (FlexAttention and SDPA, trimmed grid), then matmul and the
+#      other dev/cuda benchmarks
 #   6. the summary table, printed last
 # $OUT (default out/device_check) gets ONE combined log (device_check.log, every step's output,
 # each capped at 640 KiB: head and tail), summary.txt and the training runs' log.jsonl files:
@@ -33,9 +34,11 @@
 #   memcheck ~30 s, racecheck ~45 s (small shapes; sanitizer start-up ~10 s each on a large binary)
 #   training ~45 s (start-up ~10 s, 30 steps at ~0.1-0.3 s, 2 evaluations, 64-token sample, a
 #     1.5 GB checkpoint written to /tmp) + MoE run ~25 s
-#   bench_attention.py --quick ~100 s (8 FlexAttention problems with a torch.compile each ~8 s, 2
-#     SDPA problems, the library prebuilt), dev/cuda benchmarks fill the rest up to BUDGET
-#   total: essential part (1-4) ~250 s with .prebuilt (~325 s rebuilding), everything <= BUDGET = 330 s
+#   dev/cuda attention forward, backward: 25 + 25 s (cut by their timeouts if longer: they print as
+#     they go); bench_attention.py --quick gets the rest, ~45 s by these estimates, which reaches its
+#     first problems only (~15 s of torch.compile per shape; it prints each problem as it finishes);
+#     matmul and the other benchmarks only if the earlier steps were faster than estimated
+#   total: essential part (1-4) ~250 s with .prebuilt (~325 s rebuilding), everything <= BUDGET = 345 s
 #   < 6 minutes.
 # Budgets are hard: every step runs under `timeout` clipped to what is left of BUDGET.
 set -uo pipefail
@@ -82,7 +85,7 @@ if [ "${1:-}" = "--prepare" ]; then
     [ "$total" -lt $((64 * 1024 * 1024)) ] || { echo "too large to carry"; exit 1; }
     echo
     echo "carry: $CARRY"
-    echo "call:  scripts/device_check.sh   (timeout_s 420; the script keeps itself within BUDGET=330 s)"
+    echo "call:  scripts/device_check.sh   (timeout_s 420; the script keeps itself within BUDGET=345 s)"
     exit 0
 fi
 
@@ -91,7 +94,7 @@ fi
 
 DRY_RUN=${DRY_RUN:-0}
 OUT=${OUT:-out/device_check}
-BUDGET=${BUDGET:-330}
+BUDGET=${BUDGET:-345}
 WORK=/tmp/device_check  # full step logs and the training runs' out_dir: outside $OUT
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
@@ -101,6 +104,13 @@ SUMMARY="$OUT/summary.txt"
 export PATH=/usr/local/cuda/bin:$PATH
 export LLMC_REQUIRE_GPU=1  # test_gpu fails (instead of skipping) when it sees no GPU
 START=$(date +%s)
+# the dry run has no real durations: its clock advances by each step's estimate (EST, seconds; the
+# limit where none is given), so the plan shows which steps the budget would reach
+declare -A EST=([probe_prebuilt]=10 [build]=90 [test_gpu]=90 [memcheck]=30 [racecheck]=45 [train_d12]=45
+                [train_moe]=25 [bench_attention_torch]=110 [bench_attention_forward]=25
+                [bench_attention_backward]=25 [bench_matmul]=20)
+DRY_CLOCK=0
+now() { echo $(($(date +%s) + DRY_CLOCK)); }
 declare -a TABLE
 say() { echo "$*" | tee -a "$LOG"; }
 [ "$DRY_RUN" = 1 ] && say "=== DRY RUN: commands are printed, not executed (GPU steps stubbed) ==="
@@ -125,7 +135,7 @@ run_step() {
     local name=$1 limit=$2 note_fn=$3
     shift 3
     local step_log="$WORK/$name.log" t0 left rc dt note=""
-    t0=$(date +%s)
+    t0=$(now)
     left=$((BUDGET - (t0 - START)))
     if [ "$left" -lt 15 ]; then
         TABLE+=("$(printf '%-24s %-10s %5s %5ss  %s' "$name" skipped - "$limit" "out of time budget")")
@@ -137,13 +147,16 @@ run_step() {
     say "=== $name (timeout ${limit}s; output: $LOG section '$name', full: $step_log)"
     say "\$ $*"
     if [ "$DRY_RUN" = 1 ]; then
-        echo "DRY RUN: not executed" > "$step_log"
+        local est=${EST[$name]:-15}
+        [ "$est" -gt "$limit" ] && est=$limit
+        echo "DRY RUN: not executed (starts at ~$((t0 - START)) s, estimate ${est} s)" > "$step_log"
+        DRY_CLOCK=$((DRY_CLOCK + est))
         rc=0
     else
         timeout --kill-after=5 "$limit" "$@" > "$step_log" 2>&1
         rc=$?
     fi
-    dt=$(($(date +%s) - t0))
+    dt=$(($(now) - t0))
     append_capped "$step_log"
     tail -n 4 "$step_log"
     [ "$note_fn" != - ] && [ "$DRY_RUN" != 1 ] && note=$($note_fn "$step_log" 2>/dev/null | head -c 150)
@@ -250,12 +263,16 @@ done
 # ------------------------------------------------------------------------------------------------
 # 5. benchmarks, most wanted first
 
+# our attention kernels alone first (no compile step, numbers printed as they come: a timeout
+# keeps them), then the comparison with PyTorch (torch.compile per shape), then the other kernels
+bench() {  # name limit
+    [ -x "$BENCH_DIR/$1" ] || [ "$DRY_RUN" = 1 ] || { TABLE+=("$(printf '%-24s %-10s' "bench_$1" missing)"); return; }
+    run_step "bench_$1" "$2" note_bench "$BENCH_DIR/$1"
+}
+bench attention_forward 25
+bench attention_backward 25
 run_step bench_attention_torch 130 note_bench_attention python3 scripts/bench_attention.py --quick --no-build --lib "$LIB"
-for name in matmul attention_forward attention_backward moe layernorm classifier adamw encoder swiglu gelu \
-            global_norm attention_lib; do
-    [ -x "$BENCH_DIR/$name" ] || [ "$DRY_RUN" = 1 ] || { TABLE+=("$(printf '%-24s %-10s' "bench_$name" missing)"); continue; }
-    run_step "bench_$name" 40 note_bench "$BENCH_DIR/$name"
-done
+for name in matmul moe layernorm classifier adamw encoder swiglu gelu global_norm attention_lib; do bench "$name" 25; done
 
 # ------------------------------------------------------------------------------------------------
 # 6. summary, last
@@ -266,7 +283,7 @@ done
     grep -hE "^step +(1|10|15|20|30)/|val loss|tok/s \| MFU" "$WORK"/train_d12.log "$WORK"/train_moe.log 2>/dev/null | head -20
     echo "== attention vs PyTorch"
     grep -hE "TFLOP/s|PASS|MISS|MISMATCH" "$WORK/bench_attention_torch.log" 2>/dev/null | head -40
-    echo "== summary ($(($(date +%s) - START)) s of $BUDGET s)"
+    echo "== summary ($(($(now) - START)) s of $BUDGET s$([ "$DRY_RUN" = 1 ] && echo ', DRY RUN: estimated'))"
     printf '%-24s %-10s %5s %6s  %s\n' step status time limit notes
     printf '%s\n' "${TABLE[@]}"
 } > "$SUMMARY"
