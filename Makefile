@@ -49,7 +49,7 @@ train_gpt_cpu: train_gpt.cu $(HEADERS)
 
 DEV_CUDA_BINS := $(patsubst dev/cuda/%.cu,dev/cuda/bin/%,$(wildcard dev/cuda/*.cu))
 ifeq ($(NVCC),)
-train_gpt test/test_gpu dev_cuda:
+train_gpt test/test_gpu dev_cuda dev/cuda/bin/libllmc_attention.so:
 	@echo "$@: nvcc not found (install the CUDA toolkit or set NVCC=/path/to/nvcc); skipping the GPU build"
 else
 train_gpt: train_gpt.cu $(HEADERS)
@@ -65,6 +65,11 @@ dev/cuda/bin/%: dev/cuda/%.cu dev/cuda/common.cuh $(HEADERS)
 	@mkdir -p dev/cuda/bin
 	$(NVCC) $(NVCCFLAGS) $< $(CUDA_LIBS) -o $@
 dev_cuda: $(DEV_CUDA_BINS)
+
+# the attention ops as a shared library for scripts/bench_attention.py (ctypes; --lib PATH)
+dev/cuda/bin/libllmc_attention.so: dev/cuda/attention_lib.cu $(HEADERS)
+	@mkdir -p dev/cuda/bin
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -shared -DLLMC_ATTENTION_LIB $< -o $@
 endif
 
 test_gpu: test/test_gpu
@@ -89,6 +94,6 @@ test:
 	@echo "make test: all CPU tests passed, CUDA targets compile"
 
 clean:
-	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_gpu dev/cuda/bin
+	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_gpu dev/cuda/bin .prebuilt
 
 include scripts/reference.mk

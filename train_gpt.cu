@@ -630,6 +630,11 @@ static void gpt_init_params(GPT& m, uint64_t seed) {
         for (size_t i = 0; i < t.numel; i++)
             p[t.offset + i] = t.init == ParamTensor::NORMAL ? rng.normal(0.0f, t.init_std)
                               : t.init == ParamTensor::ONES  ? 1.0f : 0.0f;
+    // the wte rows past vocab_size (padding to a multiple of 128) start at zero: no token uses them,
+    // so their gradient is zero and AdamW (zero update, decay of zero) keeps them at zero
+    const ParamTensor& wte = m.table[0];
+    std::fill(p.begin() + wte.offset + (size_t)m.config.vocab_size * m.config.n_embd,
+              p.begin() + wte.offset + wte.numel, 0.0f);
     gpt_set_state(m, p.data(), zeros.data(), zeros.data());
 }
 
@@ -977,7 +982,7 @@ static const Option OPTIONS[] = {
     {"final_lr_frac", "q", "0.1", "final learning rate as a fraction of the peak"},
     {"schedule", "", "cosine", "cosine | linear | constant | wsd"},
     {"wsd_decay_frac", "", "0.2", "wsd: fraction of the steps spent decaying"},
-    {"weight_decay", "c", "0.1", "AdamW weight decay (2-D weights only)"},
+    {"weight_decay", "c", "0.1", "AdamW weight decay (matrices: 2-D and stacked experts; not biases or LayerNorm)"},
     {"beta1", "", "0.9", "AdamW beta1"},
     {"beta2", "", "0.95", "AdamW beta2"},
     {"grad_clip", "", "1.0", "clip the global gradient norm to this (0: off)"},

@@ -4,6 +4,10 @@
 Runs on the GPU machine (PyTorch with CUDA, nvcc; no internet needed):
     python3 scripts/bench_attention.py            # default grid (~10 minutes, mostly torch.compile)
     python3 scripts/bench_attention.py --full     # T up to 8192, as dev/cuda/attention_*.cu
+    python3 scripts/bench_attention.py --quick    # the device check's trimmed grid (~2 minutes): hs 64 and
+        # 128, T 1024 and 4096, GQA ratio 4 only, packed and unpacked, SDPA at hs 128 T 4096 only,
+        # shorter timing runs; with --no-build --lib PATH it uses a prebuilt library
+        # (make dev/cuda/bin/libllmc_attention.so)
 
 What it does
   1. builds dev/cuda/attention_lib.cu (extern "C" wrappers of attention_forward / attention_backward taking
@@ -50,11 +54,11 @@ DEVICE = "cuda"
 # ---------------------------------------------------------------------------------------------------
 # our kernels through ctypes
 
-def build_lib(nvcc):
-    # Makefile-independent: one nvcc line, the library goes to /tmp
+def build_lib(nvcc, path):
+    # Makefile-independent: one nvcc line (the same as make dev/cuda/bin/libllmc_attention.so)
     cmd = [nvcc, "-O3", "-std=c++17", "-arch=sm_90", "--use_fast_math", "-Xcompiler", "-fPIC", "-shared",
            "-DLLMC_ATTENTION_LIB", "-I" + REPO, os.path.join(REPO, "dev", "cuda", "attention_lib.cu"),
-           "-o", LIB_PATH]
+           "-o", path]
     print("building:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
@@ -172,14 +176,18 @@ except Exception:  # triton missing: CUDA events
     _triton_do_bench = None
 
 
+BENCH_WARMUP_MS, BENCH_REP_MS, BENCH_EVENTS = 25, 100, 20  # --quick: 10, 40, 10
+
+
 def bench_ms(fn, grad_to_none=None):
     if _triton_do_bench is not None:
-        return _triton_do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
+        return _triton_do_bench(fn, warmup=BENCH_WARMUP_MS, rep=BENCH_REP_MS, grad_to_none=grad_to_none,
+                                return_mode="median")
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(20):
+    for _ in range(BENCH_EVENTS):
         if grad_to_none:
             for t in grad_to_none:
                 t.grad = None
@@ -335,19 +343,35 @@ def main():
     ap.add_argument("--ratios", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--version", type=int, default=0, help="ours: 0 dispatch (default), 1 simple, 2 flash")
     ap.add_argument("--nvcc", default=os.environ.get("NVCC", "nvcc"))
-    ap.add_argument("--no-build", action="store_true", help=f"use an existing {LIB_PATH}")
+    ap.add_argument("--no-build", action="store_true", help="use an existing library (--lib)")
+    ap.add_argument("--lib", default=LIB_PATH, help=f"the library of our kernels (default {LIB_PATH})")
+    ap.add_argument("--quick", action="store_true",
+                    help="the device check's grid: hs 64/128, T 1024/4096, GQA 4, packed and unpacked, "
+                         "SDPA at hs 128 T 4096 only, shorter timings")
     args = ap.parse_args()
     Ts = args.T or ([1024, 2048, 4096, 8192] if args.full else [1024, 4096])
+    global BENCH_WARMUP_MS, BENCH_REP_MS, BENCH_EVENTS
+    if args.quick:
+        BENCH_WARMUP_MS, BENCH_REP_MS, BENCH_EVENTS = 10, 40, 10
 
     if not args.no_build:
-        build_lib(args.nvcc)
-    ours = Ours(LIB_PATH, args.version)
+        build_lib(args.nvcc, args.lib)
+    ours = Ours(args.lib, args.version)
     print("torch %s on %s, FlexAttention lse via %s, timing with %s" % (
         torch.__version__, torch.cuda.get_device_name(), "return_aux" if _FLEX_HAS_AUX else "return_lse",
         "triton.testing.do_bench" if _triton_do_bench else "CUDA events"))
     print("TFLOP/s over visible score elements only: forward 4 hs, backward 10 hs (2.5x), f+b 14 hs per pair")
 
     results, failures = {}, []
+    if args.quick:
+        # the most wanted numbers first (a timeout keeps what was printed): T 4096 before 1024, the
+        # cuDNN comparison (hs 128, T 4096) right after its FlexAttention pair
+        for hs, T in ((128, 4096), (64, 4096), (128, 1024), (64, 1024)):
+            for packed in (True, False):
+                run_problem(Problem(hs, T, 4, packed, True, seed=T + 4), ours, False, results, failures)
+            if (hs, T) == (128, 4096):
+                run_problem(Problem(hs, T, 1, False, False, seed=7 + T), ours, True, results, failures)
+        args.hs, Ts = [], []  # the grids below are skipped
     # the FlexAttention grid: packed and unpacked rows, GQA, ALiBi
     for hs in args.hs:
         for T in Ts:

@@ -1,6 +1,7 @@
 // Tests of the mixture-of-experts FFN (expert-choice routing, Zhou et al. 2022; llmc/cpu/moe.h) and
 // of MoE models (train_gpt.cu):
-//  - moe_capacity arithmetic for both routing groups (ceil in double, capped at the group size),
+//  - moe_capacity arithmetic for both routing groups (ceil of the exact decimal quotient, capped at
+//    the group size),
 //  - moe_select against an independent brute force (rank counting) on random scores and on scores
 //    with deliberate exact ties, including ties straddling the k-th place,
 //  - router / gather / combine forwards against naive definitions (NaN-poisoned outputs),
@@ -81,9 +82,29 @@ void same_across_thread_counts(const std::string& what, const std::function<vect
 // naive definitions, straight from the spec
 
 // k per routing group, from the spec: batch min(n, ceil(n c / E)), position min(B, ceil(B c / E)) per t
+// The spec of the capacity, computed independently of moe_group_capacity: c is the decimal the user
+// typed, i.e. the shortest decimal that reads back as the float c ("1.2" for 1.2f), taken as the
+// exact fraction p / 10^q; then k = min(m, ceil(m p / (E 10^q))) in integers.
 int spec_group_k(int B, int T, int E, float c, bool by_pos) {
-    const int m = by_pos ? B : B * T;
-    return std::min(m, (int)std::ceil((double)m * (double)c / (double)E));
+    const long long m = by_pos ? B : (long long)B * T;
+    char text[64];
+    for (int digits = 1; digits <= 9; digits++) {
+        snprintf(text, sizeof(text), "%.*e", digits - 1, (double)c);
+        if (std::strtof(text, nullptr) == c) break;
+    }
+    // text is "d.ddde[+-]xx": mantissa digits and a power of ten
+    long long p = 0;
+    int q = 0, exp10 = 0;
+    const char* s = text;
+    for (; *s && *s != 'e'; s++)
+        if (*s >= '0' && *s <= '9') { p = p * 10 + (*s - '0'); q += (s > text + 1); }
+    if (*s == 'e') exp10 = std::atoi(s + 1);
+    q -= exp10;  // c = p * 10^-q
+    long long num = m * p, den = (long long)E;
+    for (; q > 0; q--) den *= 10;
+    for (; q < 0; q++) num *= 10;
+    const long long k = (num + den - 1) / den;
+    return (int)std::min(m, k);
 }
 
 struct Routing {
@@ -358,7 +379,7 @@ const SelCase sel_cases[] = {{2, 8, 4, 1.0f},  {3, 5, 4, 1.5f}, {4, 6, 1, 1.0f},
 // ------------------------------------------------------------------------------------------------
 // capacity and selection
 
-TEST_CASE("moe_capacity: ceil of n c / E in double, capped at the group size, for both groupings") {
+TEST_CASE("moe_capacity: ceil of n c / E with c the typed decimal, capped at the group size, both groupings") {
     struct Case {
         int B, T, E;
         float c;
@@ -376,7 +397,16 @@ TEST_CASE("moe_capacity: ceil of n c / E in double, capped at the group size, fo
         {5, 3, 8, 0.5f, 1, 3},        // 15 * 0.5 / 8 = 0.9375 -> 1; position ceil(0.3125) = 1, 3 * 1
         {3, 4, 5, 5.0f, 12, 12},      // exactly n and B
         {1, 10, 2, 1.0f, 5, 10},      // B = 1: a position group holds one token
-        {10, 1, 11, 1.1f, 2, 2},      // c is the float 1.1f: 10 * 1.100000024 / 11 = 1.0000000217 in double -> 2
+        // c is read as the typed decimal, not as the float's binary value (which is a little more or
+        // less): exact quotients must not round up to the next integer
+        {10, 1, 11, 1.1f, 1, 1},      // 1.1f = 1.100000024: 10 * 1.1 / 11 = 1 exactly, not 2
+        {5, 64, 4, 1.2f, 96, 128},    // 320 * 1.2 / 4 = 96 exactly (the float gives 96.0000038: not 97)
+        {10, 1, 4, 1.2f, 3, 3},       // per position 10 * 1.2 / 4 = 3 exactly, not 4
+        {10, 7, 4, 1.2f, 21, 21},     // 70 * 1.2 / 4 = 21; per position 3, 7 * 3
+        {10, 3, 7, 0.7f, 3, 3},       // 0.7f = 0.699999988 (below): 30 * 0.7 / 7 = 3; per position 1
+        {6, 5, 3, 0.1f, 1, 5},        // 0.1f: 30 * 0.1 / 3 = 1; per position 6 * 0.1 / 3 = 0.2 -> 1, 5 * 1
+        {25, 4, 8, 1.3f, 17, 20},     // 100 * 1.3 / 8 = 16.25 -> 17 (real fractions still round up); 4.0625 -> 5
+        {1000, 1000, 3, 1.5f, 500000, 500000},  // large n: exact 500000
         {3, 7, 2, 1.0f, 11, 14},      // 21 / 2 = 10.5 -> 11; per position 1.5 -> 2
     };
     for (const Case& cs : cases) {

@@ -4,7 +4,8 @@
 //
 //   scores S[i, e] = softmax_e(x_i . Wr_e)                         (fp32, router has no bias)
 //   each expert e takes the top tokens of column S[:, e] inside a routing group
-//     group = the whole micro-batch (moe_group=batch), k = min(n, ceil(n c / E)) tokens,
+//     group = the whole micro-batch (moe_group=batch), k = min(n, ceil(n c / E)) tokens
+//     (c read as the decimal the user typed: moe_group_capacity),
 //     or the B tokens at one position t (moe_group=position), min(B, ceil(B c / E)) per position;
 //     ties go to the lower token index, so routing is deterministic
 //   out_i = sum over the experts e that took token i of S[i, e] * FFN_e(x_i)   (0 if none took it)
@@ -22,12 +23,24 @@
 
 namespace cpu {
 
+// ceil(m * capacity_factor / E), capped at m, with the factor read as the decimal the user typed.
+// capacity_factor is a float: 1.2 arrives as 1.20000005, and ceil(320 * 1.20000005 / 4) =
+// ceil(96.0000038) = 97 where 96 is meant. The float is within 2^-24 (6e-8) relative of the typed
+// decimal, so a quotient within 1e-6 relative of an integer is that integer (the typed value gives
+// it exactly); anything further away is a real fraction and rounds up. (The one casualty would be
+// a factor that itself differs from a round one by less than 1e-6 relative: not a useful setting.)
+inline int moe_group_capacity(int m, int n_expert, float capacity_factor) {
+    const double x = (double)m * (double)capacity_factor / n_expert;
+    if (!(x < (double)m)) return m;  // capped in double before the conversion: any factor gives a valid count
+    const double nearest = std::round(x);
+    const double k = std::fabs(x - nearest) <= 1e-6 * std::max(1.0, x) ? nearest : std::ceil(x);
+    return (int)std::min((double)m, k);
+}
+
 // tokens each expert takes in total (the size of one expert's list)
 inline int moe_capacity(int B, int T, int n_expert, float capacity_factor, bool group_by_position) {
-    // capped in double before the conversion, so any capacity_factor gives a valid count
-    if (group_by_position) return T * (int)std::min((double)B, std::ceil((double)B * capacity_factor / n_expert));
-    int n = B * T;
-    return (int)std::min((double)n, std::ceil((double)n * capacity_factor / n_expert));
+    if (group_by_position) return T * moe_group_capacity(B, n_expert, capacity_factor);
+    return moe_group_capacity(B * T, n_expert, capacity_factor);
 }
 
 // scores [n, E] = softmax over experts of x [n, C] . router_w [E, C]^T, in fp32

@@ -177,6 +177,57 @@ inline std::vector<OpShape> op_shapes() {
             {2, 257, 64, 768, 2.0f, true}};
 }
 
+// Routing of one side (want: the CPU on fp32 activations) against the other (got: the GPU on bf16
+// ones). bf16 rounding moves scores by ~1e-3, so near-tied choices may flip: expert e's list holds i on
+// one side and j on the other. Such a flip is legitimate only if i's and j's scores are within the
+// noise of the threshold. For every expert and routing group, with kth = the weakest score `want`
+// took and next = the strongest it left: a token only `want` took has gap s - next, a token only
+// `got` took has gap kth - s (both >= 0, and below twice the score noise for a genuine flip).
+struct RoutingDiff {
+    int flips = 0;          // tokens one side took and the other did not, per expert, counted once per pair
+    double worst_gap = 0;   // the largest gap of a flipped token (see above)
+    std::vector<char> both; // [n, E]: expert e took token i on both sides
+};
+inline RoutingDiff compare_routing(const std::vector<int>& want_tokens, const std::vector<int>& got_tokens,
+                                   const std::vector<float>& want_scores, int B, int T, int E, int cap,
+                                   bool by_position) {
+    const int n = B * T, groups = by_position ? T : 1;
+    RoutingDiff d;
+    d.both.assign((size_t)n * E, 0);
+    std::vector<char> in_want(n), in_got(n);
+    for (int e = 0; e < E; e++) {
+        std::fill(in_want.begin(), in_want.end(), 0);
+        std::fill(in_got.begin(), in_got.end(), 0);
+        for (int r = 0; r < cap; r++) {
+            const int a = want_tokens[(size_t)e * cap + r], b = got_tokens[(size_t)e * cap + r];
+            REQUIRE((a >= 0 && a < n && b >= 0 && b < n));
+            in_want[a] = 1;
+            in_got[b] = 1;
+        }
+        for (int g = 0; g < groups; g++) {
+            auto member = [&](int i) { return !by_position || i % T == g; };
+            double kth = INFINITY, next = -INFINITY;
+            for (int i = 0; i < n; i++) {
+                if (!member(i)) continue;
+                const double sc = want_scores[(size_t)i * E + e];
+                if (in_want[i]) kth = std::min(kth, sc);
+                else next = std::max(next, sc);
+            }
+            for (int i = 0; i < n; i++) {
+                if (!member(i)) continue;
+                const double sc = want_scores[(size_t)i * E + e];
+                if (in_want[i] && in_got[i]) d.both[(size_t)i * E + e] = 1;
+                if (in_want[i] && !in_got[i]) {
+                    d.flips++;
+                    d.worst_gap = std::max(d.worst_gap, sc - next);
+                }
+                if (!in_want[i] && in_got[i]) d.worst_gap = std::max(d.worst_gap, kth - sc);
+            }
+        }
+    }
+    return d;
+}
+
 }  // namespace moe_test
 
 // ------------------------------------------------------------------------------------------------
@@ -510,4 +561,96 @@ TEST_CASE("matmul batched: 2-byte aligned operands, a bias that is not 16-byte a
         moe_test::check_batched(s, true, 1, 0, seed += 10);
         moe_test::check_batched(s, true, 0, 1, seed += 10);
     }
+}
+
+// ------------------------------------------------------------------------------------------------
+// the routing chain on bf16 activations vs the CPU on fp32 ones (as in the trainer test)
+
+namespace moe_test {
+
+// GPU: router on bf16(x), selection, gather, combine (identity experts: ye = the gathered rows); CPU:
+// the same on fp32 x. The routing is compared set by set (compare_routing: flips bounded,
+// each within twice the measured score noise of its threshold, few of them); the outputs of tokens whose experts
+// agree on both sides are compared (bf16), the others are left out.
+inline void check_routing_chain(int B, int T, int C, int E, float c, bool by_position, uint64_t seed) {
+    INFO("routing chain B=" << B << " T=" << T << " C=" << C << " E=" << E << " c=" << c
+                            << " by_position=" << by_position);
+    const int n = B * T, cap = cpu::moe_capacity(B, T, E, c, by_position);
+    const std::vector<float> x = random_vector((size_t)n * C, seed, 1.0f, 0.1f);  // fp32: the CPU's view
+    const std::vector<float> w = bf16_round(random_vector((size_t)E * C, seed + 1, 2.0f / std::sqrt((float)C)));
+    std::vector<float> want_scores((size_t)n * E), want_out((size_t)n * C), want_xe((size_t)E * cap * C);
+    std::vector<int> want_tokens((size_t)E * cap), want_slots((size_t)n * E);
+    cpu::moe_router_forward<float, float>(want_scores.data(), x.data(), w.data(), n, C, E);
+    cpu::moe_select<float>(want_tokens.data(), want_slots.data(), want_scores.data(), B, T, E, c, by_position);
+    cpu::moe_gather<float>(want_xe.data(), x.data(), want_tokens.data(), E, cap, C);
+    cpu::moe_combine_forward<float, float>(want_out.data(), want_xe.data(), want_scores.data(), want_slots.data(), n,
+                                           E, cap, C);
+
+    DevBF16 d_x(x), d_w(w), d_xe((size_t)E * cap * C), d_out((size_t)n * C);
+    DeviceBuffer<float> d_scores((size_t)n * E);
+    DeviceBuffer<int> d_tokens((size_t)E * cap), d_slots((size_t)n * E);
+    d_scores.poison();
+    d_tokens.poison();
+    d_slots.poison();
+    cuda_scratch_reserve(moe_scratch_bytes(B, T, C, E));
+    moe_router_forward(d_scores, d_x.ptr(), d_w.ptr(), n, C, E);
+    moe_select(d_tokens, d_slots, d_scores, B, T, E, c, by_position);
+    moe_gather(d_xe.ptr(), d_x.ptr(), d_tokens, E, cap, C);
+    moe_combine_forward(d_out.ptr(), d_xe.ptr(), d_scores, d_slots, n, E, cap, C);
+    const std::vector<float> got_scores = download(d_scores), got_out = d_out.get();
+    const std::vector<int> got_tokens = download(d_tokens);
+
+    // scores from bf16 inputs: ~1e-3 of the largest (logits ~ N(0, 4), inputs rounded to 2^-9)
+    CHECK_CLOSE("scores rel_max (bf16 inputs)", rel_max(got_scores, want_scores), 2e-2);
+    double noise = 0;
+    for (size_t i = 0; i < got_scores.size(); i++)
+        noise = std::max(noise, (double)std::fabs(got_scores[i] - want_scores[i]));
+    const RoutingDiff d = compare_routing(want_tokens, got_tokens, want_scores, B, T, E, cap, by_position);
+    INFO(d.flips << " flips, worst gap " << d.worst_gap << ", score noise " << noise);
+    MESSAGE("routing chain B=" << B << " T=" << T << " E=" << E << ": " << d.flips << " flips of " << E * cap
+                               << " choices, worst gap " << d.worst_gap << ", score noise " << noise);
+    // the gap check catches a mis-sorted selection; the count (2% of the E x cap choices, at least 4)
+    // catches a broken one whose errors happen to be small: genuine near-ties are far rarer
+    CHECK(d.flips <= std::max(4, E * cap / 50));
+    CHECK(d.worst_gap <= 2 * noise);
+    // outputs of the tokens whose experts agree
+    std::vector<float> got_same, want_same;
+    for (int i = 0; i < n; i++) {
+        bool same = true;
+        for (int e = 0; e < E; e++) same &= (want_slots[(size_t)i * E + e] >= 0) == (bool)d.both[(size_t)i * E + e];
+        for (int e = 0; e < E; e++) {  // and no expert the GPU alone took
+            bool got_taken = false;
+            for (int r = 0; r < cap; r++) got_taken |= got_tokens[(size_t)e * cap + r] == i;
+            same &= got_taken == (bool)d.both[(size_t)i * E + e];
+        }
+        if (!same) continue;
+        got_same.insert(got_same.end(), got_out.begin() + (size_t)i * C, got_out.begin() + (size_t)(i + 1) * C);
+        want_same.insert(want_same.end(), want_out.begin() + (size_t)i * C, want_out.begin() + (size_t)(i + 1) * C);
+    }
+    CHECK(got_same.size() >= (size_t)(n - 2 * d.flips) * C);  // a flip leaves out at most its 2 tokens
+    // the CPU's x is not rounded: one more bf16 rounding on top of the output's (2 x BF16_MAX_TOL)
+    check_bf16("out of the tokens routed alike", got_same, want_same, BF16_TOL, 2 * BF16_MAX_TOL);
+}
+
+}  // namespace moe_test
+
+TEST_CASE("MoE routing chain on bf16 activations vs the CPU on fp32: bounded flips within the score noise") {
+    using namespace moe_test;
+    // bf16 noise flips a near-tie with probability ~ score noise / score spacing at the threshold
+    check_routing_chain(4, 256, 768, 8, 1.0f, false, 16000);
+    check_routing_chain(16, 128, 256, 4, 1.0f, true, 16100);
+    check_routing_chain(8, 512, 128, 64, 2.0f, false, 16200);
+}
+
+// small shapes for compute-sanitizer (scripts/device_check.sh: test_gpu -tc='sanitizer*'): selection
+// (both groupings, ties), router forward and backward paths through the chain, gather / combine and
+// the batched expert matmuls
+TEST_CASE("sanitizer: MoE select, router, gather, combine, batched matmul on small shapes") {
+    using namespace moe_test;
+    matmul_setup();
+    check_select(make_scores(3, 37, 4, 1.0f, false, Ties::at_threshold, 17000), 3, 37, 4, 1.0f, false);
+    check_select(make_scores(3, 37, 6, 2.0f, true, Ties::levels, 17001), 3, 37, 6, 2.0f, true);
+    check_routing_chain(2, 40, 72, 4, 1.0f, false, 17002);
+    check_batched({3, 7, 37, 19}, true, 0, 0, 17003);
+    check_batched({2, 33, 64, 48}, true, 1, 0, 17004);
 }
