@@ -66,6 +66,11 @@ dev/cuda/bin/%: dev/cuda/%.cu dev/cuda/common.cuh $(HEADERS)
 	$(NVCC) $(NVCCFLAGS) $< $(CUDA_LIBS) -o $@
 dev_cuda: $(DEV_CUDA_BINS)
 
+# the single-GPU trainer as the GPU machine builds it (no MPI, no NCCL): compile check only
+dev/cuda/bin/train_gpt_single: train_gpt.cu $(HEADERS)
+	@mkdir -p dev/cuda/bin
+	$(NVCC) $(NVCCFLAGS) train_gpt.cu $(CUDA_LIBS) -o $@
+
 # the attention ops as a shared library for scripts/bench_attention.py (ctypes; --lib PATH)
 dev/cuda/bin/libllmc_attention.so: dev/cuda/attention_lib.cu $(HEADERS)
 	@mkdir -p dev/cuda/bin
@@ -76,7 +81,7 @@ test_gpu: test/test_gpu
 	./test/test_gpu
 
 # every CUDA target; in CI (no GPU) this is the compile check
-cuda_targets: train_gpt test/test_gpu dev_cuda
+cuda_targets: train_gpt test/test_gpu dev_cuda $(if $(NVCC),$(if $(MPI_CFLAGS),dev/cuda/bin/train_gpt_single))
 
 TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp test/test_moe.cpp
 test/test_cpu: $(TEST_SOURCES) test/test_util.h train_gpt.cu $(HEADERS)
