@@ -1242,7 +1242,11 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
         }
         if ((sample_every > 0 && (step + 1) % sample_every == 0) || (last && sample_len > 0))
             print_sample(model, sample_len, temperature, top_k, eot, sample_rng);
-        if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) save(step + 1);
+        if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) {
+            // not in the middle of a bad streak: --resume latest should land before the trouble began
+            if (bad_in_a_row == 0) save(step + 1);
+            else printf("checkpoint at step %d not written: the step was skipped as non-finite\n", step + 1);
+        }
     }
     gpt_free(model);
     return 0;
