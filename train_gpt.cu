@@ -925,9 +925,10 @@ static GPTConfig config_from_args(const Args& args) {
     GPTConfig c;
     const std::string preset = args.str("model");
     if (!preset.empty()) {
-        int n = 0;
-        LLMC_CHECK(sscanf(preset.c_str(), "d%d", &n) == 1 && n > 0 && preset == "d" + std::to_string(n),
+        // strict: "d" then a number in range (sscanf's %d would overflow on d99999999999)
+        LLMC_CHECK(preset.size() >= 2 && preset[0] == 'd' && isdigit((unsigned char)preset[1]),
                    "--model: '%s' is not a preset of the form dN (e.g. d4)", preset.c_str());
+        const int n = (int)parse_int64(preset.substr(1), "model dN: N", 1, 1024);
         c.n_layer = n; c.n_embd = 64 * n; c.n_head = n;
     }
     auto take = [&](const char* k, int& field) { if (preset.empty() || args.given.count(k)) field = args.i(k); };

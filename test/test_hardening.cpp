@@ -187,6 +187,8 @@ TEST_CASE("hardening 4/7/12: flags: 64-bit parse, range checks, no trailing junk
         {{"--vocab_size", "2147483647"}, "--vocab_size 2147483647 is too large"},
         {{"--n_embd", "1073741856"}, "--n_embd 1073741856 is too large"},
         {{"--n_layer", "100000"}, "--n_layer 100000 is too large"},
+        {{"-e", "d99999999999"}, "--model dN: N: 99999999999 is out of range"},
+        {{"-e", "dx"}, "--model: 'dx' is not a preset"},
         {{"-b", "2000000", "-t", "2000", "-d", "0"}, "B*T*ranks is too large"},
         {{"-d", "-256"}, "--total_batch_tokens: -256 is out of range"},
         {{"--lr", "-1"}, "--lr: must be a finite number > 0, got -1"},
