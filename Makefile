@@ -8,6 +8,7 @@
 #   make train_gpt_cpu        CPU reference build (g++, OpenMP, fp32)
 #   make train_gpt            CUDA build (GPU_ARCH=sm_90 by default: make train_gpt GPU_ARCH=sm_80)
 #   make test                 CPU tests + compile checks of every CUDA target (what CI runs)
+#   make fuzz                 seeded mutation fuzz of the shard and checkpoint readers (ASan+UBSan)
 #   make reference            regenerate test/data/ref_*.bin with PyTorch (scripts/reference.mk)
 CXX       ?= g++
 CXXFLAGS  ?= -O3 -march=native
@@ -40,7 +41,7 @@ NVCC_MPI_LIBS := $(patsubst -Wl%,-Xlinker %,$(filter-out -pthread,$(MPI_LIBS)))
 # scripts/device_check.sh --prepare)
 DOCTEST_INC := $(if $(wildcard .deps/doctest/doctest.h),-I.deps,)
 
-.PHONY: all test test_gpu test_dist dev_cuda cuda_targets clean reference
+.PHONY: all test test_gpu test_dist dev_cuda cuda_targets clean reference fuzz
 all: train_gpt_cpu train_gpt
 
 train_gpt_cpu: train_gpt.cu $(HEADERS)
@@ -83,7 +84,8 @@ test_gpu: test/test_gpu
 # every CUDA target; in CI (no GPU) this is the compile check
 cuda_targets: train_gpt test/test_gpu dev_cuda $(if $(NVCC),$(if $(MPI_CFLAGS),dev/cuda/bin/train_gpt_single))
 
-TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp test/test_moe.cpp
+TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp test/test_moe.cpp \
+                test/test_hardening.cpp
 test/test_cpu: $(TEST_SOURCES) test/test_util.h train_gpt.cu $(HEADERS)
 	$(CXX) $(CXXFLAGS) $(TEST_SOURCES) -o $@
 
@@ -92,13 +94,36 @@ test_dist: train_gpt_cpu
 	bash test/test_dist.sh
 
 test:
-	$(MAKE) -j2 test/test_cpu train_gpt_cpu cuda_targets
+	$(MAKE) -j2 test/test_cpu train_gpt_cpu cuda_targets test/fuzz_readers
 	OMP_NUM_THREADS=2 ./test/test_cpu
 	bash test/test_dist.sh
 	./test/test_gpu
-	@echo "make test: all CPU tests passed, CUDA targets compile"
+	$(MAKE) fuzz
+	@echo "make test: all CPU tests passed, fuzzing clean, CUDA targets compile"
+
+# Fuzzing (test/fuzz_readers.cpp): the readers under ASan + UBSan, any report fatal; each trial in
+# its own child process with an alarm, the whole run under `timeout` (a hang fails the target).
+FUZZ_TRIALS            ?= 600
+FUZZ_SEED              ?= 20240611
+FUZZ_CHECKPOINT_STRICT ?= 1
+FUZZ_CXXFLAGS := -O1 -g -std=c++17 -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
+                 -Wall -Wextra -I.
+FUZZ_ENV := ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+test/fuzz_readers: test/fuzz_readers.cpp $(HEADERS)
+	$(CXX) $(FUZZ_CXXFLAGS) test/fuzz_readers.cpp -o $@
+
+fuzz: test/fuzz_readers train_gpt_cpu
+	$(FUZZ_ENV) timeout 300 ./test/fuzz_readers shard --trials $(FUZZ_TRIALS) --seed $(FUZZ_SEED)
+	@d=$$(mktemp -d /tmp/llmc_fuzz_seed_XXXXXX) && \
+	./test/fuzz_readers make_shard $$d/seed_train_000.bin && \
+	./train_gpt_cpu --train "$$d/seed_train_*.bin" --val '' --out_dir $$d/run --n_layer 1 --n_embd 8 --n_head 1 \
+	    -b 1 -t 8 --max_steps 1 --sample_len 0 > $$d/train.log 2>&1 || { cat $$d/train.log; exit 1; }; \
+	ck=$$(ls -d $$d/run/ckpt_* | tail -n 1); \
+	$(FUZZ_ENV) timeout 300 ./test/fuzz_readers checkpoint $$ck --trials $(FUZZ_TRIALS) --seed $(FUZZ_SEED); rc=$$?; \
+	rm -rf $$d; \
+	if [ $$rc -ne 0 ] && [ "$(FUZZ_CHECKPOINT_STRICT)" = 1 ]; then exit $$rc; fi
 
 clean:
-	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_gpu dev/cuda/bin .prebuilt
+	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_gpu test/fuzz_readers dev/cuda/bin .prebuilt
 
 include scripts/reference.mk

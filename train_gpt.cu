@@ -33,6 +33,9 @@ Every op has one signature shared by both, so the model code below is written on
 #include "llmc/comm.h"
 #include "llmc/checkpoint.h"
 #include "llmc/logger.h"
+#include "llmc/memory_guard.h"
+#include "llmc/outlier.h"
+#include "llmc/run_dir.h"
 
 // ----------------------------------------------------------------------------------------------
 // 1. Backend
@@ -53,7 +56,13 @@ typedef float floatX;  // the element type of params, grads and activations
 static const char* backend_name() { return "cpu (fp32 reference)"; }
 static double peak_flops_per_s() { return 0; }  // unknown for a CPU: no MFU
 // where buffers live: host memory here, device memory in the CUDA build
+// bytes handed out by buffer_alloc so far (the memory guard's test compares its estimate with it)
+static size_t& buffer_bytes_allocated() {
+    static size_t bytes = 0;
+    return bytes;
+}
 static void* buffer_alloc(size_t bytes) {
+    buffer_bytes_allocated() += bytes;
     void* p = calloc(1, bytes);
     LLMC_CHECK(p, "out of memory allocating %zu bytes", bytes);
     return p;
@@ -65,6 +74,8 @@ static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(
 static void copy_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static void backend_sync() {}
 static void backend_setup(int, int, int, int, int, int, int, int, int) {}
+// memory the run's buffers can use: host memory (MemAvailable), for the memory guard
+static double available_buffer_memory(std::string& source) { return available_host_memory(source); }
 #else
 // The CUDA build: bf16 params, grads and activations, fp32 master weights and Adam moments, fp32
 // statistics. The ops (llmc/<op>.cuh) have the signatures of their CPU twins.
@@ -95,7 +106,12 @@ static double peak_flops_per_s() {
     if (p.major == 8 && p.minor == 0) return 312e12;  // A100
     return 0;
 }
+static size_t& buffer_bytes_allocated() {
+    static size_t bytes = 0;
+    return bytes;
+}
 static void* buffer_alloc(size_t bytes) {
+    buffer_bytes_allocated() += bytes;
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
     LLMC_CHECK(err == cudaSuccess, "out of GPU memory allocating %zu bytes (%s): reduce -b or the model size", bytes,
@@ -104,6 +120,15 @@ static void* buffer_alloc(size_t bytes) {
     return p;
 }
 static void buffer_free(void* p) { cudaCheck(cudaFree(p)); }
+// free GPU memory now (cudaMemGetInfo), for the memory guard (LLMC_MEMORY_LIMIT overrides it)
+static double available_buffer_memory(std::string& source) {
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    double limit = memory_limit_override();
+    if (limit >= 0) { source = "LLMC_MEMORY_LIMIT"; return limit; }
+    source = "free GPU memory (cudaMemGetInfo)";
+    return (double)free_bytes;
+}
 static void buffer_zero(void* p, size_t bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, llmc_stream())); }
 static void copy_to_buffer(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, llmc_stream()));
@@ -170,6 +195,17 @@ struct GPTConfig {
 
     // fills derived fields and rejects impossible shapes, naming the flag
     void finalize() {
+        // Upper bounds first, far above any real model, so that every derived size below (and the
+        // int arithmetic of the ops) is far from overflowing: e.g. --vocab_size 2147483647 would
+        // wrap the padding to a multiple of 128, --n_embd 1073741856 the FFN width.
+        const std::pair<const char*, std::pair<int, int>> bounds[] = {
+            {"vocab_size", {vocab_size, 1 << 24}},   {"n_layer", {n_layer, 1024}},
+            {"n_embd", {n_embd, 1 << 16}},           {"n_head", {n_head, 4096}},
+            {"n_kv_head", {n_kv_head, 4096}},        {"ffn_hidden", {ffn_hidden, 1 << 20}},
+            {"max_seq_len", {max_seq_len, 1 << 24}}, {"n_expert", {n_expert, 1024}},
+            {"moe_every", {moe_every, 1024}},        {"expert_hidden", {expert_hidden, 1 << 20}}};
+        for (const auto& [flag, vb] : bounds)
+            LLMC_CHECK(vb.first <= vb.second, "--%s %d is too large: at most %d is supported", flag, vb.first, vb.second);
         LLMC_CHECK(vocab_size > 0, "--vocab_size: must be > 0, got %d", vocab_size);
         padded_vocab_size = ceil_div(vocab_size, 128) * 128;
         LLMC_CHECK(n_layer > 0, "--n_layer: must be > 0, got %d", n_layer);
@@ -191,6 +227,21 @@ struct GPTConfig {
         LLMC_CHECK(moe_group == MOE_GROUP_BATCH || moe_group == MOE_GROUP_POSITION, "--moe_group: expected batch or position");
         if (expert_hidden == 0) expert_hidden = ffn_hidden;
         LLMC_CHECK(expert_hidden > 0, "--expert_hidden: must be > 0, got %d", expert_hidden);
+    }
+
+    // Rejects a batch shape this model cannot run, naming the flags. Sizes in 64 bits: the ops
+    // index tokens (B*T*ranks) and an MoE layer's expert rows with int.
+    void check_batch(int64_t B, int64_t T, int64_t world = 1) const {
+        LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %lld", (long long)B);
+        LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %lld", (long long)T);
+        // the learned position table has max_seq_len rows; a longer row would read and write past it
+        LLMC_CHECK(pos != POS_LEARNED || T <= max_seq_len,
+                   "--seq_len %lld is longer than --max_seq_len %d: with --pos learned the position table has "
+                   "max_seq_len rows; lower -t or raise --max_seq_len", (long long)T, max_seq_len);
+        checked_product({B, T, world}, INT32_MAX, "the tokens per micro-batch B*T*ranks");
+        if (n_expert > 0)
+            checked_product({(int64_t)n_expert, (int64_t)moe_capacity((int)B, (int)T)}, INT32_MAX,
+                            "the MoE expert rows n_expert * capacity");
     }
 };
 
@@ -393,8 +444,84 @@ static ZeroLayout gpt_zero_layout(const GPTConfig& c, const std::vector<ParamTen
     return zero_layout(segment_begins(c, table), count_params(table), zero_stage, dp.size, dp.rank);
 }
 
+// What gpt_allocate will allocate for (config, B, T), without allocating: the memory guard
+// compares it with the machine before the run starts. It mirrors gpt_allocate buffer by buffer
+// (a test checks the two agree exactly), in double so no product can wrap.
+struct MemoryEstimate {
+    double params = 0, grads = 0, master = 0, moments = 0, activations = 0, batch = 0;
+    double host = 0;  // host-side staging (init, checkpoint save/load copies, batch vectors)
+    double buffers() const { return params + grads + master + moments + activations + batch; }
+};
+static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int zero_stage = 0) {
+    MemoryEstimate e;
+    const std::vector<ParamTensor> table = build_param_table(c);
+    const double n = (double)count_params(table), fx = sizeof(floatX), f = sizeof(float);
+    // the flat buffers as this rank holds them for the ZeRO stage (zero.h)
+    const ZeroMemory zm = zero_memory(gpt_zero_layout(c, table, zero_stage, comm_world().dp), sizeof(floatX),
+                                      sizeof(floatX) != sizeof(float), ZERO3_PARAM_SLOTS, ZERO3_GRAD_SLOTS);
+    e.params = zm.params;
+    e.grads = zm.grads + zm.grad_acc + zm.comm;
+    e.master = zm.master;
+    e.moments = zm.moments;
+    const double BT = (double)B * T, C = c.n_embd, E = c.n_expert, qkv = c.qkv_channels(), fc = c.fc_channels();
+    const double expert_rows = c.n_expert > 0 ? E * c.moe_capacity(B, T) : 0, He = c.expert_hidden;
+    double act = 0, stats = 0, ints = 0;  // elements of floatX, float, int
+    for (int l = 0; l < c.n_layer; l++) {
+        const bool moe = c.is_moe(l);
+        if (moe) { stats += BT * E; ints += expert_rows + BT * E; act += 2 * expert_rows * C; }
+        act += BT * C * 5 + BT * qkv;  // ln1, atty, residual2, ln2, residual3; qkv
+        stats += BT * 4 + BT * c.n_head;  // ln1/ln2 mean, rstd; att_lse
+        act += moe ? expert_rows * 2 * He + expert_rows * He : BT * fc + BT * c.ffn_hidden;  // fch, fch_act
+    }
+    act += BT * C * 2 + BT * c.padded_vocab_size;                                    // encoded, lnf, logits
+    stats += BT * 3;                                                                 // lnf mean, rstd; losses
+    act += BT * C * 3 + BT * qkv;                                                    // d_residual, d_ln, d_atty, d_qkv
+    act += std::max(BT * fc, expert_rows * 2 * He) + std::max(BT * c.ffn_hidden, expert_rows * He);  // d_fch(_act)
+    if (c.n_expert > 0) { act += expert_rows * C; stats += BT * E; }                 // d_expert_io, d_moe_scores
+    act += BT * std::max<double>(C, c.ffn_hidden);                                   // scratch
+    e.activations = act * fx + stats * f + ints * sizeof(int);
+    e.batch = 3 * BT * sizeof(int);
+    // host: init (params + zeros) or a loaded checkpoint (3 fp32 copies), the rounded upload copy,
+    // the checkpoint save copies (3 fp32), batch vectors and per-token losses
+    e.host = 3 * n * f + n * fx + 3 * n * f + 4 * BT * sizeof(int);
+    return e;
+}
+
+// The memory guard: refuses, before anything big is allocated, a run whose buffers cannot fit,
+// with the numbers and what to change (the full memory planner is a later issue; this is the
+// guard). On the CPU the buffers and the host staging share host memory.
+static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage) {
+    const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage);
+    std::string source;
+    const double avail = available_buffer_memory(source);
+#ifdef LLMC_CPU
+    const double need = e.buffers() + e.host;
+#else
+    const double need = e.buffers();
+    std::string host_source;
+    const double host_avail = available_host_memory(host_source);
+    LLMC_CHECK(host_avail <= 0 || e.host <= host_avail,
+               "memory: the host-side staging needs %.2f GiB but %s is %.2f GiB; reduce the model size",
+               e.host / 1073741824.0, host_source.c_str(), host_avail / 1073741824.0);
+#endif
+    const double MiB = 1048576.0, GiB = 1073741824.0;
+    LLMC_CHECK(avail <= 0 || need <= avail,
+               "memory: this run needs %.2f GiB (params %.1f MiB, grads %.1f MiB, master %.1f MiB, Adam moments %.1f "
+               "MiB, activations %.1f MiB for B %d x T %d, host staging %.1f MiB) but %s is %.2f GiB. Activations grow "
+               "with B*T: lower -b (batch size) or -t (sequence length), and keep the tokens per step with "
+               "-d/--total_batch_tokens (gradient accumulation); or shrink the model (--n_layer, --n_embd, --vocab_size)",
+               need / GiB, e.params / MiB, e.grads / MiB, e.master / MiB, e.moments / MiB, e.activations / MiB, B, T,
+#ifdef LLMC_CPU
+               e.host / MiB,
+#else
+               0.0,
+#endif
+               source.c_str(), avail / GiB);
+}
+
 // The memory plan: everything is allocated here, once; the training step allocates nothing.
 static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero_stage = 0) {
+    config.check_batch(B, T, comm_world().dp.size);
     m.config = config;
     backend_setup(B, T, config.n_embd, config.n_head, config.n_kv_head,
                   std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert,
@@ -815,18 +942,25 @@ struct OptimizerConfig {
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_clip = 1.0f;
 };
 
-// The optimizer step, after the step's last gpt_backward: stages 0-1 first complete the
-// all-reduce of the gradients (all-gather of the reduced slices); then global-norm clipping
-// (PyTorch's rule: scale = min(1, clip / (norm + 1e-6))) and AdamW on what this rank updates;
-// stages 1-2 then all-gather the updated parameters. Returns the gradient norm before clipping.
-// step is 0-based.
-static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
+// The optimizer step, after the step's last gpt_backward, in two parts so the training loop can
+// look at the norm (and the loss) before deciding to update: a step with a non-finite loss or
+// norm is skipped (see train_main).
+// gpt_grad_norm: stages 0-1 first complete the all-reduce of the gradients (all-gather of the
+// reduced slices); returns the norm of the whole gradient (collective).
+static float gpt_grad_norm(GPT& m) {
     const ZeroLayout& z = m.zero;
     const CommGroup& dp = comm_world().dp;
     if (!z.acc_sharded() && dp.size > 1)
         for (int s = 0; s < (int)z.segs.size(); s++)
             all_gather(dp, m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
-    float norm = (float)std::sqrt(grad_norm_squared(z, m.grad_acc));
+    return (float)std::sqrt(grad_norm_squared(z, m.grad_acc));
+}
+// gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)))
+// and AdamW on what this rank updates; stages 1-2 then all-gather the updated parameters.
+// step is 0-based.
+static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int step, float norm) {
+    const ZeroLayout& z = m.zero;
+    const CommGroup& dp = comm_world().dp;
     float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded
@@ -839,6 +973,10 @@ static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
         for (int s = 0; s < (int)z.segs.size(); s++)
             all_gather(dp, m.params + z.params_own(s), m.params + z.segs[s].padded_offset,
                        z.shard_len(s) * sizeof(floatX));
+}
+[[maybe_unused]] static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
+    const float norm = gpt_grad_norm(m);
+    gpt_apply_update(m, o, lr, step, norm);
     return norm;
 }
 
@@ -995,28 +1133,30 @@ static const Option OPTIONS[] = {
     {"top_k", "", "0", "sample from the k most likely tokens (0: all)"},
     {"ckpt_every", "n", "0", "write a checkpoint every N steps (0: only at the end)"},
     {"resume", "y", "", "checkpoint to resume from: a file, or 'latest' (newest in out_dir; default: none)"},
-    {"seed", "", "1337", "seed for init, data order and sampling"},
+    {"seed", "", "1337", "seed for init, data order and sampling (0 .. 2^64-1)"},
+    {"overwrite", "", "0", "a fresh run may replace the checkpoints and log of an earlier run in out_dir (a switch)"},
+    {"max_bad_steps", "", "5", "stop (exit 1) after this many consecutive steps with a non-finite loss or grad norm"},
     {"zero", "z", "0", "ZeRO stage over the data-parallel ranks: 0 all-reduce, 1 shard optimizer state, 2 also "
                        "gradients, 3 also parameters (gathered per block)"},
 };
+
+// flags that may be given without a value (--overwrite means --overwrite 1)
+static bool is_switch(const char* name) { return strcmp(name, "overwrite") == 0; }
 
 struct Args {
     std::map<std::string, std::string> value;
     std::map<std::string, bool> given;
 
     const std::string& str(const char* k) const { return value.at(k); }
-    int i(const char* k) const {
-        char* end;
-        long v = strtol(value.at(k).c_str(), &end, 10);
-        LLMC_CHECK(*end == 0 && !value.at(k).empty(), "--%s: expected an integer, got '%s'", k, value.at(k).c_str());
-        return (int)v;
-    }
+    // strict parses (llmc/utils.h): the whole value, in range, or an error naming the flag
+    int i(const char* k, int lo = INT32_MIN, int hi = INT32_MAX) const { return (int)parse_int64(value.at(k), k, lo, hi); }
+    uint64_t u64(const char* k) const { return parse_uint64(value.at(k), k); }
     float f(const char* k) const {
-        char* end;
-        float v = strtof(value.at(k).c_str(), &end);
-        LLMC_CHECK(*end == 0 && !value.at(k).empty(), "--%s: expected a number, got '%s'", k, value.at(k).c_str());
-        return v;
+        double v = parse_double(value.at(k), k);
+        LLMC_CHECK(std::fabs(v) <= 3.4e38, "--%s: %s does not fit a 32-bit float", k, value.at(k).c_str());
+        return (float)v;
     }
+    bool flag(const char* k) const { return i(k, 0, 1) != 0; }
 };
 
 static void print_usage() {
@@ -1040,6 +1180,11 @@ static bool parse_args(int argc, char** argv, Args& args) {
         for (const Option& o : OPTIONS)
             if (a == std::string("--") + o.name || (o.short_name[0] && a == std::string("-") + o.short_name)) found = &o;
         LLMC_CHECK(found, "unknown flag '%s' (run with -h for the list)", a.c_str());
+        if (is_switch(found->name) && !(k + 1 < argc && (!strcmp(argv[k + 1], "0") || !strcmp(argv[k + 1], "1")))) {
+            args.value[found->name] = "1";
+            args.given[found->name] = true;
+            continue;
+        }
         LLMC_CHECK(k + 1 < argc, "flag %s needs a value", a.c_str());
         args.value[found->name] = argv[++k];
         args.given[found->name] = true;
@@ -1051,9 +1196,10 @@ static GPTConfig config_from_args(const Args& args) {
     GPTConfig c;
     const std::string preset = args.str("model");
     if (!preset.empty()) {
-        int n = 0;
-        LLMC_CHECK(sscanf(preset.c_str(), "d%d", &n) == 1 && n > 0 && preset == "d" + std::to_string(n),
+        // strict: "d" then a number in range (sscanf's %d would overflow on d99999999999)
+        LLMC_CHECK(preset.size() >= 2 && preset[0] == 'd' && isdigit((unsigned char)preset[1]),
                    "--model: '%s' is not a preset of the form dN (e.g. d4)", preset.c_str());
+        const int n = (int)parse_int64(preset.substr(1), "model dN: N", 1, 1024);
         c.n_layer = n; c.n_embd = 64 * n; c.n_head = n;
     }
     auto take = [&](const char* k, int& field) { if (preset.empty() || args.given.count(k)) field = args.i(k); };
@@ -1087,6 +1233,19 @@ static std::vector<std::pair<const char*, int*>> config_fields(GPTConfig& c) {
             {"max_seq_len", &c.max_seq_len}, {"mlp", &c.mlp},               {"pos", &c.pos},
             {"n_expert", &c.n_expert},     {"moe_every", &c.moe_every},     {"moe_group", &c.moe_group},
             {"expert_hidden", &c.expert_hidden}};
+}
+
+// Optimizer values that would silently ruin a run (a negative lr ascends, beta >= 1 never
+// forgets, a NaN clip disables clipping) are refused up front, naming the flag.
+static void check_optimizer_flags(float lr, const OptimizerConfig& o) {
+    LLMC_CHECK(std::isfinite(lr) && lr > 0, "--lr: must be a finite number > 0, got %g", lr);
+    LLMC_CHECK(o.beta1 >= 0 && o.beta1 < 1, "--beta1: must be in [0, 1), got %g", o.beta1);
+    LLMC_CHECK(o.beta2 >= 0 && o.beta2 < 1, "--beta2: must be in [0, 1), got %g", o.beta2);
+    LLMC_CHECK(std::isfinite(o.eps) && o.eps > 0, "AdamW eps: must be > 0, got %g", o.eps);
+    LLMC_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight_decay: must be >= 0, got %g",
+               o.weight_decay);
+    LLMC_CHECK(std::isfinite(o.grad_clip) && o.grad_clip >= 0, "--grad_clip: must be a finite number >= 0 (0: off), got %g",
+               o.grad_clip);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1209,23 +1368,26 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     Args args;
     if (!parse_args(argc, argv, args)) { if (rank0) print_usage(); return 0; }
     GPTConfig config = config_from_args(args);
-    const int B = args.i("batch_size"), T = args.i("seq_len");
+    const int B = args.i("batch_size", 1), T = args.i("seq_len", 1);
     LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
     LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %d", T);
-    const int zero_stage = args.i("zero");
-    LLMC_CHECK(zero_stage >= 0 && zero_stage <= 3, "--zero: expected 0, 1, 2 or 3, got %d", zero_stage);
+    const int zero_stage = args.i("zero", 0, 3);
     comm_make_grid(cm, cm.world_size);  // all ranks data-parallel (pipeline and tensor groups come later)
     const CommGroup& dp = cm.dp;
     const int world = dp.size;
-    const long long tokens_per_micro = (long long)B * T * world;
-    const long long total_batch = args.i("total_batch_tokens") > 0 ? args.i("total_batch_tokens") : tokens_per_micro;
+    // token counts in 64 bits: B*T*ranks must fit the ops' int indexing, the step may be larger
+    const int64_t tokens_per_micro = checked_product({B, T, world}, INT32_MAX, "the tokens per micro-batch B*T*ranks");
+    const int64_t total_batch_flag = parse_int64(args.str("total_batch_tokens"), "total_batch_tokens", 0, INT64_MAX);
+    const int64_t total_batch = total_batch_flag > 0 ? total_batch_flag : tokens_per_micro;
     LLMC_CHECK(total_batch % tokens_per_micro == 0,
-               "--total_batch_tokens %lld is not a multiple of B*T*ranks = %d*%d*%d = %lld", total_batch, B, T, world,
-               tokens_per_micro);
-    const int grad_accum = (int)(total_batch / tokens_per_micro);  // micro-batches per rank per step
-    const int global_micro = grad_accum * world;
-    const int max_steps = args.i("max_steps");
-    const uint64_t seed = (uint64_t)std::stoll(args.str("seed"));
+               "--total_batch_tokens %lld is not a multiple of B*T*ranks = %d*%d*%d = %lld", (long long)total_batch, B, T,
+               world, (long long)tokens_per_micro);
+    const int grad_accum = (int)checked_product({total_batch / tokens_per_micro}, INT32_MAX,
+                                                "the gradient accumulation steps --total_batch_tokens / (B*T*ranks)");
+    const int global_micro = grad_accum * world;  // micro-batches per step, over all ranks
+    const int max_steps = args.i("max_steps", 0);
+    const uint64_t seed = args.u64("seed");
+    const int max_bad_steps = args.i("max_bad_steps", 1);
     LRSchedule sched;
     sched.kind = args.str("schedule");
     sched.lr_max = args.f("lr");
@@ -1239,12 +1401,22 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     opt.beta2 = args.f("beta2");
     opt.weight_decay = args.f("weight_decay");
     opt.grad_clip = args.f("grad_clip");
-    const int val_every = args.i("val_every"), val_batches = args.i("val_batches");
-    const int sample_every = args.i("sample_every"), sample_len = args.i("sample_len"), top_k = args.i("top_k");
+    check_optimizer_flags(sched.lr_max, opt);
+    const int val_every = args.i("val_every", 0), val_batches = args.i("val_batches", 0);
+    const int sample_every = args.i("sample_every", 0), sample_len = args.i("sample_len", 0), top_k = args.i("top_k", 0);
     const float temperature = args.f("temperature");
-    const int ckpt_every = args.i("ckpt_every");
+    LLMC_CHECK(temperature >= 0, "--temperature: must be >= 0, got %g", temperature);
+    const int ckpt_every = args.i("ckpt_every", 0);
     const std::string out_dir = args.str("out_dir");
-    if (rank0) make_dirs(out_dir);
+    // out_dir ownership (llmc/run_dir.h): one trainer at a time, and a fresh run does not mix with
+    // an earlier run's checkpoints. Rank 0 alone creates the directory and holds the lock.
+    RunDirLock out_dir_lock;
+    if (rank0) {
+        make_dirs(out_dir);
+        out_dir_lock.acquire(out_dir);
+        if (claim_out_dir(out_dir, !args.str("resume").empty(), args.flag("overwrite")))
+            printf("--overwrite: removed the earlier run's checkpoints and log from %s\n", out_dir.c_str());
+    }
     barrier(dp);
 
     // resume: the checkpoint's config wins over defaults, and must agree with explicit flags
@@ -1270,11 +1442,11 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         config.capacity_factor = (float)stored_cf;
         config.finalize();
         // the global batch decides the math; how it is split over ranks does not
-        const std::pair<const char*, long long> shape[] = {{"batch_size", B}, {"seq_len", T}, {"total_batch_tokens", total_batch}};
+        const std::pair<const char*, int64_t> shape[] = {{"batch_size", B}, {"seq_len", T}, {"total_batch_tokens", total_batch}};
         for (auto& [name, v] : shape) {
             int64_t stored = ck.get_int(std::string("train.") + name, resume);
             LLMC_CHECK(stored == v, "%s: checkpoint was trained with --%s %lld, this run has %lld; resuming needs the same batch shape",
-                       resume.c_str(), name, (long long)stored, v);
+                       resume.c_str(), name, (long long)stored, (long long)v);
         }
         LLMC_CHECK((uint64_t)ck.get_int("train.seed", resume) == seed,
                    "%s: checkpoint was trained with --seed %lld, this run has %llu", resume.c_str(),
@@ -1283,6 +1455,9 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         LLMC_CHECK(step >= 0 && step <= max_steps, "%s: checkpoint step %lld is outside [0, --max_steps %d]",
                    resume.c_str(), (long long)step, max_steps);
     }
+
+    config.check_batch(B, T, world);  // after the resume: the checkpoint may have set the config
+    check_memory_fits(config, B, T, zero_stage);   // before anything big is allocated
 
     DataLoader train_loader(args.str("train"), B, T, dp.rank, world, true, seed, config.vocab_size, "--train");
     const int eot = train_loader.eot;
@@ -1335,13 +1510,13 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
             printf("parameters: %zu\n", model.param_count);
         }
         printf("batch: B %d x T %d x %d ranks x %d accumulation steps = %lld tokens per step\n", B, T, world,
-               grad_accum, total_batch);
+               grad_accum, (long long)total_batch);
         print_memory_plan(model, zero_stage);
         printf("train: %zu shard(s), val: %s\n", train_loader.shards.size(), have_val ? "yes" : "no");
     }
 
-    JsonlLogger log;
-    if (rank0) log.open(out_dir + "/log.jsonl", !resume.empty());
+    JsonlLogger log;  // a resume trims the log back to its step (llmc/logger.h says why)
+    if (rank0) log.open_for_run(out_dir + "/log.jsonl", resume.empty() ? -1 : start_step);
     std::vector<int> in((size_t)B * T), tgt((size_t)B * T), ds((size_t)B * T);
 
     // collective: every rank writes the table ranges of its own slices, rank 0 the header last
@@ -1363,6 +1538,14 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         for (auto& v : own) v.resize(z.shard_total);
         gpt_own_state(model, own[0].data(), own[1].data(), own[2].data());
         std::string path = checkpoint_path(out_dir, step);
+        // never write a diverged state: a later --resume would continue from it (each rank checks its slices)
+        for (int a = 0; a < 3; a++) {
+            const char* name = a == 0 ? "parameter" : a == 1 ? "Adam m" : "Adam v";
+            size_t bad = first_non_finite(own[a].data(), own[a].size());
+            LLMC_CHECK(bad == own[a].size(),
+                       "step %d: refusing to write %s: a %s is %g (the model state is not finite: the run diverged); "
+                       "resume from an earlier checkpoint with a lower --lr", step, path.c_str(), name, own[a][bad]);
+        }
         save_checkpoint_parts(dp, path, out, model.n_params, own_table_ranges(z, dp.rank),
                               own_values_in_table_order(z, own[0].data()).data(),
                               own_values_in_table_order(z, own[1].data()).data(),
@@ -1372,6 +1555,11 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
 
     const double peak = peak_flops_per_s();
     std::vector<double> micro_losses(grad_accum);
+    // NaN/Inf policy: a step whose loss or gradient norm is not finite is skipped (no optimizer
+    // update), counted and logged; max_bad_steps of them in a row stop the run (exit 1): it has
+    // diverged, and the state is still the last good one (no checkpoint of a bad state is written).
+    int bad_in_a_row = 0, bad_total = 0;
+    LossOutlierDetector loss_spikes;  // z-score of the loss against the recent window (llmc/outlier.h)
     for (int step = start_step; step < max_steps; step++) {
         auto t0 = std::chrono::steady_clock::now();
         comm_reset_counters(cm);
@@ -1387,7 +1575,12 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         }
         const double loss = sum_in_global_order(micro_losses, global_micro) / global_micro;
         float lr = sched.at(step);
-        float norm = gpt_update(model, opt, lr, step);
+        const float norm = gpt_grad_norm(model);
+        const bool bad_step = !std::isfinite(loss) || !std::isfinite(norm);
+        if (!bad_step) gpt_apply_update(model, opt, lr, step, norm);
+        bad_in_a_row = bad_step ? bad_in_a_row + 1 : 0;
+        bad_total += bad_step;
+        const double loss_z = loss_spikes.update(loss);
         backend_sync();
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (rank0 && step == start_step && world > 1) print_comm_volume(model, grad_accum);
@@ -1400,9 +1593,15 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
             if (mfu >= 0) snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100 * mfu);
             printf("step %5d/%d | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %s", step + 1, max_steps,
                    loss, norm, lr, ms, tok_s, mfu_text);
+            if (std::isfinite(loss_z)) printf(" | z %+.1f%s", loss_z, loss_z > 5 ? " (loss spike)" : "");
+            if (bad_step)
+                printf(" | SKIPPED: non-finite loss or grad norm, no update (%d in a row, stop at %d)", bad_in_a_row,
+                       max_bad_steps);
             std::vector<std::pair<const char*, double>> fields = {
-                {"step", step + 1}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"ms", ms}, {"tok_s", tok_s}};
+                {"step", step + 1}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"ms", ms}, {"tok_s", tok_s},
+                {"loss_z", loss_z}};
             if (mfu >= 0) fields.push_back({"mfu", mfu});
+            if (bad_step) fields.insert(fields.end(), {{"skipped", 1}, {"bad_steps", (double)bad_total}});
             if (config.n_expert > 0) {
                 printf(" | tokens by 0/1/2+ experts %.0f/%.0f/%.0f%% | expert load %d..%d", 100 * st.frac[0],
                        100 * st.frac[1], 100 * st.frac[2], st.load_min, st.load_max);
@@ -1415,6 +1614,11 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
             fflush(stdout);
             log.write(fields);
         }
+        LLMC_CHECK(bad_in_a_row < max_bad_steps,
+                   "step %d: %d consecutive steps had a non-finite loss or gradient norm (--max_bad_steps %d): the run "
+                   "diverged. Those steps were skipped and no checkpoint of a bad state was written; lower --lr (or "
+                   "raise --warmup, or lower --grad_clip) and resume from the last checkpoint in %s",
+                   step + 1, bad_in_a_row, max_bad_steps, out_dir.c_str());
 
         const bool last = step + 1 == max_steps;
         if (have_val && ((val_every > 0 && (step + 1) % val_every == 0) || last)) {
@@ -1426,7 +1630,11 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         }
         if ((sample_every > 0 && (step + 1) % sample_every == 0) || (last && sample_len > 0))
             print_sample(model, sample_len, temperature, top_k, eot, sample_rng);
-        if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) save(step + 1);
+        if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) {
+            // not in the middle of a bad streak: --resume latest should land before the trouble began
+            if (bad_in_a_row == 0) save(step + 1);
+            else printf("checkpoint at step %d not written: the step was skipped as non-finite\n", step + 1);
+        }
     }
     if (world > 1 && !model.zero.params_sharded()) {  // replicated params must be bitwise the same everywhere
         std::vector<floatX> p(model.zero.params_elems());

@@ -14,6 +14,7 @@
 // on every rank: saving and restoring it resumes the exact token stream, under any layout.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 #include "rand.h"
@@ -52,12 +53,19 @@ inline ShardInfo read_shard_info(const std::string& path) {
                path.c_str(), s.token_bytes);
     LLMC_CHECK(s.eot_token < s.vocab_size, "%s: eot_token %u is not below the shard's vocab_size %u",
                path.c_str(), s.eot_token, s.vocab_size);
-    long long expected = SHARD_HEADER_BYTES + (long long)s.num_tokens * s.token_bytes;
-    long long actual = file_size_bytes(path);
-    LLMC_CHECK(actual == expected,
-               "%s: %s: header says %llu tokens of %u bytes (file of %lld bytes), file is %lld bytes",
-               path.c_str(), actual < expected ? "truncated" : "trailing bytes", (unsigned long long)s.num_tokens,
-               s.token_bytes, expected, actual);
+    // in checked 64-bit arithmetic: a huge num_tokens must not wrap around to the real file size
+    // (it would pass this check and then ask for an impossible allocation)
+    const long long actual = file_size_bytes(path);
+    uint64_t body = 0, expected = 0;
+    const bool fits = !__builtin_mul_overflow(s.num_tokens, (uint64_t)s.token_bytes, &body) &&
+                      !__builtin_add_overflow(body, (uint64_t)SHARD_HEADER_BYTES, &expected);
+    LLMC_CHECK(fits && expected <= (uint64_t)INT64_MAX,
+               "%s: corrupt header: %llu tokens of %u bytes is more than any file can hold (file is %lld bytes)",
+               path.c_str(), (unsigned long long)s.num_tokens, s.token_bytes, actual);
+    LLMC_CHECK((uint64_t)actual == expected,
+               "%s: %s: header says %llu tokens of %u bytes (file of %llu bytes), file is %lld bytes",
+               path.c_str(), (uint64_t)actual < expected ? "truncated" : "trailing bytes",
+               (unsigned long long)s.num_tokens, s.token_bytes, (unsigned long long)expected, actual);
     return s;
 }
 
@@ -116,19 +124,35 @@ struct DataLoader {
         : B(B_), T(T_), rank(rank_), world(world_), shuffle(shuffle_), seed(seed_), vocab_size(model_vocab_size) {
         std::vector<std::string> files = glob_files(pattern);
         LLMC_CHECK(!files.empty(), "%s: no files match '%s'", what, pattern.c_str());
+        const int64_t batch_rows = (int64_t)B * world;
+        LLMC_CHECK(B > 0 && T > 0 && world > 0 && batch_rows <= INT32_MAX, "%s: bad batch shape B %d x T %d x %d ranks",
+                   what, B, T, world);
+        std::vector<std::string> skipped;
         for (const std::string& p : files) {
             ShardInfo s = read_shard_info(p);
-            LLMC_CHECK((int)s.vocab_size <= model_vocab_size,
+            LLMC_CHECK((int64_t)s.vocab_size <= model_vocab_size,
                        "%s: shard vocab_size %u is larger than the model's vocab_size %d", p.c_str(), s.vocab_size,
                        model_vocab_size);
             LLMC_CHECK(shards.empty() || s.eot_token == shards[0].eot_token,
                        "%s: eot_token %u differs from %u in %s", p.c_str(), s.eot_token, shards[0].eot_token,
                        shards[0].path.c_str());
-            long long rows = s.num_tokens > 0 ? ((long long)s.num_tokens - 1) / T : 0;
-            LLMC_CHECK(rows >= (long long)B, "%s: %llu tokens make %lld rows of T=%d, fewer than one batch of B = %d rows",
-                       p.c_str(), (unsigned long long)s.num_tokens, rows, T, B);
+            const uint64_t rows = s.num_tokens > 0 ? (s.num_tokens - 1) / (uint64_t)T : 0;
+            if (rows < (uint64_t)B) {
+                // A shard smaller than one micro-batch (typically the short last shard of a split)
+                // cannot serve one; skip it with a warning rather than refuse the whole run.
+                if (rank == 0)
+                    fprintf(stderr, "warning: %s: skipping %s: %llu tokens make %llu rows of T=%d, fewer than one batch "
+                                    "of B = %d rows\n", what, p.c_str(), (unsigned long long)s.num_tokens,
+                            (unsigned long long)rows, T, B);
+                skipped.push_back(p);
+                continue;
+            }
             shards.push_back(s);
         }
+        LLMC_CHECK(!shards.empty(),
+                   "%s: none of the %zu shard(s) matching '%s' holds one batch: each has fewer than B = %d rows "
+                   "of T=%d tokens (see the warnings above); use a smaller -b / -t or more data",
+                   what, files.size(), pattern.c_str(), B, T);
         eot = (int)shards[0].eot_token;
         reset(LoaderState{});
     }

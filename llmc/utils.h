@@ -1,7 +1,10 @@
 // Host utilities shared by every build: errors that name what went wrong, checked file I/O,
 // and an atomic file writer for checkpoints.
 #pragma once
+#include <cctype>
 #include <cerrno>
+#include <cmath>
+#include <initializer_list>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +14,7 @@
 #include <string>
 #include <vector>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 // Every user-facing failure (bad file, bad flag, impossible layout) is an LlmcError whose message
@@ -31,9 +35,31 @@ inline std::string strfmt(const char* fmt, ...) {
 #define LLMC_FAIL(...) throw LlmcError(strfmt(__VA_ARGS__))
 #define LLMC_CHECK(cond, ...) do { if (!(cond)) LLMC_FAIL(__VA_ARGS__); } while (0)
 
+// Opens a file. For reading, the path must be a regular file: a directory, FIFO, socket or device
+// is refused with a message saying what it is. The check is made on the opened descriptor (opened
+// non-blocking, so opening a FIFO that has no writer cannot block), so there is no window between
+// checking and opening.
+inline const char* file_kind_name(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO (named pipe)" : S_ISSOCK(m) ? "a socket"
+           : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device" : "not a regular file";
+}
 inline FILE* fopen_or_fail(const std::string& path, const char* mode) {
-    FILE* f = fopen(path.c_str(), mode);
-    LLMC_CHECK(f != nullptr, "%s: cannot open (%s)", path.c_str(), strerror(errno));
+    if (mode[0] != 'r') {
+        FILE* f = fopen(path.c_str(), mode);
+        LLMC_CHECK(f != nullptr, "%s: cannot open (%s)", path.c_str(), strerror(errno));
+        return f;
+    }
+    int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    LLMC_CHECK(fd >= 0, "%s: cannot open (%s)", path.c_str(), strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        const char* kind = fstat(fd, &st) == 0 ? file_kind_name(st.st_mode) : strerror(errno);
+        close(fd);
+        LLMC_FAIL("%s: cannot read: it is %s, expected a regular file", path.c_str(), kind);
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // regular files never block anyway
+    FILE* f = fdopen(fd, "rb");
+    if (!f) { close(fd); LLMC_FAIL("%s: cannot open (%s)", path.c_str(), strerror(errno)); }
     return f;
 }
 
@@ -48,12 +74,13 @@ inline void fwrite_or_fail(const void* src, size_t bytes, FILE* f, const std::st
     LLMC_CHECK(put == bytes, "%s: write failed (%s)", path.c_str(), strerror(errno));
 }
 
+// Size of a regular file (refusing anything else, like fopen_or_fail), from stat: no open, so a
+// FIFO cannot block here either.
 inline long long file_size_bytes(const std::string& path) {
-    FILE* f = fopen_or_fail(path, "rb");
-    fseek(f, 0, SEEK_END);
-    long long n = ftell(f);
-    fclose(f);
-    return n;
+    struct stat st;
+    LLMC_CHECK(stat(path.c_str(), &st) == 0, "%s: cannot stat (%s)", path.c_str(), strerror(errno));
+    LLMC_CHECK(S_ISREG(st.st_mode), "%s: it is %s, expected a regular file", path.c_str(), file_kind_name(st.st_mode));
+    return (long long)st.st_size;
 }
 
 inline bool file_exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
@@ -102,4 +129,79 @@ inline void make_dirs(const std::string& path) {
         if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
             LLMC_FAIL("%s: cannot create directory (%s)", prefix.c_str(), strerror(errno));
     }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Checked arithmetic and strict number parsing. Sizes that come from files or flags are multiplied
+// in 64 bits with an overflow check, so a hostile header or flag gives an error, never a wrapped
+// (and therefore passing) size check.
+
+// a * b, or an LlmcError naming `what` when the product does not fit in uint64
+inline uint64_t mul_u64_or_fail(uint64_t a, uint64_t b, const char* what) {
+    uint64_t r;
+    LLMC_CHECK(!__builtin_mul_overflow(a, b, &r), "%s: %llu * %llu overflows 64 bits", what,
+               (unsigned long long)a, (unsigned long long)b);
+    return r;
+}
+inline uint64_t add_u64_or_fail(uint64_t a, uint64_t b, const char* what) {
+    uint64_t r;
+    LLMC_CHECK(!__builtin_add_overflow(a, b, &r), "%s: %llu + %llu overflows 64 bits", what,
+               (unsigned long long)a, (unsigned long long)b);
+    return r;
+}
+// product of signed factors (each >= 0), or an error when it exceeds `limit`
+inline int64_t checked_product(std::initializer_list<int64_t> factors, int64_t limit, const char* what) {
+    int64_t r = 1;
+    for (int64_t f : factors) {
+        LLMC_CHECK(f >= 0, "%s: negative factor %lld", what, (long long)f);
+        LLMC_CHECK(!__builtin_mul_overflow(r, f, &r) && r <= limit, "%s is too large (more than %lld)", what,
+                   (long long)limit);
+    }
+    return r;
+}
+
+// Parses all of `text` as a decimal integer in [lo, hi]: no trailing junk ("12abc"), no empty
+// string, no leading blanks, no silent wrap-around ("4294967300" for an int flag).
+// `name` is the flag, for the message.
+inline int64_t parse_int64(const std::string& text, const char* name, int64_t lo, int64_t hi) {
+    const char* s = text.c_str();
+    char* end = nullptr;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    const bool ok = !text.empty() && !isspace((unsigned char)s[0]) && *end == 0;
+    LLMC_CHECK(ok, "--%s: expected an integer, got '%s'", name, s);
+    LLMC_CHECK(errno != ERANGE && v >= lo && v <= hi, "--%s: %s is out of range, expected an integer in [%lld, %lld]",
+               name, s, (long long)lo, (long long)hi);
+    return (int64_t)v;
+}
+// An unsigned 64-bit integer (a seed): all of [0, 2^64 - 1], and nothing else (strtoull would
+// accept "-1" as 2^64 - 1).
+inline uint64_t parse_uint64(const std::string& text, const char* name) {
+    const char* s = text.c_str();
+    char* end = nullptr;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    const bool ok = !text.empty() && isdigit((unsigned char)s[0]) && *end == 0;
+    LLMC_CHECK(ok, "--%s: expected a non-negative integer, got '%s'", name, s);
+    LLMC_CHECK(errno != ERANGE, "--%s: %s is out of range, expected an integer in [0, 18446744073709551615]", name, s);
+    return (uint64_t)v;
+}
+// A finite floating-point number (nan, inf and overflowing values like 1e999 are refused).
+inline double parse_double(const std::string& text, const char* name) {
+    const char* s = text.c_str();
+    char* end = nullptr;
+    errno = 0;
+    double v = strtod(s, &end);
+    const bool ok = !text.empty() && !isspace((unsigned char)s[0]) && *end == 0;
+    LLMC_CHECK(ok, "--%s: expected a number, got '%s'", name, s);
+    LLMC_CHECK(std::isfinite(v) && errno != ERANGE, "--%s: expected a finite number, got '%s'", name, s);
+    return v;
+}
+
+// Index of the first non-finite value, or n when all are finite. Used before writing a
+// checkpoint: a diverged state must never be saved (a later --resume would continue from NaN).
+inline size_t first_non_finite(const float* v, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!std::isfinite(v[i])) return i;
+    return n;
 }

@@ -18,9 +18,15 @@ Shard format (little-endian), read by llmc/dataloader.h:
   uint64 num_tokens, uint32 vocab_size, uint32 eot_token, zero padding to 64 bytes;
   then num_tokens tokens of token_bytes bytes each.
 
+Re-running into an out_dir that already holds shards of the same name prefix is refused unless
+--force is given (then the old <name>_train_*.bin / <name>_val_*.bin are deleted first): the
+trainer's glob would otherwise mix stale shards into the new split. A short last shard (under
+half of --shard_tokens) is merged into the shard before it, so no shard is too small to batch.
+
 Example:  python3 dev/data/prepare_text.py /usr/share/games/fortunes --sep percent --out_dir data/fortunes
 """
 import argparse
+import glob
 import os
 import random
 import re
@@ -82,8 +88,14 @@ def main():
     ap.add_argument("--name", default=None, help="shard name prefix (default: basename of out_dir)")
     ap.add_argument("--val_frac", type=float, default=0.05, help="fraction of documents for validation")
     ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--shard_tokens", type=int, default=100_000_000, help="max tokens per shard")
+    ap.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard (the last may hold up to 1.5x)")
+    ap.add_argument("--force", action="store_true", help="delete existing shards of the same name in out_dir first")
     args = ap.parse_args()
+    # argparse has already refused non-numbers; the ranges are ours (exit 1 with a message, no traceback)
+    if not 0 <= args.val_frac < 1:
+        sys.exit(f"prepare_text.py: --val_frac must be in [0, 1) (the train split needs documents), got {args.val_frac}")
+    if args.shard_tokens < 1:
+        sys.exit(f"prepare_text.py: --shard_tokens must be >= 1, got {args.shard_tokens}")
 
     docs = []
     for path in list_files(args.inputs):
@@ -92,23 +104,44 @@ def main():
     if len(docs) < 2:
         sys.exit(f"prepare_text.py: found {len(docs)} documents in {args.inputs}; need at least 2 (check --sep)")
     random.Random(args.seed).shuffle(docs)
-    n_val = max(1, int(round(len(docs) * args.val_frac)))
+    # at least one val document, and never all of them (len(docs) >= 2 here)
+    n_val = min(len(docs) - 1, max(1, int(round(len(docs) * args.val_frac))))
     splits = {"val": docs[:n_val], "train": docs[n_val:]}
 
-    os.makedirs(args.out_dir, exist_ok=True)
     name = args.name or os.path.basename(os.path.normpath(args.out_dir))
-    for split, split_docs in splits.items():
-        shard, tokens = 0, []
-        for d in split_docs:
-            tokens.append(EOT)
-            tokens.extend(d)
-            if len(tokens) >= args.shard_tokens:
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+        stale = sorted(glob.glob(os.path.join(glob.escape(args.out_dir), f"{glob.escape(name)}_train_*.bin")) +
+                       glob.glob(os.path.join(glob.escape(args.out_dir), f"{glob.escape(name)}_val_*.bin")))
+        if stale and not args.force:
+            sys.exit(f"prepare_text.py: {args.out_dir} already holds {len(stale)} shard(s) named {name}_* "
+                     f"(e.g. {stale[0]}); the trainer's glob would mix them with the new ones. "
+                     f"Pass --force to delete them first, or choose another --out_dir / --name")
+        for p in stale:
+            os.remove(p)
+        for split, split_docs in splits.items():
+            # shards are written one behind, so a short last shard can be merged into the one before
+            shard, tokens, pending = 0, [], None
+            for d in split_docs:
+                tokens.append(EOT)
+                tokens.extend(d)
+                if len(tokens) >= args.shard_tokens:
+                    if pending is not None:
+                        write_shard(os.path.join(args.out_dir, f"{name}_{split}_{shard:03d}.bin"), pending)
+                        shard += 1
+                    pending, tokens = tokens, []
+            if tokens and pending is not None and len(tokens) < args.shard_tokens // 2:
+                pending, tokens = pending + tokens, []
+            if pending is not None:
+                write_shard(os.path.join(args.out_dir, f"{name}_{split}_{shard:03d}.bin"), pending)
+                shard += 1
+            if tokens or shard == 0:
                 write_shard(os.path.join(args.out_dir, f"{name}_{split}_{shard:03d}.bin"), tokens)
-                shard, tokens = shard + 1, []
-        if tokens or shard == 0:
-            write_shard(os.path.join(args.out_dir, f"{name}_{split}_{shard:03d}.bin"), tokens)
-        n_tok = sum(len(d) + 1 for d in split_docs)
-        print(f"{split}: {len(split_docs)} documents, {n_tok} tokens, mean document {n_tok / len(split_docs):.0f} tokens")
+            n_tok = sum(len(d) + 1 for d in split_docs)
+            print(f"{split}: {len(split_docs)} documents, {n_tok} tokens, "
+                  f"mean document {n_tok / max(1, len(split_docs)):.0f} tokens")
+    except OSError as e:
+        sys.exit(f"prepare_text.py: cannot write to {args.out_dir}: {e.strerror or e} ({e.filename or args.out_dir})")
 
 
 if __name__ == "__main__":

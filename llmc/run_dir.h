@@ -1,0 +1,94 @@
+// Ownership of an output directory (log.jsonl, checkpoints) by one run.
+//
+//  - RunDirLock: an exclusive, non-blocking flock on <out_dir>/.lock, held for the life of the
+//    trainer. A second trainer on the same out_dir is refused at start-up instead of interleaving
+//    its log and checkpoints with the first. flock locks belong to the open file description, so
+//    the kernel drops the lock when the process dies, however it dies (no stale lock files).
+//    In a multi-process run only one process (rank 0, the one that writes the log) should take
+//    it: the caller decides, this header knows nothing about ranks.
+//  - claim_out_dir: a fresh run (no --resume) into an out_dir that already holds checkpoints is
+//    refused unless --overwrite is given, in which case the old checkpoints and log are removed.
+//    Otherwise a later `--resume latest` would pick up the OTHER run's newest checkpoint.
+#pragma once
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <fcntl.h>
+#include <ftw.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "utils.h"
+
+struct RunDirLock {
+    int fd = -1;
+    std::string path;
+
+    RunDirLock() = default;
+    RunDirLock(const RunDirLock&) = delete;
+    RunDirLock& operator=(const RunDirLock&) = delete;
+    ~RunDirLock() { release(); }
+
+    void acquire(const std::string& out_dir) {
+        release();
+        path = out_dir + "/.lock";
+        fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        LLMC_CHECK(fd >= 0, "%s: cannot create the out_dir lock file (%s)", path.c_str(), strerror(errno));
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            const int err = errno;
+            char owner[32] = {0};  // the holder wrote its pid there
+            ssize_t n = pread(fd, owner, sizeof(owner) - 1, 0);
+            if (n > 0) owner[n] = 0; else owner[0] = 0;
+            for (char* c = owner; *c; c++) if (*c == '\n') *c = 0;
+            close(fd);
+            fd = -1;
+            if (err == EWOULDBLOCK)
+                LLMC_FAIL("--out_dir %s is in use by another trainer (pid %s holds %s); wait for it to finish, or "
+                          "choose another --out_dir", out_dir.c_str(), owner[0] ? owner : "?", path.c_str());
+            LLMC_FAIL("%s: cannot lock (%s)", path.c_str(), strerror(err));
+        }
+        // the pid, for the message a second trainer prints (informational only: the lock is the flock)
+        char pid[32];
+        int len = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, len, 0) != len) { /* the lock still holds */ }
+    }
+    void release() {
+        if (fd >= 0) close(fd);  // closing the descriptor drops the flock
+        fd = -1;
+    }
+    bool held() const { return fd >= 0; }
+};
+
+// Everything a previous run left that a fresh run must not mix with its own: checkpoints (files or,
+// for sharded formats, directories named ckpt_*), their temp files, and the log.
+inline std::vector<std::string> previous_run_checkpoints(const std::string& out_dir) {
+    return glob_files(out_dir + "/ckpt_*");
+}
+
+inline void remove_tree(const std::string& path) {
+    auto rm = [](const char* p, const struct stat*, int, struct FTW*) -> int { return remove(p); };
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) return;
+    int rc = S_ISDIR(st.st_mode) ? nftw(path.c_str(), rm, 16, FTW_DEPTH | FTW_PHYS) : remove(path.c_str());
+    LLMC_CHECK(rc == 0, "%s: cannot remove (%s)", path.c_str(), strerror(errno));
+}
+
+// resuming: the run continues what is there, nothing to check. A fresh run: refused when the
+// directory holds checkpoints, unless overwrite (then they and the log are deleted first).
+// Returns the number of checkpoints removed.
+inline size_t claim_out_dir(const std::string& out_dir, bool resuming, bool overwrite) {
+    if (resuming) return 0;
+    std::vector<std::string> old = previous_run_checkpoints(out_dir);
+    if (old.empty()) return 0;
+    LLMC_CHECK(overwrite,
+               "--out_dir %s already holds %zu checkpoint(s) of another run (newest by name: %s); starting a fresh run "
+               "there would mix the two. Pass --resume latest to continue that run, --overwrite to delete its "
+               "checkpoints and log and start over, or choose another --out_dir",
+               out_dir.c_str(), old.size(), old.back().c_str());
+    for (const std::string& p : old) remove_tree(p);
+    const std::string log = out_dir + "/log.jsonl";
+    if (file_exists(log)) remove_tree(log);
+    return old.size();
+}

@@ -1,0 +1,271 @@
+// Seeded mutation fuzzing of the file readers (token shards, checkpoints), built with
+// -fsanitize=address,undefined -fno-sanitize-recover=all by `make fuzz`.
+//
+//   fuzz_readers shard [--trials N] [--seed S]              shards through DataLoader (header,
+//                                                             size check, token load, batches)
+//   fuzz_readers checkpoint FILE [--trials N] [--seed S]    mutations of the valid checkpoint
+//                                                             FILE through load_checkpoint(path)
+//   fuzz_readers make_shard FILE                            writes a valid shard (for make fuzz)
+//
+// Every trial runs in a forked child with an alarm, so one trial's crash or hang is counted and
+// reported (with the trial number, to reproduce it) without stopping the others. A child exits 0
+// when the reader accepted the file, 2 when it refused it with an LlmcError (a clean error); any
+// other end is a crash: a sanitizer report (ASan/UBSan exit 1), a signal, an uncaught exception
+// (std::length_error, std::bad_alloc: the trainer would abort with rc 134), or SIGALRM (a hang).
+// The summary line gives trials, clean errors, accepted, crashes and hangs; the exit code is 1
+// when there was any crash or hang.
+#include "llmc/checkpoint.h"
+#include "llmc/dataloader.h"
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+struct Mutator {
+    Rng rng;
+    explicit Mutator(uint64_t seed) : rng(seed) {}
+    uint64_t below(uint64_t n) { return n ? rng.below(n) : 0; }
+
+    // offsets of header words that look like counts or sizes (a small nonzero value): the fields
+    // whose corruption a reader most needs to survive (num_tokens, n_fields, n_params, ...)
+    static std::vector<std::pair<size_t, int>> length_like(const std::string& b) {
+        std::vector<std::pair<size_t, int>> out;
+        const size_t lim = std::min<size_t>(b.size(), 4096);
+        for (size_t o = 0; o + 8 <= lim; o += 4) {
+            uint32_t v32;
+            memcpy(&v32, b.data() + o, 4);
+            if (v32 > 0 && v32 < (1u << 24)) out.push_back({o, 4});
+            if (o % 8 == 0) {
+                uint64_t v64;
+                memcpy(&v64, b.data() + o, 8);
+                if (v64 >= (1ull << 24) && v64 < (1ull << 40)) out.push_back({o, 8});
+            }
+        }
+        return out;
+    }
+
+    uint64_t interesting(uint64_t orig, size_t file_size) {
+        const uint64_t vals[] = {0, 1, 2, 3, 4, 7, 8, 0x7f, 0x80, 0xff, 0xffff, 0x10000, 0x7fffffff, 0x80000000ull,
+                                 0xffffffffull, 0x100000000ull, 0x7fffffffffffffffull, 0x8000000000000000ull,
+                                 ~0ull, orig + (1ull << 62), orig + (1ull << 63), orig + 1, orig - 1, orig * 2,
+                                 orig / 2, (uint64_t)file_size, (uint64_t)file_size / 4, 0x5555555555555556ull};
+        return vals[below(sizeof(vals) / sizeof(vals[0]))];
+    }
+
+    void mutate(std::string& b, size_t header_hint) {
+        const int n_mut = 1 + (int)below(4);
+        for (int k = 0; k < n_mut; k++) {
+            const size_t size = b.size();
+            auto pos = [&]() -> size_t {  // biased toward the header
+                if (size == 0) return 0;
+                uint64_t r = below(100);
+                if (r < 50) return below(std::min(size, header_hint));
+                if (r < 75) return below(std::min<size_t>(size, 4096));
+                return below(size);
+            };
+            switch (below(7)) {
+                case 0:  // bit flip
+                    if (size) { size_t p = pos(); b[p] = (char)(b[p] ^ (1 << below(8))); }
+                    break;
+                case 1: {  // interesting byte
+                    const unsigned char v[] = {0, 1, 0x7f, 0x80, 0xff, 0xfe};
+                    if (size) b[pos()] = (char)v[below(sizeof(v))];
+                    break;
+                }
+                case 2:
+                case 3: {  // a count-like word (or any header word) set to an interesting value
+                    auto cands = length_like(b);
+                    size_t o;
+                    int w;
+                    if (!cands.empty() && below(3) != 0) {
+                        auto c = cands[below(cands.size())];
+                        o = c.first;
+                        w = c.second;
+                    } else {
+                        w = below(2) ? 8 : 4;
+                        o = below(std::max<size_t>(1, std::min(size, header_hint) / w)) * w;
+                    }
+                    if (o + w > size) break;
+                    uint64_t orig = 0;
+                    memcpy(&orig, b.data() + o, w);
+                    uint64_t v = interesting(orig, size);
+                    memcpy(&b[o], &v, w);  // little-endian host: the low bytes for a 4-byte word
+                    break;
+                }
+                case 4:  // truncate
+                    b.resize(below(size + 1));
+                    break;
+                case 5: {  // append junk
+                    size_t n = 1 + below(64);
+                    for (size_t i = 0; i < n; i++) b.push_back((char)below(256));
+                    break;
+                }
+                case 6: {  // copy a chunk over another place
+                    if (size < 2) break;
+                    size_t len = 1 + below(std::min<size_t>(size / 2, 64));
+                    size_t from = below(size - len + 1), to = below(size - len + 1);
+                    memmove(&b[to], &b[from], len);
+                    break;
+                }
+            }
+        }
+    }
+};
+
+void write_bytes(const std::string& path, const std::string& b) {
+    FILE* f = fopen(path.c_str(), "wb");
+    if (!f || fwrite(b.data(), 1, b.size(), f) != b.size() || fclose(f) != 0) {
+        fprintf(stderr, "fuzz_readers: cannot write %s\n", path.c_str());
+        exit(1);
+    }
+}
+
+std::string read_bytes(const std::string& path) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) { fprintf(stderr, "fuzz_readers: cannot read %s\n", path.c_str()); exit(1); }
+    std::string b;
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0) b.append(buf, n);
+    fclose(f);
+    return b;
+}
+
+std::string valid_shard(Rng& rng, uint32_t token_bytes, size_t n_tokens) {
+    std::string b(SHARD_HEADER_BYTES, '\0');
+    memcpy(&b[0], "LLMCSHRD", 8);
+    uint32_t version = SHARD_VERSION, vocab = 257, eot = 256;
+    uint64_t n = n_tokens;
+    memcpy(&b[8], &version, 4);
+    memcpy(&b[12], &token_bytes, 4);
+    memcpy(&b[16], &n, 8);
+    memcpy(&b[24], &vocab, 4);
+    memcpy(&b[28], &eot, 4);
+    for (size_t i = 0; i < n_tokens; i++) {
+        uint32_t t = i % 17 == 0 ? 256 : (uint32_t)rng.below(256);
+        b.append((const char*)&t, token_bytes);
+    }
+    return b;
+}
+
+// Runs `body` in a child; returns 0 accepted, 2 clean error, 1 crash, 3 hang.
+template <class F>
+int run_trial(F body, int timeout_s) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) { perror("fork"); exit(1); }
+    if (pid == 0) {
+        alarm(timeout_s);
+        int code = 0;
+        try {
+            body();
+        } catch (const LlmcError&) {
+            code = 2;
+        } catch (const std::exception& e) {
+            // not a clean error: the trainer's main() would not catch it and abort
+            fprintf(stderr, "uncaught %s\n", e.what());
+            code = 4;
+        }
+        _exit(code);  // no atexit/leak checks in the child: leaks are not what this fuzz looks for
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) return 3;
+    if (WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 2)) return WEXITSTATUS(status);
+    return 1;
+}
+
+struct Counts {
+    int trials = 0, clean = 0, accepted = 0, crashes = 0, hangs = 0;
+    void add(int r, const char* what, int trial) {
+        trials++;
+        if (r == 0) accepted++;
+        if (r == 2) clean++;
+        if (r == 1) { crashes++; fprintf(stderr, "fuzz %s: CRASH in trial %d\n", what, trial); }
+        if (r == 3) { hangs++; fprintf(stderr, "fuzz %s: HANG in trial %d\n", what, trial); }
+    }
+    int report(const char* what) const {
+        printf("fuzz %s: trials %d, clean errors %d, accepted %d, crashes %d, hangs %d\n", what, trials, clean,
+               accepted, crashes, hangs);
+        return crashes + hangs > 0 ? 1 : 0;
+    }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: fuzz_readers shard|checkpoint FILE|make_shard FILE [--trials N] [--seed S]\n");
+        return 1;
+    }
+    const std::string mode = argv[1];
+    std::string file;
+    int argi = 2;
+    if (mode == "checkpoint" || mode == "make_shard") {
+        if (argc < 3) { fprintf(stderr, "fuzz_readers %s: needs FILE\n", mode.c_str()); return 1; }
+        file = argv[argi++];
+    }
+    int trials = 600;
+    uint64_t seed = 1;
+    for (; argi + 1 < argc; argi += 2) {
+        if (!strcmp(argv[argi], "--trials")) trials = atoi(argv[argi + 1]);
+        else if (!strcmp(argv[argi], "--seed")) seed = strtoull(argv[argi + 1], nullptr, 10);
+    }
+    char dir_tmpl[] = "/tmp/llmc_fuzz_XXXXXX";
+    if (mode == "make_shard") {
+        Rng rng(seed);
+        write_bytes(file, valid_shard(rng, 2, 4000));
+        return 0;
+    }
+    if (!mkdtemp(dir_tmpl)) { perror("mkdtemp"); return 1; }
+    const std::string dir = dir_tmpl, path = dir + "/input.bin";
+    Mutator mut(seed);
+    Counts counts;
+    if (mode == "shard") {
+        for (int t = 0; t < trials; t++) {
+            const uint32_t width = mut.below(2) ? 2 : 4;
+            std::string b = valid_shard(mut.rng, width, 40 + mut.below(400));
+            if (t % 10 != 0) mut.mutate(b, SHARD_HEADER_BYTES);  // every 10th stays valid: the accept path
+            write_bytes(path, b);
+            const int B = 1 + (int)mut.below(3), T = 1 + (int)mut.below(16);
+            const int vocab = mut.below(4) == 0 ? 65536 : 257;
+            int r = run_trial([&] {
+                DataLoader dl(path, B, T, 0, 1, true, 7, vocab, "fuzz");
+                std::vector<int> in((size_t)B * T), tgt((size_t)B * T), ds((size_t)B * T);
+                for (int k = 0; k < 40; k++) dl.next_batch(in.data(), tgt.data(), ds.data());
+            }, 10);
+            counts.add(r, "shard", t);
+        }
+        remove(path.c_str());
+        rmdir(dir.c_str());
+        return counts.report("shard");
+    }
+    if (mode == "checkpoint") {
+        const std::string base = read_bytes(file);
+        // its header: everything before the first parameter (a few KB at most for a tiny model)
+        const size_t header_hint = std::min<size_t>(base.size(), 2048);
+        for (int t = 0; t < trials; t++) {
+            std::string b = base;
+            if (t % 10 != 0) mut.mutate(b, header_hint);
+            write_bytes(path, b);
+            int r = run_trial([&] {
+                Checkpoint ck = load_checkpoint(path);
+                (void)ck;
+            }, 10);
+            counts.add(r, "checkpoint", t);
+        }
+        remove(path.c_str());
+        rmdir(dir.c_str());
+        return counts.report("checkpoint");
+    }
+    fprintf(stderr, "fuzz_readers: unknown mode '%s'\n", mode.c_str());
+    return 1;
+}

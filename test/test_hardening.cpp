@@ -1,0 +1,322 @@
+// Hardening (issue 10): hostile input must give a clear error (naming the flag or file), never
+// memory corruption, a crash, a hang or a silently lost run. Each case below is one item of the
+// issue; the file readers are also fuzzed under ASan/UBSan by `make fuzz` (test/fuzz_readers.cpp).
+#define LLMC_CPU
+#define LLMC_NO_MAIN
+#include "../train_gpt.cu"
+
+#include "test_util.h"
+
+#include <doctest/doctest.h>
+#include <fstream>
+#include <sstream>
+#include <sys/wait.h>
+
+namespace {
+
+using test_util::make_temp_dir;
+using test_util::read_file;
+using test_util::run_train;
+using test_util::synthetic_tokens;
+using test_util::write_shard;
+
+struct Fixture {
+    std::string dir = make_temp_dir("llmc_hard_");
+    Fixture() {
+        write_shard(dir + "/tr_000.bin", synthetic_tokens(6000, 1));
+        write_shard(dir + "/va_000.bin", synthetic_tokens(2000, 3));
+    }
+    std::vector<std::string> args(const std::string& out, int max_steps) const {
+        return {"--train", dir + "/tr_*.bin", "--val", dir + "/va_*.bin", "--out_dir", dir + "/" + out,
+                "--n_layer", "2", "--n_embd", "32", "--n_head", "4", "--n_kv_head", "2", "-b", "2", "-t", "32",
+                "-d", "128", "--max_steps", std::to_string(max_steps), "--warmup", "2", "--val_every", "2",
+                "--val_batches", "2", "--sample_len", "0", "--ckpt_every", "2"};
+    }
+};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& extra) {
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+}
+
+void fails_with(const std::vector<std::string>& args, const std::string& needle) {
+    CAPTURE(needle);
+    CHECK_THROWS_WITH_AS(run_train(args), doctest::Contains(needle.c_str()), LlmcError);
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+    std::vector<std::string> out;
+    std::ifstream f(path);
+    std::string line;
+    while (std::getline(f, line)) out.push_back(line);
+    return out;
+}
+
+// exit status of a shell command (stdout and stderr to files in dir)
+int shell(const std::string& cmd, const std::string& dir) {
+    int status = system((cmd + " > " + dir + "/sh_out.txt 2> " + dir + "/sh_err.txt").c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// every line of a JSONL file parses as strict JSON (Python's json without NaN/Infinity)
+bool strict_jsonl(const std::string& path, const std::string& dir) {
+    const std::string py = "import json,sys\n"
+                           "def bad(c): raise ValueError(c)\n"
+                           "[json.loads(l, parse_constant=bad) for l in open(sys.argv[1])]\n";
+    std::ofstream(dir + "/check_json.py") << py;
+    return shell("python3 " + dir + "/check_json.py " + path, dir) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("hardening 1: --pos learned with T > max_seq_len is refused (no out-of-bounds table access)") {
+    Fixture fx;
+    fails_with(with(fx.args("pos", 2), {"--pos", "learned", "--max_seq_len", "16"}),
+               "--seq_len 32 is longer than --max_seq_len 16");
+    // the model itself refuses the shape too (library use, tests)
+    GPTConfig c;
+    c.pos = POS_LEARNED;
+    c.max_seq_len = 16;
+    c.finalize();
+    GPT m;
+    CHECK_THROWS_WITH_AS(gpt_allocate(m, c, 1, 17), doctest::Contains("--max_seq_len 16"), LlmcError);
+    c.pos = POS_ALIBI;  // ALiBi has no table: any T
+    CHECK_NOTHROW(c.check_batch(1, 17));
+    // exactly max_seq_len trains
+    CHECK(run_train(with(fx.args("pos_ok", 1), {"--pos", "learned", "--max_seq_len", "32"})) == 0);
+}
+
+TEST_CASE("hardening 2: NaN/Inf steps are skipped, counted, logged as null; the run stops after --max_bad_steps") {
+    Fixture fx;
+    // lr 1e30: step 1 is finite, then every loss is NaN
+    const std::string out = fx.dir + "/nan";
+    fails_with(with(fx.args("nan", 20), {"--lr", "1e30", "--warmup", "0", "--max_bad_steps", "3", "--ckpt_every", "1"}),
+               "step 4: 3 consecutive steps had a non-finite loss or gradient norm (--max_bad_steps 3)");
+    const std::vector<std::string> log = lines_of(out + "/log.jsonl");
+    int skipped = 0;
+    for (const std::string& l : log) skipped += l.find("\"skipped\":1") != std::string::npos;
+    CHECK(skipped == 3);
+    CHECK(read_file(out + "/log.jsonl").find("\"loss\":null") != std::string::npos);
+    CHECK(read_file(out + "/log.jsonl").find("nan") == std::string::npos);
+    CHECK(strict_jsonl(out + "/log.jsonl", fx.dir));
+    // the good step's checkpoint exists; none was written during the bad streak
+    CHECK(file_exists(out + "/ckpt_000000001.bin"));
+    CHECK(!file_exists(out + "/ckpt_000000002.bin"));
+    CHECK_NOTHROW(load_checkpoint(out + "/ckpt_000000001.bin"));
+
+    // a state that became non-finite through a finite step (lr * weight_decay overflows) is never saved
+    fails_with(with(fx.args("inf", 4), {"--lr", "3e38", "--weight_decay", "10", "--warmup", "0", "--ckpt_every", "1"}),
+               "refusing to write");
+    CHECK(!file_exists(fx.dir + "/inf/ckpt_000000001.bin"));
+
+    // the helpers
+    std::vector<float> v = {1, 2, 3};
+    CHECK(first_non_finite(v.data(), 3) == 3);
+    v[1] = INFINITY;
+    CHECK(first_non_finite(v.data(), 3) == 1);
+    CHECK(json_number(NAN) == "null");
+    CHECK(json_number(-INFINITY) == "null");
+    CHECK(json_number(12) == "12");
+    CHECK(json_number(0.5) == "0.5");
+}
+
+TEST_CASE("hardening 2: loss-spike z-score against a running window") {
+    LossOutlierDetector d(16, 8);
+    for (int i = 0; i < 7; i++) CHECK(std::isnan(d.update(3.0 + 0.01 * (i % 3))));  // too few values yet
+    double z = 0;
+    for (int i = 7; i < 40; i++) z = d.update(3.0 + 0.01 * (i % 3));
+    CHECK(std::fabs(z) < 3);
+    CHECK(std::isnan(d.update(NAN)));  // a bad step: no z, and it does not enter the window
+    const double spike = d.update(4.0);
+    CHECK(spike > 50);
+    CHECK(d.ring.size() == 16);  // the window is bounded
+    // the trainer logs it
+    Fixture fx;
+    REQUIRE(run_train(fx.args("z", 12)) == 0);
+    const std::string log = read_file(fx.dir + "/z/log.jsonl");
+    CHECK(log.find("\"loss_z\":null") != std::string::npos);  // the first steps
+    CHECK(log.find("\"loss_z\":-") != std::string::npos);     // a falling loss: negative z later
+}
+
+TEST_CASE("hardening 3/12: shard reader: overflowing sizes, directories, FIFOs, tiny shards") {
+    Fixture fx;
+    const std::string d = fx.dir;
+    // 4-byte tokens, num_tokens = n + 2^62: num_tokens * 4 wraps to 4 n, the real size; must not pass
+    std::vector<int> toks = synthetic_tokens(3000, 1);
+    write_shard(d + "/wrap_000.bin", toks, 257, 256, 4, "LLMCSHRD", (long long)(toks.size() + (1ull << 62)));
+    CHECK_THROWS_WITH_AS(read_shard_info(d + "/wrap_000.bin"), doctest::Contains("corrupt header"), LlmcError);
+    // a directory given as a shard
+    REQUIRE(mkdir((d + "/dir_000.bin").c_str(), 0755) == 0);
+    CHECK_THROWS_WITH_AS(read_shard_info(d + "/dir_000.bin"), doctest::Contains("it is a directory, expected a regular file"),
+                         LlmcError);
+    // a FIFO: refused at once (an open for reading would block until a writer appears)
+    REQUIRE(mkfifo((d + "/fifo_000.bin").c_str(), 0644) == 0);
+    CHECK_THROWS_WITH_AS(read_shard_info(d + "/fifo_000.bin"), doctest::Contains("FIFO"), LlmcError);
+    fails_with(with(fx.args("fifo", 1), {"--train", d + "/fifo_*.bin"}), "it is a FIFO (named pipe), expected a regular file");
+    // a tiny last shard is skipped with a warning; only tiny shards: an error naming the batch
+    write_shard(d + "/mix_000.bin", synthetic_tokens(3000, 1));
+    write_shard(d + "/mix_001.bin", synthetic_tokens(20, 2));
+    DataLoader dl(d + "/mix_*.bin", 2, 32, 0, 1, true, 1, 257, "--train");
+    CHECK(dl.shards.size() == 1);
+    CHECK(run_train(with(fx.args("mix", 2), {"--train", d + "/mix_*.bin"})) == 0);
+    write_shard(d + "/tiny_000.bin", synthetic_tokens(20, 2));
+    fails_with(with(fx.args("tiny", 1), {"--train", d + "/tiny_*.bin"}), "none of the 1 shard(s) matching");
+}
+
+TEST_CASE("hardening 4/7/12: flags: 64-bit parse, range checks, no trailing junk, optimizer values") {
+    CHECK(parse_int64("12", "x", 0, 100) == 12);
+    CHECK_THROWS_WITH_AS(parse_int64("12abc", "x", 0, 100), doctest::Contains("--x: expected an integer, got '12abc'"), LlmcError);
+    CHECK_THROWS_WITH_AS(parse_int64(" 12", "x", 0, 100), doctest::Contains("expected an integer"), LlmcError);
+    CHECK_THROWS_WITH_AS(parse_int64("", "x", 0, 100), doctest::Contains("expected an integer"), LlmcError);
+    CHECK_THROWS_WITH_AS(parse_int64("99999999999999999999", "x", 0, INT64_MAX), doctest::Contains("out of range"), LlmcError);
+    CHECK(parse_uint64("18446744073709551615", "seed") == UINT64_MAX);
+    CHECK_THROWS_WITH_AS(parse_uint64("-1", "seed"), doctest::Contains("expected a non-negative integer"), LlmcError);
+    CHECK_THROWS_WITH_AS(parse_double("1e999", "lr"), doctest::Contains("finite"), LlmcError);
+    CHECK_THROWS_AS(checked_product({1 << 20, 1 << 20}, INT32_MAX, "B*T"), LlmcError);
+
+    Fixture fx;
+    const std::vector<std::string> base = fx.args("flags", 1);
+    const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        {{"-b", "4294967300"}, "--batch_size: 4294967300 is out of range"},
+        {{"-b", "0"}, "--batch_size: 0 is out of range, expected an integer in [1, 2147483647]"},
+        {{"-t", "12abc"}, "--seq_len: expected an integer, got '12abc'"},
+        {{"--seed", "abc"}, "--seed: expected a non-negative integer, got 'abc'"},
+        {{"--seed", "12abc"}, "--seed: expected a non-negative integer, got '12abc'"},
+        {{"--seed", "-5"}, "--seed: expected a non-negative integer"},
+        {{"--seed", "18446744073709551616"}, "--seed: 18446744073709551616 is out of range"},
+        {{"--vocab_size", "2147483647"}, "--vocab_size 2147483647 is too large"},
+        {{"--n_embd", "1073741856"}, "--n_embd 1073741856 is too large"},
+        {{"--n_layer", "100000"}, "--n_layer 100000 is too large"},
+        {{"-e", "d99999999999"}, "--model dN: N: 99999999999 is out of range"},
+        {{"-e", "dx"}, "--model: 'dx' is not a preset"},
+        {{"-b", "2000000", "-t", "2000", "-d", "0"}, "B*T*ranks is too large"},
+        {{"-d", "-256"}, "--total_batch_tokens: -256 is out of range"},
+        {{"--lr", "-1"}, "--lr: must be a finite number > 0, got -1"},
+        {{"--lr", "0"}, "--lr: must be a finite number > 0"},
+        {{"--lr", "nan"}, "--lr: expected a finite number, got 'nan'"},
+        {{"--beta1", "1"}, "--beta1: must be in [0, 1), got 1"},
+        {{"--beta2", "-0.1"}, "--beta2: must be in [0, 1)"},
+        {{"--grad_clip", "nan"}, "--grad_clip: expected a finite number, got 'nan'"},
+        {{"--grad_clip", "-1"}, "--grad_clip: must be a finite number >= 0"},
+        {{"--weight_decay", "-0.1"}, "--weight_decay: must be >= 0"},
+        {{"--max_bad_steps", "0"}, "--max_bad_steps: 0 is out of range"},
+        {{"--max_steps", "-3"}, "--max_steps: -3 is out of range"},
+        {{"--val_batches", "-1"}, "--val_batches: -1 is out of range"},
+    };
+    for (const auto& [extra, needle] : cases) fails_with(with(base, extra), needle);
+    // a seed of 2^64 - 1 is a valid seed, and survives the checkpoint round trip
+    REQUIRE(run_train(with(fx.args("seed", 2), {"--seed", "18446744073709551615"})) == 0);
+    CHECK(run_train(with(fx.args("seed", 3), {"--seed", "18446744073709551615", "--resume", "latest"})) == 0);
+
+    // the binary: the message on stderr and exit 1, not an abort (std::stoll used to throw past main)
+    REQUIRE(file_exists("./train_gpt_cpu"));
+    CHECK(shell("./train_gpt_cpu --seed abc --out_dir " + fx.dir + "/bin", fx.dir) == 1);
+    CHECK(read_file(fx.dir + "/sh_err.txt").find("error: --seed: expected a non-negative integer") != std::string::npos);
+}
+
+TEST_CASE("hardening 5: log.jsonl write errors are fatal; a resume trims the log to its step and marks it") {
+    JsonlLogger full;
+    full.open("/dev/full", true);
+    CHECK_THROWS_WITH_AS(full.write({{"step", 1}, {"loss", 2.5}}), doctest::Contains("writing the training log failed"),
+                         LlmcError);
+
+    Fixture fx;
+    // the trainer: log.jsonl on a full disk stops the run at its first record
+    REQUIRE(mkdir((fx.dir + "/full").c_str(), 0755) == 0);
+    REQUIRE(symlink("/dev/full", (fx.dir + "/full/log.jsonl").c_str()) == 0);
+    fails_with(fx.args("full", 2), "/full/log.jsonl: writing the training log failed");
+
+    // 6 steps with checkpoints at 2, 4, 6; a crash leaves a torn last line; resume from step 2
+    const std::string out = fx.dir + "/res";
+    REQUIRE(run_train(fx.args("res", 6)) == 0);
+    { std::ofstream(out + "/log.jsonl", std::ios::app) << "{\"step\":7,\"lo"; }
+    REQUIRE(run_train(with(fx.args("res", 6), {"--resume", out + "/ckpt_000000002.bin"})) == 0);
+    std::map<long long, int> train_records;
+    int resumes = 0;
+    for (const std::string& l : lines_of(out + "/log.jsonl")) {
+        if (l.find("\"loss\":") != std::string::npos) train_records[jsonl_record_step(l)]++;
+        if (l.find("\"resume\":1") != std::string::npos) { resumes++; CHECK(jsonl_record_step(l) == 2); }
+    }
+    CHECK(resumes == 1);
+    CHECK(train_records.size() == 6);
+    for (auto& [step, n] : train_records) { CAPTURE(step); CHECK(n == 1); }  // no step counted twice
+    CHECK(strict_jsonl(out + "/log.jsonl", fx.dir));
+}
+
+TEST_CASE("hardening 6/10: out_dir lock, and a fresh run does not reuse another run's checkpoints") {
+    Fixture fx;
+    const std::string out = fx.dir + "/own";
+    REQUIRE(run_train(fx.args("own", 4)) == 0);
+    // a second trainer on the same out_dir (here: the lock held by this process, another open file)
+    {
+        RunDirLock other;
+        other.acquire(out);
+        fails_with(with(fx.args("own", 6), {"--resume", "latest"}), "is in use by another trainer");
+    }
+    // a fresh run into an out_dir with checkpoints: refused; --overwrite replaces the old run
+    fails_with(fx.args("own", 2), "checkpoint(s) of another run");
+    REQUIRE(file_exists(out + "/ckpt_000000004.bin"));
+    REQUIRE(run_train(with(fx.args("own", 2), {"--overwrite"})) == 0);
+    CHECK(file_exists(out + "/ckpt_000000002.bin"));
+    CHECK(!file_exists(out + "/ckpt_000000004.bin"));
+    int steps = 0;
+    for (const std::string& l : lines_of(out + "/log.jsonl")) steps += l.find("\"loss\":") != std::string::npos;
+    CHECK(steps == 2);
+    // resuming is always allowed, and the lock is free again after a run
+    CHECK(run_train(with(fx.args("own", 4), {"--resume", "latest"})) == 0);
+    CHECK(run_train(with(fx.args("own", 2), {"--overwrite", "1"})) == 0);
+}
+
+TEST_CASE("hardening 8: the memory guard refuses an impossible run before allocating") {
+    // the estimate is what gpt_allocate allocates, buffer for buffer
+    for (int variant = 0; variant < 3; variant++) {
+        CAPTURE(variant);
+        GPTConfig c;
+        c.n_layer = 2; c.n_embd = 32; c.n_head = 4; c.n_kv_head = 2; c.max_seq_len = 64;
+        if (variant == 1) { c.mlp = MLP_GELU; c.pos = POS_LEARNED; }
+        if (variant == 2) { c.n_expert = 4; c.moe_every = 2; c.expert_hidden = 48; }
+        c.finalize();
+        const int B = 3, T = 24;
+        MemoryEstimate e = gpt_memory_estimate(c, B, T);
+        GPT m;
+        const size_t before = buffer_bytes_allocated();
+        gpt_allocate(m, c, B, T);
+        const double allocated = (double)(buffer_bytes_allocated() - before);
+        CHECK(e.buffers() == allocated);
+        gpt_free(m);
+    }
+    Fixture fx;
+    setenv("LLMC_MEMORY_LIMIT", "64M", 1);
+    fails_with(with(fx.args("mem", 1), {"-b", "37000", "-t", "64", "-d", "0"}), "memory: this run needs");
+    fails_with(with(fx.args("mem", 1), {"-b", "37000", "-t", "64", "-d", "0"}), "lower -b (batch size) or -t");
+    CHECK(run_train(fx.args("mem_ok", 1)) == 0);  // a small run fits in 64 MiB
+    unsetenv("LLMC_MEMORY_LIMIT");
+    CHECK(meminfo_available_bytes("/proc/meminfo") > 0);
+    CHECK(meminfo_available_bytes("/nonexistent") < 0);
+}
+
+TEST_CASE("hardening 11: prepare_text.py: val_frac range, unwritable out_dir, stale shards, short last shard") {
+    const std::string d = make_temp_dir("llmc_prep_");
+    {
+        std::ofstream f(d + "/corpus.txt");
+        for (int i = 0; i < 60; i++) f << "document " << i << " " << std::string(40 + i % 7, 'a' + i % 26) << "\n\n";
+    }
+    const std::string py = "python3 dev/data/prepare_text.py " + d + "/corpus.txt --sep blank ";
+    CHECK(shell(py + "--out_dir " + d + "/a --val_frac 1", d) == 1);
+    CHECK(read_file(d + "/sh_err.txt").find("--val_frac must be in [0, 1)") != std::string::npos);
+    CHECK(read_file(d + "/sh_err.txt").find("Traceback") == std::string::npos);
+    CHECK(shell(py + "--out_dir " + d + "/a --val_frac -0.5", d) == 1);
+    CHECK(shell(py + "--out_dir /proc/llmc_no/x", d) == 1);
+    CHECK(read_file(d + "/sh_err.txt").find("cannot write to /proc/llmc_no/x") != std::string::npos);
+    CHECK(read_file(d + "/sh_err.txt").find("Traceback") == std::string::npos);
+    // shards of ~1000 tokens: the short remainder is merged into the last full shard
+    REQUIRE(shell(py + "--out_dir " + d + "/a --shard_tokens 1000", d) == 0);
+    std::vector<std::string> shards = glob_files(d + "/a/a_train_*.bin");
+    REQUIRE(shards.size() >= 2);
+    for (const std::string& s : shards) CHECK(read_shard_info(s).num_tokens >= 500);
+    // re-running into the used out_dir: refused, or with --force the old shards go first
+    CHECK(shell(py + "--out_dir " + d + "/a", d) == 1);
+    CHECK(read_file(d + "/sh_err.txt").find("--force") != std::string::npos);
+    REQUIRE(shell(py + "--out_dir " + d + "/a --force", d) == 0);
+    CHECK(glob_files(d + "/a/a_train_*.bin").size() == 1);
+}
