@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent PyTorch reference of the GPT model and AdamW step (the oracle).
 
-This file re-implements, from the math in shared/DESIGN.md ("The model" and
+This file re-implements, from the math in docs/ARCHITECTURE.md ("The model" and
 "Precise semantics"), the model that train_gpt.cu trains, in float32 on the CPU,
 with torch autograd for every gradient and a hand-written AdamW. It is NOT a
 translation of the C++ code; the C++ is checked against it.
