@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int c = VEC * (threadIdx.x + k * blockDim.x);
-        if (c < C) load_bf16<VEC>(w[k], weight + c);
+        if (c < C && dinp) load_bf16<VEC>(w[k], weight + c);  // weight serves dinp only
 #pragma unroll
         for (int i = 0; i < VEC; i++) dw[k][i] = db[k][i] = 0.0f;
     }
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
             if (row_ok && c < C) {
                 pd[k] = load_packed<VEC>(dout + off + c);
                 px[k] = load_packed<VEC>(inp + off + c);
-                pold[k] = load_packed<VEC>(dinp + off + c);  // issued before the barriers, used after
+                if (dinp) pold[k] = load_packed<VEC>(dinp + off + c);  // issued before the barriers, used after
                 float d[VEC], x[VEC];
                 unpack<VEC>(d, pd[k]);
                 unpack<VEC>(x, px[k]);
@@ -192,15 +192,15 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
                 float d[VEC], x[VEC], old[VEC];
                 unpack<VEC>(d, pd[k]);
                 unpack<VEC>(x, px[k]);
-                unpack<VEC>(old, pold[k]);
+                if (dinp) unpack<VEC>(old, pold[k]);
 #pragma unroll
                 for (int i = 0; i < VEC; i++) {
                     const float xh = (x[i] - m) * s;
-                    old[i] += s * (d[i] * w[k][i] - mg - xh * mgx);
+                    if (dinp) old[i] += s * (d[i] * w[k][i] - mg - xh * mgx);
                     dw[k][i] += d[i] * xh;
                     db[k][i] += d[i];
                 }
-                store_bf16<VEC>(dinp + off + c, old);
+                if (dinp) store_bf16<VEC>(dinp + off + c, old);
             }
         }
     }
@@ -374,7 +374,21 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
     layernorm_detail::forward_launch<true>(residual, out, mean, rstd, inp1, inp2, weight, bias, N, C);
 }
 
-// dinp += (the residual stream's gradient), dweight +=, dbias += (deterministic).
+// out = bf16(inp1 + inp2), elementwise (the residual add where a pipeline stage ends; the same sum,
+// rounded once, that fused_residual_layernorm_forward stores). A thread per element: memory-bound.
+__global__ void residual_forward_kernel(floatX* out, const floatX* inp1, const floatX* inp2, long N) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) out[i] = __float2bfloat16_rn(__bfloat162float(inp1[i]) + __bfloat162float(inp2[i]));
+}
+inline void residual_forward(floatX* out, const floatX* inp1, const floatX* inp2, long N) {
+    if (N == 0) return;
+    LLMC_CHECK(ceil_div(N, 256L) <= INT32_MAX, "residual_forward: N = %ld is too large for the grid", N);
+    residual_forward_kernel<<<(unsigned)ceil_div(N, 256L), 256, 0, llmc_stream()>>>(out, inp1, inp2, N);
+    cudaCheckLaunch();
+}
+
+// dinp += (the residual stream's gradient), dweight +=, dbias += (deterministic). dinp may be null
+// (weight is then not read), or dweight and dbias both null: input and weight gradients in two calls.
 // Scratch: layernorm_scratch_bytes(N, C).
 inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
                                const floatX* weight, const float* mean, const float* rstd, int N, int C) {
@@ -396,6 +410,7 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
                                                                              rstd, N, C, g.rows_per_block);
     });
     cudaCheckLaunch();
+    if (!dweight) return;  // the input gradient alone (the zero-bubble pipeline's B)
     layernorm_param_grad_kernel<<<dim3(ceil_div(C, 32), 2), dim3(32, 32), 0, llmc_stream()>>>(dweight, dbias, partials,
                                                                                              g.blocks, C);
     cudaCheckLaunch();

@@ -387,14 +387,17 @@ inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
                         /*transb*/ false, /*beta*/ 0.0f, BT, C, OC);
 }
 
-// dinp[BT, C] = dout W (overwritten); dweight[OC, C] += dout^T inp; dbias[OC] += column sums of dout (may be null)
+// dinp[BT, C] = dout W (overwritten); dweight[OC, C] += dout^T inp; dbias[OC] += column sums of dout.
+// Each may be null: the zero-bubble pipeline asks for dinp and for (dweight, dbias) in two calls.
 inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
                             const floatX* weight, int BT, int C, int OC) {
     if (dbias) matmul_detail::bias_grad(dbias, dout, BT, OC);
-    matmul_detail::gemm("matmul_backward (dinp)", dinp, weight, dout, nullptr, /*m*/ C, /*n*/ BT, /*k*/ OC,
-                        /*transa*/ false, /*transb*/ false, /*beta*/ 0.0f, BT, C, OC);
-    matmul_detail::gemm("matmul_backward (dweight)", dweight, inp, dout, nullptr, /*m*/ C, /*n*/ OC, /*k*/ BT,
-                        /*transa*/ false, /*transb*/ true, /*beta*/ 1.0f, BT, C, OC);
+    if (dinp)
+        matmul_detail::gemm("matmul_backward (dinp)", dinp, weight, dout, nullptr, /*m*/ C, /*n*/ BT, /*k*/ OC,
+                            /*transa*/ false, /*transb*/ false, /*beta*/ 0.0f, BT, C, OC);
+    if (dweight)
+        matmul_detail::gemm("matmul_backward (dweight)", dweight, inp, dout, nullptr, /*m*/ C, /*n*/ OC, /*k*/ BT,
+                            /*transa*/ false, /*transb*/ true, /*beta*/ 1.0f, BT, C, OC);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -624,14 +627,16 @@ inline void matmul_forward_batched(floatX* out, const floatX* inp, const floatX*
 }
 
 // per batch b: dinp[b] = dout[b] W[b] (overwritten); dweight[b] += dout[b]^T inp[b]; dbias[b] += column
-// sums of dout[b] (dbias may be null)
+// sums of dout[b] (each may be null, as matmul_backward)
 inline void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout,
                                     const floatX* inp, const floatX* weight, int n_batch, int BT, int C, int OC) {
     if ((size_t)n_batch * BT == 0) return;  // no rows: dinp is empty, the += terms are zero
     using namespace matmul_detail;
     if (dbias) bias_grad_batched(dbias, dout, n_batch, BT, OC);
-    gemm_batched("matmul_backward_batched (dinp)", dinp, weight, dout, nullptr, /*m*/ C, /*n*/ BT, /*k*/ OC, false,
-                 false, 0.0f, n_batch, BT, C, OC);
-    gemm_batched("matmul_backward_batched (dweight)", dweight, inp, dout, nullptr, /*m*/ C, /*n*/ OC, /*k*/ BT, false,
-                 true, 1.0f, n_batch, BT, C, OC);
+    if (dinp)
+        gemm_batched("matmul_backward_batched (dinp)", dinp, weight, dout, nullptr, /*m*/ C, /*n*/ BT, /*k*/ OC, false,
+                     false, 0.0f, n_batch, BT, C, OC);
+    if (dweight)
+        gemm_batched("matmul_backward_batched (dweight)", dweight, inp, dout, nullptr, /*m*/ C, /*n*/ OC, /*k*/ BT,
+                     false, true, 1.0f, n_batch, BT, C, OC);
 }

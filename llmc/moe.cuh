@@ -580,7 +580,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_backward_dx_kernel(floatX*
         }
     }
     __syncwarp();
-    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+    for (int c = lane * VEC; dx && c < C; c += 32 * VEC) {  // dx null: dlogit only (the split backward)
         float acc[RB_RT][VEC];
 #pragma unroll
         for (int r = 0; r < RB_RT; r++) {
@@ -869,6 +869,7 @@ inline void moe_router_backward(floatX* dx, floatX* drouter_w, const float* dsco
     else
         moe_router_backward_dx_kernel<1><<<dx_grid, THREADS, dx_smem, st>>>(dx, dlogit, dscores, scores, router_w, n, C, E);
     cudaCheckLaunch();
+    if (!drouter_w) return;
 
     const bool vec = C % 8 == 0 && aligned16(x);
     const dim3 grid(ceil_div(C, RW_COLS), nchunks);

@@ -119,6 +119,7 @@ inline std::vector<std::string> glob_files(const std::string& pattern) {
 }
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+inline long ceil_div(long a, long b) { return (a + b - 1) / b; }
 
 // mkdir -p: creates every missing directory of path
 #include <sys/stat.h>

@@ -36,12 +36,22 @@ void fused_residual_layernorm_forward(T* residual, T* out, T* mean, T* rstd, con
     layernorm_forward(out, mean, rstd, residual, weight, bias, N, C);
 }
 
-// dinp += dx (it is the residual stream's gradient), dweight += , dbias +=
+// out = inp1 + inp2: the residual add where a pipeline stage ends (the next LayerNorm is on the
+// next stage; fused_residual_layernorm_forward computes exactly this sum before normalising)
+template <typename T>
+void residual_forward(T* out, const T* inp1, const T* inp2, long N) {
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < N; i++) out[i] = inp1[i] + inp2[i];
+}
+
+// dinp += dx (it is the residual stream's gradient), dweight += , dbias +=. dinp may be null (then
+// weight is not read) or dweight and dbias both null: the input and the weight gradients in two
+// calls (the zero-bubble pipeline's split backward).
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                         const T* mean, const T* rstd, int N, int C) {
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
+    for (int n = 0; n < N && dinp; n++) {
         const T* d = dout + (size_t)n * C;
         const T* x = inp + (size_t)n * C;
         T m = mean[n], s = rstd[n];
@@ -59,6 +69,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
     }
     // parameter gradients: threads own channel ranges and sum rows in order (deterministic)
     constexpr int CB = 32;
+    if (!dweight) return;
 #pragma omp parallel for schedule(static)
     for (int c0 = 0; c0 < C; c0 += CB) {
         int c1 = std::min(C, c0 + CB);

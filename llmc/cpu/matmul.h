@@ -88,12 +88,14 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int BT
     gemm<T>(out, inp, C, 1, wt, BT, OC, C, bias != nullptr);
 }
 
-// dinp[BT, C] = dout W (overwritten); dweight += dout^T inp; dbias += column sums of dout (may be null)
+// dinp[BT, C] = dout W (overwritten); dweight += dout^T inp; dbias += column sums of dout. Any of the
+// three may be null: the zero-bubble pipeline computes the input gradient (dinp) and the weight
+// gradients (dweight, dbias) in two calls of this same function, at different times.
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int BT, int C, int OC) {
-    gemm<T>(dinp, dout, OC, 1, weight, BT, C, OC, false);
-    gemm<T>(dweight, dout, 1, OC, inp, OC, C, BT, true);
+    if (dinp) gemm<T>(dinp, dout, OC, 1, weight, BT, C, OC, false);
+    if (dweight) gemm<T>(dweight, dout, 1, OC, inp, OC, C, BT, true);
     if (dbias) {
         constexpr int OB = 64;
 #pragma omp parallel for schedule(static)
@@ -118,12 +120,13 @@ void matmul_forward_batched(T* out, const T* inp, const T* weight, const T* bias
                        bias ? bias + (size_t)b * OC : nullptr, BT, C, OC);
 }
 
-// the backward of each product, as matmul_backward: dinp overwritten, dweight and dbias +=
+// the backward of each product, as matmul_backward: dinp overwritten, dweight and dbias +=; each may be null
 template <typename T>
 void matmul_backward_batched(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int n_batch,
                              int BT, int C, int OC) {
     for (int b = 0; b < n_batch; b++)
-        matmul_backward(dinp + (size_t)b * BT * C, dweight + (size_t)b * OC * C, dbias ? dbias + (size_t)b * OC : nullptr,
+        matmul_backward(dinp ? dinp + (size_t)b * BT * C : nullptr, dweight ? dweight + (size_t)b * OC * C : nullptr,
+                        dbias ? dbias + (size_t)b * OC : nullptr,
                         dout + (size_t)b * BT * OC, inp + (size_t)b * BT * C, weight + (size_t)b * OC * C, BT, C, OC);
 }
 

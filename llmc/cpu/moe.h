@@ -164,7 +164,7 @@ void moe_combine_backward(T* dye, S* dscores, const T* dout, const T* ye, const 
 }
 
 // Through the softmax: dlogit[i, e] = S[i, e] (dS[i, e] - sum_f S[i, f] dS[i, f]); then
-// drouter_w [E, C] += dlogit^T x, dx [n, C] += dlogit router_w.
+// drouter_w [E, C] += dlogit^T x, dx [n, C] += dlogit router_w. Either may be null (the split backward).
 template <typename T, typename S>
 void moe_router_backward(T* dx, T* drouter_w, const S* dscores, const S* scores, const T* x, const T* router_w,
                          int n, int C, int E) {
@@ -178,9 +178,11 @@ void moe_router_backward(T* dx, T* drouter_w, const S* dscores, const S* scores,
         for (int e = 0; e < E; e++) {
             S dl = s[e] * (ds[e] - dot);
             dlogit[(size_t)i * E + e] = dl;
-            for (int c = 0; c < C; c++) dx[(size_t)i * C + c] += (T)dl * router_w[(size_t)e * C + c];
+            if (dx)
+                for (int c = 0; c < C; c++) dx[(size_t)i * C + c] += (T)dl * router_w[(size_t)e * C + c];
         }
     }
+    if (!drouter_w) return;
 #pragma omp parallel for schedule(static)
     for (int e = 0; e < E; e++)
         for (int i = 0; i < n; i++) {

@@ -68,6 +68,15 @@ inline void check_forward(int C, int N, size_t shift) {
     check_bf16("fused out", d_out.get(), want);
     CHECK_CLOSE("fused mean", rel_max(download(d_mean), want_mean), STAT_TOL);
     CHECK_CLOSE("fused rstd", rel_max(download(d_rstd), want_rstd), STAT_TOL);
+
+    // the plain residual add (a pipeline stage's end): bitwise the fused kernel's residual
+    std::vector<float> want_sum(nc);
+    cpu::residual_forward<float>(want_sum.data(), x.data(), x2.data(), (long)nc);
+    d_res.poison();
+    residual_forward(d_res.ptr(), d_x.ptr(), d_x2.ptr(), (long)nc);
+    const std::vector<float> got_sum = d_res.get();
+    CHECK(std::memcmp(got_sum.data(), res_bf16.data(), nc * sizeof(float)) == 0);
+    check_bf16("residual_forward", got_sum, want_sum);
 }
 
 TEST_CASE("layernorm_forward and fused_residual_layernorm_forward match the CPU twin (ragged C, N, scalar path)") {
@@ -120,6 +129,18 @@ inline void check_backward(int C, int N, size_t shift) {
         want_inc[c] -= dw0[c];
     }
     check_bf16("dweight increment", got_inc, want_inc, BF16_TOL, 2 * BF16_MAX_TOL);  // the bf16 rounding of prefill + increment, against the increment alone
+
+    // the split backward (zero-bubble pipeline): dinp alone (weight gradients untouched), then the
+    // weight gradients alone (weight not needed, dinp untouched): bitwise the one-call results
+    const std::vector<float> one_dinp = d_dinp.get(), one_dw = d_dw.get(), one_db = d_db.get();
+    DevBF16 s_dinp(dinp0, shift), s_dw(dw0, shift), s_db(db0, shift);
+    layernorm_backward(s_dinp.ptr(), nullptr, nullptr, d_dout.ptr(), d_x.ptr(), d_w.ptr(), d_mean, d_rstd, N, C);
+    CHECK(std::memcmp(s_dinp.get().data(), one_dinp.data(), nc * sizeof(float)) == 0);
+    CHECK(std::memcmp(s_dw.get().data(), dw0.data(), C * sizeof(float)) == 0);
+    layernorm_backward(nullptr, s_dw.ptr(), s_db.ptr(), d_dout.ptr(), d_x.ptr(), nullptr, d_mean, d_rstd, N, C);
+    CHECK(std::memcmp(s_dw.get().data(), one_dw.data(), C * sizeof(float)) == 0);
+    CHECK(std::memcmp(s_db.get().data(), one_db.data(), C * sizeof(float)) == 0);
+    CHECK(std::memcmp(s_dinp.get().data(), one_dinp.data(), nc * sizeof(float)) == 0);
 }
 
 TEST_CASE("layernorm_backward accumulates like the CPU twin (ragged C, N, scalar path)") {

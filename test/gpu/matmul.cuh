@@ -98,6 +98,22 @@ inline void check_backward(const Inputs& in, bool with_dbias, int offset) {
     // without dbias the prefill must be untouched (bitwise)
     CHECK_CLOSE("dbias rel_l2", gpu_test::rel_l2(got_dbias, dbias), with_dbias ? BF16_TOL : 0.0);
     CHECK_CLOSE("dbias rel_max", gpu_test::rel_max(got_dbias, dbias), with_dbias ? MAX_TOL : 0.0);
+
+    // the split backward (zero-bubble pipeline): dinp alone, then dweight + dbias alone, each call
+    // leaving the other outputs untouched: bitwise the one-call results
+    Device s(in, offset);
+    matmul_backward(s.dinp.ptr(), nullptr, nullptr, s.dout.ptr(), s.inp.ptr(), s.weight.ptr(), in.BT, in.C, in.OC);
+    cudaCheck(cudaDeviceSynchronize());
+    CHECK(s.dinp.get() == got_dinp);
+    CHECK(s.dweight.get() == Device(in, offset).dweight.get());  // untouched
+    s.dinp.poison();
+    const std::vector<float> poisoned = s.dinp.get();
+    matmul_backward(nullptr, s.dweight.ptr(), with_dbias ? s.dbias.ptr : nullptr, s.dout.ptr(), s.inp.ptr(), nullptr,
+                    in.BT, in.C, in.OC);
+    cudaCheck(cudaDeviceSynchronize());
+    CHECK(s.dweight.get() == got_dweight);
+    CHECK(gpu_test::download_bf16(s.dbias) == got_dbias);
+    CHECK(std::memcmp(s.dinp.get().data(), poisoned.data(), poisoned.size() * sizeof(float)) == 0);  // NaN != NaN
 }
 
 struct Shape {
