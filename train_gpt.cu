@@ -55,6 +55,8 @@ using namespace cpu;
 typedef float floatX;  // the element type of params, grads and activations
 static const char* backend_name() { return "cpu (fp32 reference)"; }
 static double peak_flops_per_s() { return 0; }  // unknown for a CPU: no MFU
+// the ops run synchronously: the host clock times them exactly (pipeline idle fractions every step)
+static constexpr bool host_timing_is_exact = true;
 // where buffers live: host memory here, device memory in the CUDA build
 // bytes handed out by buffer_alloc so far (the memory guard's test compares its estimate with it)
 static size_t& buffer_bytes_allocated() {
@@ -143,6 +145,9 @@ static void copy_buffer(void* dst, const void* src, size_t bytes) {
 }
 // the step time includes everything queued on the GPU
 static void backend_sync() { cudaCheck(cudaStreamSynchronize(llmc_stream())); }
+// kernels are queued: the host clock sees their time only after a sync, which would cost the overlap
+// of host and device; the pipeline is timed (with syncs) only for --pp_trace
+static constexpr bool host_timing_is_exact = false;
 // Start-up, before the first step: the cuBLASLt handle and workspace, and one scratch arena big
 // enough for every op at the largest batch (max_linear_out: the widest linear layer with a bias;
 // MoE: expert_rows tokens per expert, experts of hidden size expert_hidden).
@@ -164,6 +169,7 @@ static void backend_setup(int B, int T, int C, int n_head, int n_kv_head, int ma
 
 // Multi-process: the rank grid and collectives (llmc/comm.h), ZeRO sharding (llmc/zero.h).
 #include "llmc/zero.h"
+#include "llmc/pipeline.h"
 
 // ----------------------------------------------------------------------------------------------
 // 2. Config and parameters
@@ -334,30 +340,32 @@ static int segment_of(const std::string& name, int n_layer) {
     if (name[0] == 'h') return 1 + std::stoi(name.substr(1, name.find('.') - 1));
     return n_layer + 1;
 }
-static std::vector<std::pair<std::string, size_t>> segment_begins(const GPTConfig& c, const std::vector<ParamTensor>& table) {
-    std::vector<std::pair<std::string, size_t>> begins;
-    int last = -1;
+// every segment of the model, in table order (a segment's range runs to the next one's start)
+static std::vector<SegmentSpec> segment_specs(const GPTConfig& c, const std::vector<ParamTensor>& table) {
+    std::vector<SegmentSpec> specs;
     for (const ParamTensor& p : table) {
-        int s = segment_of(p.name, c.n_layer);
-        if (s != last) begins.push_back({s == 0 ? "embedding" : s == c.n_layer + 1 ? "final" : "h" + std::to_string(s - 1), p.offset});
-        last = s;
+        const int s = segment_of(p.name, c.n_layer);
+        if (specs.empty() || specs.back().id != s)
+            specs.push_back({s == 0 ? "embedding" : s == c.n_layer + 1 ? "final" : "h" + std::to_string(s - 1), s, p.offset, 0});
     }
-    return begins;
+    for (size_t k = 0; k < specs.size(); k++)
+        specs[k].len = (k + 1 < specs.size() ? specs[k + 1].begin : count_params(table)) - specs[k].begin;
+    return specs;
 }
 
 // Points the fields of the tensors of segment `seg` at base (the segment's first element), or
 // at nullptr (stage 3: the segment is not gathered).
 static void point_segment(ModelTensors& t, const GPTConfig& c, const std::vector<ParamTensor>& table,
-                          const ZeroLayout& z, int seg, floatX* base) {
+                          const Segment& seg, floatX* base) {
     t.layers.resize(c.n_layer);
     for (const ParamTensor& p : table) {
-        if (segment_of(p.name, c.n_layer) != seg) continue;
-        floatX* ptr = base ? base + (p.offset - z.segs[seg].begin) : nullptr;
+        if (segment_of(p.name, c.n_layer) != seg.id) continue;
+        floatX* ptr = base ? base + (p.offset - seg.begin) : nullptr;
         if (p.name == "wte") { t.wte = ptr; continue; }
         if (p.name == "wpe") { t.wpe = ptr; continue; }
         if (p.name == "lnf.w") { t.lnfw = ptr; continue; }
         if (p.name == "lnf.b") { t.lnfb = ptr; continue; }
-        LayerTensors& L = t.layers[seg - 1];
+        LayerTensors& L = t.layers[seg.id - 1];
         const std::string f = p.name.substr(p.name.find('.') + 1);
         floatX** field = f == "ln1.w" ? &L.ln1w : f == "ln1.b" ? &L.ln1b : f == "attn.qkv.w" ? &L.qkvw
                        : f == "attn.qkv.b" ? &L.qkvb : f == "attn.proj.w" ? &L.attprojw : f == "attn.proj.b" ? &L.attprojb
@@ -372,6 +380,115 @@ static void point_segment(ModelTensors& t, const GPTConfig& c, const std::vector
 
 // ----------------------------------------------------------------------------------------------
 // 3. The model
+
+// The pipeline partition (llmc/pipeline.h runs the schedule). The model's blocks are cut into
+// P * V contiguous virtual stages; pipeline stage s runs virtual stages s, P + s, 2P + s, ... (its
+// chunks 0..V-1; V > 1 only for the interleaved schedule). Virtual stage 0 also holds the
+// embedding, the last one the final LayerNorm, the lm head and the loss. One process is P = 1.
+struct PipelinePlan {
+    PipeKind kind = PIPE_1F1B;
+    int P = 1, V = 1, M = 1, stage = 0;
+    std::vector<int> first_layer;                   // P*V + 1 entries: virtual stage vs has [first_layer[vs], first_layer[vs+1])
+    std::vector<std::vector<PipeAction>> schedule;  // every stage's actions for one step
+    int n_vs() const { return P * V; }
+    int vs(int chunk) const { return chunk * P + stage; }
+    int layer_begin(int chunk) const { return first_layer[vs(chunk)]; }
+    int layer_end(int chunk) const { return first_layer[vs(chunk) + 1]; }
+    bool first_vs(int chunk) const { return vs(chunk) == 0; }
+    bool last_vs(int chunk) const { return vs(chunk) == n_vs() - 1; }
+    bool has_embedding() const { return stage == 0; }
+    bool has_head() const { return stage == P - 1; }
+    bool holds_layer(int l) const {
+        for (int c = 0; c < V; c++) if (l >= layer_begin(c) && l < layer_end(c)) return true;
+        return false;
+    }
+};
+
+// Training FLOPs (forward + backward) of one micro-batch in block l: 6 per active parameter per
+// token, plus the causal attention's 12 * n_head * head_size per score element (a full row's
+// average, (T + 1) / 2 keys). The partition balances these.
+static double block_flops(const GPTConfig& c, int l, int B, int T) {
+    const double C = c.n_embd, BT = (double)B * T;
+    double params = (double)c.qkv_channels() * C + C * c.n_head * c.head_size() + 4 * C;
+    if (c.is_moe(l)) {
+        const double per_token = (double)c.n_expert * c.moe_capacity(B, T) / BT;  // experts a token visits
+        params += (double)c.n_expert * C + per_token * 3.0 * c.expert_hidden * C;
+    } else {
+        params += (double)c.fc_channels() * C + (double)c.ffn_hidden * C;
+    }
+    return 6.0 * params * BT + 12.0 * c.n_head * c.head_size() * BT * (T + 1) / 2.0;
+}
+static double head_flops(const GPTConfig& c, int B, int T) { return 6.0 * c.n_embd * c.padded_vocab_size * (double)B * T; }
+
+// Cuts the blocks into P * V virtual stages: by hand (--pp_layers, one count per virtual stage), in
+// equal parts (interleaved), or contiguous parts that minimise the largest cost (blocks, plus the
+// lm head on the last one), by dynamic programming over the cut points.
+static std::vector<int> pipeline_partition(const GPTConfig& c, int B, int T, int P, int V, PipeKind kind,
+                                           const std::string& layers_flag) {
+    const int L = c.n_layer, n = P * V;
+    LLMC_CHECK(n <= L, "--pp %d%s: %d virtual stages for %d layers; every stage needs at least one layer (lower --pp%s)",
+               P, V > 1 ? (" x --pp_virtual " + std::to_string(V)).c_str() : "", n, L, V > 1 ? " or --pp_virtual" : "");
+    std::vector<int> first(n + 1, 0);
+    if (!layers_flag.empty()) {
+        std::vector<int> counts;
+        size_t at = 0;
+        while (at <= layers_flag.size()) {
+            size_t comma = layers_flag.find(',', at);
+            if (comma == std::string::npos) comma = layers_flag.size();
+            counts.push_back((int)parse_int64(layers_flag.substr(at, comma - at), "pp_layers", 1, L));
+            at = comma + 1;
+        }
+        LLMC_CHECK((int)counts.size() == n, "--pp_layers %s: %zu counts, expected one per virtual stage (%d)",
+                   layers_flag.c_str(), counts.size(), n);
+        for (int k = 0; k < n; k++) first[k + 1] = first[k] + counts[k];
+        LLMC_CHECK(first[n] == L, "--pp_layers %s: the counts add up to %d, the model has --n_layer %d", layers_flag.c_str(),
+                   first[n], L);
+        return first;
+    }
+    if (kind == PIPE_INTERLEAVED) {
+        LLMC_CHECK(L % P == 0 && (L / P) % V == 0,
+                   "--pp_virtual %d: the interleaved schedule splits each stage's n_layer / pp = %d / %d layers into %d "
+                   "equal chunks; choose --pp and --pp_virtual so that they divide it (or give --pp_layers)", V, L, P, V);
+        for (int k = 0; k <= n; k++) first[k] = k * (L / n);
+        return first;
+    }
+    std::vector<double> prefix(L + 1, 0);
+    for (int l = 0; l < L; l++) prefix[l + 1] = prefix[l] + block_flops(c, l, B, T);
+    const double head = head_flops(c, B, T), inf = 1e300;
+    // best[k][i]: the smallest largest cost of the first k stages over layers [0, i)
+    std::vector<std::vector<double>> best(n + 1, std::vector<double>(L + 1, inf));
+    std::vector<std::vector<int>> cut(n + 1, std::vector<int>(L + 1, 0));
+    best[0][0] = 0;
+    for (int k = 1; k <= n; k++)
+        for (int i = k; i <= L - (n - k); i++)
+            for (int j = k - 1; j < i; j++) {
+                const double cost = std::max(best[k - 1][j], prefix[i] - prefix[j] + (k == n ? head : 0.0));
+                if (cost < best[k][i]) { best[k][i] = cost; cut[k][i] = j; }
+            }
+    first[n] = L;
+    for (int k = n; k > 0; k--) first[k - 1] = cut[k][first[k]];
+    return first;
+}
+
+static PipelinePlan pipeline_plan(const GPTConfig& c, int B, int T, int P, int V, int M, PipeKind kind,
+                                  const std::string& layers_flag, int stage) {
+    PipelinePlan p;
+    p.kind = kind;
+    p.P = P;
+    p.V = V;
+    p.M = M;
+    p.stage = stage;
+    LLMC_CHECK(V == 1 || kind == PIPE_INTERLEAVED, "--pp_virtual %d: only the interleaved schedule has virtual stages", V);
+    p.first_layer = pipeline_partition(c, B, T, P, V, kind, layers_flag);
+    p.schedule = pipeline_schedule(kind, P, M, V);
+    return p;
+}
+static PipelinePlan single_stage_plan(const GPTConfig& c) {
+    PipelinePlan p;
+    p.first_layer = {0, c.n_layer};
+    p.schedule = pipeline_schedule(PIPE_1F1B, 1, 1, 1);
+    return p;
+}
 
 // Activations saved by the forward for the backward, per layer, for up to B*T tokens.
 struct LayerActs {
@@ -391,13 +508,49 @@ struct LayerActs {
     floatX *residual3;                  // block output
 };
 
+// A layer's output gradients that its weight gradients need: what a zero-bubble pipeline keeps
+// from the input-gradient half of the backward (B) to the weight-gradient half (W).
+struct LayerGrads {
+    floatX* d_ffn_out;     // of the FFN branch's output (dense: the block output; MoE: the experts' output rows)
+    floatX* d_fch;         // of fc's output (pre-activation)
+    floatX* d_ln2;         // of LN2's output
+    float* d_moe_scores;   // MoE: of the router's scores
+    floatX* d_attn_out;    // of the attention projection's output (the gradient at residual2)
+    floatX *d_qkv, *d_ln1;
+};
+
+// One micro-batch in flight in one chunk (from its forward to its weight gradients).
+struct ChunkSlot {
+    int mb = -1;                   // the micro-batch it holds, -1 free
+    std::vector<LayerActs> acts;   // the chunk's layers
+    floatX* input = nullptr;       // [BT, C] the residual stream entering the chunk (vs 0: the embedding)
+    floatX* d_stream = nullptr;    // [BT, C] gradient of the residual stream: at the chunk's output, then its input
+    int *inputs = nullptr, *targets = nullptr, *doc_start = nullptr;  // the micro-batch, where the ops run
+    const int* host_targets = nullptr;
+};
+// The B -> W stash of one micro-batch in one chunk (zero-bubble schedules only).
+struct ChunkStash {
+    int mb = -1;
+    std::vector<LayerGrads> layers;
+};
+
+// A micro-batch as the trainer read it (host memory).
+struct MicroBatch {
+    const int *inputs = nullptr, *targets = nullptr, *doc_start = nullptr;
+};
+
+// what the memory plan counts, by kind
+enum MemKind { MEM_PARAMS = 0, MEM_GRADS, MEM_MASTER, MEM_MOMENTS, MEM_ACTIVATIONS, MEM_BATCH, MEM_KINDS };
+
 struct GPT {
     GPTConfig config;
     std::vector<ParamTensor> table;
     size_t n_params = 0;     // elements of the parameter table (with alignment padding): checkpoints
     size_t param_count = 0;  // the model's parameters (what is reported and counted for FLOPs)
-    // the flat buffers, laid out and sharded by `zero` (llmc/zero.h explains the index spaces)
+    PipelinePlan pipe;       // this rank's pipeline stage and its chunks
+    // the flat buffers of this stage's segments, laid out and sharded by `zero` (llmc/zero.h)
     ZeroLayout zero;
+    std::vector<int> seg_local;  // model segment id -> its index in zero.segs (-1: another stage's)
     floatX* params = nullptr;    // stage 0-2: every segment (padded space); stage 3: this rank's shard
     floatX* grads = nullptr;     // leaf gradients of one micro-batch (padded space; stage 3: slots)
     float* grad_acc = nullptr;   // fp32 sum of the leaves over the step's global micro-batches
@@ -407,241 +560,293 @@ struct GPT {
     SegmentSlots<floatX> param_slots, grad_slots;  // stage 3: gathered segments
     std::vector<UpdatePiece> update_pieces;         // what this rank's optimizer step updates
     ModelTensors p, g;  // pointers into params and grads (stage 3: into the slots, while gathered)
+    // The tied lm head (on the last stage) and its gradient. Its gradient is summed over the step in
+    // its own accumulator and added to the embedding's once per step (tied_embedding_sum); with
+    // pp > 1 the last stage keeps a copy of the embedding's weights, refreshed after every update.
+    // `head` is the embedding segment's layout, for these buffers' sizes.
+    ZeroLayout head;
+    floatX *head_leaf = nullptr, *head_params = nullptr;  // [head.padded]; head_params: pp > 1 only
+    float* head_acc = nullptr;  // [shard]: this rank's slice (stage 0 with pp > 1: the receive buffer)
 
     int max_B = 0, max_T = 0;
-    std::vector<LayerActs> acts;
-    floatX *encoded, *lnf, *logits;
-    float *lnf_mean, *lnf_rstd, *losses;
+    std::vector<std::vector<ChunkSlot>> slots;      // [chunk][k]: activations of micro-batches in flight
+    std::vector<std::vector<ChunkStash>> stashes;   // [chunk][k]: zero-bubble B -> W stash
+    std::vector<const ChunkSlot*> last_forward;     // [chunk]: the latest forward's slot (MoE statistics)
+    LayerGrads layer_douts{};  // one layer's output gradients, when its weight gradients follow at once
+    floatX *lnf = nullptr, *logits = nullptr;       // the last stage's head (one micro-batch at a time)
+    float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
     // backward scratch, reused by every layer
-    floatX *d_residual, *d_ln, *d_atty, *d_qkv, *d_fch, *d_fch_act, *scratch;
-    floatX* d_expert_io = nullptr;  // MoE: gradient of the experts' output rows, then of their input rows
-    float* d_moe_scores = nullptr;
+    floatX *d_ln = nullptr, *d_atty = nullptr, *d_fch_act = nullptr, *scratch = nullptr;
+    floatX* d_expert_in = nullptr;  // MoE: gradient of the experts' input rows
     std::vector<float> host_losses;
-    size_t activation_bytes = 0;
+    double activation_bytes = 0;
 
-    // the current batch, copied where the ops run (the backward reads it too)
-    int *batch_inputs = nullptr, *batch_targets = nullptr, *batch_doc_start = nullptr;
+    // the micro-batches the current forwards read, their loss scale, and the last stage's losses
+    std::vector<MicroBatch> batches;
+    float dloss_scale = 0.0f;
+    std::vector<double> mb_loss;
     int B = 0, T = 0;
+
+    // the memory plan: what every buffer takes, by kind; plan_only counts without allocating
+    double plan_bytes[MEM_KINDS] = {};
+    bool plan_only = false;
+    std::vector<void*> owned;
 };
 
-static floatX* alloc_activation(GPT& m, size_t n) {
-    m.activation_bytes += n * sizeof(floatX);
-    return (floatX*)buffer_alloc(n * sizeof(floatX));
+// Every buffer comes from here: counted in the plan, allocated unless only planning.
+static void* take(GPT& m, MemKind kind, size_t bytes) {
+    m.plan_bytes[kind] += (double)bytes;
+    if (kind == MEM_ACTIVATIONS) m.activation_bytes += (double)bytes;
+    if (m.plan_only) return nullptr;
+    void* p = buffer_alloc(bytes);
+    m.owned.push_back(p);
+    return p;
 }
-static float* alloc_stats(GPT& m, size_t n) {
-    m.activation_bytes += n * sizeof(float);
-    return (float*)buffer_alloc(n * sizeof(float));
-}
+static floatX* take_act(GPT& m, size_t n) { return (floatX*)take(m, MEM_ACTIVATIONS, n * sizeof(floatX)); }
+static float* take_stats(GPT& m, size_t n) { return (float*)take(m, MEM_ACTIVATIONS, n * sizeof(float)); }
+static int* take_ints(GPT& m, size_t n) { return (int*)take(m, MEM_ACTIVATIONS, n * sizeof(int)); }
 
 // Stage 3 keeps this many gathered segments at once: parameters of the current and the next
-// segment (a block's forward ends with the next block's LN1); leaf gradients of the embedding
-// (tied: the head writes them first, the encoder last) and of the segment in its backward.
+// segment (a block's forward ends with the next block's LN1); leaf gradients of the segment in
+// its backward (and one to spare).
 constexpr int ZERO3_PARAM_SLOTS = 2, ZERO3_GRAD_SLOTS = 2;
 
-// The layout of the flat buffers for a ZeRO stage over the data-parallel group (zero.h).
+// The layout of this stage's flat buffers for a ZeRO stage over the data-parallel group (zero.h).
 static ZeroLayout gpt_zero_layout(const GPTConfig& c, const std::vector<ParamTensor>& table, int zero_stage,
-                                  const CommGroup& dp) {
-    return zero_layout(segment_begins(c, table), count_params(table), zero_stage, dp.size, dp.rank);
-}
-
-// What gpt_allocate will allocate for (config, B, T), without allocating: the memory guard
-// compares it with the machine before the run starts. It mirrors gpt_allocate buffer by buffer
-// (a test checks the two agree exactly), in double so no product can wrap.
-struct MemoryEstimate {
-    double params = 0, grads = 0, master = 0, moments = 0, activations = 0, batch = 0;
-    double host = 0;  // host-side staging (init, checkpoint save/load copies, batch vectors)
-    double buffers() const { return params + grads + master + moments + activations + batch; }
-};
-static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int zero_stage = 0) {
-    MemoryEstimate e;
-    const std::vector<ParamTensor> table = build_param_table(c);
-    const double n = (double)count_params(table), fx = sizeof(floatX), f = sizeof(float);
-    // the flat buffers as this rank holds them for the ZeRO stage (zero.h)
-    const ZeroMemory zm = zero_memory(gpt_zero_layout(c, table, zero_stage, comm_world().dp), sizeof(floatX),
-                                      sizeof(floatX) != sizeof(float), ZERO3_PARAM_SLOTS, ZERO3_GRAD_SLOTS);
-    e.params = zm.params;
-    e.grads = zm.grads + zm.grad_acc + zm.comm;
-    e.master = zm.master;
-    e.moments = zm.moments;
-    const double BT = (double)B * T, C = c.n_embd, E = c.n_expert, qkv = c.qkv_channels(), fc = c.fc_channels();
-    const double expert_rows = c.n_expert > 0 ? E * c.moe_capacity(B, T) : 0, He = c.expert_hidden;
-    double act = 0, stats = 0, ints = 0;  // elements of floatX, float, int
-    for (int l = 0; l < c.n_layer; l++) {
-        const bool moe = c.is_moe(l);
-        if (moe) { stats += BT * E; ints += expert_rows + BT * E; act += 2 * expert_rows * C; }
-        act += BT * C * 5 + BT * qkv;  // ln1, atty, residual2, ln2, residual3; qkv
-        stats += BT * 4 + BT * c.n_head;  // ln1/ln2 mean, rstd; att_lse
-        act += moe ? expert_rows * 2 * He + expert_rows * He : BT * fc + BT * c.ffn_hidden;  // fch, fch_act
+                                  const CommGroup& dp, const PipelinePlan& pipe) {
+    std::vector<SegmentSpec> mine;
+    for (const SegmentSpec& s : segment_specs(c, table)) {
+        const bool here = s.id == 0 ? pipe.has_embedding() : s.id == c.n_layer + 1 ? pipe.has_head()
+                                                                                     : pipe.holds_layer(s.id - 1);
+        if (here) mine.push_back(s);
     }
-    act += BT * C * 2 + BT * c.padded_vocab_size;                                    // encoded, lnf, logits
-    stats += BT * 3;                                                                 // lnf mean, rstd; losses
-    act += BT * C * 3 + BT * qkv;                                                    // d_residual, d_ln, d_atty, d_qkv
-    act += std::max(BT * fc, expert_rows * 2 * He) + std::max(BT * c.ffn_hidden, expert_rows * He);  // d_fch(_act)
-    if (c.n_expert > 0) { act += expert_rows * C; stats += BT * E; }                 // d_expert_io, d_moe_scores
-    act += BT * std::max<double>(C, c.ffn_hidden);                                   // scratch
-    e.activations = act * fx + stats * f + ints * sizeof(int);
-    e.batch = 3 * BT * sizeof(int);
-    // host: init (params + zeros) or a loaded checkpoint (3 fp32 copies), the rounded upload copy,
-    // the checkpoint save copies (3 fp32), batch vectors and per-token losses
-    e.host = 3 * n * f + n * fx + 3 * n * f + 4 * BT * sizeof(int);
-    return e;
+    return zero_layout(mine, count_params(table), zero_stage, dp.size, dp.rank);
 }
 
-// The memory guard: refuses, before anything big is allocated, a run whose buffers cannot fit,
-// with the numbers and what to change (the full memory planner is a later issue; this is the
-// guard). On the CPU the buffers and the host staging share host memory.
-static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage) {
-    const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage);
-    std::string source;
-    const double avail = available_buffer_memory(source);
-#ifdef LLMC_CPU
-    const double need = e.buffers() + e.host;
-#else
-    const double need = e.buffers();
-    std::string host_source;
-    const double host_avail = available_host_memory(host_source);
-    LLMC_CHECK(host_avail <= 0 || e.host <= host_avail,
-               "memory: the host-side staging needs %.2f GiB but %s is %.2f GiB; reduce the model size",
-               e.host / 1073741824.0, host_source.c_str(), host_avail / 1073741824.0);
-#endif
-    const double MiB = 1048576.0, GiB = 1073741824.0;
-    LLMC_CHECK(avail <= 0 || need <= avail,
-               "memory: this run needs %.2f GiB (params %.1f MiB, grads %.1f MiB, master %.1f MiB, Adam moments %.1f "
-               "MiB, activations %.1f MiB for B %d x T %d, host staging %.1f MiB) but %s is %.2f GiB. Activations grow "
-               "with B*T: lower -b (batch size) or -t (sequence length), and keep the tokens per step with "
-               "-d/--total_batch_tokens (gradient accumulation); or shrink the model (--n_layer, --n_embd, --vocab_size)",
-               need / GiB, e.params / MiB, e.grads / MiB, e.master / MiB, e.moments / MiB, e.activations / MiB, B, T,
-#ifdef LLMC_CPU
-               e.host / MiB,
-#else
-               0.0,
-#endif
-               source.c_str(), avail / GiB);
+// Micro-batches in flight per chunk in a stage's actions: activation slots (from a chunk's first
+// action on a micro-batch to its W) and zero-bubble stashes (from a B whose W does not follow at
+// once, to that W). The schedule decides the memory.
+static void chunk_bounds(const std::vector<PipeAction>& actions, int V, std::vector<int>& slots, std::vector<int>& stashes) {
+    slots.assign(V, 0);
+    stashes.assign(V, 0);
+    std::vector<int> live(V, 0), pending(V, 0);
+    std::vector<std::vector<bool>> seen(V);
+    for (size_t k = 0; k < actions.size(); k++) {
+        const PipeAction& a = actions[k];
+        if (a.op == PIPE_RECV_ACT || a.op == PIPE_F) {
+            if ((int)seen[a.chunk].size() <= a.mb) seen[a.chunk].resize(a.mb + 1, false);
+            if (!seen[a.chunk][a.mb]) { seen[a.chunk][a.mb] = true; slots[a.chunk] = std::max(slots[a.chunk], ++live[a.chunk]); }
+        }
+        const bool w_at_once = a.op == PIPE_W && previous_compute_is_b(actions, k);
+        if (a.op == PIPE_B) {
+            bool fused = false;
+            for (size_t j = k + 1; j < actions.size(); j++)
+                if (is_compute(actions[j].op)) { fused = actions[j].op == PIPE_W && actions[j].mb == a.mb && actions[j].chunk == a.chunk; break; }
+            if (!fused) stashes[a.chunk] = std::max(stashes[a.chunk], ++pending[a.chunk]);
+        }
+        if (a.op == PIPE_W) {
+            live[a.chunk]--;
+            if (!w_at_once) pending[a.chunk]--;
+        }
+    }
+    for (int c = 0; c < V; c++) slots[c] = std::max(slots[c], 1);  // forward-only passes (evaluation) use one
 }
 
-// The memory plan: everything is allocated here, once; the training step allocates nothing.
-static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero_stage = 0) {
+// The memory plan: everything is allocated here, once; the training step allocates nothing. With
+// plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
+static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero_stage = 0,
+                         const PipelinePlan* pipe = nullptr) {
     config.check_batch(B, T, comm_world().dp.size);
     m.config = config;
-    backend_setup(B, T, config.n_embd, config.n_head, config.n_kv_head,
-                  std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert,
-                  config.n_expert > 0 ? config.moe_capacity(B, T) : 0, config.expert_hidden);
+    m.pipe = pipe ? *pipe : single_stage_plan(config);
+    const PipelinePlan& pp = m.pipe;
+    if (!m.plan_only)
+        backend_setup(B, T, config.n_embd, config.n_head, config.n_kv_head,
+                      std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert,
+                      config.n_expert > 0 ? config.moe_capacity(B, T) : 0, config.expert_hidden);
     m.table = build_param_table(config);
     m.n_params = count_params(m.table);
     for (const ParamTensor& t : m.table) m.param_count += t.numel;
     const CommGroup& dp = comm_world().dp;
-    m.zero = gpt_zero_layout(config, m.table, zero_stage, dp);
+    m.zero = gpt_zero_layout(config, m.table, zero_stage, dp, pp);
     const ZeroLayout& z = m.zero;
-    m.params = (floatX*)buffer_alloc(z.params_elems() * sizeof(floatX));
-    m.grad_acc = (float*)buffer_alloc(z.acc_elems() * sizeof(float));
-    if (sizeof(floatX) != sizeof(float)) m.master = (float*)buffer_alloc(z.state_elems() * sizeof(float));
-    m.adam_m = (float*)buffer_alloc(z.state_elems() * sizeof(float));
-    m.adam_v = (float*)buffer_alloc(z.state_elems() * sizeof(float));
-    if (dp.size > 1) m.comm_scratch = (floatX*)buffer_alloc(z.max_padded * sizeof(floatX));
+    m.seg_local.assign(config.n_layer + 2, -1);
+    for (int s = 0; s < (int)z.segs.size(); s++) m.seg_local[z.segs[s].id] = s;
+    const size_t fx = sizeof(floatX);
+    m.params = (floatX*)take(m, MEM_PARAMS, z.params_elems() * fx);
+    m.grad_acc = (float*)take(m, MEM_GRADS, z.acc_elems() * sizeof(float));
+    if (sizeof(floatX) != sizeof(float)) m.master = (float*)take(m, MEM_MASTER, z.state_elems() * sizeof(float));
+    m.adam_m = (float*)take(m, MEM_MOMENTS, z.state_elems() * sizeof(float));
+    m.adam_v = (float*)take(m, MEM_MOMENTS, z.state_elems() * sizeof(float));
+    if (pp.has_head() || (pp.has_embedding() && pp.P > 1)) {
+        const std::vector<SegmentSpec> all = segment_specs(config, m.table);
+        m.head = zero_layout({all[0]}, m.n_params, zero_stage, dp.size, dp.rank);
+        m.head_acc = (float*)take(m, MEM_GRADS, m.head.shard_len(0) * sizeof(float));
+        if (pp.has_head()) m.head_leaf = (floatX*)take(m, MEM_GRADS, m.head.padded_total * fx);
+        if (pp.has_head() && pp.P > 1) m.head_params = (floatX*)take(m, MEM_PARAMS, m.head.padded_total * fx);
+    }
+    const size_t max_padded = std::max(z.max_padded, m.head.segs.empty() ? 0 : m.head.max_padded);
+    if (dp.size > 1) m.comm_scratch = (floatX*)take(m, MEM_GRADS, max_padded * fx);
     if (z.params_sharded()) {
-        for (int k = 0; k < ZERO3_PARAM_SLOTS; k++) m.param_slots.buf.push_back((floatX*)buffer_alloc(z.max_padded * sizeof(floatX)));
-        for (int k = 0; k < ZERO3_GRAD_SLOTS; k++) m.grad_slots.buf.push_back((floatX*)buffer_alloc(z.max_padded * sizeof(floatX)));
+        for (int k = 0; k < ZERO3_PARAM_SLOTS; k++) m.param_slots.buf.push_back((floatX*)take(m, MEM_PARAMS, z.max_padded * fx));
+        for (int k = 0; k < ZERO3_GRAD_SLOTS; k++) m.grad_slots.buf.push_back((floatX*)take(m, MEM_GRADS, z.max_padded * fx));
         m.param_slots.holds.assign(ZERO3_PARAM_SLOTS, -1);
         m.grad_slots.holds.assign(ZERO3_GRAD_SLOTS, -1);
         m.p.layers.resize(config.n_layer);  // pointers appear while a segment is gathered
         m.g.layers.resize(config.n_layer);
     } else {
-        m.grads = (floatX*)buffer_alloc(z.padded_total * sizeof(floatX));
-        for (int s = 0; s < (int)z.segs.size(); s++) {
-            point_segment(m.p, config, m.table, z, s, m.params + z.segs[s].padded_offset);
-            point_segment(m.g, config, m.table, z, s, m.grads + z.segs[s].padded_offset);
-        }
+        m.grads = (floatX*)take(m, MEM_GRADS, z.padded_total * fx);
+        m.p.layers.resize(config.n_layer);
+        m.g.layers.resize(config.n_layer);
+        if (!m.plan_only)
+            for (const Segment& s : z.segs) {
+                point_segment(m.p, config, m.table, s, m.params + s.padded_offset);
+                point_segment(m.g, config, m.table, s, m.grads + s.padded_offset);
+            }
     }
     std::vector<TensorRange> tensors;
     for (const ParamTensor& t : m.table) tensors.push_back({t.offset, t.numel, t.decay});
     m.update_pieces = zero_update_pieces(z, tensors);
 
-    const size_t BT = (size_t)B * T, C = config.n_embd;
+    const size_t BT = (size_t)B * T, C = config.n_embd, E = config.n_expert;
     m.max_B = B;
     m.max_T = T;
     m.activation_bytes = 0;
-    m.acts.resize(config.n_layer);
     const bool moe = config.n_expert > 0;
-    const size_t expert_rows = moe ? (size_t)config.n_expert * config.moe_capacity(B, T) : 0;
-    // the FFN hidden buffers serve dense and MoE layers: the larger of the two shapes
-    const size_t fc_elems = std::max(BT * config.fc_channels(), expert_rows * 2 * config.expert_hidden);
-    const size_t act_elems = std::max(BT * config.ffn_hidden, expert_rows * config.expert_hidden);
-    for (int l = 0; l < config.n_layer; l++) {
-        LayerActs& a = m.acts[l];
-        a = LayerActs{};
-        if (config.is_moe(l)) {
-            a.moe_scores = alloc_stats(m, BT * config.n_expert);
-            a.expert_tokens = (int*)buffer_alloc(expert_rows * sizeof(int));
-            a.token_slots = (int*)buffer_alloc(BT * config.n_expert * sizeof(int));
-            m.activation_bytes += (expert_rows + BT * config.n_expert) * sizeof(int);
-            a.expert_in = alloc_activation(m, expert_rows * C);
-            a.expert_out = alloc_activation(m, expert_rows * C);
+    const size_t expert_rows = moe ? E * config.moe_capacity(B, T) : 0, He = config.expert_hidden;
+    auto fc_elems = [&](int l) { return config.is_moe(l) ? expert_rows * 2 * He : BT * config.fc_channels(); };
+    auto act_elems = [&](int l) { return config.is_moe(l) ? expert_rows * He : BT * config.ffn_hidden; };
+    // the activations of each chunk's layers, once per micro-batch the schedule keeps in flight
+    std::vector<int> n_slots, n_stashes;
+    chunk_bounds(pp.schedule[pp.stage], pp.V, n_slots, n_stashes);
+    m.slots.assign(pp.V, {});
+    m.stashes.assign(pp.V, {});
+    m.last_forward.assign(pp.V, nullptr);
+    for (int c = 0; c < pp.V; c++) {
+        for (int k = 0; k < n_slots[c]; k++) {
+            ChunkSlot s;
+            for (int l = pp.layer_begin(c); l < pp.layer_end(c); l++) {
+                LayerActs a{};
+                if (config.is_moe(l)) {
+                    a.moe_scores = take_stats(m, BT * E);
+                    a.expert_tokens = take_ints(m, expert_rows);
+                    a.token_slots = take_ints(m, BT * E);
+                    a.expert_in = take_act(m, expert_rows * C);
+                    a.expert_out = take_act(m, expert_rows * C);
+                }
+                a.ln1 = take_act(m, BT * C);
+                a.ln1_mean = take_stats(m, BT);
+                a.ln1_rstd = take_stats(m, BT);
+                a.qkv = take_act(m, BT * config.qkv_channels());
+                a.atty = take_act(m, BT * C);
+                a.att_lse = take_stats(m, BT * config.n_head);
+                a.residual2 = take_act(m, BT * C);
+                a.ln2 = take_act(m, BT * C);
+                a.ln2_mean = take_stats(m, BT);
+                a.ln2_rstd = take_stats(m, BT);
+                a.fch = take_act(m, fc_elems(l));
+                a.fch_act = take_act(m, act_elems(l));
+                a.residual3 = take_act(m, BT * C);
+                s.acts.push_back(a);
+            }
+            s.input = take_act(m, BT * C);
+            s.d_stream = take_act(m, BT * C);
+            s.inputs = (int*)take(m, MEM_BATCH, BT * sizeof(int));
+            s.targets = (int*)take(m, MEM_BATCH, BT * sizeof(int));
+            s.doc_start = (int*)take(m, MEM_BATCH, BT * sizeof(int));
+            m.slots[c].push_back(s);
         }
-        a.ln1 = alloc_activation(m, BT * C);
-        a.ln1_mean = alloc_stats(m, BT);
-        a.ln1_rstd = alloc_stats(m, BT);
-        a.qkv = alloc_activation(m, BT * config.qkv_channels());
-        a.atty = alloc_activation(m, BT * C);
-        a.att_lse = alloc_stats(m, BT * config.n_head);
-        a.residual2 = alloc_activation(m, BT * C);
-        a.ln2 = alloc_activation(m, BT * C);
-        a.ln2_mean = alloc_stats(m, BT);
-        a.ln2_rstd = alloc_stats(m, BT);
-        a.fch = alloc_activation(m, config.is_moe(l) ? expert_rows * 2 * config.expert_hidden : BT * config.fc_channels());
-        a.fch_act = alloc_activation(m, config.is_moe(l) ? expert_rows * config.expert_hidden : BT * config.ffn_hidden);
-        a.residual3 = alloc_activation(m, BT * C);
+        for (int k = 0; k < n_stashes[c]; k++) {
+            ChunkStash st;
+            for (int l = pp.layer_begin(c); l < pp.layer_end(c); l++) {
+                LayerGrads d{};
+                d.d_ffn_out = take_act(m, config.is_moe(l) ? expert_rows * C : BT * C);
+                d.d_fch = take_act(m, fc_elems(l));
+                d.d_ln2 = take_act(m, BT * C);
+                if (config.is_moe(l)) d.d_moe_scores = take_stats(m, BT * E);
+                d.d_attn_out = take_act(m, BT * C);
+                d.d_qkv = take_act(m, BT * config.qkv_channels());
+                d.d_ln1 = take_act(m, BT * C);
+                st.layers.push_back(d);
+            }
+            m.stashes[c].push_back(st);
+        }
     }
-    m.encoded = alloc_activation(m, BT * C);
-    m.lnf = alloc_activation(m, BT * C);
-    m.lnf_mean = alloc_stats(m, BT);
-    m.lnf_rstd = alloc_stats(m, BT);
-    m.logits = alloc_activation(m, BT * config.padded_vocab_size);
-    m.losses = alloc_stats(m, BT);
-    m.d_residual = alloc_activation(m, BT * C);
-    m.d_ln = alloc_activation(m, BT * C);
-    m.d_atty = alloc_activation(m, BT * C);
-    m.d_qkv = alloc_activation(m, BT * config.qkv_channels());
-    m.d_fch = alloc_activation(m, fc_elems);
-    m.d_fch_act = alloc_activation(m, act_elems);
-    if (moe) {
-        m.d_expert_io = alloc_activation(m, expert_rows * C);
-        m.d_moe_scores = alloc_stats(m, BT * config.n_expert);
+    // one layer's output gradients for a backward that computes the weight gradients at once (the
+    // dense branch's and the attention projection's output gradients are the residual stream's)
+    size_t fc_max = 0, act_max = 0;
+    bool stage_moe = false;
+    for (int l = 0; l < config.n_layer; l++)
+        if (pp.holds_layer(l)) {
+            fc_max = std::max(fc_max, fc_elems(l));
+            act_max = std::max(act_max, act_elems(l));
+            stage_moe = stage_moe || config.is_moe(l);
+        }
+    if (stage_moe) {
+        m.layer_douts.d_ffn_out = take_act(m, expert_rows * C);
+        m.layer_douts.d_moe_scores = take_stats(m, BT * E);
+        m.d_expert_in = take_act(m, expert_rows * C);
     }
-    m.scratch = alloc_activation(m, BT * std::max<size_t>(C, config.ffn_hidden));
-    m.batch_inputs = (int*)buffer_alloc(BT * sizeof(int));
-    m.batch_targets = (int*)buffer_alloc(BT * sizeof(int));
-    m.batch_doc_start = (int*)buffer_alloc(BT * sizeof(int));
-    m.host_losses.resize(BT);
+    m.layer_douts.d_fch = take_act(m, fc_max);
+    m.layer_douts.d_ln2 = take_act(m, BT * C);
+    m.layer_douts.d_qkv = take_act(m, BT * config.qkv_channels());
+    m.layer_douts.d_ln1 = take_act(m, BT * C);
+    m.d_fch_act = take_act(m, act_max);
+    m.d_atty = take_act(m, BT * C);
+    m.scratch = take_act(m, BT * std::max<size_t>(C, config.ffn_hidden));
+    if (pp.has_head()) {
+        m.lnf = take_act(m, BT * C);
+        m.lnf_mean = take_stats(m, BT);
+        m.lnf_rstd = take_stats(m, BT);
+        m.logits = take_act(m, BT * config.padded_vocab_size);
+        m.losses = take_stats(m, BT);
+        m.d_ln = take_act(m, BT * C);
+        m.host_losses.resize(BT);
+    }
 }
 
+// The memory guard: refuses, before anything big is allocated, a run whose buffers cannot fit,
+// with the numbers and what to change. On the CPU the buffers and the host staging share host memory.
+static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe);
+
 static void gpt_free(GPT& m) {
-    for (void* b : {(void*)m.params, (void*)m.grads, (void*)m.grad_acc, (void*)m.master, (void*)m.adam_m,
-                    (void*)m.adam_v, (void*)m.comm_scratch, (void*)m.batch_inputs, (void*)m.batch_targets,
-                    (void*)m.batch_doc_start})
-        if (b) buffer_free(b);
-    for (floatX* b : m.param_slots.buf) buffer_free(b);
-    for (floatX* b : m.grad_slots.buf) buffer_free(b);
-    for (LayerActs& a : m.acts) {
-        for (floatX* b : {a.ln1, a.qkv, a.atty, a.residual2, a.ln2, a.fch, a.fch_act, a.residual3}) buffer_free(b);
-        if (a.moe_scores) {
-            for (void* b : {(void*)a.moe_scores, (void*)a.expert_tokens, (void*)a.token_slots, (void*)a.expert_in,
-                            (void*)a.expert_out}) buffer_free(b);
-        }
-        for (float* b : {a.ln1_mean, a.ln1_rstd, a.att_lse, a.ln2_mean, a.ln2_rstd}) buffer_free(b);
-    }
-    for (floatX* b : {m.encoded, m.lnf, m.logits, m.d_residual, m.d_ln, m.d_atty, m.d_qkv, m.d_fch, m.d_fch_act,
-                      m.scratch}) buffer_free(b);
-    for (float* b : {m.lnf_mean, m.lnf_rstd, m.losses}) buffer_free(b);
-    if (m.d_expert_io) { buffer_free(m.d_expert_io); buffer_free(m.d_moe_scores); }
+    for (void* b : m.owned) buffer_free(b);
     m = GPT();
+}
+
+// What gpt_allocate takes for (config, B, T, ZeRO stage, pipeline stage), without allocating: the
+// memory guard compares it with the machine before the run starts, the start-up table prints it.
+struct MemoryEstimate {
+    double params = 0, grads = 0, master = 0, moments = 0, activations = 0, batch = 0;
+    double host = 0;  // host-side staging (init, checkpoint save/load copies, batch vectors)
+    double buffers() const { return params + grads + master + moments + activations + batch; }
+};
+static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int zero_stage = 0,
+                                          const PipelinePlan* pipe = nullptr) {
+    GPT plan;
+    plan.plan_only = true;
+    gpt_allocate(plan, c, B, T, zero_stage, pipe);
+    MemoryEstimate e;
+    e.params = plan.plan_bytes[MEM_PARAMS];
+    e.grads = plan.plan_bytes[MEM_GRADS];
+    e.master = plan.plan_bytes[MEM_MASTER];
+    e.moments = plan.plan_bytes[MEM_MOMENTS];
+    e.activations = plan.plan_bytes[MEM_ACTIVATIONS];
+    e.batch = plan.plan_bytes[MEM_BATCH];
+    // host: init (params + zeros) or a loaded checkpoint (3 fp32 copies), the rounded upload copy,
+    // the checkpoint save copies (3 fp32), batch vectors of the step's micro-batches, per-token losses
+    const double n = (double)plan.n_params, f = sizeof(float), fx = sizeof(floatX), BT = (double)B * T;
+    e.host = 3 * n * f + n * fx + 3 * n * f + (3.0 * plan.pipe.M + 1) * BT * sizeof(int);
+    return e;
 }
 
 // where the element at a table offset lives in the padded space (the full buffers at stages 0-2)
 [[maybe_unused]] static size_t gpt_padded_index(const GPT& m, size_t table_offset) {
     const ZeroLayout& z = m.zero;
     for (int s = 0; s < (int)z.segs.size(); s++)
-        if (table_offset < z.segs[s].begin + z.segs[s].len) return z.padded_index(s, table_offset - z.segs[s].begin);
-    LLMC_FAIL("table offset %zu is past the parameters", table_offset);
+        if (table_offset >= z.segs[s].begin && table_offset < z.segs[s].begin + z.segs[s].len)
+            return z.padded_index(s, table_offset - z.segs[s].begin);
+    LLMC_FAIL("table offset %zu is not in this stage's parameters", table_offset);
 }
 
 // Model state in fp32 host memory, in the table's layout (init, checkpoints, tests) <-> wherever
@@ -667,6 +872,8 @@ static void gpt_set_state(GPT& m, const float* params, const float* adam_m, cons
     if (m.master) copy_to_buffer(m.master, table_to_space<float>(z, z.state_sharded(), params).data(), z.state_elems() * 4);
     copy_to_buffer(m.adam_m, table_to_space<float>(z, z.state_sharded(), adam_m).data(), z.state_elems() * 4);
     copy_to_buffer(m.adam_v, table_to_space<float>(z, z.state_sharded(), adam_v).data(), z.state_elems() * 4);
+    if (m.head_params)  // the last stage's copy of the tied embedding
+        copy_to_buffer(m.head_params, table_to_space<floatX>(m.head, false, params).data(), m.head.padded_total * sizeof(floatX));
 }
 
 // This rank's own slice of every segment (the shard space, z.shard_total elements each): fp32
@@ -713,22 +920,32 @@ static std::vector<float> own_values_in_table_order(const ZeroLayout& z, const f
     return out;
 }
 
-// Every rank's own slice (shard space) -> the whole table, on every rank (collective).
+// Every rank's own slice (shard space) -> the whole table, on every rank of the world (collective):
+// each rank sends its table ranges and their values (pipeline stages hold different segments).
 static void gather_to_table(const ZeroLayout& z, const float* own_shard, float* table_out) {
-    const CommGroup& dp = comm_world().dp;
-    std::vector<float> all(z.shard_total * dp.size);
-    host_all_gather(dp, own_shard, all.data(), z.shard_total * 4);
-    for (int r = 0; r < dp.size; r++) {
-        ZeroLayout zr = z;
-        zr.rank = r;
-        std::vector<float> vals = own_values_in_table_order(zr, all.data() + r * z.shard_total);
+    const CommGroup& world = comm_world().world;
+    const std::vector<float> vals = own_values_in_table_order(z, own_shard);
+    std::vector<uint64_t> ranges;
+    for (const CheckpointRange& rg : own_table_ranges(z, z.rank)) ranges.insert(ranges.end(), {rg.begin, rg.n});
+    size_t max_vals = 0, max_ranges = 0;
+    for (uint64_t n : host_gather_all<uint64_t>(world, vals.size())) max_vals = std::max(max_vals, (size_t)n);
+    for (uint64_t n : host_gather_all<uint64_t>(world, ranges.size())) max_ranges = std::max(max_ranges, (size_t)n);
+    std::vector<float> v(max_vals, 0.0f), all_v(max_vals * world.size);
+    std::vector<uint64_t> r(max_ranges, 0), all_r(max_ranges * world.size);
+    std::copy(vals.begin(), vals.end(), v.begin());
+    std::copy(ranges.begin(), ranges.end(), r.begin());
+    host_all_gather(world, v.data(), all_v.data(), max_vals * sizeof(float));
+    host_all_gather(world, r.data(), all_r.data(), max_ranges * sizeof(uint64_t));
+    for (int k = 0; k < world.size; k++) {
         size_t at = 0;
-        for (const CheckpointRange& rg : own_table_ranges(z, r))
-            for (size_t k = 0; k < rg.n; k++) table_out[rg.begin + k] = vals[at++];
+        for (size_t j = 0; j + 1 < max_ranges; j += 2) {
+            const uint64_t begin = all_r[k * max_ranges + j], n = all_r[k * max_ranges + j + 1];
+            for (uint64_t e = 0; e < n; e++) table_out[begin + e] = all_v[k * max_vals + at++];
+        }
     }
 }
 
-// The whole state in table layout on every rank (collective): tests, rank agreement.
+// The whole state in table layout on every rank (collective): tests, exports.
 [[maybe_unused]] static void gpt_get_state(const GPT& m, float* params, float* adam_m, float* adam_v) {
     std::vector<float> own[3];
     for (auto& v : own) v.resize(m.zero.shard_total);
@@ -739,13 +956,22 @@ static void gather_to_table(const ZeroLayout& z, const float* own_shard, float* 
 }
 
 // The accumulated gradient of the step so far, in table layout, on every rank (collective; tests).
+// In one stage the lm head's part of the tied embedding is added here as tied_embedding_sum will
+// (with pp > 1, call it after tied_embedding_sum).
 [[maybe_unused]] static std::vector<float> gpt_grads(const GPT& m) {
     const ZeroLayout& z = m.zero;
-    std::vector<float> acc(z.acc_elems()), own(z.shard_total), out(m.n_params, 0.0f);
+    std::vector<float> acc(z.acc_elems()), own(z.shard_total), out(m.n_params, 0.0f), head;
     copy_from_buffer(acc.data(), m.grad_acc, acc.size() * 4);
+    if (m.pipe.P == 1 && m.head_acc) {
+        head.resize(m.head.shard_len(0));
+        copy_from_buffer(head.data(), m.head_acc, head.size() * 4);
+    }
     for (int s = 0; s < (int)z.segs.size(); s++)
-        for (size_t rel = z.own_begin(s); rel < z.own_begin(s) + z.shard_len(s); rel++)
-            own[z.shard_index(s, rel)] = acc[z.acc_sharded() ? z.shard_index(s, rel) : z.padded_index(s, rel)];
+        for (size_t rel = z.own_begin(s); rel < z.own_begin(s) + z.shard_len(s); rel++) {
+            float v = acc[z.acc_sharded() ? z.shard_index(s, rel) : z.padded_index(s, rel)];
+            if (z.segs[s].id == 0 && !head.empty()) v += head[rel - z.own_begin(s)];
+            own[z.shard_index(s, rel)] = v;
+        }
     gather_to_table(z, own.data(), out.data());
     return out;
 }
@@ -765,70 +991,155 @@ static void gpt_init_params(GPT& m, uint64_t seed) {
     gpt_set_state(m, p.data(), zeros.data(), zeros.data());
 }
 
-// ZeRO glue for the model code (llmc/zero.h). At stages 0-2 the parameters are always in place
-// and the param calls do nothing; at stage 3 a segment is all-gathered into a slot before its
-// first use and the slot is released after its last. grads_ready sums a segment's leaf gradient
-// into the owners' fp32 accumulators, right after the backward wrote it (on the GPU the next
-// segment's backward is queued behind it).
+// ZeRO glue for the model code (llmc/zero.h), by model segment id. At stages 0-2 the parameters are
+// always in place and the param calls do nothing; at stage 3 a segment is all-gathered into a slot
+// before its first use and the slot is released after its last. grads_needed zeroes a segment's
+// leaf gradient before its weight gradients are written; grads_ready sums it into the owners' fp32
+// accumulators right after (on the GPU the next segment's work is queued behind it).
 static void params_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
-    if (!z.params_sharded() || m.param_slots.find(seg)) return;
-    floatX* slot = m.param_slots.acquire(seg, "parameter");
-    floatX* own = slot + z.own_begin(seg);
-    copy_buffer(own, m.params + z.segs[seg].shard_offset, z.shard_len(seg) * sizeof(floatX));
-    all_gather(comm_world().dp, own, slot, z.shard_len(seg) * sizeof(floatX));
-    point_segment(m.p, m.config, m.table, z, seg, slot);
+    const int s = m.seg_local[seg];
+    if (!z.params_sharded() || m.param_slots.find(s)) return;
+    floatX* slot = m.param_slots.acquire(s, "parameter");
+    floatX* own = slot + z.own_begin(s);
+    copy_buffer(own, m.params + z.segs[s].shard_offset, z.shard_len(s) * sizeof(floatX));
+    all_gather(comm_world().dp, own, slot, z.shard_len(s) * sizeof(floatX));
+    point_segment(m.p, m.config, m.table, z.segs[s], slot);
 }
 static void params_done(GPT& m, int seg) {
     if (!m.zero.params_sharded()) return;
-    m.param_slots.release(seg);
-    point_segment(m.p, m.config, m.table, m.zero, seg, nullptr);
+    const int s = m.seg_local[seg];
+    m.param_slots.release(s);
+    point_segment(m.p, m.config, m.table, m.zero.segs[s], nullptr);
 }
 static void grads_needed(GPT& m, int seg) {
-    if (!m.zero.params_sharded() || m.grad_slots.find(seg)) return;
-    floatX* slot = m.grad_slots.acquire(seg, "gradient");
-    buffer_zero(slot, m.zero.segs[seg].padded * sizeof(floatX));
-    point_segment(m.g, m.config, m.table, m.zero, seg, slot);
+    const ZeroLayout& z = m.zero;
+    const int s = m.seg_local[seg];
+    if (!z.params_sharded()) {
+        buffer_zero(m.grads + z.segs[s].padded_offset, z.segs[s].padded * sizeof(floatX));
+        return;
+    }
+    floatX* slot = m.grad_slots.acquire(s, "gradient");
+    buffer_zero(slot, z.segs[s].padded * sizeof(floatX));
+    point_segment(m.g, m.config, m.table, z.segs[s], slot);
 }
 static void grads_ready(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
-    const floatX* leaf = z.params_sharded() ? m.grad_slots.find(seg) : m.grads + z.segs[seg].padded_offset;
-    reduce_scatter_add(comm_world().dp, m.grad_acc + z.acc_own(seg), leaf, z.shard_len(seg), m.comm_scratch);
+    const int s = m.seg_local[seg];
+    const floatX* leaf = z.params_sharded() ? m.grad_slots.find(s) : m.grads + z.segs[s].padded_offset;
+    reduce_scatter_add(comm_world().dp, m.grad_acc + z.acc_own(s), leaf, z.shard_len(s), m.comm_scratch);
     if (z.params_sharded()) {
-        m.grad_slots.release(seg);
-        point_segment(m.g, m.config, m.table, z, seg, nullptr);
+        m.grad_slots.release(s);
+        point_segment(m.g, m.config, m.table, z.segs[s], nullptr);
     }
 }
+// the tied lm head's weights: the embedding's in one stage, the last stage's copy with pp > 1
+static const floatX* head_weights(GPT& m) {
+    if (m.head_params) return m.head_params;
+    params_needed(m, 0);
+    return m.p.wte;
+}
+static void head_done(GPT& m) {
+    if (!m.head_params) params_done(m, 0);
+}
 
-// Forward over a [B, T] batch. With targets, computes the per-token losses and returns the mean
-// loss over targets != -1; with dloss != 0 it also leaves dlogits (scaled by dloss per counted
-// token) in m.logits for the backward. Without targets it stops at the logits.
-static float gpt_forward(GPT& m, const int* inputs, const int* targets, const int* doc_start, int B, int T,
-                         float dloss_scale = 0.0f) {
+// ---- forward and backward of one chunk (a pipeline stage's contiguous blocks) ----
+
+// A chunk's slot for a micro-batch: the one that holds it, or a free one (which then takes the
+// micro-batch's tokens, targets and document starts).
+static ChunkSlot& slot_for(GPT& m, int chunk, int mb) {
+    std::vector<ChunkSlot>& pool = m.slots[chunk];
+    for (ChunkSlot& s : pool)
+        if (s.mb == mb) return s;
+    for (ChunkSlot& s : pool)
+        if (s.mb < 0) {
+            s.mb = mb;
+            const MicroBatch& b = m.batches[mb];
+            const size_t n = (size_t)m.B * m.T * sizeof(int);
+            copy_to_buffer(s.inputs, b.inputs, n);
+            copy_to_buffer(s.doc_start, b.doc_start, n);
+            if (b.targets) copy_to_buffer(s.targets, b.targets, n);
+            s.host_targets = b.targets;
+            return s;
+        }
+    LLMC_FAIL("internal: pipeline stage %d chunk %d has no free activation slot for micro-batch %d (%zu in flight)",
+              m.pipe.stage, chunk, mb, pool.size());
+}
+static ChunkStash& stash_for(GPT& m, int chunk, int mb) {
+    for (ChunkStash& s : m.stashes[chunk])
+        if (s.mb == mb) return s;
+    for (ChunkStash& s : m.stashes[chunk])
+        if (s.mb < 0) { s.mb = mb; return s; }
+    LLMC_FAIL("internal: pipeline stage %d chunk %d has no free weight-gradient stash for micro-batch %d", m.pipe.stage,
+              chunk, mb);
+}
+static void release_all_slots(GPT& m) {
+    for (auto& pool : m.slots) for (ChunkSlot& s : pool) s.mb = -1;
+    for (auto& pool : m.stashes) for (ChunkStash& s : pool) s.mb = -1;
+}
+
+// The lm head of the last virtual stage, on the final LayerNorm's output: logits; with targets the
+// per-token losses (returns the mean over targets != -1); with a loss scale also its backward at
+// once, so that logits never wait for a later backward: dlogits -> the head's weight gradient
+// (folded into head_acc) and the gradient at the final LayerNorm's output -> through the final
+// LayerNorm (its weight gradients folded too) into the slot's d_stream.
+static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
     const GPTConfig& c = m.config;
-    LLMC_CHECK(B <= m.max_B && T <= m.max_T, "batch %dx%d exceeds the allocated %dx%d", B, T, m.max_B, m.max_T);
-    const int BT = B * T, C = c.n_embd, L = c.n_layer, H = c.ffn_hidden;
-    const bool alibi = c.pos == POS_ALIBI;
-    m.B = B; m.T = T;
-    copy_to_buffer(m.batch_inputs, inputs, BT * sizeof(int));
-    copy_to_buffer(m.batch_doc_start, doc_start, BT * sizeof(int));
-    if (targets) copy_to_buffer(m.batch_targets, targets, BT * sizeof(int));
-    doc_start = m.batch_doc_start;
+    const int BT = m.B * m.T, C = c.n_embd, Vp = c.padded_vocab_size;
+    const floatX* wte = head_weights(m);
+    matmul_forward(m.logits, m.lnf, wte, (const floatX*)nullptr, BT, C, Vp);
+    float loss = 0.0f;
+    if (s.host_targets) {
+        int n_valid = 0;
+        for (int i = 0; i < BT; i++) n_valid += s.host_targets[i] >= 0;
+        const float dloss = n_valid > 0 ? m.dloss_scale / n_valid : 0.0f;
+        fused_classifier(m.logits, m.losses, s.targets, dloss, BT, c.vocab_size, Vp);
+        copy_from_buffer(m.host_losses.data(), m.losses, BT * sizeof(float));
+        double sum = 0;  // summed on the host in token order: deterministic
+        for (int i = 0; i < BT; i++) sum += m.host_losses[i];
+        loss = n_valid > 0 ? (float)(sum / n_valid) : 0.0f;
+    }
+    if (s.host_targets && m.dloss_scale != 0.0f) {
+        // m.logits holds dlogits now
+        buffer_zero(m.head_leaf, m.head.padded_total * sizeof(floatX));
+        matmul_backward(m.d_ln, m.head_leaf, (floatX*)nullptr, m.logits, m.lnf, wte, BT, C, Vp);
+        reduce_scatter_add(comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
+        const int final_ln = c.n_layer + 1;
+        grads_needed(m, final_ln);
+        buffer_zero(s.d_stream, (size_t)BT * C * sizeof(floatX));
+        layernorm_backward(s.d_stream, m.g.lnfw, m.g.lnfb, m.d_ln, x_final, m.p.lnfw, m.lnf_mean, m.lnf_rstd, BT, C);
+        grads_ready(m, final_ln);
+    }
+    head_done(m);
+    return loss;
+}
 
+// Forward of a chunk's blocks for the slot's micro-batch (the embedding first on virtual stage 0,
+// the head and loss last on the last one); returns the loss there, 0 elsewhere.
+static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
+    const GPTConfig& c = m.config;
+    const PipelinePlan& pp = m.pipe;
+    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, L = c.n_layer, H = c.ffn_hidden;
+    const int l0 = pp.layer_begin(chunk), l1 = pp.layer_end(chunk);
+    const bool alibi = c.pos == POS_ALIBI;
     const int embedding = 0, final_ln = L + 1;  // segments; block l is segment l + 1
-    params_needed(m, embedding);
-    encoder_forward(m.encoded, m.batch_inputs, doc_start, m.p.wte, m.p.wpe, B, T, C);
-    params_done(m, embedding);
-    params_needed(m, 1);
-    layernorm_forward(m.acts[0].ln1, m.acts[0].ln1_mean, m.acts[0].ln1_rstd, m.encoded, m.p.layers[0].ln1w,
-                      m.p.layers[0].ln1b, BT, C);
-    for (int l = 0; l < L; l++) {
-        params_needed(m, l + 2);  // the next block (its LN1 ends this one), or the final LN
+    m.last_forward[chunk] = &s;
+    if (pp.first_vs(chunk)) {
+        params_needed(m, embedding);
+        encoder_forward(s.input, s.inputs, s.doc_start, m.p.wte, m.p.wpe, B, T, C);
+        params_done(m, embedding);
+    }
+    params_needed(m, l0 + 1);
+    layernorm_forward(s.acts[0].ln1, s.acts[0].ln1_mean, s.acts[0].ln1_rstd, s.input, m.p.layers[l0].ln1w,
+                      m.p.layers[l0].ln1b, BT, C);
+    for (int l = l0; l < l1; l++) {
+        const bool chunk_end = l + 1 == l1, model_end = l + 1 == L;
+        if (!chunk_end || model_end) params_needed(m, l + 2);  // the next block (its LN1 ends this one), or the final LN
         const LayerTensors& w = m.p.layers[l];
-        LayerActs& a = m.acts[l];
-        const floatX* x = l == 0 ? m.encoded : m.acts[l - 1].residual3;
+        LayerActs& a = s.acts[l - l0];
+        const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
         matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, c.qkv_channels());
-        attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, c.n_head, c.n_kv_head, c.head_size(), alibi);
+        attention_forward(a.atty, a.att_lse, a.qkv, s.doc_start, B, T, c.n_head, c.n_kv_head, c.head_size(), alibi);
         matmul_forward(m.scratch, a.atty, w.attprojw, w.attprojb, BT, C, C);
         fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, BT, C);
         if (c.is_moe(l)) {
@@ -849,115 +1160,291 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
             else gelu_forward(a.fch_act, a.fch, (long)BT * H);
             matmul_forward(m.scratch, a.fch_act, w.fcprojw, w.fcprojb, BT, H, C);
         }
-        // the residual add is fused with the next LayerNorm: the next block's LN1, or the final LN
-        bool last = l == L - 1;
-        fused_residual_layernorm_forward(a.residual3, last ? m.lnf : m.acts[l + 1].ln1,
-                                         last ? m.lnf_mean : m.acts[l + 1].ln1_mean,
-                                         last ? m.lnf_rstd : m.acts[l + 1].ln1_rstd, a.residual2, m.scratch,
-                                         last ? m.p.lnfw : m.p.layers[l + 1].ln1w,
-                                         last ? m.p.lnfb : m.p.layers[l + 1].ln1b, BT, C);
+        // the residual add is fused with the next LayerNorm: the next block's LN1, or the final LN;
+        // where the chunk ends before the model does, the next LN1 is on the next stage
+        if (model_end)
+            fused_residual_layernorm_forward(a.residual3, m.lnf, m.lnf_mean, m.lnf_rstd, a.residual2, m.scratch, m.p.lnfw,
+                                             m.p.lnfb, BT, C);
+        else if (chunk_end)
+            residual_forward(a.residual3, a.residual2, m.scratch, (long)BT * C);
+        else
+            fused_residual_layernorm_forward(a.residual3, s.acts[l - l0 + 1].ln1, s.acts[l - l0 + 1].ln1_mean,
+                                             s.acts[l - l0 + 1].ln1_rstd, a.residual2, m.scratch,
+                                             m.p.layers[l + 1].ln1w, m.p.layers[l + 1].ln1b, BT, C);
         params_done(m, l + 1);
     }
+    if (!pp.last_vs(chunk)) return 0.0f;
+    const float loss = head_forward(m, s, s.acts.back().residual3);
     params_done(m, final_ln);
-    params_needed(m, embedding);  // the tied lm head
-    matmul_forward(m.logits, m.lnf, m.p.wte, (const floatX*)nullptr, BT, C, c.padded_vocab_size);
-    params_done(m, embedding);
-    if (!targets) return 0.0f;
-
-    int n_valid = 0;
-    for (int i = 0; i < BT; i++) n_valid += targets[i] >= 0;
-    float dloss = n_valid > 0 ? dloss_scale / n_valid : 0.0f;
-    fused_classifier(m.logits, m.losses, m.batch_targets, dloss, BT, c.vocab_size, c.padded_vocab_size);
-    copy_from_buffer(m.host_losses.data(), m.losses, BT * sizeof(float));
-    double sum = 0;  // summed on the host in token order: deterministic
-    for (int i = 0; i < BT; i++) sum += m.host_losses[i];
-    return n_valid > 0 ? (float)(sum / n_valid) : 0.0f;
+    return loss;
 }
 
-// Backward of the last gpt_forward (which must have been given dloss_scale != 0): this
-// micro-batch's parameter gradients (the leaves) are written segment by segment and each is added,
-// once complete, into the fp32 accumulators (grads_ready; zero them once per optimizer step with
-// gpt_zero_grad).
-static void gpt_backward(GPT& m) {
+// Weight gradients of block l's FFN branch and LN2, from its output gradients d.
+static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d) {
     const GPTConfig& c = m.config;
-    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, L = c.n_layer, H = c.ffn_hidden;
-    const bool alibi = c.pos == POS_ALIBI;
-    const int embedding = 0, final_ln = L + 1;
-    if (m.grads) buffer_zero(m.grads, m.zero.padded_total * sizeof(floatX));
-
-    // m.logits holds dlogits; the lm head is tied to wte
-    params_needed(m, embedding);
-    params_needed(m, final_ln);
-    grads_needed(m, embedding);
-    grads_needed(m, final_ln);
-    matmul_backward(m.d_ln, m.g.wte, (floatX*)nullptr, m.logits, m.lnf, m.p.wte, BT, C, c.padded_vocab_size);
-    params_done(m, embedding);
-    buffer_zero(m.d_residual, (size_t)BT * C * sizeof(floatX));
-    layernorm_backward(m.d_residual, m.g.lnfw, m.g.lnfb, m.d_ln, m.acts[L - 1].residual3, m.p.lnfw, m.lnf_mean,
-                       m.lnf_rstd, BT, C);
-    params_done(m, final_ln);
-    grads_ready(m, final_ln);
-    for (int l = L - 1; l >= 0; l--) {
-        params_needed(m, l + 1);
-        grads_needed(m, l + 1);
-        const LayerTensors& w = m.p.layers[l];
-        const LayerTensors& dw = m.g.layers[l];
-        LayerActs& a = m.acts[l];
-        const floatX* x = l == 0 ? m.encoded : m.acts[l - 1].residual3;
-        // d_residual = dL/d residual3 here; the FFN branch
-        if (c.is_moe(l)) {
-            const int E = c.n_expert, He = c.expert_hidden, cap = c.moe_capacity(B, T);
-            moe_combine_backward(m.d_expert_io, m.d_moe_scores, m.d_residual, a.expert_out, a.moe_scores,
-                                 a.expert_tokens, a.token_slots, BT, E, cap, C);
-            matmul_backward_batched(m.d_fch_act, dw.fcprojw, dw.fcprojb, m.d_expert_io, a.fch_act, w.fcprojw, E, cap,
-                                    He, C);
-            swiglu_backward(m.d_fch, m.d_fch_act, a.fch, E * cap, He);
-            matmul_backward_batched(m.d_expert_io, dw.fcw, dw.fcb, m.d_fch, a.expert_in, w.fcw, E, cap, C, 2 * He);
-            buffer_zero(m.d_ln, (size_t)BT * C * sizeof(floatX));
-            moe_gather_backward(m.d_ln, m.d_expert_io, a.token_slots, BT, E, cap, C);
-            moe_router_backward(m.d_ln, dw.routerw, m.d_moe_scores, a.moe_scores, a.ln2, w.routerw, BT, C, E);
-        } else {
-            matmul_backward(m.d_fch_act, dw.fcprojw, dw.fcprojb, m.d_residual, a.fch_act, w.fcprojw, BT, H, C);
-            if (c.mlp == MLP_SWIGLU) swiglu_backward(m.d_fch, m.d_fch_act, a.fch, BT, H);
-            else gelu_backward(m.d_fch, m.d_fch_act, a.fch, (long)BT * H);
-            matmul_backward(m.d_ln, dw.fcw, dw.fcb, m.d_fch, a.ln2, w.fcw, BT, C, c.fc_channels());
-        }
-        layernorm_backward(m.d_residual, dw.ln2w, dw.ln2b, m.d_ln, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
-        // d_residual = dL/d residual2 now; the attention branch
-        matmul_backward(m.d_atty, dw.attprojw, dw.attprojb, m.d_residual, a.atty, w.attprojw, BT, C, C);
-        attention_backward(m.d_qkv, m.d_atty, a.qkv, a.atty, a.att_lse, m.batch_doc_start, B, T, c.n_head, c.n_kv_head,
-                           c.head_size(), alibi);
-        matmul_backward(m.d_ln, dw.qkvw, dw.qkvb, m.d_qkv, a.ln1, w.qkvw, BT, C, c.qkv_channels());
-        layernorm_backward(m.d_residual, dw.ln1w, dw.ln1b, m.d_ln, x, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
-        params_done(m, l + 1);
-        grads_ready(m, l + 1);
+    const int BT = m.B * m.T, C = c.n_embd;
+    const LayerTensors& dw = m.g.layers[l];
+    if (c.is_moe(l)) {
+        const int E = c.n_expert, He = c.expert_hidden, cap = c.moe_capacity(m.B, m.T);
+        matmul_backward_batched((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr,
+                                E, cap, He, C);
+        matmul_backward_batched((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, a.expert_in, (const floatX*)nullptr, E, cap, C,
+                                2 * He);
+        moe_router_backward((floatX*)nullptr, dw.routerw, d.d_moe_scores, a.moe_scores, a.ln2, (const floatX*)nullptr, BT,
+                            C, E);
+    } else {
+        matmul_backward((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr, BT,
+                        c.ffn_hidden, C);
+        matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, a.ln2, (const floatX*)nullptr, BT, C, c.fc_channels());
     }
-    encoder_backward(m.g.wte, m.g.wpe, m.d_residual, m.batch_inputs, m.batch_doc_start, B, T, C);
-    grads_ready(m, embedding);
+    layernorm_backward((floatX*)nullptr, dw.ln2w, dw.ln2b, d.d_ln2, a.residual2, (const floatX*)nullptr, a.ln2_mean,
+                       a.ln2_rstd, BT, C);
+}
+// Weight gradients of block l's attention branch and LN1 (x: the block's input).
+static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
+    const GPTConfig& c = m.config;
+    const int BT = m.B * m.T, C = c.n_embd;
+    const LayerTensors& dw = m.g.layers[l];
+    matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT, C, C);
+    matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, a.ln1, (const floatX*)nullptr, BT, C, c.qkv_channels());
+    layernorm_backward((floatX*)nullptr, dw.ln1w, dw.ln1b, d.d_ln1, x, (const floatX*)nullptr, a.ln1_mean, a.ln1_rstd,
+                       BT, C);
 }
 
-static void gpt_zero_grad(GPT& m) { buffer_zero(m.grad_acc, m.zero.acc_elems() * sizeof(float)); }
+// The input-gradient half of block l's backward: dres (the residual stream's gradient at the block
+// output) becomes the gradient at its input; the output gradients the weight gradients need go
+// to d (stash: copies of the stream's, which changes; otherwise d aliases it, and the weight
+// gradients are computed at once, before the stream changes).
+static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start, floatX* dres,
+                           LayerGrads& d, bool stash) {
+    const GPTConfig& c = m.config;
+    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, H = c.ffn_hidden;
+    const LayerTensors& w = m.p.layers[l];
+    const size_t stream_bytes = (size_t)BT * C * sizeof(floatX);
+    if (c.is_moe(l)) {
+        const int E = c.n_expert, He = c.expert_hidden, cap = c.moe_capacity(B, T);
+        moe_combine_backward(d.d_ffn_out, d.d_moe_scores, dres, a.expert_out, a.moe_scores, a.expert_tokens,
+                             a.token_slots, BT, E, cap, C);
+        matmul_backward_batched(m.d_fch_act, (floatX*)nullptr, (floatX*)nullptr, d.d_ffn_out, a.fch_act, w.fcprojw, E,
+                                cap, He, C);
+        swiglu_backward(d.d_fch, m.d_fch_act, a.fch, E * cap, He);
+        matmul_backward_batched(m.d_expert_in, (floatX*)nullptr, (floatX*)nullptr, d.d_fch, a.expert_in, w.fcw, E, cap,
+                                C, 2 * He);
+        buffer_zero(d.d_ln2, stream_bytes);
+        moe_gather_backward(d.d_ln2, m.d_expert_in, a.token_slots, BT, E, cap, C);
+        moe_router_backward(d.d_ln2, (floatX*)nullptr, d.d_moe_scores, a.moe_scores, a.ln2, w.routerw, BT, C, E);
+    } else {
+        if (stash) copy_buffer(d.d_ffn_out, dres, stream_bytes);
+        else d.d_ffn_out = dres;
+        matmul_backward(m.d_fch_act, (floatX*)nullptr, (floatX*)nullptr, d.d_ffn_out, a.fch_act, w.fcprojw, BT, H, C);
+        if (c.mlp == MLP_SWIGLU) swiglu_backward(d.d_fch, m.d_fch_act, a.fch, BT, H);
+        else gelu_backward(d.d_fch, m.d_fch_act, a.fch, (long)BT * H);
+        matmul_backward(d.d_ln2, (floatX*)nullptr, (floatX*)nullptr, d.d_fch, a.ln2, w.fcw, BT, C, c.fc_channels());
+    }
+    if (!stash) ffn_weight_grads(m, l, a, d);
+    layernorm_backward(dres, (floatX*)nullptr, (floatX*)nullptr, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd,
+                       BT, C);
+    // dres = dL/d residual2 now; the attention branch
+    if (stash) copy_buffer(d.d_attn_out, dres, stream_bytes);
+    else d.d_attn_out = dres;
+    matmul_backward(m.d_atty, (floatX*)nullptr, (floatX*)nullptr, d.d_attn_out, a.atty, w.attprojw, BT, C, C);
+    attention_backward(d.d_qkv, m.d_atty, a.qkv, a.atty, a.att_lse, doc_start, B, T, c.n_head, c.n_kv_head,
+                       c.head_size(), c.pos == POS_ALIBI);
+    matmul_backward(d.d_ln1, (floatX*)nullptr, (floatX*)nullptr, d.d_qkv, a.ln1, w.qkvw, BT, C, c.qkv_channels());
+    if (!stash) attn_weight_grads(m, l, a, d, x);
+    layernorm_backward(dres, (floatX*)nullptr, (floatX*)nullptr, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+}
+
+// the embedding's weight gradients (the token and position tables), from the gradient at its output
+static void embedding_weight_grads(GPT& m, const ChunkSlot& s) {
+    grads_needed(m, 0);
+    encoder_backward(m.g.wte, m.g.wpe, s.d_stream, s.inputs, s.doc_start, m.B, m.T, m.config.n_embd);
+    grads_ready(m, 0);
+}
+
+// B: the chunk's backward from the gradient at its output (slot.d_stream) to the gradient at its
+// input (left in slot.d_stream: sent to the previous stage, or the embedding's on virtual stage 0).
+// with_weights: the weight gradients too, layer by layer (each block's leaf folded as it completes);
+// otherwise their inputs go to a stash for chunk_weights.
+static void chunk_backward(GPT& m, int chunk, int mb, bool with_weights) {
+    const PipelinePlan& pp = m.pipe;
+    ChunkSlot& s = slot_for(m, chunk, mb);
+    ChunkStash* st = with_weights ? nullptr : &stash_for(m, chunk, mb);
+    const int l0 = pp.layer_begin(chunk), l1 = pp.layer_end(chunk);
+    for (int l = l1 - 1; l >= l0; l--) {
+        params_needed(m, l + 1);
+        if (with_weights) grads_needed(m, l + 1);
+        const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
+        LayerGrads scratch = m.layer_douts;  // (a copy: the dense branches point it at the stream)
+        layer_backward(m, l, s.acts[l - l0], x, s.doc_start, s.d_stream, st ? st->layers[l - l0] : scratch, st != nullptr);
+        params_done(m, l + 1);
+        if (with_weights) grads_ready(m, l + 1);
+    }
+    if (with_weights && pp.first_vs(chunk)) embedding_weight_grads(m, s);
+}
+
+// W: the weight gradients of a chunk from its stash (zero-bubble schedules), each block's leaf
+// folded as it completes; then the micro-batch leaves the chunk. already_done: the backward
+// computed them (the schedule ran W right after B); only the slot is released.
+static void chunk_weights(GPT& m, int chunk, int mb, bool already_done) {
+    const PipelinePlan& pp = m.pipe;
+    ChunkSlot& s = slot_for(m, chunk, mb);
+    if (!already_done) {
+        ChunkStash& st = stash_for(m, chunk, mb);
+        const int l0 = pp.layer_begin(chunk), l1 = pp.layer_end(chunk);
+        for (int l = l1 - 1; l >= l0; l--) {
+            grads_needed(m, l + 1);
+            const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
+            ffn_weight_grads(m, l, s.acts[l - l0], st.layers[l - l0]);
+            attn_weight_grads(m, l, s.acts[l - l0], st.layers[l - l0], x);
+            grads_ready(m, l + 1);
+        }
+        if (pp.first_vs(chunk)) embedding_weight_grads(m, s);
+        st.mb = -1;
+    }
+    s.mb = -1;
+}
+
+// block l's activations from the latest forward (this stage's layers; tests)
+[[maybe_unused]] static const LayerActs& gpt_layer_acts(const GPT& m, int l) {
+    for (int ch = 0; ch < m.pipe.V; ch++)
+        if (l >= m.pipe.layer_begin(ch) && l < m.pipe.layer_end(ch) && m.last_forward[ch])
+            return m.last_forward[ch]->acts[l - m.pipe.layer_begin(ch)];
+    LLMC_FAIL("internal: layer %d has no forward on this stage", l);
+}
+
+// Where a pipeline transfer's bytes are: activations leave from the chunk's last block output and
+// arrive in the slot's input; gradients leave and arrive in the slot's d_stream. A message is
+// named by (micro-batch, direction, sending virtual stage).
+constexpr int TIED_EMBEDDING_TAG = 32767;
+static P2POp pipe_transfer(GPT& m, const PipeAction& a) {
+    const PipelinePlan& pp = m.pipe;
+    const int vs = pp.vs(a.chunk);
+    const bool send = a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD, act = a.op == PIPE_SEND_ACT || a.op == PIPE_RECV_ACT;
+    const int sender = send ? vs : act ? vs - 1 : vs + 1, other = send ? (act ? vs + 1 : vs - 1) : sender;
+    LLMC_CHECK(sender >= 0 && sender < pp.n_vs() && other >= 0 && other < pp.n_vs() && other % pp.P == a.peer,
+               "internal: pipeline transfer of micro-batch %d from virtual stage %d does not match peer %d", a.mb, vs, a.peer);
+    ChunkSlot& s = slot_for(m, a.chunk, a.mb);
+    P2POp op;
+    op.send = send;
+    op.buf = a.op == PIPE_SEND_ACT ? (void*)s.acts.back().residual3 : a.op == PIPE_RECV_ACT ? (void*)s.input : (void*)s.d_stream;
+    op.bytes = (size_t)m.B * m.T * m.config.n_embd * sizeof(floatX);
+    op.peer = a.peer;
+    op.tag = ((a.mb * 2 + (act ? 0 : 1)) * pp.n_vs() + sender) % TIED_EMBEDDING_TAG;
+    return op;
+}
+
+// Forward of one micro-batch through the pipeline (every stage calls it; activations flow stage
+// to stage). With targets, returns the mean loss over targets != -1 on the last stage (0 on the
+// others); with dloss_scale != 0 the head's backward runs too and gpt_backward can follow (one
+// stage). Without targets it stops at the logits (the last stage's m.logits).
+static float gpt_forward(GPT& m, const int* inputs, const int* targets, const int* doc_start, int B, int T,
+                         float dloss_scale = 0.0f) {
+    LLMC_CHECK(B <= m.max_B && T <= m.max_T, "batch %dx%d exceeds the allocated %dx%d", B, T, m.max_B, m.max_T);
+    m.B = B;
+    m.T = T;
+    m.batches = {MicroBatch{inputs, targets, doc_start}};
+    m.dloss_scale = targets ? dloss_scale : 0.0f;
+    release_all_slots(m);
+    const PipelinePlan& pp = m.pipe;
+    float loss = 0.0f;
+    for (int c = 0; c < pp.V; c++) {
+        const int vs = pp.vs(c);
+        if (!pp.first_vs(c)) p2p_group(comm_world().pp, {pipe_transfer(m, {PIPE_RECV_ACT, 0, c, (vs - 1) % pp.P})});
+        const float l = chunk_forward(m, c, slot_for(m, c, 0));
+        if (pp.last_vs(c)) loss = l;
+        else p2p_group(comm_world().pp, {pipe_transfer(m, {PIPE_SEND_ACT, 0, c, (vs + 1) % pp.P})});
+    }
+    return loss;
+}
+
+// Backward of the last gpt_forward (one stage; it must have been given dloss_scale != 0): this
+// micro-batch's parameter gradients are written segment by segment and each is added, once
+// complete, into the fp32 accumulators (zero them once per optimizer step with gpt_zero_grad).
+[[maybe_unused]] static void gpt_backward(GPT& m) {
+    LLMC_CHECK(m.pipe.P == 1 && m.dloss_scale != 0.0f, "internal: gpt_backward needs one stage and a forward with a loss scale");
+    chunk_backward(m, 0, 0, true);
+    chunk_weights(m, 0, 0, true);
+}
+
+// One optimizer step's forwards and backwards over the step's micro-batches, in the order of this
+// stage's schedule (llmc/pipeline.h); the last stage's losses land in m.mb_loss.
+static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batches, int B, int T, float dloss_scale,
+                                   bool measure, std::vector<PipeEvent>* trace) {
+    LLMC_CHECK((int)batches.size() == m.pipe.M, "internal: %zu micro-batches for a schedule of %d", batches.size(), m.pipe.M);
+    m.B = B;
+    m.T = T;
+    m.batches = batches;
+    m.dloss_scale = dloss_scale;
+    m.mb_loss.assign(batches.size(), 0.0);
+    release_all_slots(m);
+    PipeModel pm;
+    pm.forward = [&](int mb, int c) {
+        const float loss = chunk_forward(m, c, slot_for(m, c, mb));
+        if (m.pipe.last_vs(c)) m.mb_loss[mb] = loss;
+    };
+    pm.backward = [&](int mb, int c, bool with_weights) { chunk_backward(m, c, mb, with_weights); };
+    pm.weights = [&](int mb, int c, bool done) { chunk_weights(m, c, mb, done); };
+    pm.transfer = [&](const PipeAction& a) { return pipe_transfer(m, a); };
+    pm.sync = backend_sync;
+    return pipeline_execute(m.pipe.schedule[m.pipe.stage], comm_world().pp, pm, measure, trace);
+}
+
+static void gpt_zero_grad(GPT& m) {
+    buffer_zero(m.grad_acc, m.zero.acc_elems() * sizeof(float));
+    if (m.head_acc) buffer_zero(m.head_acc, m.head.shard_len(0) * sizeof(float));
+}
+
+// The tied embedding (Press & Wolf 2017): the lm head's gradient of wte, summed over the step in
+// head_acc, is added to the embedding's accumulator once per step, in every layout the same single
+// fp32 addition per element (Megatron's rule for the embedding group: the first stage holds the
+// embedding, the last the head; here the last stage sends its sum to the first, which owns wte's
+// optimizer state, and gets the updated weights back after the step: tied_embedding_refresh).
+static void tied_embedding_sum(GPT& m) {
+    const PipelinePlan& pp = m.pipe;
+    const size_t n = m.head.shard_len(0);
+    if (pp.P > 1 && pp.has_head())
+        p2p_group(comm_world().pp, {{true, m.head_acc, n * sizeof(float), 0, TIED_EMBEDDING_TAG}});
+    if (!pp.has_embedding()) return;
+    if (pp.P > 1) p2p_group(comm_world().pp, {{false, m.head_acc, n * sizeof(float), pp.P - 1, TIED_EMBEDDING_TAG}});
+    grad_accumulate(m.grad_acc + m.zero.acc_own(m.seg_local[0]), m.head_acc, n);
+}
+static void tied_embedding_refresh(GPT& m) {
+    const PipelinePlan& pp = m.pipe;
+    if (pp.P == 1) return;
+    const ZeroLayout& z = m.zero;
+    const size_t n = m.head.shard_len(0), bytes = n * sizeof(floatX);
+    if (pp.has_embedding())
+        p2p_group(comm_world().pp, {{true, m.params + z.params_own(m.seg_local[0]), bytes, pp.P - 1, TIED_EMBEDDING_TAG}});
+    if (pp.has_head()) {
+        floatX* own = m.head_params + m.head.own_begin(0);
+        p2p_group(comm_world().pp, {{false, own, bytes, 0, TIED_EMBEDDING_TAG}});
+        if (comm_world().dp.size > 1) all_gather(comm_world().dp, own, m.head_params, bytes);
+    }
+}
 
 struct OptimizerConfig {
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_clip = 1.0f;
 };
 
-// The optimizer step, after the step's last gpt_backward, in two parts so the training loop can
+// The optimizer step, after the step's last backward, in two parts so the training loop can
 // look at the norm (and the loss) before deciding to update: a step with a non-finite loss or
 // norm is skipped (see train_main).
-// gpt_grad_norm: stages 0-1 first complete the all-reduce of the gradients (all-gather of the
-// reduced slices); returns the norm of the whole gradient (collective).
+// gpt_grad_norm: adds the lm head's part of the tied embedding's gradient, then (ZeRO stages 0-1)
+// completes the all-reduce of the gradients (all-gather of the reduced slices); returns the norm
+// of the whole model's gradient, every stage's (collective over the world).
 static float gpt_grad_norm(GPT& m) {
     const ZeroLayout& z = m.zero;
     const CommGroup& dp = comm_world().dp;
+    tied_embedding_sum(m);
     if (!z.acc_sharded() && dp.size > 1)
         for (int s = 0; s < (int)z.segs.size(); s++)
             all_gather(dp, m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
     return (float)std::sqrt(grad_norm_squared(z, m.grad_acc));
 }
 // gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)))
-// and AdamW on what this rank updates; stages 1-2 then all-gather the updated parameters.
-// step is 0-based.
+// and AdamW on what this rank updates; stages 1-2 then all-gather the updated parameters, and the
+// last pipeline stage gets the tied embedding's new weights. step is 0-based.
 static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int step, float norm) {
     const ZeroLayout& z = m.zero;
     const CommGroup& dp = comm_world().dp;
@@ -973,6 +1460,7 @@ static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int ste
         for (int s = 0; s < (int)z.segs.size(); s++)
             all_gather(dp, m.params + z.params_own(s), m.params + z.segs[s].padded_offset,
                        z.shard_len(s) * sizeof(floatX));
+    tied_embedding_refresh(m);
 }
 [[maybe_unused]] static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
     const float norm = gpt_grad_norm(m);
@@ -1008,50 +1496,66 @@ static double step_flops(const GPT& m, const int* doc_start, int B, int T, int g
            (6.0 * active_param_count(m, B, T) * B * T + 12.0 * c.n_layer * c.n_head * c.head_size() * score_elements);
 }
 
-// MoE routing of the last forward, over its MoE layers: the fraction of tokens taken by 0, 1 and
-// 2+ experts, and the fewest / most tokens any expert took (equal by construction in expert
-// choice; measured, not assumed).
+// MoE routing of the latest forward, over the model's MoE layers: the fraction of tokens taken by
+// 0, 1 and 2+ experts, and the fewest / most tokens any expert took (equal by construction in expert
+// choice; measured, not assumed). Every stage measures its layers; the pp group combines them.
 struct MoeStats {
     double frac[3] = {0, 0, 0};
     int load_min = 0, load_max = 0;
 };
 static MoeStats gpt_moe_stats(const GPT& m) {
     const GPTConfig& c = m.config;
+    const PipelinePlan& pp = m.pipe;
     const int n = m.B * m.T, E = c.n_expert;
-    MoeStats st;
-    st.load_min = n;
+    double mine[6] = {0, 0, 0, 0, (double)n, 0};  // frac sums, layers, load min, load max
     std::vector<int> slots((size_t)n * E), load(E);
-    int layers = 0;
-    for (int l = 0; l < c.n_layer; l++) {
-        if (!c.is_moe(l)) continue;
-        layers++;
-        copy_from_buffer(slots.data(), m.acts[l].token_slots, slots.size() * sizeof(int));
-        std::fill(load.begin(), load.end(), 0);
-        for (int i = 0; i < n; i++) {
-            int taken = 0;
-            for (int e = 0; e < E; e++)
-                if (slots[(size_t)i * E + e] >= 0) { taken++; load[e]++; }
-            st.frac[std::min(taken, 2)] += 1.0 / n;
+    for (int ch = 0; ch < pp.V; ch++) {
+        const ChunkSlot* s = m.last_forward[ch];
+        for (int l = pp.layer_begin(ch); s && l < pp.layer_end(ch); l++) {
+            if (!c.is_moe(l)) continue;
+            mine[3] += 1;
+            copy_from_buffer(slots.data(), s->acts[l - pp.layer_begin(ch)].token_slots, slots.size() * sizeof(int));
+            std::fill(load.begin(), load.end(), 0);
+            for (int i = 0; i < n; i++) {
+                int taken = 0;
+                for (int e = 0; e < E; e++)
+                    if (slots[(size_t)i * E + e] >= 0) { taken++; load[e]++; }
+                mine[std::min(taken, 2)] += 1.0 / n;
+            }
+            mine[4] = std::min(mine[4], (double)*std::min_element(load.begin(), load.end()));
+            mine[5] = std::max(mine[5], (double)*std::max_element(load.begin(), load.end()));
         }
-        st.load_min = std::min(st.load_min, *std::min_element(load.begin(), load.end()));
-        st.load_max = std::max(st.load_max, *std::max_element(load.begin(), load.end()));
     }
-    for (double& f : st.frac) f /= std::max(layers, 1);
+    std::vector<double> all(6 * pp.P);
+    host_all_gather(comm_world().pp, mine, all.data(), sizeof(mine));
+    MoeStats st;
+    double layers = 0, lo = n, hi = 0;
+    for (int s = 0; s < pp.P; s++) {
+        for (int k = 0; k < 3; k++) st.frac[k] += all[6 * s + k];
+        layers += all[6 * s + 3];
+        if (all[6 * s + 3] > 0) { lo = std::min(lo, all[6 * s + 4]); hi = std::max(hi, all[6 * s + 5]); }
+    }
+    for (double& f : st.frac) f /= std::max(layers, 1.0);
+    st.load_min = (int)lo;
+    st.load_max = (int)hi;
     return st;
 }
 
 // Generates n_tokens after the prompt (temperature, top-k; top_k <= 0 means all), feeding at most
 // the last max_T tokens; an EOT starts a new document, as in training. MoE models sample `rows` independent sequences
 // side by side so the routing groups look as in training (the B tokens of a position, or the
-// B x length tokens of the batch); a dense model needs one row. Returns row 0.
+// B x length tokens of the batch); a dense model needs one row. Returns row 0. Collective: every
+// stage runs its part of each forward; the last stage's logits go to every rank, which all draw
+// the same token.
 static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n_tokens, float temperature, int top_k,
                                    int eot, Rng& rng) {
     const int V = m.config.vocab_size, Vp = m.config.padded_vocab_size;
     const int rows = m.config.n_expert > 0 ? m.max_B : 1;
+    const PipelinePlan& pp = m.pipe;
     std::vector<std::vector<int>> seqs(rows, prompt);
     std::vector<int> ctx, ctx_start;
     std::vector<std::pair<float, int>> cand(V);
-    std::vector<floatX> logits(V);
+    std::vector<floatX> logits((size_t)rows * V), all_logits((size_t)rows * V * pp.P);
     for (int i = 0; i < n_tokens; i++) {
         const int T = std::min((int)seqs[0].size(), m.max_T);  // all rows have the same length
         ctx.resize((size_t)rows * T);
@@ -1061,9 +1565,13 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
             compute_doc_start(ctx_start.data() + (size_t)r * T, ctx.data() + (size_t)r * T, T, eot);
         }
         gpt_forward(m, ctx.data(), nullptr, ctx_start.data(), rows, T);
+        if (pp.has_head())
+            for (int r = 0; r < rows; r++)
+                copy_from_buffer(logits.data() + (size_t)r * V, m.logits + ((size_t)r * T + T - 1) * Vp, V * sizeof(floatX));
+        host_all_gather(comm_world().pp, logits.data(), all_logits.data(), logits.size() * sizeof(floatX));
+        const floatX* last = all_logits.data() + (size_t)(pp.P - 1) * rows * V;
         for (int r = 0; r < rows; r++) {
-            copy_from_buffer(logits.data(), m.logits + ((size_t)r * T + T - 1) * Vp, V * sizeof(floatX));
-            for (int v = 0; v < V; v++) cand[v] = {(float)logits[v] / std::max(temperature, 1e-6f), v};
+            for (int v = 0; v < V; v++) cand[v] = {(float)last[(size_t)r * V + v] / std::max(temperature, 1e-6f), v};
             int k = top_k > 0 ? std::min(top_k, V) : V;
             std::partial_sort(cand.begin(), cand.begin() + k, cand.end(),
                               [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
@@ -1081,6 +1589,37 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
         }
     }
     return std::vector<int>(seqs[0].begin() + prompt.size(), seqs[0].end());
+}
+
+
+static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe) {
+    const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &pipe);
+    std::string source;
+    const double avail = available_buffer_memory(source);
+#ifdef LLMC_CPU
+    const double need = e.buffers() + e.host;
+#else
+    const double need = e.buffers();
+    std::string host_source;
+    const double host_avail = available_host_memory(host_source);
+    LLMC_CHECK(host_avail <= 0 || e.host <= host_avail,
+               "memory: the host-side staging needs %.2f GiB but %s is %.2f GiB; reduce the model size",
+               e.host / 1073741824.0, host_source.c_str(), host_avail / 1073741824.0);
+#endif
+    const double MiB = 1048576.0, GiB = 1073741824.0;
+    LLMC_CHECK(avail <= 0 || need <= avail,
+               "memory: this run needs %.2f GiB (params %.1f MiB, grads %.1f MiB, master %.1f MiB, Adam moments %.1f "
+               "MiB, activations %.1f MiB for B %d x T %d, host staging %.1f MiB) but %s is %.2f GiB. Activations grow "
+               "with B*T: lower -b (batch size) or -t (sequence length), and keep the tokens per step with "
+               "-d/--total_batch_tokens (gradient accumulation); or shard with --zero / split with --pp, or shrink the "
+               "model (--n_layer, --n_embd, --vocab_size)",
+               need / GiB, e.params / MiB, e.grads / MiB, e.master / MiB, e.moments / MiB, e.activations / MiB, B, T,
+#ifdef LLMC_CPU
+               e.host / MiB,
+#else
+               0.0,
+#endif
+               source.c_str(), avail / GiB);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1138,6 +1677,11 @@ static const Option OPTIONS[] = {
     {"max_bad_steps", "", "5", "stop (exit 1) after this many consecutive steps with a non-finite loss or grad norm"},
     {"zero", "z", "0", "ZeRO stage over the data-parallel ranks: 0 all-reduce, 1 shard optimizer state, 2 also "
                        "gradients, 3 also parameters (gathered per block)"},
+    {"pp", "", "1", "pipeline stages (the processes form pp x dp; micro-batches per step = the accumulation steps)"},
+    {"pp_schedule", "", "1f1b", "pipeline schedule: gpipe | 1f1b | interleaved | zb1 (zero bubble, Qi et al. 2023)"},
+    {"pp_virtual", "", "1", "interleaved: model chunks per stage"},
+    {"pp_layers", "", "", "blocks per virtual stage, e.g. 3,5 (default: balanced by FLOPs)"},
+    {"pp_trace", "", "", "write the executed pipeline timeline of the first step to this file (scripts/plot_pipeline.py)"},
 };
 
 // flags that may be given without a value (--overwrite means --overwrite 1)
@@ -1251,14 +1795,16 @@ static void check_optimizer_flags(float lr, const OptimizerConfig& o) {
 // ----------------------------------------------------------------------------------------------
 // 5. Training
 
-// Sum, in global order, of one value per rank per round: rounds x dp values, ordered as the global
-// micro-batch index round * dp + rank (the first `count` of them).
+// Sum, in global order, of one value per rank per round (a loss: the last pipeline stage's ranks
+// have them): rounds x dp values, ordered as the global micro-batch index round * dp + rank (the
+// first `count` of them). Collective over the world.
 static double sum_in_global_order(const std::vector<double>& mine, size_t count) {
-    const CommGroup& dp = comm_world().dp;
-    std::vector<double> all(mine.size() * dp.size);
-    host_all_gather(dp, mine.data(), all.data(), mine.size() * sizeof(double));
+    const Comm& cm = comm_world();
+    std::vector<double> all(mine.size() * cm.world_size);
+    host_all_gather(cm.world, mine.data(), all.data(), mine.size() * sizeof(double));
+    const size_t last_stage = (size_t)(cm.n_stages - 1) * cm.dp.size;  // its first world rank
     double sum = 0;
-    for (size_t g = 0; g < count; g++) sum += all[(g % dp.size) * mine.size() + g / dp.size];
+    for (size_t g = 0; g < count; g++) sum += all[(last_stage + g % cm.dp.size) * mine.size() + g / cm.dp.size];
     return sum;
 }
 
@@ -1285,33 +1831,65 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int
     fflush(stdout);
 }
 
-// Per-rank memory of the flat buffers for every ZeRO stage (the current one marked), plus the
-// activations, which no stage shards.
-static void print_memory_plan(const GPT& m, int zero_stage) {
+// This rank's memory for every ZeRO stage (the current one marked): the plan of gpt_allocate.
+static void print_memory_plan(const GPT& m, int B, int T, int zero_stage) {
     const CommGroup& dp = comm_world().dp;
-    ZeroMemory mem[4];
-    for (int z = 0; z < 4; z++)
-        mem[z] = zero_memory(gpt_zero_layout(m.config, m.table, z, dp), sizeof(floatX), sizeof(floatX) != sizeof(float),
-                             ZERO3_PARAM_SLOTS, ZERO3_GRAD_SLOTS);
-    printf("memory per rank (MiB), dp %d:  %10s %10s %10s %10s\n", dp.size, zero_stage == 0 ? "[-z 0]" : "-z 0",
-           zero_stage == 1 ? "[-z 1]" : "-z 1", zero_stage == 2 ? "[-z 2]" : "-z 2", zero_stage == 3 ? "[-z 3]" : "-z 3");
-    auto row = [&](const char* name, double ZeroMemory::*field, double extra) {
-        printf("  %-30s", name);
-        for (int z = 0; z < 4; z++) printf(" %10.2f", ((field ? mem[z].*field : 0.0) + extra) / 1048576.0);
+    MemoryEstimate mem[4];
+    for (int z = 0; z < 4; z++) mem[z] = gpt_memory_estimate(m.config, B, T, z, &m.pipe);
+    printf("memory per rank (MiB), dp %d%s:  %10s %10s %10s %10s\n", dp.size,
+           m.pipe.P > 1 ? (", pipeline stage " + std::to_string(m.pipe.stage)).c_str() : "",
+           zero_stage == 0 ? "[-z 0]" : "-z 0", zero_stage == 1 ? "[-z 1]" : "-z 1", zero_stage == 2 ? "[-z 2]" : "-z 2",
+           zero_stage == 3 ? "[-z 3]" : "-z 3");
+    auto row = [&](const char* name, double MemoryEstimate::*field) {
+        printf("  %-34s", name);
+        for (int z = 0; z < 4; z++) printf(" %10.2f", (field ? mem[z].*field : mem[z].buffers()) / 1048576.0);
         printf("\n");
     };
-    row("params (+ stage-3 slots)", &ZeroMemory::params, 0);
-    row("grads (leaf, one micro-batch)", &ZeroMemory::grads, 0);
-    row("grad accumulators (fp32)", &ZeroMemory::grad_acc, 0);
-    row("master weights (fp32)", &ZeroMemory::master, 0);
-    row("adam moments (fp32)", &ZeroMemory::moments, 0);
-    row("comm buffers", &ZeroMemory::comm, 0);
-    row("activations", nullptr, (double)m.activation_bytes);
-    printf("  %-30s", "total");
-    for (int z = 0; z < 4; z++)
-        printf(" %10.2f", (mem[z].params + mem[z].grads + mem[z].grad_acc + mem[z].master + mem[z].moments +
-                           mem[z].comm + m.activation_bytes) / 1048576.0);
-    printf("\n");
+    row("params (+ stage-3 slots)", &MemoryEstimate::params);
+    row("grads (leaves, fp32 acc, comm)", &MemoryEstimate::grads);
+    row("master weights (fp32)", &MemoryEstimate::master);
+    row("adam moments (fp32)", &MemoryEstimate::moments);
+    row("activations", &MemoryEstimate::activations);
+    row("batch", &MemoryEstimate::batch);
+    row("total", nullptr);
+}
+
+// The pipeline at start-up: per stage its virtual stages' blocks, parameters, FLOPs per micro-batch,
+// the micro-batches it keeps in flight and its activation memory (the plan for that stage), and the
+// schedule's theoretical bubble.
+static void print_pipeline(const GPT& m, int B, int T, int zero_stage) {
+    const PipelinePlan& p = m.pipe;
+    const GPTConfig& c = m.config;
+    printf("pipeline: %d stages, schedule %s", p.P, pipe_kind_name(p.kind));
+    if (p.V > 1) printf(" with %d chunks per stage", p.V);
+    printf(", %d micro-batches per step; theoretical bubble %.1f%% (idle / step time, unit costs)\n", p.M,
+           100 * pipe_bubble_formula(p.kind, p.P, p.M, p.V));
+    for (int s = 0; s < p.P; s++) {
+        PipelinePlan ps = p;
+        ps.stage = s;
+        std::vector<int> n_slots, n_stashes;
+        chunk_bounds(p.schedule[s], p.V, n_slots, n_stashes);
+        double params = 0, flops = 0;
+        std::string layers;
+        for (int ch = 0; ch < p.V; ch++) {
+            const int l0 = ps.layer_begin(ch), l1 = ps.layer_end(ch);
+            layers += (ch ? "," : "") + std::to_string(l0) + "-" + std::to_string(l1 - 1);
+            for (int l = l0; l < l1; l++) flops += block_flops(c, l, B, T);
+        }
+        for (const ParamTensor& t : m.table) {
+            const int seg = segment_of(t.name, c.n_layer);
+            if (seg == 0 ? ps.has_embedding() : seg == c.n_layer + 1 ? ps.has_head() : ps.holds_layer(seg - 1)) params += t.numel;
+        }
+        if (ps.has_head()) flops += head_flops(c, B, T);
+        int in_flight = 0, stashed = 0;
+        for (int ch = 0; ch < p.V; ch++) { in_flight += n_slots[ch]; stashed += n_stashes[ch]; }
+        const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &ps);
+        printf("  stage %d: blocks %-12s%s%s params %10.0f | %.3g GFLOP per micro-batch | %d micro-batch%s in flight%s | "
+               "activations %.2f MiB, total %.2f MiB\n", s, layers.c_str(), ps.has_embedding() ? " +embedding" : "",
+               ps.has_head() ? " +head" : "", params, flops / 1e9, in_flight, in_flight == 1 ? "" : "es",
+               stashed ? (" (+" + std::to_string(stashed) + " weight-gradient stashes)").c_str() : "",
+               e.activations / 1048576.0, e.buffers() / 1048576.0);
+    }
 }
 
 // Bytes this rank sends in one optimizer step, by collective, for the layout (what the counters
@@ -1319,19 +1897,59 @@ static void print_memory_plan(const GPT& m, int zero_stage) {
 static void print_comm_volume(const GPT& m, int grad_accum) {
     const Comm& c = comm_world();
     const ZeroLayout& z = m.zero;
+    const PipelinePlan& pp = m.pipe;
     const double share = (double)(z.dp - 1) / z.dp, fx = sizeof(floatX);
-    double theory[COMM_N_OPS] = {0, 0, 0, 0};
-    theory[COMM_ALL_TO_ALL] = grad_accum * share * fx * z.padded_total;  // reduce_scatter_add of the leaves
+    const double head = pp.has_head() ? (double)m.head.padded_total : 0.0;
+    double blocks = 0;  // the padded blocks of this stage (gathered again in the backward at -z 3)
+    for (const Segment& s : z.segs) if (s.id >= 1 && s.id <= m.config.n_layer) blocks += (double)s.padded;
+    double theory[COMM_N_OPS] = {};
+    theory[COMM_ALL_TO_ALL] = grad_accum * share * fx * (z.padded_total + head);  // reduce_scatter_add of the leaves
     if (z.stage <= 1) theory[COMM_ALL_GATHER] += share * 4.0 * z.padded_total;  // completes the all-reduce
     if (z.stage == 1 || z.stage == 2) theory[COMM_ALL_GATHER] += share * fx * z.padded_total;  // updated params
-    if (z.stage == 3)  // per micro-batch: the embedding 3 times (encoder, head, its backward), the rest twice
-        theory[COMM_ALL_GATHER] += grad_accum * share * fx * (z.padded_total + z.segs[0].padded + z.padded_total);
-    printf("communication per step, rank 0 (sent bytes): ");
+    if (z.stage == 3)  // per micro-batch: every segment in the forward (the embedding again for the head in one stage), blocks in the backward
+        theory[COMM_ALL_GATHER] += grad_accum * share * fx * (z.padded_total + (pp.P == 1 ? z.segs[0].padded : 0.0) + blocks);
+    if (pp.P > 1) {
+        const double act = (double)m.max_B * m.max_T * m.config.n_embd * fx;
+        for (int ch = 0; ch < pp.V; ch++) theory[COMM_P2P] += grad_accum * act * (!pp.last_vs(ch) + !pp.first_vs(ch));
+        if (pp.has_embedding()) theory[COMM_P2P] += fx * m.head.shard_len(0);     // the tied weights, to the last stage
+        if (pp.has_head()) {
+            theory[COMM_P2P] += 4.0 * m.head.shard_len(0);                         // the head's gradient, to the first
+            theory[COMM_ALL_GATHER] += share * fx * m.head.padded_total;           // its copy of the new weights
+        }
+    }
+    printf("communication per step, rank %d (sent bytes): ", c.world_rank);
     for (int k = 0; k < COMM_N_OPS; k++) {
         if (k == COMM_HOST) printf("%s %llu", comm_op_name(k), (unsigned long long)c.sent_bytes[k]);
         else printf("%s %llu (theory %.0f), ", comm_op_name(k), (unsigned long long)c.sent_bytes[k], theory[k]);
     }
     printf("\n");
+}
+
+// --pp_trace: every rank's executed actions of one step, gathered to rank 0 and written as JSON
+// lines for scripts/plot_pipeline.py (times from the step's start; "recv"/"send" events are waits).
+static void write_pipeline_trace(const std::string& path, const std::vector<PipeEvent>& events, const PipelinePlan& pp) {
+    const Comm& cm = comm_world();
+    std::vector<double> mine;
+    for (const PipeEvent& e : events)
+        mine.insert(mine.end(), {(double)e.op, (double)e.mb, (double)e.chunk, e.t0_ms, e.t1_ms});
+    size_t longest = 0;
+    for (uint64_t n : host_gather_all<uint64_t>(cm.world, mine.size())) longest = std::max(longest, (size_t)n);
+    mine.resize(longest, -1.0);
+    std::vector<double> all(longest * cm.world_size);
+    host_all_gather(cm.world, mine.data(), all.data(), longest * sizeof(double));
+    if (cm.world_rank != 0) return;
+    FILE* f = fopen_or_fail(path, "w");
+    static const char* ops[] = {"F", "B", "W", "send", "recv", "send", "recv"};
+    for (int r = 0; r < cm.world_size; r++)
+        for (size_t k = 0; k + 4 < longest; k += 5) {
+            const double* e = all.data() + (size_t)r * longest + k;
+            if (e[0] < 0) break;
+            fprintf(f, "{\"rank\": %d, \"stage\": %d, \"dp\": %d, \"op\": \"%s\", \"mb\": %d, \"chunk\": %d, "
+                       "\"t0_ms\": %.4f, \"t1_ms\": %.4f, \"schedule\": \"%s\"}\n",
+                    r, r / cm.dp.size, r % cm.dp.size, ops[(int)e[0]], (int)e[1], (int)e[2], e[3], e[4], pipe_kind_name(pp.kind));
+        }
+    LLMC_CHECK(fclose(f) == 0, "%s: cannot write the pipeline trace", path.c_str());
+    printf("wrote the pipeline timeline of step %s to %s\n", "1 of this run", path.c_str());
 }
 
 static std::string checkpoint_path(const std::string& out_dir, int step) {
@@ -1356,7 +1974,7 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
             ok = false;
             if (comm_world().world_rank == 0) fprintf(stderr, "warning: skipping %s\n", e.what());
         }
-        if (all_ranks_agree(comm_world().dp, ok)) return path;
+        if (all_ranks_agree(comm_world().world, ok)) return path;
     }
     LLMC_FAIL("--resume latest: no checkpoint in %s loads (looked for ckpt_*.bin)", out_dir.c_str());
 }
@@ -1372,9 +1990,12 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
     LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %d", T);
     const int zero_stage = args.i("zero", 0, 3);
-    comm_make_grid(cm, cm.world_size);  // all ranks data-parallel (pipeline and tensor groups come later)
+    const int n_stages = args.i("pp", 1, 1024);
+    LLMC_CHECK(cm.world_size % n_stages == 0, "--pp %d: the %d processes are not a multiple of the pipeline stages "
+               "(the grid is pp x dp: start a multiple of %d processes)", n_stages, cm.world_size, n_stages);
+    comm_make_grid(cm, cm.world_size / n_stages, n_stages);  // pp x dp (tensor groups come later)
     const CommGroup& dp = cm.dp;
-    const int world = dp.size;
+    const int world = dp.size;  // the data-parallel ranks: they split the batch
     // token counts in 64 bits: B*T*ranks must fit the ops' int indexing, the step may be larger
     const int64_t tokens_per_micro = checked_product({B, T, world}, INT32_MAX, "the tokens per micro-batch B*T*ranks");
     const int64_t total_batch_flag = parse_int64(args.str("total_batch_tokens"), "total_batch_tokens", 0, INT64_MAX);
@@ -1457,7 +2078,12 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     }
 
     config.check_batch(B, T, world);  // after the resume: the checkpoint may have set the config
-    check_memory_fits(config, B, T, zero_stage);   // before anything big is allocated
+    // the pipeline: the schedule's micro-batches are the accumulation steps
+    const PipeKind pp_kind = parse_pipe_kind(args.str("pp_schedule"));
+    const int pp_virtual = args.i("pp_virtual", 1, 1024);
+    const PipelinePlan pipe = pipeline_plan(config, B, T, n_stages, pp_virtual, grad_accum, pp_kind, args.str("pp_layers"),
+                                            cm.stage);
+    check_memory_fits(config, B, T, zero_stage, pipe);  // before anything big is allocated
 
     DataLoader train_loader(args.str("train"), B, T, dp.rank, world, true, seed, config.vocab_size, "--train");
     const int eot = train_loader.eot;
@@ -1471,7 +2097,7 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     }
 
     GPT model;
-    gpt_allocate(model, config, B, T, zero_stage);
+    gpt_allocate(model, config, B, T, zero_stage, &pipe);
     int start_step = 0;
     Rng sample_rng(seed ^ 0x5A5A5A5Aull);
     if (!resume.empty()) {
@@ -1493,8 +2119,8 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
 #ifdef _OPENMP
         printf(", %d OpenMP threads", omp_get_max_threads());
 #endif
-        printf("\nlayout: %d rank%s (dp %d), ZeRO stage %d, collectives: %s\n", cm.world_size,
-               cm.world_size > 1 ? "s" : "", world, zero_stage, comm_backend_name());
+        printf("\nlayout: %d rank%s (pp %d x dp %d), ZeRO stage %d, collectives: %s\n", cm.world_size,
+               cm.world_size > 1 ? "s" : "", n_stages, world, zero_stage, comm_backend_name());
         printf("model: n_layer %d, n_embd %d, n_head %d, n_kv_head %d, ffn_hidden %d (%s), pos %s, vocab %d (padded %d)\n",
                config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
                config.mlp == MLP_SWIGLU ? "swiglu" : "gelu", config.pos == POS_ALIBI ? "alibi" : "learned",
@@ -1511,7 +2137,8 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         }
         printf("batch: B %d x T %d x %d ranks x %d accumulation steps = %lld tokens per step\n", B, T, world,
                grad_accum, (long long)total_batch);
-        print_memory_plan(model, zero_stage);
+        if (n_stages > 1) print_pipeline(model, B, T, zero_stage);
+        print_memory_plan(model, B, T, zero_stage);
         printf("train: %zu shard(s), val: %s\n", train_loader.shards.size(), have_val ? "yes" : "no");
     }
 
@@ -1546,7 +2173,7 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
                        "step %d: refusing to write %s: a %s is %g (the model state is not finite: the run diverged); "
                        "resume from an earlier checkpoint with a lower --lr", step, path.c_str(), name, own[a][bad]);
         }
-        save_checkpoint_parts(dp, path, out, model.n_params, own_table_ranges(z, dp.rank),
+        save_checkpoint_parts(cm.world, path, out, model.n_params, own_table_ranges(z, dp.rank),
                               own_values_in_table_order(z, own[0].data()).data(),
                               own_values_in_table_order(z, own[1].data()).data(),
                               own_values_in_table_order(z, own[2].data()).data());
@@ -1554,7 +2181,10 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     };
 
     const double peak = peak_flops_per_s();
-    std::vector<double> micro_losses(grad_accum);
+    // the step's micro-batches, read before the pipeline runs them (stages need them at different times)
+    std::vector<std::vector<int>> step_in(grad_accum, in), step_tgt(grad_accum, tgt), step_ds(grad_accum, ds);
+    std::vector<MicroBatch> step_batches(grad_accum);
+    const std::string pp_trace = args.str("pp_trace");
     // NaN/Inf policy: a step whose loss or gradient norm is not finite is skipped (no optimizer
     // update), counted and logged; max_bad_steps of them in a row stop the run (exit 1): it has
     // diverged, and the state is still the last good one (no checkpoint of a bad state is written).
@@ -1564,16 +2194,22 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         auto t0 = std::chrono::steady_clock::now();
         comm_reset_counters(cm);
         if (const char* f = getenv("LLMC_FAULT_FAIL_RANK"))  // fault injection for the tests
-            LLMC_CHECK(atoi(f) != dp.rank || step != start_step + 1, "fault injected on rank %d at step %d", dp.rank, step + 1);
+            LLMC_CHECK(atoi(f) != cm.world_rank || step != start_step + 1, "fault injected on rank %d at step %d",
+                       cm.world_rank, step + 1);
         gpt_zero_grad(model);
         double flops = 0;
         for (int micro = 0; micro < grad_accum; micro++) {
-            train_loader.next_batch(in.data(), tgt.data(), ds.data());
-            micro_losses[micro] = gpt_forward(model, in.data(), tgt.data(), ds.data(), B, T, 1.0f / global_micro);
-            gpt_backward(model);
-            flops += step_flops(model, ds.data(), B, T, 1);
+            train_loader.next_batch(step_in[micro].data(), step_tgt[micro].data(), step_ds[micro].data());
+            step_batches[micro] = {step_in[micro].data(), step_tgt[micro].data(), step_ds[micro].data()};
+            flops += step_flops(model, step_ds[micro].data(), B, T, 1) / n_stages;  // this stage's share
         }
-        const double loss = sum_in_global_order(micro_losses, global_micro) / global_micro;
+        const bool tracing = !pp_trace.empty() && step == start_step;
+        std::vector<PipeEvent> trace;
+        if (tracing) barrier(cm.world);  // one time origin for every rank's timeline
+        const PipeTimes pt = gpt_pipeline_step(model, step_batches, B, T, 1.0f / global_micro, tracing || host_timing_is_exact,
+                                               tracing ? &trace : nullptr);
+        if (tracing) write_pipeline_trace(pp_trace, trace, model.pipe);
+        const double loss = sum_in_global_order(model.mb_loss, global_micro) / global_micro;
         float lr = sched.at(step);
         const float norm = gpt_grad_norm(model);
         const bool bad_step = !std::isfinite(loss) || !std::isfinite(norm);
@@ -1583,7 +2219,10 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         const double loss_z = loss_spikes.update(loss);
         backend_sync();
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        if (rank0 && step == start_step && world > 1) print_comm_volume(model, grad_accum);
+        if (rank0 && step == start_step && cm.world_size > 1) print_comm_volume(model, grad_accum);
+        // the pipeline's idle fraction per stage: time waiting in transfers over the step
+        std::vector<double> idle;
+        if (n_stages > 1) idle = host_gather_all<double>(cm.pp, pt.total_ms > 0 ? pt.wait_ms / pt.total_ms : 0.0);
         double tok_s = total_batch / (ms / 1000.0);
         double mfu = peak > 0 ? flops / (ms / 1000.0) / peak : -1;  // per GPU: this rank's FLOPs
         MoeStats st;
@@ -1609,7 +2248,16 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
                                              {"moe_frac_2plus", st.frac[2]}, {"moe_load_min", (double)st.load_min},
                                              {"moe_load_max", (double)st.load_max}});
             }
-            if (world > 1) printf(" | dp %d z%d", world, zero_stage);
+            if (n_stages > 1 && host_timing_is_exact) {
+                printf(" | idle");
+                static const char* names[] = {"pp_idle_0", "pp_idle_1", "pp_idle_2", "pp_idle_3",
+                                              "pp_idle_4", "pp_idle_5", "pp_idle_6", "pp_idle_7"};
+                for (int s = 0; s < n_stages; s++) {
+                    printf("%s%.0f%%", s ? "/" : " ", 100 * idle[s]);
+                    if (s < 8) fields.push_back({names[s], idle[s]});
+                }
+            }
+            if (cm.world_size > 1) printf(" | pp %d dp %d z%d", n_stages, world, zero_stage);
             printf("\n");
             fflush(stdout);
             log.write(fields);

@@ -95,3 +95,16 @@ inline void grad_accumulate(float* acc, const floatX* x, size_t n) {
     using bf16x8::aligned16;
     grad_accumulate_launch(aligned16(acc) && aligned16(x), acc, x, n);
 }
+
+// acc += x with both fp32: once per step, the tied embedding's two accumulators (the lm head's and
+// the token embedding's). One addition per element, rounded to nearest: the CPU twin's bits.
+__global__ void grad_accumulate_fp32_kernel(float* acc, const float* x, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc[i] = __fadd_rn(acc[i], x[i]);
+}
+inline void grad_accumulate(float* acc, const float* x, size_t n) {
+    if (n == 0) return;
+    const size_t blocks = std::min((n + ACCUMULATE_THREADS - 1) / ACCUMULATE_THREADS, (size_t)65535);
+    grad_accumulate_fp32_kernel<<<(unsigned)blocks, ACCUMULATE_THREADS, 0, llmc_stream()>>>(acc, x, n);
+    cudaCheckLaunch();
+}

@@ -1,9 +1,11 @@
 // The rank grid, its groups, and the one collective API every parallel layout uses.
 //
 // Launch: `mpirun -np N ./train_gpt ...` starts N processes (one per GPU; on the CPU build one per
-// rank, OpenMP threads inside). World = dp ranks today (pipeline, tensor and expert groups come
-// with their layouts); every subsystem receives the group it works on and never computes raw
-// rank numbers itself.
+// rank, OpenMP threads inside). The grid: world = pp x dp, rank = stage * dp + dp_rank (the data-
+// parallel ranks of one pipeline stage are neighbours; tensor and expert groups come with their
+// layouts). Groups: dp (the ranks of one stage, which shard ZeRO state), pp (one rank per stage, the
+// same dp rank: the pipeline's sends and receives). Every subsystem receives the group it works on
+// and never computes raw rank numbers itself.
 //
 // Three backends behind the same calls:
 //   single process  built without MPI: world 1, collectives are copies (refuses to run when an
@@ -39,9 +41,9 @@
 #endif
 
 // what the byte counters are kept by
-enum CommOp { COMM_ALL_GATHER = 0, COMM_ALL_TO_ALL, COMM_BROADCAST, COMM_HOST, COMM_N_OPS };
+enum CommOp { COMM_ALL_GATHER = 0, COMM_ALL_TO_ALL, COMM_BROADCAST, COMM_P2P, COMM_HOST, COMM_N_OPS };
 inline const char* comm_op_name(int op) {
-    static const char* names[] = {"all_gather", "all_to_all", "broadcast", "host (scalars)"};
+    static const char* names[] = {"all_gather", "all_to_all", "broadcast", "send/recv", "host (scalars)"};
     return names[op];
 }
 
@@ -57,7 +59,8 @@ struct CommGroup {
 
 struct Comm {
     int world_rank = 0, world_size = 1;
-    CommGroup world, dp;
+    int stage = 0, n_stages = 1;  // this rank's pipeline stage, of pp
+    CommGroup world, dp, pp;
     uint64_t sent_bytes[COMM_N_OPS] = {}, recv_bytes[COMM_N_OPS] = {};
     bool initialized = false;
 #ifdef LLMC_NCCL
@@ -143,15 +146,39 @@ inline Comm& comm_init(int* argc, char*** argv) {
     return c;
 }
 
-// The grid: world = dp ranks (the other dimensions come with their layouts). Checked on every
-// rank before anything is allocated.
-inline void comm_make_grid(Comm& c, int dp) {
-    LLMC_CHECK(dp >= 1 && c.world_size % dp == 0 && c.world_size / dp == 1,
-               "layout: %d processes do not form a data-parallel grid of %d ranks (world must equal dp)",
-               c.world_size, dp);
-    c.dp = c.world;
 #ifdef LLMC_NCCL
-    if (c.dp.size > 1) {
+// one NCCL communicator over an MPI group: the unique id from its rank 0
+inline void nccl_group_init(CommGroup& g) {
+    ncclUniqueId id;
+    if (g.rank == 0) ncclCheck(ncclGetUniqueId(&id));
+    mpiCheck(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g.mpi));
+    ncclCheck(ncclCommInitRank(&g.nccl, g.size, id, g.rank));
+}
+#endif
+
+// The grid world = pp x dp. Checked on every rank before anything is allocated.
+inline void comm_make_grid(Comm& c, int dp, int pp) {
+    LLMC_CHECK(dp >= 1 && pp >= 1 && (int64_t)dp * pp == c.world_size,
+               "layout: %d processes do not form a grid of --pp %d stages x %d data-parallel ranks (the number of "
+               "processes must be a multiple of --pp: dp = processes / pp)", c.world_size, pp, dp);
+    c.n_stages = pp;
+    c.stage = c.world_rank / dp;
+    c.dp.rank = c.world_rank % dp;
+    c.dp.size = dp;
+    c.pp.rank = c.stage;
+    c.pp.size = pp;
+#ifdef LLMC_MPI
+    if (c.world_size > 1) {
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.stage, c.dp.rank, &c.dp.mpi));
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.dp.rank, c.stage, &c.pp.mpi));
+        MPI_Comm_set_errhandler(c.dp.mpi, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(c.pp.mpi, MPI_ERRORS_RETURN);
+    } else {
+        c.dp.mpi = c.pp.mpi = MPI_COMM_WORLD;
+    }
+#endif
+#ifdef LLMC_NCCL
+    if (c.world_size > 1) {
         int n_dev = 0;
         cudaCheck(cudaGetDeviceCount(&n_dev));
         LLMC_CHECK(n_dev > 0, "rank %d sees no GPU", c.world_rank);
@@ -162,10 +189,8 @@ inline void comm_make_grid(Comm& c, int dp) {
         mpiCheck(MPI_Comm_rank(node, &local_rank));
         MPI_Comm_free(&node);
         cudaCheck(cudaSetDevice(local_rank % n_dev));
-        ncclUniqueId id;
-        if (c.dp.rank == 0) ncclCheck(ncclGetUniqueId(&id));
-        mpiCheck(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, c.dp.mpi));
-        ncclCheck(ncclCommInitRank(&c.dp.nccl, c.dp.size, id, c.dp.rank));
+        if (c.dp.size > 1) nccl_group_init(c.dp);
+        if (c.pp.size > 1) nccl_group_init(c.pp);
         cudaCheck(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&c.compute_done, cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&c.comm_done, cudaEventDisableTiming));
@@ -177,7 +202,8 @@ inline void comm_finalize() {
     Comm& c = comm_world();
     if (!c.initialized) return;
 #ifdef LLMC_NCCL
-    if (c.dp.nccl) ncclCommDestroy(c.dp.nccl);
+    for (CommGroup* g : {&c.dp, &c.pp})
+        if (g->nccl) ncclCommDestroy(g->nccl);
 #endif
 #ifdef LLMC_MPI
     MPI_Finalize();
@@ -189,7 +215,8 @@ inline void comm_finalize() {
 inline void comm_abort(int code) {
     Comm& c = comm_world();
 #ifdef LLMC_NCCL
-    if (c.dp.nccl) ncclCommAbort(c.dp.nccl);
+    for (CommGroup* g : {&c.dp, &c.pp})
+        if (g->nccl) ncclCommAbort(g->nccl);
 #endif
 #ifdef LLMC_MPI
     if (c.initialized && c.world_size > 1) MPI_Abort(MPI_COMM_WORLD, code);
@@ -251,6 +278,46 @@ inline void all_to_all(const CommGroup& g, const void* send, void* recv, size_t 
 #else
     (void)send;
     (void)recv;
+#endif
+}
+
+// One group of point-to-point transfers (a pipeline's sends and receives between two computations):
+// every transfer is posted at once and the call returns when all have completed. A send completes
+// once its peer has posted the matching receive (the peer is in its own group at that moment), so
+// no buffer is still in flight after the call. tag tells transfers between the same two ranks apart.
+struct P2POp {
+    bool send;
+    void* buf;
+    size_t bytes;
+    int peer, tag;
+};
+inline void p2p_group(const CommGroup& g, const std::vector<P2POp>& ops) {
+    Comm& c = comm_world();
+    if (ops.empty()) return;
+    for (const P2POp& op : ops) {
+        LLMC_CHECK(op.peer >= 0 && op.peer < g.size && op.peer != g.rank, "p2p: peer %d is not another rank of the group (%d ranks)",
+                   op.peer, g.size);
+        (op.send ? c.sent_bytes : c.recv_bytes)[COMM_P2P] += op.bytes;
+    }
+#if defined(LLMC_NCCL)
+    comm_stream_enter(c);
+    ncclCheck(ncclGroupStart());
+    for (const P2POp& op : ops) {
+        if (op.send) ncclCheck(ncclSend(op.buf, op.bytes, ncclInt8, op.peer, g.nccl, c.stream));
+        else ncclCheck(ncclRecv(op.buf, op.bytes, ncclInt8, op.peer, g.nccl, c.stream));
+    }
+    ncclCheck(ncclGroupEnd());
+    comm_stream_leave(c);
+#elif defined(LLMC_MPI)
+    std::vector<MPI_Request> req(ops.size());
+    for (size_t k = 0; k < ops.size(); k++) {
+        const P2POp& op = ops[k];
+        if (op.send) mpiCheck(MPI_Isend(op.buf, mpi_count(op.bytes), MPI_BYTE, op.peer, op.tag, g.mpi, &req[k]));
+        else mpiCheck(MPI_Irecv(op.buf, mpi_count(op.bytes), MPI_BYTE, op.peer, op.tag, g.mpi, &req[k]));
+    }
+    mpiCheck(MPI_Waitall((int)req.size(), req.data(), MPI_STATUSES_IGNORE));
+#else
+    LLMC_FAIL("p2p: a transfer in a single-process build");
 #endif
 }
 

@@ -35,8 +35,17 @@
 // The gradient norm is summed over fixed chunks of each segment; a shard holds whole chunks.
 constexpr size_t NORM_CHUNK = 2048;
 
+// Which part of the table a segment is: its number among all segments of the model (in table
+// order; a pipeline stage holds some of them) and its table range.
+struct SegmentSpec {
+    std::string name;
+    int id = 0;
+    size_t begin = 0, len = 0;
+};
+
 struct Segment {
     std::string name;
+    int id = 0;                 // the model's segment number (SegmentSpec::id)
     size_t begin = 0, len = 0;  // table offsets [begin, begin + len)
     size_t padded = 0;          // len rounded up to a multiple of dp * NORM_CHUNK
     size_t padded_offset = 0;   // where it starts in the padded space
@@ -66,9 +75,8 @@ struct ZeroLayout {
     size_t params_own(int s) const { return params_sharded() ? segs[s].shard_offset : padded_index(s, own_begin(s)); }
 };
 
-// seg_begins: the table offset where each segment starts, in order; table_total: the table's size.
-inline ZeroLayout zero_layout(const std::vector<std::pair<std::string, size_t>>& seg_begins, size_t table_total,
-                              int stage, int dp, int rank) {
+// specs: the segments this rank's pipeline stage holds, in increasing id; table_total: the table's size.
+inline ZeroLayout zero_layout(const std::vector<SegmentSpec>& specs, size_t table_total, int stage, int dp, int rank) {
     LLMC_CHECK(stage >= 0 && stage <= 3, "--zero: expected 0, 1, 2 or 3, got %d", stage);
     ZeroLayout z;
     z.stage = stage;
@@ -76,11 +84,13 @@ inline ZeroLayout zero_layout(const std::vector<std::pair<std::string, size_t>>&
     z.rank = rank;
     z.table_total = table_total;
     const size_t unit = (size_t)dp * NORM_CHUNK;
-    for (size_t k = 0; k < seg_begins.size(); k++) {
+    for (size_t k = 0; k < specs.size(); k++) {
+        LLMC_CHECK(k == 0 || specs[k].id > specs[k - 1].id, "internal: segments out of order");
         Segment s;
-        s.name = seg_begins[k].first;
-        s.begin = seg_begins[k].second;
-        s.len = (k + 1 < seg_begins.size() ? seg_begins[k + 1].second : table_total) - s.begin;
+        s.name = specs[k].name;
+        s.id = specs[k].id;
+        s.begin = specs[k].begin;
+        s.len = specs[k].len;
         s.padded = (s.len + unit - 1) / unit * unit;
         s.padded_offset = z.padded_total;
         s.shard_offset = z.shard_total;
@@ -141,10 +151,11 @@ inline void reduce_scatter_add(const CommGroup& g, float* acc_own, const floatX*
     for (int r = 0; r < g.size; r++) grad_accumulate(acc_own, scratch + (size_t)r * chunk, chunk);
 }
 
-// Squared L2 norm of the accumulated gradient, the same on every rank. The CPU build sums fixed
-// NORM_CHUNK chunks of each segment (shards hold whole chunks) and adds the chunk sums in
-// (segment, chunk) order after gathering them: bitwise the unsharded norm, for any dp (padding
-// chunks add +0.0). The GPU build sums each rank's slice of a segment in one kernel call.
+// Squared L2 norm of the accumulated gradient over the whole model, the same on every rank of the
+// world. The CPU build sums fixed NORM_CHUNK chunks of each segment (shards hold whole chunks),
+// gathers the chunk sums of every rank (each pipeline stage has its own segments) and adds them in
+// (segment id, rank, chunk) order: bitwise the unsharded single-process norm, for any dp and pp
+// (padding chunks add +0.0). The GPU build sums each rank's slice of a segment in one kernel call.
 inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc) {
     const size_t n_seg = z.segs.size();
 #ifdef LLMC_CPU
@@ -165,13 +176,21 @@ inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc) {
     std::vector<double> mine(n_seg);
     for (size_t s = 0; s < n_seg; s++) mine[s] = global_norm_squared(grad_acc + z.acc_own((int)s), z.shard_len((int)s));
 #endif
-    const CommGroup& dp = comm_world().dp;
-    std::vector<double> all(mine.size() * dp.size);
-    host_all_gather(dp, mine.data(), all.data(), mine.size() * sizeof(double));
-    double total = 0;
+    // (segment id, chunk sum) pairs of every rank, padded to the longest list (id -1)
+    const CommGroup& world = comm_world().world;
+    size_t longest = 0;
+    for (uint64_t n : host_gather_all<uint64_t>(world, (uint64_t)mine.size())) longest = std::max(longest, (size_t)n);
+    std::vector<std::pair<double, double>> tagged(longest, {-1.0, 0.0}), all(longest * world.size);
     for (size_t s = 0; s < n_seg; s++)
-        for (int r = 0; r < dp.size; r++)
-            for (size_t k = first[s]; k < first[s + 1]; k++) total += all[(size_t)r * mine.size() + k];
+        for (size_t k = first[s]; k < first[s + 1]; k++) tagged[k] = {(double)z.segs[s].id, mine[k]};
+    host_all_gather(world, tagged.data(), all.data(), longest * sizeof(tagged[0]));
+    // a segment lives on one stage: its ranks are consecutive in the world, in dp order
+    std::vector<size_t> order;
+    for (size_t k = 0; k < all.size(); k++)
+        if (all[k].first >= 0) order.push_back(k);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return all[a].first < all[b].first; });
+    double total = 0;
+    for (size_t k : order) total += all[k].second;
     return total;
 }
 

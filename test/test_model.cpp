@@ -323,7 +323,7 @@ TEST_CASE("multi-process: a build without MPI refuses to run as N copies; ZeRO s
             CAPTURE(stage);
             std::vector<int> updated(count_params(table), 0), written(count_params(table), 0);
             for (int r = 0; r < dp; r++) {
-                ZeroLayout z = zero_layout(segment_begins(cfg, table), count_params(table), stage, dp, r);
+                ZeroLayout z = zero_layout(segment_specs(cfg, table), count_params(table), stage, dp, r);
                 CHECK(z.shard_total * dp == z.padded_total);
                 for (const Segment& s : z.segs) CHECK(s.padded % (dp * NORM_CHUNK) == 0);
                 for (const UpdatePiece& u : zero_update_pieces(z, tensors))

@@ -978,7 +978,7 @@ MoeStats my_moe_stats(const GPT& m) {
     for (int l = 0; l < c.n_layer; l++) {
         if (!c.is_moe(l)) continue;
         layers++;
-        const int* ts = m.acts[l].token_slots;
+        const int* ts = gpt_layer_acts(m, l).token_slots;
         for (int e = 0; e < E; e++) {
             int load = 0;
             for (int i = 0; i < n; i++) load += ts[(size_t)i * E + e] >= 0;
@@ -1108,7 +1108,7 @@ TEST_CASE("gpt_backward's MoE branch equals the ops composed in double on the mo
         }
         gpt_zero_grad(m);
         gpt_forward(m, batch.in.data(), batch.tgt.data(), batch.ds.data(), B, T, 1.0f);  // m.logits: dlogits
-        const LayerActs& a = m.acts[l];
+        const LayerActs& a = gpt_layer_acts(m, l);
         auto dvec = [](const float* p, size_t n) { return vector<double>(p, p + n); };
         // d(block output) = LN_f backward of (dlogits wte)
         const vector<double> dlogits = dvec(m.logits, (size_t)BT * Vp), wte = dvec(m.p.wte, (size_t)Vp * C);

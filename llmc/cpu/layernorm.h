@@ -50,8 +50,8 @@ void residual_forward(T* out, const T* inp1, const T* inp2, long N) {
 template <typename T>
 void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                         const T* mean, const T* rstd, int N, int C) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N && dinp; n++) {
+#pragma omp parallel for schedule(static) if (dinp != nullptr)
+    for (int n = 0; n < (dinp ? N : 0); n++) {
         const T* d = dout + (size_t)n * C;
         const T* x = inp + (size_t)n * C;
         T m = mean[n], s = rstd[n];

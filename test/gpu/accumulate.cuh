@@ -90,4 +90,17 @@ TEST_CASE("grad_accumulate: vector and scalar paths write identical bits (large 
     CHECK(touched_outside(v, 0, n) == 0);
 }
 
+TEST_CASE("grad_accumulate fp32 += fp32 (the tied embedding's sum): bitwise the CPU twin") {
+    for (size_t n : {(size_t)1, (size_t)1003, (size_t)(1 << 22) + 5}) {
+        const std::vector<float> a = random_vector(n, 71, 0.1f), x = random_vector(n, 72, 0.05f);
+        DevAcc da(a, 0), dx(x, 0);
+        grad_accumulate(da.ptr(), (const float*)dx.ptr(), n);
+        std::vector<float> want = a;
+        cpu::grad_accumulate<float>(want.data(), x.data(), n);
+        const std::vector<float> got = da.all();
+        CHECK(std::memcmp(got.data(), want.data(), n * 4) == 0);
+        CHECK(touched_outside(got, 0, n) == 0);
+    }
+}
+
 }  // namespace accumulate_test
