@@ -1,0 +1,362 @@
+// Pipeline-parallel schedules: for each pipeline stage, the ordered list of computations (F, B, W)
+// and point-to-point messages it executes in one optimizer step; plus their memory bounds, an
+// event simulation of the executor and the closed-form bubble fractions. Pure host code.
+//
+// Terms. P pipeline stages (ranks of the pp group), M micro-batches per optimizer step (the gradient
+// accumulation steps), V model chunks per stage (interleaved only, else 1). Chunk c on stage s is
+// virtual stage vs = c*P + s; the model runs vs = 0 .. V*P-1 in order.
+//   F(mb, c)  forward of virtual stage vs for micro-batch mb. vs == 0 reads the data; any other vs
+//             first does RECV_ACT(mb, c) from the stage of vs-1; vs < V*P-1 then does SEND_ACT(mb, c)
+//             to the stage of vs+1 (vs == V*P-1 computes the loss).
+//   B(mb, c)  backward, input-gradient part. vs < V*P-1 first does RECV_GRAD(mb, c) from the stage
+//             of vs+1; vs > 0 then does SEND_GRAD(mb, c) to the stage of vs-1.
+//   W(mb, c)  backward, weight-gradient part (after B(mb, c)). On every stage and chunk the W's run
+//             in increasing micro-batch order (the executor folds them into fp32 accumulators in
+//             that order, for bitwise-reproducible gradients).
+// Messages. `chunk` is always the local chunk of the stage that holds the action: on a send the
+// sender's chunk, on a recv the receiver's (the chunk that will consume it). A message is
+// identified by (direction, mb, virtual stage of the SENDER): SEND_ACT(mb, c) on stage s (sender
+// vs = c*P+s) pairs with RECV_ACT(mb, c') on stage (s+1)%P where c'*P + (s+1)%P == vs+1, i.e.
+// c' = c, or c+1 when s == P-1 (the wrap from the last stage to stage 0). SEND_GRAD(mb, c) on stage
+// s pairs with RECV_GRAD(mb, c') on stage (s-1+P)%P with c' = c, or c-1 when s == 0. `peer` is the
+// other stage of the pair (-1 on F, B, W).
+// Ordering. Each recv sits right before the computation that consumes it and each send right after
+// the one that produced it (before any W that follows it). With non-blocking (buffered) sends and
+// blocking recvs this cannot deadlock: every recv waits only on a send that comes earlier in the
+// sender's list, and pipe_simulate proves it for a given schedule.
+#pragma once
+#include <algorithm>
+#include <string>
+#include <vector>
+#include "utils.h"
+
+enum PipeKind { PIPE_GPIPE = 0, PIPE_1F1B = 1, PIPE_INTERLEAVED = 2, PIPE_ZB1 = 3 };
+
+inline PipeKind parse_pipe_kind(const std::string& s) {
+    if (s == "gpipe") return PIPE_GPIPE;
+    if (s == "1f1b") return PIPE_1F1B;
+    if (s == "interleaved") return PIPE_INTERLEAVED;
+    if (s == "zb1") return PIPE_ZB1;
+    LLMC_FAIL("--pp_schedule: unknown schedule '%s', expected gpipe, 1f1b, interleaved or zb1", s.c_str());
+}
+inline const char* pipe_kind_name(PipeKind k) {
+    switch (k) {
+        case PIPE_GPIPE: return "gpipe";
+        case PIPE_1F1B: return "1f1b";
+        case PIPE_INTERLEAVED: return "interleaved";
+        case PIPE_ZB1: return "zb1";
+    }
+    return "unknown";
+}
+
+enum PipeOp { PIPE_F, PIPE_B, PIPE_W, PIPE_SEND_ACT, PIPE_RECV_ACT, PIPE_SEND_GRAD, PIPE_RECV_GRAD };
+inline const char* pipe_op_name(PipeOp op) {
+    static const char* names[] = {"F", "B", "W", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD"};
+    return (int)op >= 0 && (int)op < 7 ? names[op] : "?";
+}
+
+struct PipeAction {
+    PipeOp op;
+    int mb;     // micro-batch 0..M-1
+    int chunk;  // local model chunk 0..V-1 on this stage; virtual stage = chunk * P + stage
+    int peer;   // for send/recv: the other pipeline stage (rank in the pp group); -1 otherwise
+};
+
+// Throws LlmcError naming the flag when (kind, P, M, V) is not a schedule this file can build.
+inline void pipe_check_args(PipeKind kind, int P, int M, int V) {
+    const char* name = pipe_kind_name(kind);
+    LLMC_CHECK(kind >= PIPE_GPIPE && kind <= PIPE_ZB1, "--pp_schedule: unknown schedule %d", (int)kind);
+    LLMC_CHECK(P >= 1, "--pp %d: the number of pipeline stages must be at least 1", P);
+    LLMC_CHECK(M >= 1, "micro-batches per step (gradient accumulation steps) must be at least 1, got %d", M);
+    LLMC_CHECK(V >= 1, "--pp_virtual %d: the number of model chunks per stage must be at least 1", V);
+    LLMC_CHECK(V == 1 || kind == PIPE_INTERLEAVED,
+               "--pp_virtual %d: several model chunks per stage need --pp_schedule interleaved "
+               "(--pp_schedule %s runs one chunk per stage: use --pp_virtual 1)", V, name);
+    checked_product({P, M, V}, 1 << 24, "--pp * --pp_virtual * micro-batches per step");
+    if (kind == PIPE_1F1B || kind == PIPE_ZB1 || (kind == PIPE_INTERLEAVED && V == 1))
+        LLMC_CHECK(M >= P, "--pp_schedule %s with --pp %d needs at least %d micro-batches per step "
+                   "(gradient accumulation steps), got %d", name, P, P, M);
+    if (kind == PIPE_INTERLEAVED && V > 1) {
+        LLMC_CHECK(P >= 2, "--pp_schedule interleaved with --pp_virtual %d needs --pp >= 2, got --pp %d", V, P);
+        LLMC_CHECK(M % P == 0, "--pp_schedule interleaved with --pp_virtual %d needs the micro-batches per step "
+                   "(gradient accumulation steps) to be a multiple of --pp %d, got %d", V, P, M);
+    }
+}
+
+// Appends the computations of one stage with their messages around them (see the header comment).
+struct PipeStageBuilder {
+    int P, V, s;
+    std::vector<PipeAction> out;
+    int vs(int c) const { return c * P + s; }
+    void F(int mb, int c) {
+        if (vs(c) > 0) out.push_back({PIPE_RECV_ACT, mb, c, (s + P - 1) % P});
+        out.push_back({PIPE_F, mb, c, -1});
+        if (vs(c) < V * P - 1) out.push_back({PIPE_SEND_ACT, mb, c, (s + 1) % P});
+    }
+    void B(int mb, int c) {
+        if (vs(c) < V * P - 1) out.push_back({PIPE_RECV_GRAD, mb, c, (s + 1) % P});
+        out.push_back({PIPE_B, mb, c, -1});
+        if (vs(c) > 0) out.push_back({PIPE_SEND_GRAD, mb, c, (s + P - 1) % P});
+    }
+    void W(int mb, int c) { out.push_back({PIPE_W, mb, c, -1}); }
+    void BW(int mb, int c) { B(mb, c); W(mb, c); }
+};
+
+// GPipe (Huang et al. 2019, "GPipe: Efficient Training of Giant Neural Networks using Pipeline
+// Parallelism"): all M forwards, then all M backwards. The backwards run in increasing micro-batch
+// order (either order has the same bubble; increasing keeps the W fold order increasing), each W
+// right after its B. Up to M micro-batches in flight.
+inline void pipe_build_gpipe(PipeStageBuilder& b, int M) {
+    for (int mb = 0; mb < M; mb++) b.F(mb, 0);
+    for (int mb = 0; mb < M; mb++) b.BW(mb, 0);
+}
+
+// 1F1B, PipeDream-Flush (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training"):
+// stage s runs P-s-1 warm-up forwards, then pairs (forward of the next micro-batch, backward of the
+// oldest), then the cool-down backwards. At most P-s micro-batches in flight on stage s.
+inline void pipe_build_1f1b(PipeStageBuilder& b, int P, int M) {
+    const int warm = std::min(P - b.s - 1, M);
+    for (int mb = 0; mb < warm; mb++) b.F(mb, 0);
+    for (int i = 0; i < M - warm; i++) { b.F(warm + i, 0); b.BW(i, 0); }
+    for (int mb = M - warm; mb < M; mb++) b.BW(mb, 0);
+}
+
+// Interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+// Clusters Using Megatron-LM", SC21): V chunks per stage. The V*M (micro-batch, chunk) units are
+// taken in groups of P micro-batches: forward unit k is micro-batch (k / (P*V))*P + k%P on chunk
+// (k % (P*V)) / P; backward unit k the same micro-batch on chunk V-1 minus that. Stage s runs
+// 2*(P-s-1) + (V-1)*P warm-up forward units (all V*M when that is more), then (forward, backward)
+// pairs, then the cool-down backwards. At most min(V*M, 2*(P-s-1) + (V-1)*P + 1) units in flight.
+// Needs M % P == 0, as Megatron does.
+inline int pipe_interleaved_warmup(int P, int M, int V, int s) { return std::min(V * M, 2 * (P - s - 1) + (V - 1) * P); }
+inline void pipe_build_interleaved(PipeStageBuilder& b, int P, int M, int V) {
+    const int units = V * M, warm = pipe_interleaved_warmup(P, M, V, b.s);
+    auto mb_of = [&](int k) { return (k / (P * V)) * P + k % P; };
+    auto chunk_of = [&](int k) { return (k % (P * V)) / P; };
+    for (int k = 0; k < warm; k++) b.F(mb_of(k), chunk_of(k));
+    for (int k = 0; k < units - warm; k++) {
+        b.F(mb_of(warm + k), chunk_of(warm + k));
+        b.BW(mb_of(k), V - 1 - chunk_of(k));
+    }
+    for (int k = units - warm; k < units; k++) b.BW(mb_of(k), V - 1 - chunk_of(k));
+}
+
+// ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", the handcrafted memory-efficient
+// schedule): the backward is split into B (input gradient, on the critical path between stages)
+// and W (weight gradient, free to move). Warm-up as 1F1B (P-s-1 forwards), then (F, B) pairs in
+// which stage s holds back s W's: the W of micro-batch i-s follows B(i). In the cool-down each
+// B is followed by the oldest pending W, and the s W's still pending close the step, filling the
+// tail bubble. Every stage keeps up to P micro-batches whose W has not run (the paper: all stages
+// hold the same number in flight, so the peak, stage 0's, equals 1F1B's). W's stay in increasing
+// micro-batch order. With equal F, B, W costs the bubble per stage is (P-1)(F+B-W), 1/3 of 1F1B's.
+inline void pipe_build_zb1(PipeStageBuilder& b, int P, int M) {
+    const int warm = std::min(P - b.s - 1, M);
+    int next_w = 0;
+    for (int mb = 0; mb < warm; mb++) b.F(mb, 0);
+    for (int i = 0; i < M - warm; i++) {
+        b.F(warm + i, 0);
+        b.B(i, 0);
+        if (i >= b.s) b.W(next_w++, 0);
+    }
+    for (int mb = M - warm; mb < M; mb++) { b.B(mb, 0); b.W(next_w++, 0); }
+    while (next_w < M) b.W(next_w++, 0);
+}
+
+// Per pipeline stage (0..P-1), the ordered list of actions it executes for one optimizer step.
+// V must be 1 unless kind is interleaved; interleaved with V == 1 is plain 1F1B.
+inline std::vector<std::vector<PipeAction>> pipeline_schedule(PipeKind kind, int P, int M, int V) {
+    pipe_check_args(kind, P, M, V);
+    std::vector<std::vector<PipeAction>> sched(P);
+    for (int s = 0; s < P; s++) {
+        PipeStageBuilder b{P, V, s, {}};
+        switch (kind) {
+            case PIPE_GPIPE: pipe_build_gpipe(b, M); break;
+            case PIPE_1F1B: pipe_build_1f1b(b, P, M); break;
+            case PIPE_INTERLEAVED:
+                if (V == 1) pipe_build_1f1b(b, P, M);
+                else pipe_build_interleaved(b, P, M, V);
+                break;
+            case PIPE_ZB1: pipe_build_zb1(b, P, M); break;
+        }
+        sched[s] = std::move(b.out);
+    }
+    return sched;
+}
+
+// In-flight activations on one stage: the most (micro-batch, chunk) units whose F ran and whose W
+// has not yet run (the activation sets the executor must keep), and the most whose B ran and whose
+// W has not yet run (the weight-gradient stash).
+inline int pipe_max_in_flight(const std::vector<PipeAction>& stage_actions) {
+    int now = 0, most = 0;
+    for (const PipeAction& a : stage_actions) {
+        now += a.op == PIPE_F ? 1 : a.op == PIPE_W ? -1 : 0;
+        most = std::max(most, now);
+    }
+    return most;
+}
+inline int pipe_max_w_pending(const std::vector<PipeAction>& stage_actions) {
+    int now = 0, most = 0;
+    for (const PipeAction& a : stage_actions) {
+        now += a.op == PIPE_B ? 1 : a.op == PIPE_W ? -1 : 0;
+        most = std::max(most, now);
+    }
+    return most;
+}
+
+// The closed-form bubble fraction: idle / makespan, the same on every stage. Cost assumptions:
+// every stage has the same costs, communication is free, and
+//  - gpipe, 1f1b: exact for any F and B costs with W = 0 (the whole backward counted in B):
+//    (P-1)/(M+P-1).
+//  - interleaved: exact for any F, B with W = 0, each chunk costing 1/V of a stage:
+//    (P-1)/(V*M+P-1). (The SC21 paper states the bubble relative to the ideal time instead:
+//    idle/ideal = (P-1)/(V*M); the two are the same quantity, x/(1+x) vs x.) V == 1: 1F1B's.
+//  - zb1: exact for F = B = W: idle per stage (P-1)(F+B-W) = (P-1)F over the makespan
+//    3*M*F + (P-1)F, so (P-1)/(3M+P-1). (The paper's bubble rate, relative to ideal: (P-1)/(3M).)
+// With W > 0 run right after its B, gpipe/1f1b/interleaved idle less than the formula: the grad is
+// sent before the W runs, so W's are off the critical path (see pipe_simulate).
+inline double pipe_bubble_formula(PipeKind kind, int P, int M, int V) {
+    pipe_check_args(kind, P, M, V);
+    switch (kind) {
+        case PIPE_GPIPE:
+        case PIPE_1F1B: return double(P - 1) / double(M + P - 1);
+        case PIPE_INTERLEAVED: return double(P - 1) / double(V * M + P - 1);
+        case PIPE_ZB1: return double(P - 1) / double(3 * M + P - 1);
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simulation of the executor: each stage runs its list in order; F, B, W take cost_f, cost_b,
+// cost_w (per chunk: callers pass a stage's cost / V for interleaved); a send is non-blocking and
+// free, its message available at once (latency 0); a recv blocks until its message was sent.
+// Stages are advanced in turn, each as far as it can go, until all finish (a stage's clock only
+// depends on its own list and on the send times it waits for, so the result does not depend on
+// the turn order: it is the event-queue result). Checks on the way, each an LlmcError that says
+// what was found: every send has exactly one matching recv with consistent peers and vice versa;
+// every (micro-batch, chunk) runs F, B, W exactly once per stage, B after F, W after B, a recv
+// before the compute that consumes it, a send after the compute that produced it; a deadlock
+// names every blocked stage, what it waits for and from whom.
+struct PipeSim {
+    std::vector<double> busy, idle, finish;  // per stage; idle = makespan - busy (waits + tail)
+    std::vector<std::vector<double>> t0, t1;  // per stage, per action: start and end times
+    double makespan = 0;
+    double bubble() const {  // idle / (P * makespan), over all stages
+        double total = 0;
+        for (double x : idle) total += x;
+        return makespan > 0 ? total / (makespan * (double)idle.size()) : 0;
+    }
+};
+
+inline PipeSim pipe_simulate(const std::vector<std::vector<PipeAction>>& schedule, int P, int V,
+                             double cost_f, double cost_b, double cost_w) {
+    LLMC_CHECK(P >= 1 && V >= 1 && (int)schedule.size() == P, "pipe_simulate: %zu stage lists for P=%d (V=%d)",
+               schedule.size(), P, V);
+    const int L = V * P;
+    int M = 0;
+    for (int s = 0; s < P; s++)
+        for (const PipeAction& a : schedule[s]) {
+            LLMC_CHECK(a.mb >= 0 && a.chunk >= 0 && a.chunk < V && a.op >= PIPE_F && a.op <= PIPE_RECV_GRAD,
+                       "pipe_simulate: stage %d has %s(mb %d, chunk %d): bad op, mb or chunk (V=%d)", s,
+                       pipe_op_name(a.op), a.mb, a.chunk, V);
+            M = std::max(M, a.mb + 1);
+        }
+    // Messages: slot (dir, sender virtual stage, mb); dir 0 = activation (vs -> vs+1), 1 = grad (vs -> vs-1).
+    auto slot = [&](int dir, int sender_vs, int mb) { return ((size_t)dir * L + sender_vs) * M + mb; };
+    const size_t nslots = (size_t)2 * L * M;
+    std::vector<int> sends(nslots, 0), recvs(nslots, 0);
+    std::vector<double> sent_at(nslots, -1);
+    auto describe = [&](int s, const PipeAction& a) {
+        return strfmt("%s(mb %d, chunk %d) on stage %d", pipe_op_name(a.op), a.mb, a.chunk, s);
+    };
+    // For a send/recv: its slot, after checking the peer is the stage of the neighbouring virtual stage.
+    auto message_slot = [&](int s, const PipeAction& a) {
+        const int vs = a.chunk * P + s;
+        const bool is_send = a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD;
+        const int dir = (a.op == PIPE_SEND_ACT || a.op == PIPE_RECV_ACT) ? 0 : 1;
+        const int other_vs = vs + ((dir == 0) == is_send ? 1 : -1);  // the vs at the other end
+        LLMC_CHECK(other_vs >= 0 && other_vs < L, "pipe_simulate: %s: virtual stage %d has no neighbour %d",
+                   describe(s, a).c_str(), vs, other_vs);
+        LLMC_CHECK(a.peer == other_vs % P, "pipe_simulate: %s names peer %d, but virtual stage %d is on stage %d",
+                   describe(s, a).c_str(), a.peer, other_vs, other_vs % P);
+        return slot(dir, is_send ? vs : other_vs, a.mb);
+    };
+    for (int s = 0; s < P; s++)
+        for (const PipeAction& a : schedule[s]) {
+            if (a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD) sends[message_slot(s, a)]++;
+            if (a.op == PIPE_RECV_ACT || a.op == PIPE_RECV_GRAD) recvs[message_slot(s, a)]++;
+        }
+    for (int s = 0; s < P; s++)
+        for (const PipeAction& a : schedule[s]) {
+            if (a.op < PIPE_SEND_ACT) continue;
+            const size_t k = message_slot(s, a);
+            LLMC_CHECK(sends[k] <= 1 && recvs[k] <= 1, "pipe_simulate: %s: the message is sent %d times and received %d times",
+                       describe(s, a).c_str(), sends[k], recvs[k]);
+            LLMC_CHECK(sends[k] == recvs[k], "pipe_simulate: %s has no matching %s on stage %d",
+                       describe(s, a).c_str(),
+                       a.op == PIPE_SEND_ACT ? "RECV_ACT" : a.op == PIPE_RECV_ACT ? "SEND_ACT"
+                       : a.op == PIPE_SEND_GRAD ? "RECV_GRAD" : "SEND_GRAD", a.peer);
+        }
+    // Run. Per stage and (mb, chunk): 1 = F done, 2 = B done, 3 = W done; and whether its input
+    // activation / gradient was received.
+    PipeSim r;
+    r.busy.assign(P, 0); r.idle.assign(P, 0); r.finish.assign(P, 0);
+    r.t0.resize(P); r.t1.resize(P);
+    std::vector<std::vector<int>> state(P, std::vector<int>((size_t)M * V, 0)), got(P, std::vector<int>((size_t)M * V, 0));
+    std::vector<size_t> pc(P, 0);
+    std::vector<double> clock(P, 0);
+    for (int s = 0; s < P; s++) { r.t0[s].assign(schedule[s].size(), 0); r.t1[s].assign(schedule[s].size(), 0); }
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (int s = 0; s < P; s++) {
+            for (; pc[s] < schedule[s].size(); pc[s]++) {
+                const PipeAction& a = schedule[s][pc[s]];
+                const int u = a.mb * V + a.chunk, vs = a.chunk * P + s;
+                int& st = state[s][u];
+                double start = clock[s], cost = 0;
+                if (a.op == PIPE_RECV_ACT || a.op == PIPE_RECV_GRAD) {
+                    const size_t k = message_slot(s, a);
+                    if (sent_at[k] < 0) break;  // blocked: try the other stages
+                    start = std::max(start, sent_at[k]);
+                    got[s][u] |= a.op == PIPE_RECV_ACT ? 1 : 2;
+                } else if (a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD) {
+                    LLMC_CHECK(st >= (a.op == PIPE_SEND_ACT ? 1 : 2),
+                               "pipe_simulate: %s before the %s that produces it", describe(s, a).c_str(),
+                               a.op == PIPE_SEND_ACT ? "F" : "B");
+                    sent_at[message_slot(s, a)] = start;
+                } else {
+                    const int want = a.op == PIPE_F ? 0 : a.op == PIPE_B ? 1 : 2;
+                    LLMC_CHECK(st == want, "pipe_simulate: %s %s", describe(s, a).c_str(),
+                               st > want ? "runs twice" : a.op == PIPE_B ? "before its F" : "before its B");
+                    LLMC_CHECK(a.op != PIPE_F || vs == 0 || (got[s][u] & 1), "pipe_simulate: %s before its RECV_ACT",
+                               describe(s, a).c_str());
+                    LLMC_CHECK(a.op != PIPE_B || vs == L - 1 || (got[s][u] & 2), "pipe_simulate: %s before its RECV_GRAD",
+                               describe(s, a).c_str());
+                    st = want + 1;
+                    cost = a.op == PIPE_F ? cost_f : a.op == PIPE_B ? cost_b : cost_w;
+                }
+                r.t0[s][pc[s]] = start;
+                r.t1[s][pc[s]] = clock[s] = start + cost;
+                r.busy[s] += cost;
+                progress = true;
+            }
+        }
+    }
+    std::string blocked;
+    for (int s = 0; s < P; s++)
+        if (pc[s] < schedule[s].size()) {
+            const PipeAction& a = schedule[s][pc[s]];
+            const int p = a.peer;  // only recvs block; the peer is a valid stage (checked above)
+            blocked += strfmt("%sstage %d waits in %s (action %zu) for stage %d, which %s", blocked.empty() ? "" : "; ",
+                              s, describe(s, a).c_str(), pc[s], p,
+                              pc[p] < schedule[p].size() ? ("waits in " + describe(p, schedule[p][pc[p]])).c_str()
+                                                         : "has finished without sending it");
+        }
+    LLMC_CHECK(blocked.empty(), "pipe_simulate: deadlock: %s", blocked.c_str());
+    for (int s = 0; s < P; s++)
+        for (int u = 0; u < M * V; u++)
+            LLMC_CHECK(state[s][u] == 3, "pipe_simulate: stage %d never runs %s of mb %d, chunk %d", s,
+                       state[s][u] == 0 ? "F" : state[s][u] == 1 ? "B" : "W", u / V, u % V);
+    for (int s = 0; s < P; s++) r.makespan = std::max(r.makespan, r.finish[s] = clock[s]);
+    for (int s = 0; s < P; s++) r.idle[s] = r.makespan - r.busy[s];
+    return r;
+}
