@@ -238,7 +238,7 @@ inline double pipe_bubble_formula(PipeKind kind, int P, int M, int V) {
 // names every blocked stage, what it waits for and from whom.
 struct PipeSim {
     std::vector<double> busy, idle, finish;  // per stage; idle = makespan - busy (waits + tail)
-    std::vector<std::vector<double>> t0, t1;  // per stage, per action: start and end times
+    std::vector<std::vector<double>> t0, t1;  // per stage, per action: start and end (a recv: its wait)
     double makespan = 0;
     double bubble() const {  // idle / (P * makespan), over all stages
         double total = 0;
@@ -251,6 +251,8 @@ inline PipeSim pipe_simulate(const std::vector<std::vector<PipeAction>>& schedul
                              double cost_f, double cost_b, double cost_w) {
     LLMC_CHECK(P >= 1 && V >= 1 && (int)schedule.size() == P, "pipe_simulate: %zu stage lists for P=%d (V=%d)",
                schedule.size(), P, V);
+    LLMC_CHECK(cost_f >= 0 && cost_b >= 0 && cost_w >= 0 && cost_f + cost_b + cost_w < 1e300,
+               "pipe_simulate: costs must be finite and >= 0, got F=%g B=%g W=%g", cost_f, cost_b, cost_w);
     const int L = V * P;
     int M = 0;
     for (int s = 0; s < P; s++)
@@ -260,6 +262,7 @@ inline PipeSim pipe_simulate(const std::vector<std::vector<PipeAction>>& schedul
                        pipe_op_name(a.op), a.mb, a.chunk, V);
             M = std::max(M, a.mb + 1);
         }
+    checked_product({2, L, M}, 1 << 28, "pipe_simulate: message slots (2 * V * P * micro-batches)");
     // Messages: slot (dir, sender virtual stage, mb); dir 0 = activation (vs -> vs+1), 1 = grad (vs -> vs-1).
     auto slot = [&](int dir, int sender_vs, int mb) { return ((size_t)dir * L + sender_vs) * M + mb; };
     const size_t nslots = (size_t)2 * L * M;
@@ -312,11 +315,12 @@ inline PipeSim pipe_simulate(const std::vector<std::vector<PipeAction>>& schedul
                 const PipeAction& a = schedule[s][pc[s]];
                 const int u = a.mb * V + a.chunk, vs = a.chunk * P + s;
                 int& st = state[s][u];
+                const bool is_compute = a.op == PIPE_F || a.op == PIPE_B || a.op == PIPE_W;
                 double start = clock[s], cost = 0;
                 if (a.op == PIPE_RECV_ACT || a.op == PIPE_RECV_GRAD) {
                     const size_t k = message_slot(s, a);
                     if (sent_at[k] < 0) break;  // blocked: try the other stages
-                    start = std::max(start, sent_at[k]);
+                    cost = std::max(0.0, sent_at[k] - start);  // the wait (idle, not busy)
                     got[s][u] |= a.op == PIPE_RECV_ACT ? 1 : 2;
                 } else if (a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD) {
                     LLMC_CHECK(st >= (a.op == PIPE_SEND_ACT ? 1 : 2),
@@ -336,7 +340,7 @@ inline PipeSim pipe_simulate(const std::vector<std::vector<PipeAction>>& schedul
                 }
                 r.t0[s][pc[s]] = start;
                 r.t1[s][pc[s]] = clock[s] = start + cost;
-                r.busy[s] += cost;
+                if (is_compute) r.busy[s] += cost;
                 progress = true;
             }
         }

@@ -297,6 +297,7 @@ TEST_CASE("pipeline: the simulator refuses broken schedules, saying what is wron
                                            "stage 1, which waits in RECV_ACT(mb 0, chunk 0) on stage 1; stage 1 waits in "
                                            "RECV_ACT"),
                          LlmcError);
+    CHECK_THROWS_WITH_AS(pipe_simulate(good, 2, 1, 1, -1, 1), doctest::Contains("costs must be finite and >= 0"), LlmcError);
     // the wrong number of stage lists
     CHECK_THROWS_WITH_AS(pipe_simulate(good, 3, 1, 1, 1, 1), doctest::Contains("2 stage lists for P=3"), LlmcError);
 }
@@ -311,4 +312,9 @@ TEST_CASE("pipeline: simulated times of a tiny gpipe") {
     CHECK(sim.makespan == 10.0);
     CHECK(sim.busy[0] == 2 * 3.5);
     CHECK(sim.idle[1] == 3.0);
+    // a recv's interval is its wait: stage 0 waits for the first grad from t=2 to t=5
+    REQUIRE(s[0][4].op == PIPE_RECV_GRAD);
+    CHECK(sim.t0[0][4] == 2.0);
+    CHECK(sim.t1[0][4] == 5.0);
+    CHECK(sim.t0[0][5] == 5.0);  // and B(0) starts when the grad arrives
 }
