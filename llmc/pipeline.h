@@ -212,8 +212,9 @@ inline int pipe_max_w_pending(const std::vector<PipeAction>& stage_actions) {
 //    idle/ideal = (P-1)/(V*M); the two are the same quantity, x/(1+x) vs x.) V == 1: 1F1B's.
 //  - zb1: exact for F = B = W: idle per stage (P-1)(F+B-W) = (P-1)F over the makespan
 //    3*M*F + (P-1)F, so (P-1)/(3M+P-1). (The paper's bubble rate, relative to ideal: (P-1)/(3M).)
-// With W > 0 run right after its B, gpipe/1f1b/interleaved idle less than the formula: the grad is
-// sent before the W runs, so W's are off the critical path (see pipe_simulate).
+// With W > 0 run right after its B, gpipe/1f1b/interleaved idle less than the formula says: the
+// grad is sent before the W runs, so W is off the critical path and the idle per stage is
+// (P-1)(F+B)/V rather than (P-1)(F+B+W)/V (stage costs; V = 1 but for interleaved).
 inline double pipe_bubble_formula(PipeKind kind, int P, int M, int V) {
     pipe_check_args(kind, P, M, V);
     switch (kind) {

@@ -184,6 +184,10 @@ TEST_CASE("pipeline: the simulated bubble equals the closed form under the costs
             // busy time is the work; the makespan follows from the bubble
             CHECK(std::fabs(sim.busy[0] - c.M * (k[0] + k[1] + k[2])) <= 1e-9);
         }
+        if (c.kind != PIPE_ZB1) {  // W > 0 right after its B: off the critical path, idle (P-1)(F+B)
+            const PipeSim sim = pipe_simulate(sched, c.P, c.V, 1.0 / c.V, 2.0 / c.V, 1.5 / c.V);
+            for (int s = 0; s < c.P; s++) CHECK(std::fabs(sim.idle[s] - (c.P - 1) * 3.0 / c.V) <= 1e-9);
+        }
     }
 }
 
