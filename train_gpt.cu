@@ -624,30 +624,26 @@ static ZeroLayout gpt_zero_layout(const GPTConfig& c, const std::vector<ParamTen
 }
 
 // Micro-batches in flight per chunk in a stage's actions: activation slots (from a chunk's first
-// action on a micro-batch to its W) and zero-bubble stashes (from a B whose W does not follow at
-// once, to that W). The schedule decides the memory.
+// action on a micro-batch to its last, pipe_last_use) and zero-bubble stashes (from a B whose W
+// does not follow at once, to that W). The schedule decides the memory.
 static void chunk_bounds(const std::vector<PipeAction>& actions, int V, std::vector<int>& slots, std::vector<int>& stashes) {
     slots.assign(V, 0);
     stashes.assign(V, 0);
     std::vector<int> live(V, 0), pending(V, 0);
+    const std::vector<std::vector<size_t>> last = pipe_last_use(actions, V);
     std::vector<std::vector<bool>> seen(V);
     for (size_t k = 0; k < actions.size(); k++) {
         const PipeAction& a = actions[k];
-        if (a.op == PIPE_RECV_ACT || a.op == PIPE_F) {
-            if ((int)seen[a.chunk].size() <= a.mb) seen[a.chunk].resize(a.mb + 1, false);
-            if (!seen[a.chunk][a.mb]) { seen[a.chunk][a.mb] = true; slots[a.chunk] = std::max(slots[a.chunk], ++live[a.chunk]); }
+        if ((int)seen[a.chunk].size() <= a.mb) seen[a.chunk].resize(a.mb + 1, false);
+        if (!seen[a.chunk][a.mb]) { seen[a.chunk][a.mb] = true; slots[a.chunk] = std::max(slots[a.chunk], ++live[a.chunk]); }
+        if (a.op == PIPE_B && is_group_boundary(actions, k)) {
+            size_t j = k + 1;
+            while (j < actions.size() && !is_compute(actions[j].op)) j++;
+            const bool w_next = j < actions.size() && actions[j].op == PIPE_W && actions[j].mb == a.mb && actions[j].chunk == a.chunk;
+            if (!w_next) stashes[a.chunk] = std::max(stashes[a.chunk], ++pending[a.chunk]);
         }
-        const bool w_at_once = a.op == PIPE_W && previous_compute_is_b(actions, k);
-        if (a.op == PIPE_B) {
-            bool fused = false;
-            for (size_t j = k + 1; j < actions.size(); j++)
-                if (is_compute(actions[j].op)) { fused = actions[j].op == PIPE_W && actions[j].mb == a.mb && actions[j].chunk == a.chunk; break; }
-            if (!fused) stashes[a.chunk] = std::max(stashes[a.chunk], ++pending[a.chunk]);
-        }
-        if (a.op == PIPE_W) {
-            live[a.chunk]--;
-            if (!w_at_once) pending[a.chunk]--;
-        }
+        if (a.op == PIPE_W && is_group_boundary(actions, k)) pending[a.chunk]--;
+        if (last[a.chunk][a.mb] == k) live[a.chunk]--;
     }
     for (int c = 0; c < V; c++) slots[c] = std::max(slots[c], 1);  // forward-only passes (evaluation) use one
 }
@@ -1284,8 +1280,8 @@ static void chunk_backward(GPT& m, int chunk, int mb, bool with_weights) {
 }
 
 // W: the weight gradients of a chunk from its stash (zero-bubble schedules), each block's leaf
-// folded as it completes; then the micro-batch leaves the chunk. already_done: the backward
-// computed them (the schedule ran W right after B); only the slot is released.
+// folded as it completes. already_done: the backward computed them (the schedule ran W right
+// after B).
 static void chunk_weights(GPT& m, int chunk, int mb, bool already_done) {
     const PipelinePlan& pp = m.pipe;
     ChunkSlot& s = slot_for(m, chunk, mb);
@@ -1302,8 +1298,9 @@ static void chunk_weights(GPT& m, int chunk, int mb, bool already_done) {
         if (pp.first_vs(chunk)) embedding_weight_grads(m, s);
         st.mb = -1;
     }
-    s.mb = -1;
 }
+// the micro-batch has left the chunk (after its last action: its W, or a send deferred past it)
+static void release_slot(GPT& m, int chunk, int mb) { slot_for(m, chunk, mb).mb = -1; }
 
 // block l's activations from the latest forward (this stage's layers; tests)
 [[maybe_unused]] static const LayerActs& gpt_layer_acts(const GPT& m, int l) {
@@ -1364,7 +1361,7 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
 [[maybe_unused]] static void gpt_backward(GPT& m) {
     LLMC_CHECK(m.pipe.P == 1 && m.dloss_scale != 0.0f, "internal: gpt_backward needs one stage and a forward with a loss scale");
     chunk_backward(m, 0, 0, true);
-    chunk_weights(m, 0, 0, true);
+    release_slot(m, 0, 0);
 }
 
 // One optimizer step's forwards and backwards over the step's micro-batches, in the order of this
@@ -1385,6 +1382,7 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     };
     pm.backward = [&](int mb, int c, bool with_weights) { chunk_backward(m, c, mb, with_weights); };
     pm.weights = [&](int mb, int c, bool done) { chunk_weights(m, c, mb, done); };
+    pm.release = [&](int mb, int c) { release_slot(m, c, mb); };
     pm.transfer = [&](const PipeAction& a) { return pipe_transfer(m, a); };
     pm.sync = backend_sync;
     return pipeline_execute(m.pipe.schedule[m.pipe.stage], comm_world().pp, pm, measure, trace);

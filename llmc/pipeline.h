@@ -1,5 +1,31 @@
-// Pipeline parallelism: the schedule as data, and the one executor that runs it.
+// Pipeline-parallel schedules: for each pipeline stage, the ordered list of computations (F, B, W)
+// and point-to-point messages it executes in one optimizer step; plus their memory bounds, an
+// event simulation of the executor and the closed-form bubble fractions. Pure host code.
+//
+// Terms. P pipeline stages (ranks of the pp group), M micro-batches per optimizer step (the gradient
+// accumulation steps), V model chunks per stage (interleaved only, else 1). Chunk c on stage s is
+// virtual stage vs = c*P + s; the model runs vs = 0 .. V*P-1 in order.
+//   F(mb, c)  forward of virtual stage vs for micro-batch mb. vs == 0 reads the data; any other vs
+//             first does RECV_ACT(mb, c) from the stage of vs-1; vs < V*P-1 then does SEND_ACT(mb, c)
+//             to the stage of vs+1 (vs == V*P-1 computes the loss).
+//   B(mb, c)  backward, input-gradient part. vs < V*P-1 first does RECV_GRAD(mb, c) from the stage
+//             of vs+1; vs > 0 then does SEND_GRAD(mb, c) to the stage of vs-1.
+//   W(mb, c)  backward, weight-gradient part (after B(mb, c)). On every stage and chunk the W's run
+//             in increasing micro-batch order (the executor folds them into fp32 accumulators in
+//             that order, for bitwise-reproducible gradients).
+// Messages. `chunk` is always the local chunk of the stage that holds the action: on a send the
+// sender's chunk, on a recv the receiver's (the chunk that will consume it). A message is
+// identified by (direction, mb, virtual stage of the SENDER): SEND_ACT(mb, c) on stage s (sender
+// vs = c*P+s) pairs with RECV_ACT(mb, c') on stage (s+1)%P where c'*P + (s+1)%P == vs+1, i.e.
+// c' = c, or c+1 when s == P-1 (the wrap from the last stage to stage 0). SEND_GRAD(mb, c) on stage
+// s pairs with RECV_GRAD(mb, c') on stage (s-1+P)%P with c' = c, or c-1 when s == 0. `peer` is the
+// other stage of the pair (-1 on F, B, W).
+// Ordering. Each recv sits right before the computation that consumes it and each send right after
+// the one that produced it (before any W that follows it). With non-blocking (buffered) sends and
+// blocking recvs this cannot deadlock: every recv waits only on a send that comes earlier in the
+// sender's list, and pipe_simulate proves it for a given schedule.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <string>
@@ -7,67 +33,478 @@
 #include "comm.h"
 #include "utils.h"
 
-// ---- schedule (placeholder until the schedule generators land) ----
 enum PipeKind { PIPE_GPIPE = 0, PIPE_1F1B = 1, PIPE_INTERLEAVED = 2, PIPE_ZB1 = 3 };
-enum PipeOp { PIPE_F, PIPE_B, PIPE_W, PIPE_SEND_ACT, PIPE_RECV_ACT, PIPE_SEND_GRAD, PIPE_RECV_GRAD };
-struct PipeAction {
-    PipeOp op;
-    int mb;
-    int chunk;
-    int peer;
-};
+
 inline PipeKind parse_pipe_kind(const std::string& s) {
     if (s == "gpipe") return PIPE_GPIPE;
     if (s == "1f1b") return PIPE_1F1B;
     if (s == "interleaved") return PIPE_INTERLEAVED;
     if (s == "zb1") return PIPE_ZB1;
-    LLMC_FAIL("--pp_schedule: expected gpipe, 1f1b, interleaved or zb1, got '%s'", s.c_str());
+    LLMC_FAIL("--pp_schedule: unknown schedule '%s', expected gpipe, 1f1b, interleaved or zb1", s.c_str());
 }
 inline const char* pipe_kind_name(PipeKind k) {
-    static const char* names[] = {"gpipe", "1f1b", "interleaved", "zb1"};
-    return names[k];
-}
-inline std::vector<std::vector<PipeAction>> pipeline_schedule(PipeKind kind, int P, int M, int V) {
-    LLMC_CHECK(V == 1, "placeholder: V 1 only");
-    std::vector<std::vector<PipeAction>> out(P);
-    for (int s = 0; s < P; s++) {
-        auto& a = out[s];
-        auto fwd = [&](int mb) {
-            if (s > 0) a.push_back({PIPE_RECV_ACT, mb, 0, s - 1});
-            a.push_back({PIPE_F, mb, 0, -1});
-            if (s < P - 1) a.push_back({PIPE_SEND_ACT, mb, 0, s + 1});
-        };
-        auto bwd = [&](int mb) {
-            if (s < P - 1) a.push_back({PIPE_RECV_GRAD, mb, 0, s + 1});
-            a.push_back({PIPE_B, mb, 0, -1});
-            if (s > 0) a.push_back({PIPE_SEND_GRAD, mb, 0, s - 1});
-            a.push_back({PIPE_W, mb, 0, -1});
-        };
-        if (kind == PIPE_GPIPE) {
-            for (int mb = 0; mb < M; mb++) fwd(mb);
-            for (int mb = 0; mb < M; mb++) bwd(mb);
-        } else {
-            const int warm = std::min(P - s - 1, M);
-            for (int mb = 0; mb < warm; mb++) fwd(mb);
-            for (int k = 0; k < M - warm; k++) {
-                fwd(warm + k);
-                bwd(k);
-            }
-            for (int mb = M - warm; mb < M; mb++) bwd(mb);
-        }
+    switch (k) {
+        case PIPE_GPIPE: return "gpipe";
+        case PIPE_1F1B: return "1f1b";
+        case PIPE_INTERLEAVED: return "interleaved";
+        case PIPE_ZB1: return "zb1";
     }
-    return out;
+    return "unknown";
 }
 
-// ---- executor ----
-// The model's side of the executor: the three computations of one (micro-batch, chunk), and where
+enum PipeOp { PIPE_F, PIPE_B, PIPE_W, PIPE_SEND_ACT, PIPE_RECV_ACT, PIPE_SEND_GRAD, PIPE_RECV_GRAD };
+inline const char* pipe_op_name(PipeOp op) {
+    static const char* names[] = {"F", "B", "W", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD"};
+    return (int)op >= 0 && (int)op < 7 ? names[op] : "?";
+}
+
+struct PipeAction {
+    PipeOp op;
+    int mb;     // micro-batch 0..M-1
+    int chunk;  // local model chunk 0..V-1 on this stage; virtual stage = chunk * P + stage
+    int peer;   // for send/recv: the other pipeline stage (rank in the pp group); -1 otherwise
+};
+
+// Throws LlmcError naming the flag when (kind, P, M, V) is not a schedule this file can build.
+inline void pipe_check_args(PipeKind kind, int P, int M, int V) {
+    const char* name = pipe_kind_name(kind);
+    LLMC_CHECK(kind >= PIPE_GPIPE && kind <= PIPE_ZB1, "--pp_schedule: unknown schedule %d", (int)kind);
+    LLMC_CHECK(P >= 1, "--pp %d: the number of pipeline stages must be at least 1", P);
+    LLMC_CHECK(M >= 1, "micro-batches per step (gradient accumulation steps) must be at least 1, got %d", M);
+    LLMC_CHECK(V >= 1, "--pp_virtual %d: the number of model chunks per stage must be at least 1", V);
+    LLMC_CHECK(V == 1 || kind == PIPE_INTERLEAVED,
+               "--pp_virtual %d: several model chunks per stage need --pp_schedule interleaved "
+               "(--pp_schedule %s runs one chunk per stage: use --pp_virtual 1)", V, name);
+    checked_product({P, M, V}, 1 << 24, "--pp * --pp_virtual * micro-batches per step");
+    if (kind == PIPE_1F1B || kind == PIPE_ZB1 || (kind == PIPE_INTERLEAVED && V == 1))
+        LLMC_CHECK(M >= P, "--pp_schedule %s with --pp %d needs at least %d micro-batches per step "
+                   "(gradient accumulation steps), got %d", name, P, P, M);
+    if (kind == PIPE_INTERLEAVED && V > 1) {
+        LLMC_CHECK(P >= 2, "--pp_schedule interleaved with --pp_virtual %d needs --pp >= 2, got --pp %d", V, P);
+        LLMC_CHECK(M % P == 0, "--pp_schedule interleaved with --pp_virtual %d needs the micro-batches per step "
+                   "(gradient accumulation steps) to be a multiple of --pp %d, got %d", V, P, M);
+    }
+}
+
+// Appends the computations of one stage with their messages around them (see the header comment).
+struct PipeStageBuilder {
+    int P, V, s;
+    std::vector<PipeAction> out;
+    int vs(int c) const { return c * P + s; }
+    void F(int mb, int c) {
+        if (vs(c) > 0) out.push_back({PIPE_RECV_ACT, mb, c, (s + P - 1) % P});
+        out.push_back({PIPE_F, mb, c, -1});
+        if (vs(c) < V * P - 1) out.push_back({PIPE_SEND_ACT, mb, c, (s + 1) % P});
+    }
+    void B(int mb, int c) {
+        if (vs(c) < V * P - 1) out.push_back({PIPE_RECV_GRAD, mb, c, (s + 1) % P});
+        out.push_back({PIPE_B, mb, c, -1});
+        if (vs(c) > 0) out.push_back({PIPE_SEND_GRAD, mb, c, (s + P - 1) % P});
+    }
+    void W(int mb, int c) { out.push_back({PIPE_W, mb, c, -1}); }
+    void BW(int mb, int c) { B(mb, c); W(mb, c); }
+};
+
+// GPipe (Huang et al. 2019, "GPipe: Efficient Training of Giant Neural Networks using Pipeline
+// Parallelism"): all M forwards, then all M backwards. The backwards run in increasing micro-batch
+// order (either order has the same bubble; increasing keeps the W fold order increasing), each W
+// right after its B. Up to M micro-batches in flight.
+inline void pipe_build_gpipe(PipeStageBuilder& b, int M) {
+    for (int mb = 0; mb < M; mb++) b.F(mb, 0);
+    for (int mb = 0; mb < M; mb++) b.BW(mb, 0);
+}
+
+// 1F1B, PipeDream-Flush (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training"):
+// stage s runs P-s-1 warm-up forwards, then pairs (forward of the next micro-batch, backward of the
+// oldest), then the cool-down backwards. At most P-s micro-batches in flight on stage s.
+inline void pipe_build_1f1b(PipeStageBuilder& b, int P, int M) {
+    const int warm = std::min(P - b.s - 1, M);
+    for (int mb = 0; mb < warm; mb++) b.F(mb, 0);
+    for (int i = 0; i < M - warm; i++) { b.F(warm + i, 0); b.BW(i, 0); }
+    for (int mb = M - warm; mb < M; mb++) b.BW(mb, 0);
+}
+
+// Interleaved 1F1B (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+// Clusters Using Megatron-LM", SC21): V chunks per stage. The V*M (micro-batch, chunk) units are
+// taken in groups of P micro-batches: forward unit k is micro-batch (k / (P*V))*P + k%P on chunk
+// (k % (P*V)) / P; backward unit k the same micro-batch on chunk V-1 minus that. Stage s runs
+// 2*(P-s-1) + (V-1)*P warm-up forward units (all V*M when that is more), then (forward, backward)
+// pairs, then the cool-down backwards. At most min(V*M, 2*(P-s-1) + (V-1)*P + 1) units in flight.
+// Needs M % P == 0, as Megatron does.
+inline int pipe_interleaved_warmup(int P, int M, int V, int s) { return std::min(V * M, 2 * (P - s - 1) + (V - 1) * P); }
+inline void pipe_build_interleaved(PipeStageBuilder& b, int P, int M, int V) {
+    const int units = V * M, warm = pipe_interleaved_warmup(P, M, V, b.s);
+    auto mb_of = [&](int k) { return (k / (P * V)) * P + k % P; };
+    auto chunk_of = [&](int k) { return (k % (P * V)) / P; };
+    for (int k = 0; k < warm; k++) b.F(mb_of(k), chunk_of(k));
+    for (int k = 0; k < units - warm; k++) {
+        b.F(mb_of(warm + k), chunk_of(warm + k));
+        b.BW(mb_of(k), V - 1 - chunk_of(k));
+    }
+    for (int k = units - warm; k < units; k++) b.BW(mb_of(k), V - 1 - chunk_of(k));
+}
+
+// ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", the handcrafted memory-efficient
+// schedule): the backward is split into B (input gradient, on the critical path between stages)
+// and W (weight gradient, free to move). Warm-up as 1F1B (P-s-1 forwards), then (F, B) pairs in
+// which stage s holds back s W's: the W of micro-batch i-s follows B(i). In the cool-down each
+// B is followed by the oldest pending W, and the s W's still pending close the step, filling the
+// tail bubble. Every stage keeps up to P micro-batches whose W has not run (the paper: all stages
+// hold the same number in flight, so the peak, stage 0's, equals 1F1B's). W's stay in increasing
+// micro-batch order. With equal F, B, W costs the bubble per stage is (P-1)(F+B-W), 1/3 of 1F1B's.
+inline void pipe_build_zb1(PipeStageBuilder& b, int P, int M) {
+    const int warm = std::min(P - b.s - 1, M);
+    int next_w = 0;
+    for (int mb = 0; mb < warm; mb++) b.F(mb, 0);
+    for (int i = 0; i < M - warm; i++) {
+        b.F(warm + i, 0);
+        b.B(i, 0);
+        if (i >= b.s) b.W(next_w++, 0);
+    }
+    for (int mb = M - warm; mb < M; mb++) { b.B(mb, 0); b.W(next_w++, 0); }
+    while (next_w < M) b.W(next_w++, 0);
+}
+
+// Per pipeline stage (0..P-1), the ordered list of actions it executes for one optimizer step.
+// V must be 1 unless kind is interleaved; interleaved with V == 1 is plain 1F1B.
+inline bool is_compute(PipeOp op) { return op == PIPE_F || op == PIPE_B || op == PIPE_W; }
+// The W at k directly follows its own B (no computation between): the executor runs that B with
+// its weight gradients and the W only releases the micro-batch, so it is no computation either.
+inline bool previous_compute_is_b(const std::vector<PipeAction>& actions, size_t k) {
+    for (size_t j = k; j-- > 0;)
+        if (is_compute(actions[j].op))
+            return actions[j].op == PIPE_B && actions[j].mb == actions[k].mb && actions[j].chunk == actions[k].chunk;
+    return false;
+}
+
+inline bool is_group_boundary(const std::vector<PipeAction>& actions, size_t k) {
+    return is_compute(actions[k].op) && !(actions[k].op == PIPE_W && previous_compute_is_b(actions, k));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendezvous groups. The executor runs each run of consecutive transfers as one group (p2p_group:
+// all posted together, returning when all completed; a send completes only once its receive is
+// posted, as NCCL's and MPI's large messages do). A stage at a computation moves on; at a group (the
+// transfers up to the next computation; a W run by its B is none, is_group_boundary) it posts every
+// transfer and moves past the group once each transfer's other side has been posted. This returns
+// the stages that can never move on (with the start of the group each is stuck in): empty when the
+// schedule cannot deadlock this way.
+struct PipeStuck {
+    int stage;
+    size_t group;                  // index of the group's first action
+    std::vector<size_t> unmatched;  // its transfers whose other side is never posted
+};
+inline std::vector<PipeStuck> pipe_rendezvous_stuck(const std::vector<std::vector<PipeAction>>& schedule, int P, int V) {
+    int M = 0;
+    for (const auto& list : schedule)
+        for (const PipeAction& a : list) M = std::max(M, a.mb + 1);
+    const int L = V * P;
+    auto slot = [&](int s, const PipeAction& a) {  // (dir, sender vs, mb, end): as in pipe_simulate
+        const int vs = a.chunk * P + s;
+        const bool send = a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD;
+        const int dir = (a.op == PIPE_SEND_ACT || a.op == PIPE_RECV_ACT) ? 0 : 1;
+        const int sender = send ? vs : vs + (dir == 0 ? -1 : 1);
+        return (((size_t)dir * L + sender) * M + a.mb) * 2 + (send ? 0 : 1);
+    };
+    std::vector<char> posted((size_t)2 * L * M * 2, 0);
+    std::vector<size_t> pc(P, 0), group_end(P, 0);
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (int s = 0; s < P; s++) {
+            const auto& list = schedule[s];
+            while (pc[s] < list.size()) {
+                if (is_group_boundary(list, pc[s])) { pc[s]++; progress = true; continue; }
+                if (group_end[s] <= pc[s]) {  // post the group
+                    size_t e = pc[s];
+                    for (; e < list.size() && !is_group_boundary(list, e); e++)
+                        if (!is_compute(list[e].op)) posted[slot(s, list[e])] = 1;
+                    group_end[s] = e;
+                    progress = true;
+                }
+                bool done = true;
+                for (size_t k = pc[s]; k < group_end[s]; k++)
+                    if (!is_compute(list[k].op)) done = done && posted[slot(s, list[k]) ^ 1];
+                if (!done) break;
+                pc[s] = group_end[s];
+                progress = true;
+            }
+        }
+    }
+    std::vector<PipeStuck> stuck;
+    for (int s = 0; s < P; s++)
+        if (pc[s] < schedule[s].size()) {
+            PipeStuck st{s, pc[s], {}};
+            for (size_t k = pc[s]; k < group_end[s]; k++)
+                if (!is_compute(schedule[s][k].op) && !posted[slot(s, schedule[s][k]) ^ 1]) st.unmatched.push_back(k);
+            stuck.push_back(st);
+        }
+    return stuck;
+}
+inline void pipe_check_rendezvous(const std::vector<std::vector<PipeAction>>& schedule, int P, int V) {
+    std::string blocked;
+    for (const PipeStuck& st : pipe_rendezvous_stuck(schedule, P, V))
+        blocked += strfmt("%sstage %d at action %zu (%s mb %d)", blocked.empty() ? "" : ", ", st.stage, st.group,
+                          pipe_op_name(schedule[st.stage][st.group].op), schedule[st.stage][st.group].mb);
+    LLMC_CHECK(blocked.empty(), "pipeline schedule deadlocks when transfers are rendezvous groups: %s", blocked.c_str());
+}
+
+// Makes a schedule deadlock-free for rendezvous groups: while some stage is stuck in a group whose
+// only unmatched transfers are sends, those sends move into that stage's next group (after the next
+// computation), where the peer's receive has been posted by then. (Two stages that each send to the
+// other before receiving, as interleaved 1F1B's ring does with two stages, deadlock otherwise.) A
+// deferred send only goes out later; its data stays in its slot until it has (pipe_last_use).
+inline void pipe_make_rendezvous_safe(std::vector<std::vector<PipeAction>>& schedule, int P, int V) {
+    for (int round = 0; round < 1 << 20; round++) {
+        const std::vector<PipeStuck> stuck = pipe_rendezvous_stuck(schedule, P, V);
+        if (stuck.empty()) return;
+        bool moved = false;
+        for (const PipeStuck& st : stuck) {
+            std::vector<PipeAction>& list = schedule[st.stage];
+            bool only_sends = !st.unmatched.empty();
+            for (size_t k : st.unmatched) only_sends = only_sends && (list[k].op == PIPE_SEND_ACT || list[k].op == PIPE_SEND_GRAD);
+            if (!only_sends) continue;
+            size_t boundary = st.group;  // the computation that ends this group
+            while (boundary < list.size() && !is_group_boundary(list, boundary)) boundary++;
+            if (boundary == list.size()) continue;
+            std::vector<PipeAction> deferred;
+            for (size_t j = st.unmatched.size(); j-- > 0;) {
+                deferred.insert(deferred.begin(), list[st.unmatched[j]]);
+                list.erase(list.begin() + st.unmatched[j]);
+                boundary--;
+            }
+            list.insert(list.begin() + boundary + 1, deferred.begin(), deferred.end());
+            moved = true;
+            break;
+        }
+        LLMC_CHECK(moved, "internal: the pipeline schedule cannot be made deadlock-free for rendezvous transfers");
+    }
+}
+
+// The index of the last action of each (micro-batch, chunk) on a stage (its W, or a send deferred
+// past it): until then the slot holding its activations and gradients is in use.
+inline std::vector<std::vector<size_t>> pipe_last_use(const std::vector<PipeAction>& actions, int V) {
+    std::vector<std::vector<size_t>> last(V);
+    for (size_t k = 0; k < actions.size(); k++) {
+        const PipeAction& a = actions[k];
+        if ((int)last[a.chunk].size() <= a.mb) last[a.chunk].resize(a.mb + 1, 0);
+        last[a.chunk][a.mb] = k;
+    }
+    return last;
+}
+
+inline std::vector<std::vector<PipeAction>> pipeline_schedule(PipeKind kind, int P, int M, int V) {
+    pipe_check_args(kind, P, M, V);
+    std::vector<std::vector<PipeAction>> sched(P);
+    for (int s = 0; s < P; s++) {
+        PipeStageBuilder b{P, V, s, {}};
+        switch (kind) {
+            case PIPE_GPIPE: pipe_build_gpipe(b, M); break;
+            case PIPE_1F1B: pipe_build_1f1b(b, P, M); break;
+            case PIPE_INTERLEAVED:
+                if (V == 1) pipe_build_1f1b(b, P, M);
+                else pipe_build_interleaved(b, P, M, V);
+                break;
+            case PIPE_ZB1: pipe_build_zb1(b, P, M); break;
+        }
+        sched[s] = std::move(b.out);
+    }
+    pipe_make_rendezvous_safe(sched, P, V);
+    return sched;
+}
+
+// In-flight activations on one stage: the most (micro-batch, chunk) units whose F ran and whose W
+// has not yet run (the activation sets the executor must keep), and the most whose B ran and whose
+// W has not yet run (the weight-gradient stash).
+inline int pipe_max_in_flight(const std::vector<PipeAction>& stage_actions) {
+    int now = 0, most = 0;
+    for (const PipeAction& a : stage_actions) {
+        now += a.op == PIPE_F ? 1 : a.op == PIPE_W ? -1 : 0;
+        most = std::max(most, now);
+    }
+    return most;
+}
+inline int pipe_max_w_pending(const std::vector<PipeAction>& stage_actions) {
+    int now = 0, most = 0;
+    for (const PipeAction& a : stage_actions) {
+        now += a.op == PIPE_B ? 1 : a.op == PIPE_W ? -1 : 0;
+        most = std::max(most, now);
+    }
+    return most;
+}
+
+// The closed-form bubble fraction: idle / makespan, the same on every stage. Cost assumptions:
+// every stage has the same costs, communication is free, and
+//  - gpipe, 1f1b: exact for any F and B costs with W = 0 (the whole backward counted in B):
+//    (P-1)/(M+P-1).
+//  - interleaved: exact for any F, B with W = 0, each chunk costing 1/V of a stage:
+//    (P-1)/(V*M+P-1). (The SC21 paper states the bubble relative to the ideal time instead:
+//    idle/ideal = (P-1)/(V*M); the two are the same quantity, x/(1+x) vs x.) V == 1: 1F1B's.
+//  - zb1: exact for F = B = W: idle per stage (P-1)(F+B-W) = (P-1)F over the makespan
+//    3*M*F + (P-1)F, so (P-1)/(3M+P-1). (The paper's bubble rate, relative to ideal: (P-1)/(3M).)
+// With W > 0 run right after its B, gpipe/1f1b/interleaved idle less than the formula says: the
+// grad is sent before the W runs, so W is off the critical path and the idle per stage is
+// (P-1)(F+B)/V rather than (P-1)(F+B+W)/V (stage costs; V = 1 but for interleaved).
+inline double pipe_bubble_formula(PipeKind kind, int P, int M, int V) {
+    pipe_check_args(kind, P, M, V);
+    switch (kind) {
+        case PIPE_GPIPE:
+        case PIPE_1F1B: return double(P - 1) / double(M + P - 1);
+        case PIPE_INTERLEAVED: return double(P - 1) / double(V * M + P - 1);
+        case PIPE_ZB1: return double(P - 1) / double(3 * M + P - 1);
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simulation of the executor: each stage runs its list in order; F, B, W take cost_f, cost_b,
+// cost_w (per chunk: callers pass a stage's cost / V for interleaved); a send is non-blocking and
+// free, its message available at once (latency 0); a recv blocks until its message was sent.
+// Stages are advanced in turn, each as far as it can go, until all finish (a stage's clock only
+// depends on its own list and on the send times it waits for, so the result does not depend on
+// the turn order: it is the event-queue result). Checks on the way, each an LlmcError that says
+// what was found: every send has exactly one matching recv with consistent peers and vice versa;
+// every (micro-batch, chunk) runs F, B, W exactly once per stage, B after F, W after B, a recv
+// before the compute that consumes it, a send after the compute that produced it; a deadlock
+// names every blocked stage, what it waits for and from whom.
+struct PipeSim {
+    std::vector<double> busy, idle, finish;  // per stage; idle = makespan - busy (waits + tail)
+    std::vector<std::vector<double>> t0, t1;  // per stage, per action: start and end (a recv: its wait)
+    double makespan = 0;
+    double bubble() const {  // idle / (P * makespan), over all stages
+        double total = 0;
+        for (double x : idle) total += x;
+        return makespan > 0 ? total / (makespan * (double)idle.size()) : 0;
+    }
+};
+
+inline PipeSim pipe_simulate(const std::vector<std::vector<PipeAction>>& schedule, int P, int V,
+                             double cost_f, double cost_b, double cost_w) {
+    LLMC_CHECK(P >= 1 && V >= 1 && (int)schedule.size() == P, "pipe_simulate: %zu stage lists for P=%d (V=%d)",
+               schedule.size(), P, V);
+    LLMC_CHECK(cost_f >= 0 && cost_b >= 0 && cost_w >= 0 && cost_f + cost_b + cost_w < 1e300,
+               "pipe_simulate: costs must be finite and >= 0, got F=%g B=%g W=%g", cost_f, cost_b, cost_w);
+    const int L = V * P;
+    int M = 0;
+    for (int s = 0; s < P; s++)
+        for (const PipeAction& a : schedule[s]) {
+            LLMC_CHECK(a.mb >= 0 && a.chunk >= 0 && a.chunk < V && a.op >= PIPE_F && a.op <= PIPE_RECV_GRAD,
+                       "pipe_simulate: stage %d has %s(mb %d, chunk %d): bad op, mb or chunk (V=%d)", s,
+                       pipe_op_name(a.op), a.mb, a.chunk, V);
+            M = std::max(M, a.mb + 1);
+        }
+    checked_product({2, L, M}, 1 << 28, "pipe_simulate: message slots (2 * V * P * micro-batches)");
+    // Messages: slot (dir, sender virtual stage, mb); dir 0 = activation (vs -> vs+1), 1 = grad (vs -> vs-1).
+    auto slot = [&](int dir, int sender_vs, int mb) { return ((size_t)dir * L + sender_vs) * M + mb; };
+    const size_t nslots = (size_t)2 * L * M;
+    std::vector<int> sends(nslots, 0), recvs(nslots, 0);
+    std::vector<double> sent_at(nslots, -1);
+    auto describe = [&](int s, const PipeAction& a) {
+        return strfmt("%s(mb %d, chunk %d) on stage %d", pipe_op_name(a.op), a.mb, a.chunk, s);
+    };
+    // For a send/recv: its slot, after checking the peer is the stage of the neighbouring virtual stage.
+    auto message_slot = [&](int s, const PipeAction& a) {
+        const int vs = a.chunk * P + s;
+        const bool is_send = a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD;
+        const int dir = (a.op == PIPE_SEND_ACT || a.op == PIPE_RECV_ACT) ? 0 : 1;
+        const int other_vs = vs + ((dir == 0) == is_send ? 1 : -1);  // the vs at the other end
+        LLMC_CHECK(other_vs >= 0 && other_vs < L, "pipe_simulate: %s: virtual stage %d has no neighbour %d",
+                   describe(s, a).c_str(), vs, other_vs);
+        LLMC_CHECK(a.peer == other_vs % P, "pipe_simulate: %s names peer %d, but virtual stage %d is on stage %d",
+                   describe(s, a).c_str(), a.peer, other_vs, other_vs % P);
+        return slot(dir, is_send ? vs : other_vs, a.mb);
+    };
+    for (int s = 0; s < P; s++)
+        for (const PipeAction& a : schedule[s]) {
+            if (a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD) sends[message_slot(s, a)]++;
+            if (a.op == PIPE_RECV_ACT || a.op == PIPE_RECV_GRAD) recvs[message_slot(s, a)]++;
+        }
+    for (int s = 0; s < P; s++)
+        for (const PipeAction& a : schedule[s]) {
+            if (a.op < PIPE_SEND_ACT) continue;
+            const size_t k = message_slot(s, a);
+            LLMC_CHECK(sends[k] <= 1 && recvs[k] <= 1, "pipe_simulate: %s: the message is sent %d times and received %d times",
+                       describe(s, a).c_str(), sends[k], recvs[k]);
+            LLMC_CHECK(sends[k] == recvs[k], "pipe_simulate: %s has no matching %s on stage %d",
+                       describe(s, a).c_str(),
+                       a.op == PIPE_SEND_ACT ? "RECV_ACT" : a.op == PIPE_RECV_ACT ? "SEND_ACT"
+                       : a.op == PIPE_SEND_GRAD ? "RECV_GRAD" : "SEND_GRAD", a.peer);
+        }
+    // Run. Per stage and (mb, chunk): 1 = F done, 2 = B done, 3 = W done; and whether its input
+    // activation / gradient was received.
+    PipeSim r;
+    r.busy.assign(P, 0); r.idle.assign(P, 0); r.finish.assign(P, 0);
+    r.t0.resize(P); r.t1.resize(P);
+    std::vector<std::vector<int>> state(P, std::vector<int>((size_t)M * V, 0)), got(P, std::vector<int>((size_t)M * V, 0));
+    std::vector<size_t> pc(P, 0);
+    std::vector<double> clock(P, 0);
+    for (int s = 0; s < P; s++) { r.t0[s].assign(schedule[s].size(), 0); r.t1[s].assign(schedule[s].size(), 0); }
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (int s = 0; s < P; s++) {
+            for (; pc[s] < schedule[s].size(); pc[s]++) {
+                const PipeAction& a = schedule[s][pc[s]];
+                const int u = a.mb * V + a.chunk, vs = a.chunk * P + s;
+                int& st = state[s][u];
+                const bool is_compute = a.op == PIPE_F || a.op == PIPE_B || a.op == PIPE_W;
+                double start = clock[s], cost = 0;
+                if (a.op == PIPE_RECV_ACT || a.op == PIPE_RECV_GRAD) {
+                    const size_t k = message_slot(s, a);
+                    if (sent_at[k] < 0) break;  // blocked: try the other stages
+                    cost = std::max(0.0, sent_at[k] - start);  // the wait (idle, not busy)
+                    got[s][u] |= a.op == PIPE_RECV_ACT ? 1 : 2;
+                } else if (a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD) {
+                    LLMC_CHECK(st >= (a.op == PIPE_SEND_ACT ? 1 : 2),
+                               "pipe_simulate: %s before the %s that produces it", describe(s, a).c_str(),
+                               a.op == PIPE_SEND_ACT ? "F" : "B");
+                    sent_at[message_slot(s, a)] = start;
+                } else {
+                    const int want = a.op == PIPE_F ? 0 : a.op == PIPE_B ? 1 : 2;
+                    LLMC_CHECK(st == want, "pipe_simulate: %s %s", describe(s, a).c_str(),
+                               st > want ? "runs twice" : a.op == PIPE_B ? "before its F" : "before its B");
+                    LLMC_CHECK(a.op != PIPE_F || vs == 0 || (got[s][u] & 1), "pipe_simulate: %s before its RECV_ACT",
+                               describe(s, a).c_str());
+                    LLMC_CHECK(a.op != PIPE_B || vs == L - 1 || (got[s][u] & 2), "pipe_simulate: %s before its RECV_GRAD",
+                               describe(s, a).c_str());
+                    st = want + 1;
+                    cost = a.op == PIPE_F ? cost_f : a.op == PIPE_B ? cost_b : cost_w;
+                }
+                r.t0[s][pc[s]] = start;
+                r.t1[s][pc[s]] = clock[s] = start + cost;
+                if (is_compute) r.busy[s] += cost;
+                progress = true;
+            }
+        }
+    }
+    std::string blocked;
+    for (int s = 0; s < P; s++)
+        if (pc[s] < schedule[s].size()) {
+            const PipeAction& a = schedule[s][pc[s]];
+            const int p = a.peer;  // only recvs block; the peer is a valid stage (checked above)
+            blocked += strfmt("%sstage %d waits in %s (action %zu) for stage %d, which %s", blocked.empty() ? "" : "; ",
+                              s, describe(s, a).c_str(), pc[s], p,
+                              pc[p] < schedule[p].size() ? ("waits in " + describe(p, schedule[p][pc[p]])).c_str()
+                                                         : "has finished without sending it");
+        }
+    LLMC_CHECK(blocked.empty(), "pipe_simulate: deadlock: %s", blocked.c_str());
+    for (int s = 0; s < P; s++)
+        for (int u = 0; u < M * V; u++)
+            LLMC_CHECK(state[s][u] == 3, "pipe_simulate: stage %d never runs %s of mb %d, chunk %d", s,
+                       state[s][u] == 0 ? "F" : state[s][u] == 1 ? "B" : "W", u / V, u % V);
+    for (int s = 0; s < P; s++) r.makespan = std::max(r.makespan, r.finish[s] = clock[s]);
+    for (int s = 0; s < P; s++) r.idle[s] = r.makespan - r.busy[s];
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The executor// The model's side of the executor: the three computations of one (micro-batch, chunk), and where
 // each transfer's bytes are.
 struct PipeModel {
     std::function<void(int mb, int chunk)> forward;
     // backward input gradients; with_weights: also the weight gradients (the W that follows at once)
     std::function<void(int mb, int chunk, bool with_weights)> backward;
-    // the weight gradients; already_done: the backward did them (only release what the pair held)
+    // the weight gradients; already_done: the backward did them (only release the stash)
     std::function<void(int mb, int chunk, bool already_done)> weights;
+    std::function<void(int mb, int chunk)> release;  // after its last action (pipe_last_use): its slot is free
     std::function<P2POp(const PipeAction& a)> transfer;  // buffer, bytes, peer, tag of a send or receive
     std::function<void()> sync;                          // wait for the queued device work (timing)
 };
@@ -82,15 +519,6 @@ struct PipeTimes {
     double compute_ms = 0, wait_ms = 0, total_ms = 0;  // wait: inside transfers (the bubble, as seen here)
 };
 
-inline bool is_compute(PipeOp op) { return op == PIPE_F || op == PIPE_B || op == PIPE_W; }
-// the W at k directly follows its own B (no computation between): that B computed it
-inline bool previous_compute_is_b(const std::vector<PipeAction>& actions, size_t k) {
-    for (size_t j = k; j-- > 0;)
-        if (is_compute(actions[j].op))
-            return actions[j].op == PIPE_B && actions[j].mb == actions[k].mb && actions[j].chunk == actions[k].chunk;
-    return false;
-}
-
 // Runs one stage's action list. Transfers between two computations form one group (p2p_group:
 // all posted at once, all complete before the next computation), which is how the schedules are
 // checked for deadlock freedom (pipe_simulate's rendezvous mode). A B whose W follows it with no
@@ -104,8 +532,16 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
     PipeTimes times;
     std::vector<P2POp> group;
     std::vector<const PipeAction*> group_actions;
+    int V = 1;
+    for (const PipeAction& a : actions) V = std::max(V, a.chunk + 1);
+    const std::vector<std::vector<size_t>> last = pipe_last_use(actions, V);
+    std::vector<const PipeAction*> to_release;  // after the current group or computation
+    auto release = [&] {
+        for (const PipeAction* a : to_release) model.release(a->mb, a->chunk);
+        to_release.clear();
+    };
     auto flush = [&] {
-        if (group.empty()) return;
+        if (group.empty()) { release(); return; }
         const double t0 = measure ? now_ms() : 0;
         p2p_group(pp, group);
         if (measure) {
@@ -118,14 +554,22 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
         }
         group.clear();
         group_actions.clear();
+        release();
     };
     for (size_t k = 0; k < actions.size(); k++) {
         const PipeAction& a = actions[k];
+        if (last[a.chunk][a.mb] == k) to_release.push_back(&a);
         if (!is_compute(a.op)) {
             group.push_back(model.transfer(a));
             group_actions.push_back(&a);
             continue;
         }
+        if (!is_group_boundary(actions, k)) {  // a W its B already ran: nothing to compute, inside the group
+            model.weights(a.mb, a.chunk, true);
+            continue;
+        }
+        std::vector<const PipeAction*> mine;
+        if (!to_release.empty() && to_release.back() == &a) { mine.push_back(&a); to_release.pop_back(); }
         flush();
         bool fused = false;
         if (a.op == PIPE_B)
@@ -139,20 +583,16 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
         const double t0 = measure ? now_ms() : 0;
         if (a.op == PIPE_F) model.forward(a.mb, a.chunk);
         else if (a.op == PIPE_B) model.backward(a.mb, a.chunk, fused);
-        else model.weights(a.mb, a.chunk, previous_compute_is_b(actions, k));
+        else model.weights(a.mb, a.chunk, false);
         if (measure) {
             model.sync();
             const double t1 = now_ms();
             times.compute_ms += t1 - t0;
             if (trace) trace->push_back({a.op, a.mb, a.chunk, t0, t1});
         }
+        for (const PipeAction* r : mine) model.release(r->mb, r->chunk);
     }
     flush();
     times.total_ms = now_ms();
     return times;
-}
-inline double pipe_bubble_formula(PipeKind kind, int P, int M, int V) {
-    (void)kind;
-    (void)V;
-    return (double)(P - 1) / (M + P - 1);
 }
