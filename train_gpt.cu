@@ -1400,6 +1400,7 @@ static void gpt_zero_grad(GPT& m) {
 // optimizer state, and gets the updated weights back after the step: tied_embedding_refresh).
 static void tied_embedding_sum(GPT& m) {
     const PipelinePlan& pp = m.pipe;
+    if (!pp.has_embedding() && !pp.has_head()) return;
     const size_t n = m.head.shard_len(0);
     if (pp.P > 1 && pp.has_head())
         p2p_group(comm_world().pp, {{true, m.head_acc, n * sizeof(float), 0, TIED_EMBEDDING_TAG}});
@@ -1409,7 +1410,7 @@ static void tied_embedding_sum(GPT& m) {
 }
 static void tied_embedding_refresh(GPT& m) {
     const PipelinePlan& pp = m.pipe;
-    if (pp.P == 1) return;
+    if (pp.P == 1 || (!pp.has_embedding() && !pp.has_head())) return;
     const ZeroLayout& z = m.zero;
     const size_t n = m.head.shard_len(0), bytes = n * sizeof(floatX);
     if (pp.has_embedding())

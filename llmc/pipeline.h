@@ -558,18 +558,23 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
     };
     for (size_t k = 0; k < actions.size(); k++) {
         const PipeAction& a = actions[k];
-        if (last[a.chunk][a.mb] == k) to_release.push_back(&a);
+        const bool last_use = last[a.chunk][a.mb] == k;
         if (!is_compute(a.op)) {
             group.push_back(model.transfer(a));
             group_actions.push_back(&a);
+            if (last_use) to_release.push_back(&a);  // once the group has completed
             continue;
         }
-        if (!is_group_boundary(actions, k)) {  // a W its B already ran: nothing to compute, inside the group
+        if (!is_group_boundary(actions, k)) {
+            // a W its B already ran: nothing to compute, inside the group. Its slot is free at once:
+            // a receive later in the group that takes it over writes only the slot's input (and
+            // batch), never what a send of this group reads (the chunk's output, d_stream)
             model.weights(a.mb, a.chunk, true);
+            if (last_use) model.release(a.mb, a.chunk);
             continue;
         }
         std::vector<const PipeAction*> mine;
-        if (!to_release.empty() && to_release.back() == &a) { mine.push_back(&a); to_release.pop_back(); }
+        if (last_use) mine.push_back(&a);
         flush();
         bool fused = false;
         if (a.op == PIPE_B)

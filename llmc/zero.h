@@ -109,17 +109,20 @@ struct UpdatePiece {
     bool decay;
 };
 
-// tensors: (table offset, numel, decay) in table order. Stage 0 updates every element on every
-// rank; stages 1-3 each rank its own slices.
+// tensors: (table offset, numel, decay) in table order (those outside the layout's segments are
+// another pipeline stage's). Stage 0 updates every element on every rank; stages 1-3 each rank its
+// own slices.
 struct TensorRange {
     size_t offset, numel;
     bool decay;
 };
 inline std::vector<UpdatePiece> zero_update_pieces(const ZeroLayout& z, const std::vector<TensorRange>& tensors) {
     std::vector<UpdatePiece> pieces;
-    size_t s = 0;
     for (const TensorRange& t : tensors) {
-        while (t.offset >= z.segs[s].begin + z.segs[s].len) s++;
+        int s = -1;  // the segment holding the tensor; none: another pipeline stage's
+        for (int k = 0; k < (int)z.segs.size() && s < 0; k++)
+            if (t.offset >= z.segs[k].begin && t.offset < z.segs[k].begin + z.segs[k].len) s = k;
+        if (s < 0) continue;
         const Segment& seg = z.segs[s];
         const size_t rel0 = t.offset - seg.begin, rel1 = rel0 + t.numel;
         const size_t lo = z.stage == 0 ? rel0 : std::max(rel0, z.own_begin(s));
