@@ -125,5 +125,70 @@ if [ $rc -ne 0 ] && [ "$n" = 1 ] && grep -q "is not a multiple of B\*T\*ranks = 
 out=$W/bad2; run 2 "$out" $DENSE -x 2 -z 4; rc=$?
 if [ $rc -ne 0 ] && [ "$(grep -c '^error' "$out.log")" = 1 ] && grep -q "\-\-zero: 4 is out of range" "$out.log"; then pass; else fail "bad -z: rc $rc"; cat "$out.log"; fi
 
+# ---- 5. pipeline: every schedule, pp 2 and 4, dp x pp = 2 x 2, ZeRO inside the stages, dense and
+# MoE (4 blocks: ALiBi, GQA, packed documents), 4 micro-batches per dp rank per step, vs one process
+# with the same global batch: bitwise (the micro-batch gradients fold in the same order and the
+# tied embedding's two accumulators add once per step in every layout)
+t0=$(date +%s)
+PPDENSE="$DENSE --n_layer 4"
+PPMOE="$MOE --n_layer 4"
+for model in dense moe; do
+    [ $model = dense ] && ARGS=$PPDENSE || ARGS=$PPMOE
+    for dp in 1 2; do
+        run 1 "$W/pp.$model.ref$dp" $ARGS -d $((B * T * dp * 4)) -x 6 || fail "pp $model reference dp $dp"
+    done
+    for case in "2 2 gpipe 1 0" "2 2 1f1b 1 0" "2 2 interleaved 2 0" "2 2 zb1 1 0" "4 4 1f1b 1 0" "4 4 zb1 1 2" \
+                "4 4 gpipe 1 1" "4 2 1f1b 1 1" "4 2 zb1 1 3" "4 2 interleaved 2 2"; do
+        set -- $case  # np pp schedule virtual zero
+        dp=$(($1 / $2)); out=$W/pp.$model.np$1.pp$2.$3.z$5
+        if run $1 "$out" $ARGS -d $((B * T * dp * 4)) -x 6 --pp $2 --pp_schedule $3 --pp_virtual $4 -z $5; then
+            same_run "$W/pp.$model.ref$dp" "$out" 6 "$model pp $2 x dp $dp $3 -z $5 vs one process"
+            line=$(grep "^communication per step" "$out.log")
+            echo "$line" | python3 -c "
+import re,sys; l=sys.stdin.read(); m=re.findall(r'(\S+) (\d+) \(theory (\d+)\)', l)
+sys.exit(0 if m and all(a==b for _,a,b in m) else 1)" && pass || fail "$model pp $2 $3: communication bytes differ from theory: $line"
+        else
+            fail "$model np $1 pp $2 $3 -z $5: rc $?"; tail -5 "$out.log"
+        fi
+    done
+done
+echo "test_dist: pipeline matrix (2 models x 10 layouts) done in $(( $(date +%s) - t0 )) s"
+# reshard resumes across pipeline layouts: pp 2 -> 1 and 1 -> 4 (checkpoints are in the table's layout)
+TOK4=$((B * T * 4))
+run 1 "$W/pp.full" $PPDENSE -d $TOK4 -x $STEPS || fail "pp uninterrupted run"
+for case in "2 2 1 1" "1 1 4 4"; do
+    set -- $case  # np_a pp_a np_b pp_b
+    out=$W/pp.resume.$1.$2.$3.$4
+    run $1 "$out" $PPDENSE -d $TOK4 -x $STEPS -n 4 --pp $2 && rm "$out/ckpt_$(printf %09d $STEPS).bin" &&
+        run $3 "$out" $PPDENSE -d $TOK4 -x $STEPS --pp $4 -y latest &&
+        grep -q "resumed from .*ckpt_000000004.bin" "$out.log" && same_run "$W/pp.full" "$out" $STEPS "resume pp $2 -> pp $4" 5 ||
+        { fail "resume pp $2 -> pp $4"; tail -3 "$out.log"; }
+done
+# the timeline of one step (--pp_trace): every stage's F and B of every micro-batch; in ZB-H1 with
+# two stages, stage 1 runs its W's apart (stage 0 runs each W inside its B)
+out=$W/pp.trace
+if run 2 "$out" $PPDENSE -d $TOK4 -x 2 --pp 2 --pp_schedule zb1 --pp_trace "$out.jsonl"; then
+    for want in "0 F 4" "0 B 4" "0 W 0" "1 F 4" "1 B 4" "1 W 4"; do
+        set -- $want
+        n=$(grep -c "\"stage\": $1, .*\"op\": \"$2\"" "$out.jsonl")
+        [ "$n" = $3 ] && pass || fail "pp trace: stage $1 has $n $2 events, expected $3"
+    done
+    if python3 -c "import matplotlib" 2>/dev/null; then
+        python3 scripts/plot_pipeline.py "$out.jsonl" "$out.png" >/dev/null && [ -s "$out.png" ] && pass || fail "plot_pipeline.py"
+    fi
+else fail "pp trace run: rc $?"; fi
+# bad pipeline layouts: one clear message each
+bad_pp() {  # bad_pp NP NEEDLE ARGS...
+    local np=$1 needle=$2; shift 2
+    out=$W/pp.bad; run $np "$out" $PPDENSE -x 1 "$@"; rc=$?
+    if [ $rc -ne 0 ] && [ "$(grep -c '^error' "$out.log")" = 1 ] && grep -q -- "$needle" "$out.log"; then pass
+    else fail "bad pipeline layout ($*): rc $rc"; cat "$out.log"; fi
+}
+bad_pp 2 "every stage needs at least one layer" --pp 2 --n_layer 1
+bad_pp 3 "not a multiple of the pipeline stages" --pp 2
+bad_pp 2 "micro-batches per step (gradient accumulation steps)" --pp 2 -d $((B * T))
+bad_pp 2 "equal chunks" --pp 2 --pp_schedule interleaved --pp_virtual 2 --n_layer 6 -d $TOK4
+bad_pp 2 "pp_layers 1,2: the counts add up to 3" --pp 2 --pp_layers 1,2 -d $TOK4
+
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]
