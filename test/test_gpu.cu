@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "llmc/memory_guard.h"
 #include "llmc/outlier.h"
 #include "llmc/run_dir.h"
+#include "llmc/pipeline.h"
 #include "llmc/cpu/encoder.h"
 #include "llmc/cpu/layernorm.h"
 #include "llmc/cpu/matmul.h"

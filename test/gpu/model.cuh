@@ -128,16 +128,16 @@ struct LayerRouting {
 inline LayerRouting ref_routing(const ref::GPT& m, int l) {
     const size_t rows = (size_t)m.config.n_expert * m.config.moe_capacity(m.B, m.T);
     const size_t n = (size_t)m.B * m.T * m.config.n_expert;
-    return {std::vector<int>(m.acts[l].expert_tokens, m.acts[l].expert_tokens + rows),
-            std::vector<float>(m.acts[l].moe_scores, m.acts[l].moe_scores + n)};
+    return {std::vector<int>(gpt_layer_acts(m, l).expert_tokens, gpt_layer_acts(m, l).expert_tokens + rows),
+            std::vector<float>(gpt_layer_acts(m, l).moe_scores, gpt_layer_acts(m, l).moe_scores + n)};
 }
 inline LayerRouting gpu_routing(const gpu::GPT& m, int l) {
     LayerRouting r;
     r.expert_tokens.resize((size_t)m.config.n_expert * m.config.moe_capacity(m.B, m.T));
     r.scores.resize((size_t)m.B * m.T * m.config.n_expert);
-    cudaCheck(cudaMemcpy(r.expert_tokens.data(), m.acts[l].expert_tokens, r.expert_tokens.size() * sizeof(int),
+    cudaCheck(cudaMemcpy(r.expert_tokens.data(), gpt_layer_acts(m, l).expert_tokens, r.expert_tokens.size() * sizeof(int),
                          cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(r.scores.data(), m.acts[l].moe_scores, r.scores.size() * sizeof(float),
+    cudaCheck(cudaMemcpy(r.scores.data(), gpt_layer_acts(m, l).moe_scores, r.scores.size() * sizeof(float),
                          cudaMemcpyDeviceToHost));
     return r;
 }
