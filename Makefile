@@ -85,7 +85,7 @@ test_gpu: test/test_gpu
 cuda_targets: train_gpt test/test_gpu dev_cuda $(if $(NVCC),$(if $(MPI_CFLAGS),dev/cuda/bin/train_gpt_single))
 
 TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp test/test_moe.cpp \
-                test/test_hardening.cpp
+                test/test_hardening.cpp test/test_interop.cpp
 test/test_cpu: $(TEST_SOURCES) test/test_util.h train_gpt.cu $(HEADERS)
 	$(CXX) $(CXXFLAGS) $(TEST_SOURCES) -o $@
 

@@ -1517,6 +1517,9 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     }
     barrier(dp);
 
+    LLMC_CHECK(args.str("init_from").empty() || args.str("resume").empty(),
+               "--init_from %s and --resume %s: give one (a resumed run has its weights)", args.str("init_from").c_str(),
+               args.str("resume").c_str());
     // resume: the checkpoint's config wins over defaults, and must agree with explicit flags
     Checkpoint ck;
     std::string resume = args.str("resume");
@@ -1557,8 +1560,6 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     const std::string init_from = args.str("init_from");
     LlmcModelFile init_file;
     if (!init_from.empty()) {
-        LLMC_CHECK(resume.empty(), "--init_from %s and --resume %s: give one (a resumed run has its weights)",
-                   init_from.c_str(), resume.c_str());
         init_file = read_llmc_model(init_from);
         GPTConfig from_file = config_from_llmc(init_file.shape, init_from);
         auto mine = config_fields(config), theirs = config_fields(from_file);

@@ -25,9 +25,9 @@ constexpr int VOCAB_FILE_HEADER_BYTES = 24;
 static const char* const EOT_TEXT = "\n<|endoftext|>\n";
 static const char* const REPLACEMENT_CHAR = "\xEF\xBF\xBD";  // U+FFFD, for bytes that are not UTF-8
 
-// Bytes in, whole UTF-8 characters out. Invalid bytes (a stray continuation byte, a lead byte
-// whose continuation is wrong, overlong forms, surrogates) become U+FFFD one byte at a time, so
-// the stream resynchronizes on the next byte. Control characters other than tab and newline are
+// Bytes in, whole UTF-8 characters out. Invalid bytes (a stray continuation byte, a character
+// cut off by a byte that cannot continue it, overlong forms, surrogates) become U+FFFD, one per
+// maximal valid prefix, and the stream resynchronizes on the next byte. Control characters other than tab and newline are
 // shown as U+FFFD too: a sample must not move the terminal's cursor or change its state.
 struct Utf8Stream {
     std::string pending;
@@ -69,8 +69,8 @@ struct Utf8Stream {
             while (k < len && i + k < pending.size() && continuation_ok(c, k, (unsigned char)pending[i + k])) k++;
             if (k == len) { out.append(pending, i, len); i += len; continue; }
             if (i + k == pending.size()) break;  // valid so far, the rest has not arrived: hold it
-            out += REPLACEMENT_CHAR;             // broken: replace the lead byte, go on after it
-            i++;
+            out += REPLACEMENT_CHAR;             // broken: one U+FFFD for the valid prefix (Unicode's
+            i += k;                              // "maximal subpart" practice), go on after it
         }
         pending.erase(0, i);
         return out;
@@ -185,7 +185,7 @@ inline Tokenizer load_tokenizer_file(const std::string& path) {
         LLMC_CHECK(at + length_bytes <= data.size(), "%s: truncated: token %u of %u has no length", path.c_str(), i, vocab);
         const size_t n = length_bytes == 4 ? u32(at) : (unsigned char)data[at];
         at += length_bytes;
-        LLMC_CHECK(n <= data.size() - at, "%s: truncated: token %u says %zu bytes, %zu are left", path.c_str(), i, n,
+        LLMC_CHECK(n <= data.size() - at, "%s: truncated: token %u of %u says %zu bytes, %zu are left", path.c_str(), i, vocab, n,
                    data.size() - at);
         t.pieces.emplace_back(data, at, n);
         at += n;
