@@ -10,6 +10,7 @@
 #   make test                 CPU tests + compile checks of every CUDA target (what CI runs)
 #   make fuzz                 seeded mutation fuzz of the shard and checkpoint readers (ASan+UBSan)
 #   make reference            regenerate test/data/ref_*.bin with PyTorch (scripts/reference.mk)
+#   make tools                the Python tools' venv (.venv-tools/: export_hf, plot, BPE; scripts/tools.mk)
 CXX       ?= g++
 CXXFLAGS  ?= -O3 -march=native
 CXXFLAGS  += -std=c++17 -fopenmp -Wall -Wextra -Wno-comment -I.
@@ -94,9 +95,10 @@ test_dist: train_gpt_cpu
 	bash test/test_dist.sh
 
 test:
-	$(MAKE) -j2 test/test_cpu train_gpt_cpu cuda_targets test/fuzz_readers
+	$(MAKE) -j2 test/test_cpu train_gpt_cpu cuda_targets test/fuzz_readers dev/bin/forward_logits $(TOOLS_STAMP)
 	OMP_NUM_THREADS=2 ./test/test_cpu
 	bash test/test_dist.sh
+	TOOLS_PYTHON=$(TOOLS_PYTHON) bash test/test_python.sh
 	./test/test_gpu
 	$(MAKE) fuzz
 	@echo "make test: all CPU tests passed, fuzzing clean, CUDA targets compile"
@@ -124,6 +126,7 @@ fuzz: test/fuzz_readers train_gpt_cpu
 	if [ $$rc -ne 0 ] && [ "$(FUZZ_CHECKPOINT_STRICT)" = 1 ]; then exit $$rc; fi
 
 clean:
-	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_gpu test/fuzz_readers dev/cuda/bin .prebuilt
+	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_gpu test/fuzz_readers dev/cuda/bin dev/bin .prebuilt
 
 include scripts/reference.mk
+include scripts/tools.mk
