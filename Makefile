@@ -103,7 +103,7 @@ test:
 	$(MAKE) fuzz
 	@echo "make test: all CPU tests passed, fuzzing clean, CUDA targets compile"
 
-# Fuzzing (test/fuzz_readers.cpp): the readers under ASan + UBSan, any report fatal; each trial in
+# Fuzzing (test/fuzz_readers.cpp): the readers (shards, llm.c model and tokenizer files, checkpoints) under ASan + UBSan, any report fatal; each trial in
 # its own child process with an alarm, the whole run under `timeout` (a hang fails the target).
 FUZZ_TRIALS            ?= 600
 FUZZ_SEED              ?= 20240611
@@ -116,6 +116,7 @@ test/fuzz_readers: test/fuzz_readers.cpp $(HEADERS)
 
 fuzz: test/fuzz_readers train_gpt_cpu
 	$(FUZZ_ENV) timeout 300 ./test/fuzz_readers shard --trials $(FUZZ_TRIALS) --seed $(FUZZ_SEED)
+	$(FUZZ_ENV) timeout 300 ./test/fuzz_readers formats --trials $(FUZZ_TRIALS) --seed $(FUZZ_SEED)
 	@d=$$(mktemp -d /tmp/llmc_fuzz_seed_XXXXXX) && \
 	./test/fuzz_readers make_shard $$d/seed_train_000.bin && \
 	./train_gpt_cpu --train "$$d/seed_train_*.bin" --val '' --out_dir $$d/run --n_layer 1 --n_embd 8 --n_head 1 \
