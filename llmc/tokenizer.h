@@ -89,8 +89,6 @@ struct Tokenizer {
     std::vector<std::string> pieces;  // TABLE: token id -> bytes
     std::string source;               // what it is, for the start-up line
 
-    int vocab_size() const { return kind == TABLE ? (int)pieces.size() : kind == BYTES ? 257 : 0; }
-
     // Decodes a whole sequence: EOT as a marked line break, everything else through Utf8Stream.
     std::string decode(const std::vector<int>& tokens) const {
         Utf8Stream utf8;
