@@ -74,7 +74,10 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rtol", type=float, default=1e-5)
     args = ap.parse_args()
-    cfg = json.load(open(os.path.join(args.hf_dir, "config.json")))
+    try:
+        cfg = json.load(open(os.path.join(args.hf_dir, "config.json")))
+    except (OSError, ValueError) as e:
+        sys.exit(f"compare_hf.py: {args.hf_dir}/config.json: cannot read ({e}); make it with scripts/export_hf.py")
     if cfg.get("model_type") != "gpt2":
         sys.exit(f"compare_hf.py: {args.hf_dir} is not a GPT-2 export (model_type {cfg.get('model_type')})")
     T = args.tokens or min(64, cfg["n_positions"])
