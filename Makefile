@@ -10,6 +10,7 @@
 #   make test                 CPU tests + compile checks of every CUDA target (what CI runs)
 #   make fuzz                 seeded mutation fuzz of the shard and checkpoint readers (ASan+UBSan)
 #   make reference            regenerate test/data/ref_*.bin with PyTorch (scripts/reference.mk)
+#   make tools                the Python tools' venv (.venv-tools/: export_hf, plot, BPE; scripts/tools.mk)
 CXX       ?= g++
 CXXFLAGS  ?= -O3 -march=native
 CXXFLAGS  += -std=c++17 -fopenmp -Wall -Wextra -Wno-comment -I.
@@ -85,7 +86,7 @@ test_gpu: test/test_gpu
 cuda_targets: train_gpt test/test_gpu dev_cuda $(if $(NVCC),$(if $(MPI_CFLAGS),dev/cuda/bin/train_gpt_single))
 
 TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp test/test_moe.cpp \
-                test/test_hardening.cpp test/test_pipeline.cpp
+                test/test_hardening.cpp test/test_pipeline.cpp test/test_interop.cpp
 test/test_cpu: $(TEST_SOURCES) test/test_util.h train_gpt.cu $(HEADERS)
 	$(CXX) $(CXXFLAGS) $(TEST_SOURCES) -o $@
 
@@ -94,14 +95,15 @@ test_dist: train_gpt_cpu
 	bash test/test_dist.sh
 
 test:
-	$(MAKE) -j2 test/test_cpu train_gpt_cpu cuda_targets test/fuzz_readers
+	$(MAKE) -j2 test/test_cpu train_gpt_cpu cuda_targets test/fuzz_readers dev/bin/forward_logits $(TOOLS_STAMP)
 	OMP_NUM_THREADS=2 ./test/test_cpu
 	bash test/test_dist.sh
+	TOOLS_PYTHON=$(TOOLS_PYTHON) bash test/test_python.sh
 	./test/test_gpu
 	$(MAKE) fuzz
 	@echo "make test: all CPU tests passed, fuzzing clean, CUDA targets compile"
 
-# Fuzzing (test/fuzz_readers.cpp): the readers under ASan + UBSan, any report fatal; each trial in
+# Fuzzing (test/fuzz_readers.cpp): the readers (shards, llm.c model and tokenizer files, checkpoints) under ASan + UBSan, any report fatal; each trial in
 # its own child process with an alarm, the whole run under `timeout` (a hang fails the target).
 FUZZ_TRIALS            ?= 600
 FUZZ_SEED              ?= 20240611
@@ -114,6 +116,7 @@ test/fuzz_readers: test/fuzz_readers.cpp $(HEADERS)
 
 fuzz: test/fuzz_readers train_gpt_cpu
 	$(FUZZ_ENV) timeout 300 ./test/fuzz_readers shard --trials $(FUZZ_TRIALS) --seed $(FUZZ_SEED)
+	$(FUZZ_ENV) timeout 300 ./test/fuzz_readers formats --trials $(FUZZ_TRIALS) --seed $(FUZZ_SEED)
 	@d=$$(mktemp -d /tmp/llmc_fuzz_seed_XXXXXX) && \
 	./test/fuzz_readers make_shard $$d/seed_train_000.bin && \
 	./train_gpt_cpu --train "$$d/seed_train_*.bin" --val '' --out_dir $$d/run --n_layer 1 --n_embd 8 --n_head 1 \
@@ -124,6 +127,7 @@ fuzz: test/fuzz_readers train_gpt_cpu
 	if [ $$rc -ne 0 ] && [ "$(FUZZ_CHECKPOINT_STRICT)" = 1 ]; then exit $$rc; fi
 
 clean:
-	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_gpu test/fuzz_readers dev/cuda/bin .prebuilt
+	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_gpu test/fuzz_readers dev/cuda/bin dev/bin .prebuilt
 
 include scripts/reference.mk
+include scripts/tools.mk

@@ -29,6 +29,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include "llmc/rand.h"
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
+#include "llmc/llmc_format.h"
 #include "llmc/schedulers.h"
 #include "llmc/comm.h"
 #include "llmc/checkpoint.h"
@@ -1635,7 +1636,8 @@ static const Option OPTIONS[] = {
     {"train", "i", "data/fortunes/fortunes_train_*.bin", "train shard pattern (glob)"},
     {"val", "j", "data/fortunes/fortunes_val_*.bin", "val shard pattern (glob); empty: no validation"},
     {"out_dir", "o", "out", "output directory: log.jsonl, checkpoints"},
-    {"model", "e", "", "preset dN: n_layer N, n_embd 64N, n_head N (explicit flags override it; default: none)"},
+    {"model", "e", "", "preset dN (n_layer N, n_embd 64N, n_head N) or gpt2:124M|350M|774M|1558M (GPT-2's shapes, "
+                       "vocab 50257, gelu, learned positions); explicit flags override it (default: none)"},
     {"vocab_size", "", "257", "real vocabulary size (padded to a multiple of 128 internally)"},
     {"n_layer", "", "4", "transformer blocks"},
     {"n_embd", "", "128", "channels"},
@@ -1671,6 +1673,13 @@ static const Option OPTIONS[] = {
     {"top_k", "", "0", "sample from the k most likely tokens (0: all)"},
     {"ckpt_every", "n", "0", "write a checkpoint every N steps (0: only at the end)"},
     {"resume", "y", "", "checkpoint to resume from: a file, or 'latest' (newest in out_dir; default: none)"},
+    {"init_from", "", "", "start from the weights of an llm.c GPT-2 model file (the config is the file's; fresh "
+                          "optimizer state; default: none)"},
+    {"export_llmc", "", "", "at the end, also write the model as an llm.c GPT-2 model file (GPT-2 shapes only; "
+                            "default: none)"},
+    {"export_llmc_dtype", "", "fp32", "fp32 | bf16: the precision of --export_llmc (llm.c's version 3 or 5)"},
+    {"tokenizer", "", "", "vocabulary file for decoding samples (default: tokenizer.bin or gpt2_tokenizer.bin next to "
+                          "the train shards, else bytes or token ids)"},
     {"seed", "", "1337", "seed for init, data order and sampling (0 .. 2^64-1)"},
     {"overwrite", "", "0", "a fresh run may replace the checkpoints and log of an earlier run in out_dir (a switch)"},
     {"max_bad_steps", "", "5", "stop (exit 1) after this many consecutive steps with a non-finite loss or grad norm"},
@@ -1735,13 +1744,39 @@ static bool parse_args(int argc, char** argv, Args& args) {
     return true;
 }
 
+// GPT-2's shapes (n_layer, n_embd, n_head; vocab 50257, context 1024, GELU MLP of 4C, learned
+// positions): the -e gpt2:SIZE presets, named by GPT-2's parameter counts.
+struct Gpt2Preset {
+    const char* name;
+    int n_layer, n_embd, n_head;
+};
+static const Gpt2Preset GPT2_PRESETS[] = {
+    {"gpt2:124M", 12, 768, 12}, {"gpt2:350M", 24, 1024, 16}, {"gpt2:774M", 36, 1280, 20}, {"gpt2:1558M", 48, 1600, 25}};
+
+static bool is_gpt2_preset(const std::string& preset) {
+    for (const Gpt2Preset& g : GPT2_PRESETS) if (preset == g.name) return true;
+    return false;
+}
+// whether the --model preset sets this config field (so an explicit value for it may disagree)
+static bool preset_sets(const Args& args, const std::string& field) {
+    if (!args.given.count("model")) return false;
+    if (field == "n_layer" || field == "n_embd" || field == "n_head") return true;
+    return is_gpt2_preset(args.str("model")) &&
+           (field == "vocab_size" || field == "max_seq_len" || field == "mlp" || field == "pos");
+}
+
 static GPTConfig config_from_args(const Args& args) {
     GPTConfig c;
     const std::string preset = args.str("model");
-    if (!preset.empty()) {
+    const bool gpt2 = is_gpt2_preset(preset);
+    if (gpt2) {
+        for (const Gpt2Preset& g : GPT2_PRESETS)
+            if (preset == g.name) { c.n_layer = g.n_layer; c.n_embd = g.n_embd; c.n_head = g.n_head; }
+    } else if (!preset.empty()) {
         // strict: "d" then a number in range (sscanf's %d would overflow on d99999999999)
         LLMC_CHECK(preset.size() >= 2 && preset[0] == 'd' && isdigit((unsigned char)preset[1]),
-                   "--model: '%s' is not a preset of the form dN (e.g. d4)", preset.c_str());
+                   "--model: '%s' is not a preset: expected dN (e.g. d4) or gpt2:124M, gpt2:350M, gpt2:774M, gpt2:1558M",
+                   preset.c_str());
         const int n = (int)parse_int64(preset.substr(1), "model dN: N", 1, 1024);
         c.n_layer = n; c.n_embd = 64 * n; c.n_head = n;
     }
@@ -1749,11 +1784,13 @@ static GPTConfig config_from_args(const Args& args) {
     take("n_layer", c.n_layer);
     take("n_embd", c.n_embd);
     take("n_head", c.n_head);
-    c.vocab_size = args.i("vocab_size");
+    // a GPT-2 preset also sets the vocabulary, the context and the block type
+    auto from_gpt2 = [&](const char* k) { return gpt2 && !args.given.count(k); };
+    c.vocab_size = from_gpt2("vocab_size") ? (int)GPT2_VOCAB_SIZE : args.i("vocab_size");
     c.n_kv_head = args.str("n_kv_head").empty() ? c.n_head : args.i("n_kv_head");
     c.ffn_hidden = args.i("ffn_hidden");
-    c.max_seq_len = args.i("max_seq_len");
-    const std::string mlp = args.str("mlp"), pos = args.str("pos");
+    c.max_seq_len = from_gpt2("max_seq_len") ? 1024 : args.i("max_seq_len");
+    const std::string mlp = from_gpt2("mlp") ? "gelu" : args.str("mlp"), pos = from_gpt2("pos") ? "learned" : args.str("pos");
     LLMC_CHECK(mlp == "swiglu" || mlp == "gelu", "--mlp: expected swiglu or gelu, got '%s'", mlp.c_str());
     LLMC_CHECK(pos == "alibi" || pos == "learned", "--pos: expected alibi or learned, got '%s'", pos.c_str());
     c.mlp = mlp == "swiglu" ? MLP_SWIGLU : MLP_GELU;
@@ -1821,10 +1858,9 @@ static double evaluate(GPT& m, DataLoader& loader, int n_batches, std::vector<in
     return sum_in_global_order(losses, n_batches) / n_batches;
 }
 
-static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, int eot, Rng& rng) {
-    std::vector<int> out = gpt_sample(m, {eot}, n_tokens, temperature, top_k, eot, rng);
-    std::string text;
-    for (int t : out) text += decode_token(t, eot);
+static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, const Tokenizer& tokenizer, Rng& rng) {
+    std::vector<int> out = gpt_sample(m, {tokenizer.eot}, n_tokens, temperature, top_k, tokenizer.eot, rng);
+    const std::string text = tokenizer.decode(out);  // whole UTF-8 characters only (llmc/tokenizer.h)
     if (comm_world().world_rank != 0) return;  // every rank samples (stage 3 gathers), rank 0 prints
     printf("---- sample ----\n%s\n----------------\n", text.c_str());
     fflush(stdout);
@@ -1978,6 +2014,68 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     LLMC_FAIL("--resume latest: no checkpoint in %s loads (looked for ckpt_*.bin)", out_dir.c_str());
 }
 
+// llm.c's GPT-2 model files (llmc/llmc_format.h) and our model: the config a file describes, our
+// config in llm.c's terms (refused, naming the field, when it is not GPT-2's shape), and the
+// conversions between the two parameter orders.
+static TableIndex table_index(const std::vector<ParamTensor>& table) {
+    TableIndex index;
+    for (const ParamTensor& t : table) index[t.name] = {t.offset, t.numel};
+    return index;
+}
+static GPTConfig config_from_llmc(const LlmcModelShape& s, const std::string& path) {
+    GPTConfig c;
+    c.vocab_size = s.vocab_size;
+    c.n_layer = s.n_layer;
+    c.n_embd = s.n_embd;
+    c.n_head = c.n_kv_head = s.n_head;
+    c.ffn_hidden = 4 * s.n_embd;
+    c.max_seq_len = s.max_seq_len;
+    c.mlp = MLP_GELU;
+    c.pos = POS_LEARNED;
+    c.n_expert = 0;
+    c.finalize();
+    LLMC_CHECK(c.padded_vocab_size == s.padded_vocab_size,
+               "%s: the llm.c model pads vocab_size %d to %d rows, this engine pads it to %d (the next multiple of 128); "
+               "the wte tables would not line up", path.c_str(), s.vocab_size, s.padded_vocab_size, c.padded_vocab_size);
+    return c;
+}
+static LlmcModelShape llmc_shape_of(const GPTConfig& c) {
+    const char* why = c.mlp != MLP_GELU ? "--mlp gelu (this model has swiglu)"
+                      : c.pos != POS_LEARNED ? "--pos learned (this model has alibi)"
+                      : c.n_kv_head != c.n_head ? "--n_kv_head equal to --n_head (this model has grouped-query attention)"
+                      : c.ffn_hidden != 4 * c.n_embd ? "--ffn_hidden 4 * n_embd (this model's differs)"
+                      : c.n_expert != 0 ? "a dense model (this one has experts)" : nullptr;
+    LLMC_CHECK(!why, "--export_llmc: llm.c's GPT-2 format holds only GPT-2-shaped models: it needs %s; "
+                     "scripts/export_hf.py exports any shape", why);
+    LlmcModelShape s;
+    s.max_seq_len = c.max_seq_len;
+    s.vocab_size = c.vocab_size;
+    s.n_layer = c.n_layer;
+    s.n_head = c.n_head;
+    s.n_embd = c.n_embd;
+    s.padded_vocab_size = c.padded_vocab_size;
+    return s;
+}
+// The weights of an llm.c file into the model (fresh optimizer state). The wte rows past
+// vocab_size are zeroed: no token uses them (both engines skip them in the softmax) and our
+// invariant keeps them zero.
+static void gpt_load_llmc(GPT& m, const LlmcModelFile& f, const std::string& path) {
+    std::vector<float> p = llmc_to_table(f.shape, f.params, table_index(m.table), m.n_params, path);
+    const ParamTensor& wte = m.table[0];
+    std::fill(p.begin() + wte.offset + (size_t)m.config.vocab_size * m.config.n_embd, p.begin() + wte.offset + wte.numel,
+              0.0f);
+    std::vector<float> zeros(m.n_params, 0.0f);
+    gpt_set_state(m, p.data(), zeros.data(), zeros.data());
+}
+// Collective (every rank gathers the whole table), rank 0 writes.
+static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
+    const LlmcModelShape shape = llmc_shape_of(m.config);
+    std::vector<float> p(m.n_params);
+    gpt_get_state(m, p.data(), nullptr, nullptr);
+    if (comm_world().world_rank == 0) write_llmc_model(path, shape, table_to_llmc(shape, p.data(), table_index(m.table)), bf16);
+    barrier(comm_world().dp);
+}
+
 // The whole training program; main() only maps errors to exit codes. Returns the exit code.
 [[maybe_unused]] static int train_main(int argc, char** argv) {
     Comm& cm = comm_world();
@@ -2039,6 +2137,9 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     }
     barrier(dp);
 
+    LLMC_CHECK(args.str("init_from").empty() || args.str("resume").empty(),
+               "--init_from %s and --resume %s: give one (a resumed run has its weights)", args.str("init_from").c_str(),
+               args.str("resume").c_str());
     // resume: the checkpoint's config wins over defaults, and must agree with explicit flags
     Checkpoint ck;
     std::string resume = args.str("resume");
@@ -2048,8 +2149,7 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         for (auto& [name, field] : config_fields(config)) {
             int64_t stored = ck.get_int(std::string("config.") + name, resume);
             const std::string n = name;
-            bool explicit_flag = args.given.count(n) ||
-                                 (args.given.count("model") && (n == "n_layer" || n == "n_embd" || n == "n_head"));
+            bool explicit_flag = args.given.count(n) || preset_sets(args, n);
             LLMC_CHECK(!explicit_flag || stored == *field,
                        "%s: checkpoint has %s = %lld but the flags ask for %d; drop the flag or start a new run",
                        resume.c_str(), name, (long long)stored, *field);
@@ -2076,6 +2176,26 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
                    resume.c_str(), (long long)step, max_steps);
     }
 
+    // --init_from: an llm.c model file sets the config (explicit flags must agree) and the weights
+    const std::string init_from = args.str("init_from");
+    LlmcModelFile init_file;
+    if (!init_from.empty()) {
+        init_file = read_llmc_model(init_from);
+        GPTConfig from_file = config_from_llmc(init_file.shape, init_from);
+        auto mine = config_fields(config), theirs = config_fields(from_file);
+        for (size_t k = 0; k < mine.size(); k++) {
+            const std::string n = mine[k].first;
+            LLMC_CHECK(!(args.given.count(n) || preset_sets(args, n)) || *mine[k].second == *theirs[k].second,
+                       "%s: the llm.c model has %s = %d but the flags ask for %d; drop the flag (the file sets it)",
+                       init_from.c_str(), n.c_str(), *theirs[k].second, *mine[k].second);
+        }
+        config = from_file;
+    }
+    const std::string export_llmc = args.str("export_llmc"), export_dtype = args.str("export_llmc_dtype");
+    LLMC_CHECK(export_dtype == "fp32" || export_dtype == "bf16", "--export_llmc_dtype: expected fp32 or bf16, got '%s'",
+               export_dtype.c_str());
+    if (!export_llmc.empty()) llmc_shape_of(config);  // refuse a shape llm.c cannot hold now, not after training
+
     config.check_batch(B, T, world);  // after the resume: the checkpoint may have set the config
     // the pipeline: the schedule's micro-batches are the accumulation steps
     const PipeKind pp_kind = parse_pipe_kind(args.str("pp_schedule"));
@@ -2086,6 +2206,9 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
 
     DataLoader train_loader(args.str("train"), B, T, dp.rank, world, true, seed, config.vocab_size, "--train");
     const int eot = train_loader.eot;
+    const ShardInfo& first_shard = train_loader.shards[0];
+    const Tokenizer tokenizer = find_tokenizer(args.str("tokenizer"), first_shard.path, first_shard.vocab_size, eot,
+                                               first_shard.llmc_format);
     const bool have_val = !args.str("val").empty() && val_batches > 0;
     DataLoader val_loader;
     if (have_val) {
@@ -2110,7 +2233,14 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
         if (rank0) printf("resumed from %s at step %d\n", resume.c_str(), start_step);
         ck = Checkpoint();  // the arrays are in the model now
     } else {
-        gpt_init_params(model, seed);
+        if (!init_from.empty()) {
+            gpt_load_llmc(model, init_file, init_from);
+            if (rank0) printf("initialized from %s (llm.c GPT-2 model, %s)\n", init_from.c_str(),
+                              init_file.version == LLMC_MODEL_VERSION_BF16 ? "bf16" : "fp32");
+            init_file = LlmcModelFile();  // the weights are in the model now
+        } else {
+            gpt_init_params(model, seed);
+        }
     }
 
     if (rank0) {
@@ -2138,7 +2268,9 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
                grad_accum, (long long)total_batch);
         if (n_stages > 1) print_pipeline(model, B, T, zero_stage);
         print_memory_plan(model, B, T, zero_stage);
-        printf("train: %zu shard(s), val: %s\n", train_loader.shards.size(), have_val ? "yes" : "no");
+        printf("train: %zu shard(s)%s, val: %s\n", train_loader.shards.size(),
+               first_shard.llmc_format ? " (llm.c GPT-2 format)" : "", have_val ? "yes" : "no");
+        printf("tokenizer: %s\n", tokenizer.source.c_str());
     }
 
     JsonlLogger log;  // a resume trims the log back to its step (llmc/logger.h says why)
@@ -2189,6 +2321,7 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     // diverged, and the state is still the last good one (no checkpoint of a bad state is written).
     int bad_in_a_row = 0, bad_total = 0;
     LossOutlierDetector loss_spikes;  // z-score of the loss against the recent window (llmc/outlier.h)
+    const auto run_t0 = std::chrono::steady_clock::now();  // elapsed and ETA of the step line
     for (int step = start_step; step < max_steps; step++) {
         auto t0 = std::chrono::steady_clock::now();
         comm_reset_counters(cm);
@@ -2231,13 +2364,17 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
             if (mfu >= 0) snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100 * mfu);
             printf("step %5d/%d | loss %.4f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s | MFU %s", step + 1, max_steps,
                    loss, norm, lr, ms, tok_s, mfu_text);
+            // ETA from the mean wall time per step so far, evaluations and samples included
+            const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_t0).count();
+            const double eta = elapsed / (step + 1 - start_step) * (max_steps - step - 1);
+            printf(" | %s elapsed, ETA %s", format_duration(elapsed).c_str(), format_duration(eta).c_str());
             if (std::isfinite(loss_z)) printf(" | z %+.1f%s", loss_z, loss_z > 5 ? " (loss spike)" : "");
             if (bad_step)
                 printf(" | SKIPPED: non-finite loss or grad norm, no update (%d in a row, stop at %d)", bad_in_a_row,
                        max_bad_steps);
             std::vector<std::pair<const char*, double>> fields = {
                 {"step", step + 1}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"ms", ms}, {"tok_s", tok_s},
-                {"loss_z", loss_z}};
+                {"loss_z", loss_z}, {"tokens", (double)(step + 1) * total_batch}, {"elapsed_s", elapsed}};
             if (mfu >= 0) fields.push_back({"mfu", mfu});
             if (bad_step) fields.insert(fields.end(), {{"skipped", 1}, {"bad_steps", (double)bad_total}});
             if (config.n_expert > 0) {
@@ -2276,12 +2413,16 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
             }
         }
         if ((sample_every > 0 && (step + 1) % sample_every == 0) || (last && sample_len > 0))
-            print_sample(model, sample_len, temperature, top_k, eot, sample_rng);
+            print_sample(model, sample_len, temperature, top_k, tokenizer, sample_rng);
         if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) {
             // not in the middle of a bad streak: --resume latest should land before the trouble began
             if (bad_in_a_row == 0) save(step + 1);
             else printf("checkpoint at step %d not written: the step was skipped as non-finite\n", step + 1);
         }
+    }
+    if (!export_llmc.empty()) {
+        gpt_export_llmc(model, export_llmc, export_dtype == "bf16");
+        if (rank0) printf("wrote %s (llm.c GPT-2 model, %s)\n", export_llmc.c_str(), export_dtype.c_str());
     }
     if (world > 1 && !model.zero.params_sharded()) {  // replicated params must be bitwise the same everywhere
         std::vector<floatX> p(model.zero.params_elems());

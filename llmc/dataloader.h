@@ -3,6 +3,10 @@
 // Shard file (little-endian; written by dev/data/prepare_text.py):
 //   64-byte header: char magic[8] = "LLMCSHRD", uint32 version = 1, uint32 token_bytes (2 or 4),
 //   uint64 num_tokens, uint32 vocab_size, uint32 eot_token, zero padding; then the tokens.
+// llm.c's GPT-2 shards (dev/data/*.py of karpathy/llm.c) are read too, told apart by their first
+// word: a 256 x int32 header, int32 magic 20240520, int32 version 1, int32 num_tokens, zero
+// padding; then uint16 tokens. They carry no vocabulary fields: they are GPT-2 tokens (vocab
+// 50257) whose documents are separated by GPT-2's <|endoftext|> (50256), so that is the eot.
 //
 // A shard of N tokens holds (N - 1) / T rows; row r is tokens [r*T, r*T + T] (T inputs, T
 // targets shifted by one), so rows pack documents and may start mid-document. The data is one
@@ -22,26 +26,59 @@
 
 constexpr uint32_t SHARD_VERSION = 1;
 constexpr int SHARD_HEADER_BYTES = 64;
+// llm.c's token shard (see the top of this file)
+constexpr int32_t LLMC_SHARD_MAGIC = 20240520;
+constexpr int LLMC_SHARD_HEADER_BYTES = 256 * 4;
+constexpr uint32_t GPT2_VOCAB_SIZE = 50257, GPT2_EOT = 50256;
 
 struct ShardInfo {
     std::string path;
     uint32_t token_bytes = 0, vocab_size = 0, eot_token = 0;
     uint64_t num_tokens = 0;
+    uint32_t header_bytes = SHARD_HEADER_BYTES;  // where the tokens start
+    bool llmc_format = false;                    // an llm.c GPT-2 shard
 };
+
+// The header of an llm.c shard, whose first 64 bytes (h) have been read; checks it and the file size.
+inline ShardInfo read_llmc_shard_info(const std::string& path, const unsigned char* h) {
+    ShardInfo s;
+    s.path = path;
+    s.llmc_format = true;
+    s.header_bytes = LLMC_SHARD_HEADER_BYTES;
+    s.token_bytes = 2;
+    s.vocab_size = GPT2_VOCAB_SIZE;
+    s.eot_token = GPT2_EOT;
+    int32_t version, n;
+    memcpy(&version, h + 4, 4);
+    memcpy(&n, h + 8, 4);
+    LLMC_CHECK(version == 1, "%s: llm.c token shard (magic %d) of version %d, expected version 1", path.c_str(),
+               LLMC_SHARD_MAGIC, version);
+    LLMC_CHECK(n >= 0, "%s: llm.c token shard: header says %d tokens, expected a count >= 0", path.c_str(), n);
+    s.num_tokens = (uint64_t)n;
+    const long long actual = file_size_bytes(path);
+    const long long expected = LLMC_SHARD_HEADER_BYTES + 2LL * n;  // n < 2^31: no overflow
+    LLMC_CHECK(actual == expected,
+               "%s: llm.c token shard: %s: header says %d uint16 tokens (file of %lld bytes), file is %lld bytes",
+               path.c_str(), actual < expected ? "truncated" : "trailing bytes", n, expected, actual);
+    return s;
+}
 
 // Reads and validates a shard header against the file size; says exactly what is wrong.
 inline ShardInfo read_shard_info(const std::string& path) {
     ShardInfo s;
     s.path = path;
     FILE* f = fopen_or_fail(path, "rb");
-    unsigned char h[SHARD_HEADER_BYTES];
+    unsigned char h[SHARD_HEADER_BYTES] = {0};
     size_t got = fread(h, 1, sizeof(h), f);
     fclose(f);
+    int32_t magic32;
+    memcpy(&magic32, h, 4);
+    if (got >= 12 && magic32 == LLMC_SHARD_MAGIC) return read_llmc_shard_info(path, h);
     LLMC_CHECK(got == sizeof(h), "%s: not a token shard: file is %zu bytes, shorter than the %d-byte header",
                path.c_str(), got, SHARD_HEADER_BYTES);
     LLMC_CHECK(memcmp(h, "LLMCSHRD", 8) == 0,
-               "%s: not a token shard: magic is \"%.8s\", expected \"LLMCSHRD\" (make shards with dev/data/prepare_text.py)",
-               path.c_str(), (const char*)h);
+               "%s: not a token shard: magic is \"%.8s\", expected \"LLMCSHRD\" (make shards with dev/data/prepare_text.py) "
+               "or llm.c's int32 %d", path.c_str(), (const char*)h, LLMC_SHARD_MAGIC);
     uint32_t version;
     memcpy(&version, h + 8, 4);
     memcpy(&s.token_bytes, h + 12, 4);
@@ -72,7 +109,7 @@ inline ShardInfo read_shard_info(const std::string& path) {
 // Loads all tokens of a shard, checking each id against the model's vocabulary.
 inline std::vector<int> load_shard_tokens(const ShardInfo& s, int model_vocab_size) {
     FILE* f = fopen_or_fail(s.path, "rb");
-    fseek(f, SHARD_HEADER_BYTES, SEEK_SET);
+    fseek(f, s.header_bytes, SEEK_SET);
     std::vector<int> tokens(s.num_tokens);
     if (s.token_bytes == 2) {
         std::vector<uint16_t> raw(s.num_tokens);
@@ -131,8 +168,9 @@ struct DataLoader {
         for (const std::string& p : files) {
             ShardInfo s = read_shard_info(p);
             LLMC_CHECK((int64_t)s.vocab_size <= model_vocab_size,
-                       "%s: shard vocab_size %u is larger than the model's vocab_size %d", p.c_str(), s.vocab_size,
-                       model_vocab_size);
+                       "%s: shard vocab_size %u is larger than the model's vocab_size %d (give --vocab_size %u%s)",
+                       p.c_str(), s.vocab_size, model_vocab_size, s.vocab_size,
+                       s.llmc_format ? ", or a GPT-2 preset such as -e gpt2:124M, for llm.c's GPT-2 shards" : "");
             LLMC_CHECK(shards.empty() || s.eot_token == shards[0].eot_token,
                        "%s: eot_token %u differs from %u in %s", p.c_str(), s.eot_token, shards[0].eot_token,
                        shards[0].path.c_str());

@@ -106,6 +106,17 @@ struct AtomicFile {
     ~AtomicFile() { if (f) { fclose(f); remove(tmp_path.c_str()); } }
 };
 
+// A duration for people: "42s", "3m07s", "2h05m".
+inline std::string format_duration(double seconds) {
+    if (!std::isfinite(seconds) || seconds < 0) return "?";
+    const long long t = (long long)(seconds + 0.5);
+    char buf[48];
+    if (t < 60) snprintf(buf, sizeof(buf), "%llds", t);
+    else if (t < 3600) snprintf(buf, sizeof(buf), "%lldm%02llds", t / 60, t % 60);
+    else snprintf(buf, sizeof(buf), "%lldh%02lldm", t / 3600, (t % 3600) / 60);
+    return buf;
+}
+
 // Sorted list of files matching a glob pattern (shard lists like "data/train_*.bin").
 #include <glob.h>
 inline std::vector<std::string> glob_files(const std::string& pattern) {

@@ -26,3 +26,4 @@ if [ ! -f data/fortunes/fortunes_val_000.bin ]; then
     python3 dev/data/prepare_text.py /usr/share/games/fortunes --sep percent --out_dir data/fortunes
 fi
 $trainer --out_dir out/quickstart --max_steps 700 --val_every 100 --sample_len 400 "$@"
+echo "plot the run: make tools && .venv-tools/bin/python scripts/plot.py out/quickstart  (-> out/quickstart/plot.png)"

@@ -1,8 +1,12 @@
 // Seeded mutation fuzzing of the file readers (token shards, checkpoints), built with
 // -fsanitize=address,undefined -fno-sanitize-recover=all by `make fuzz`.
 //
-//   fuzz_readers shard [--trials N] [--seed S]              shards through DataLoader (header,
-//                                                             size check, token load, batches)
+//   fuzz_readers shard [--trials N] [--seed S]              shards (ours and llm.c's) through
+//                                                             DataLoader (header, size check,
+//                                                             token load, batches)
+//   fuzz_readers formats [--trials N] [--seed S]            llm.c model files (read_llmc_model)
+//                                                             and tokenizer files of both formats
+//                                                             (load_tokenizer_file + decode)
 //   fuzz_readers checkpoint FILE [--trials N] [--seed S]    mutations of the valid checkpoint
 //                                                             FILE through load_checkpoint(path)
 //   fuzz_readers make_shard FILE                            writes a valid shard (for make fuzz)
@@ -16,6 +20,8 @@
 // when there was any crash or hang.
 #include "llmc/checkpoint.h"
 #include "llmc/dataloader.h"
+#include "llmc/llmc_format.h"
+#include "llmc/tokenizer.h"
 
 #include <csignal>
 #include <cstdio>
@@ -155,6 +161,56 @@ std::string valid_shard(Rng& rng, uint32_t token_bytes, size_t n_tokens) {
     return b;
 }
 
+// llm.c's GPT-2 shard: 256 int32 header (magic, version, count), uint16 GPT-2 tokens
+std::string valid_llmc_shard(Rng& rng, size_t n_tokens) {
+    std::string b(LLMC_SHARD_HEADER_BYTES, '\0');
+    const int32_t head[3] = {LLMC_SHARD_MAGIC, 1, (int32_t)n_tokens};
+    memcpy(&b[0], head, sizeof(head));
+    for (size_t i = 0; i < n_tokens; i++) {
+        uint16_t t = i % 17 == 0 ? (uint16_t)GPT2_EOT : (uint16_t)rng.below(GPT2_EOT);
+        b.append((const char*)&t, 2);
+    }
+    return b;
+}
+
+// A tiny llm.c model file (L 1, C 8, NH 2, maxT 4, V 10 padded to 128), fp32 or bf16.
+std::string valid_llmc_model(Rng& rng, bool bf16) {
+    LlmcModelShape s;
+    s.max_seq_len = 4; s.vocab_size = 10; s.n_layer = 1; s.n_head = 2; s.n_embd = 8; s.padded_vocab_size = 128;
+    int32_t h[256] = {0};
+    const int32_t head[8] = {LLMC_MODEL_MAGIC, bf16 ? LLMC_MODEL_VERSION_BF16 : LLMC_MODEL_VERSION_FP32, 4, 10, 1, 2, 8, 128};
+    memcpy(h, head, sizeof(head));
+    std::string b((const char*)h, sizeof(h));
+    for (size_t i = 0; i < s.num_params(); i++) {
+        const float v = (float)rng.below(1000) / 1000.0f - 0.5f;
+        if (bf16) { uint16_t x = float_to_bf16(v); b.append((const char*)&x, 2); }
+        else b.append((const char*)&v, 4);
+    }
+    return b;
+}
+
+// A vocabulary of 40 tokens (some multi-byte UTF-8 pieces, some split characters) in our format
+// (LLMCVOCB) or llm.c's (gpt2_tokenizer.bin, version 2).
+std::string valid_tokenizer(Rng& rng, bool ours) {
+    std::vector<std::string> pieces;
+    const char* some[] = {"a", " the", "\xE0\xA6", "\x95", "\xE0\xA6\x95", "\xF0\x9F", "\x98\x80", "<|endoftext|>"};
+    for (int i = 0; i < 40; i++) pieces.push_back(some[rng.below(8)]);
+    std::string b;
+    if (ours) {
+        b = "LLMCVOCB";
+        for (uint32_t w : {VOCAB_FILE_VERSION, 40u, 7u, 0u}) b.append((const char*)&w, 4);
+    } else {
+        uint32_t h[256] = {LLMC_TOKENIZER_MAGIC, 2, 40, 7};
+        b.assign((const char*)h, sizeof(h));
+    }
+    for (const std::string& p : pieces) {
+        if (ours) { uint32_t n = (uint32_t)p.size(); b.append((const char*)&n, 4); }
+        else b.push_back((char)p.size());
+        b += p;
+    }
+    return b;
+}
+
 // Runs `body` in a child; returns 0 accepted, 2 clean error, 1 crash, 3 hang.
 template <class F>
 int run_trial(F body, int timeout_s) {
@@ -203,7 +259,7 @@ struct Counts {
 
 int main(int argc, char** argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: fuzz_readers shard|checkpoint FILE|make_shard FILE [--trials N] [--seed S]\n");
+        fprintf(stderr, "usage: fuzz_readers shard|formats|checkpoint FILE|make_shard FILE [--trials N] [--seed S]\n");
         return 1;
     }
     const std::string mode = argv[1];
@@ -232,11 +288,13 @@ int main(int argc, char** argv) {
     if (mode == "shard") {
         for (int t = 0; t < trials; t++) {
             const uint32_t width = mut.below(2) ? 2 : 4;
-            std::string b = valid_shard(mut.rng, width, 40 + mut.below(400));
-            if (t % 10 != 0) mut.mutate(b, SHARD_HEADER_BYTES);  // every 10th stays valid: the accept path
+            const bool llmc = t % 3 == 2;  // a third are llm.c's GPT-2 shards
+            std::string b = llmc ? valid_llmc_shard(mut.rng, 40 + mut.below(400))
+                                 : valid_shard(mut.rng, width, 40 + mut.below(400));
+            if (t % 10 != 0) mut.mutate(b, llmc ? 16 : SHARD_HEADER_BYTES);  // every 10th stays valid: the accept path
             write_bytes(path, b);
             const int B = 1 + (int)mut.below(3), T = 1 + (int)mut.below(16);
-            const int vocab = mut.below(4) == 0 ? 65536 : 257;
+            const int vocab = llmc ? (mut.below(4) == 0 ? 257 : 50257) : mut.below(4) == 0 ? 65536 : 257;
             int r = run_trial([&] {
                 DataLoader dl(path, B, T, 0, 1, true, 7, vocab, "fuzz");
                 std::vector<int> in((size_t)B * T), tgt((size_t)B * T), ds((size_t)B * T);
@@ -265,6 +323,29 @@ int main(int argc, char** argv) {
         remove(path.c_str());
         rmdir(dir.c_str());
         return counts.report("checkpoint");
+    }
+    if (mode == "formats") {
+        for (int t = 0; t < trials; t++) {
+            const int kind = t % 4;  // llm.c model fp32, bf16; our vocabulary, llm.c's tokenizer
+            std::string b = kind < 2 ? valid_llmc_model(mut.rng, kind == 1) : valid_tokenizer(mut.rng, kind == 2);
+            if (t % 10 >= 2) mut.mutate(b, kind == 2 ? 24 : 64);
+            write_bytes(path, b);
+            std::vector<int> ids(64);
+            for (int& id : ids) id = (int)mut.below(48) - 4;  // some out of range, some negative
+            int r = run_trial([&] {
+                if (kind < 2) {
+                    LlmcModelFile m = read_llmc_model(path);
+                    (void)m;
+                } else {
+                    Tokenizer tok = load_tokenizer_file(path);
+                    (void)tok.decode(ids);
+                }
+            }, 10);
+            counts.add(r, kind < 2 ? "llm.c model" : "tokenizer", t);
+        }
+        remove(path.c_str());
+        rmdir(dir.c_str());
+        return counts.report("formats");
     }
     fprintf(stderr, "fuzz_readers: unknown mode '%s'\n", mode.c_str());
     return 1;

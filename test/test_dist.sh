@@ -9,6 +9,7 @@
 #   3. faults: one rank SIGKILLed while writing a checkpoint (no loadable checkpoint appears;
 #      --resume latest takes the previous one), one rank killed mid-run, one rank's error
 #   4. bad layouts refused with one clear message
+#   5. llm.c model files: export and import under np 2 -z 3 and np 4 -z 1 = one process's bytes
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -189,6 +190,17 @@ bad_pp 3 "not a multiple of the pipeline stages" --pp 2
 bad_pp 2 "micro-batches per step (gradient accumulation steps)" --pp 2 -d $((B * T))
 bad_pp 2 "equal chunks" --pp 2 --pp_schedule interleaved --pp_virtual 2 --n_layer 6 -d $TOK4
 bad_pp 2 "pp_layers 1,2: the counts add up to 3" --pp 2 --pp_layers 1,2 -d $TOK4
+
+# ---- 6. llm.c model files under any layout: an export gathers the whole model (rank 0 writes),
+# an import gives every rank its part; both byte-identical to one process
+GPT2="$COMMON --n_kv_head 3 --ffn_hidden 108 --mlp gelu --pos learned --max_seq_len 16"
+run 1 "$W/llmc1" $GPT2 -d $TOK -x 3 --export_llmc "$W/llmc1.bin" || fail "llm.c export, one process"
+run 2 "$W/llmc2" $GPT2 -d $TOK -x 3 -z 3 --export_llmc "$W/llmc2.bin" || fail "llm.c export, np 2 -z 3"
+cmp -s "$W/llmc1.bin" "$W/llmc2.bin" && pass || fail "llm.c export differs between one process and np 2 -z 3"
+run 4 "$W/llmc3" $GPT2 -d $TOK -x 0 -z 1 --init_from "$W/llmc1.bin" --export_llmc "$W/llmc3.bin" || fail "llm.c import, np 4 -z 1"
+cmp -s "$W/llmc1.bin" "$W/llmc3.bin" && pass || fail "llm.c import + export under np 4 -z 1 changed the file"
+run 2 "$W/llmc4" $GPT2 -d $TOK -x 0 --pp 2 --init_from "$W/llmc1.bin" --export_llmc "$W/llmc4.bin" || fail "llm.c import, pp 2"
+cmp -s "$W/llmc1.bin" "$W/llmc4.bin" && pass || fail "llm.c import + export under pp 2 changed the file"
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]

@@ -26,6 +26,7 @@
 #include "llmc/rand.h"
 #include "llmc/dataloader.h"
 #include "llmc/tokenizer.h"
+#include "llmc/llmc_format.h"
 #include "llmc/schedulers.h"
 #include "llmc/checkpoint.h"
 #include "llmc/logger.h"

@@ -1,0 +1,51 @@
+// Our engine's logits for one row of tokens, from a checkpoint: the other side of the exported
+// models' checks (test/test_python.sh compares them with a numpy GPT-2 on the Hugging Face
+// tensors; scripts/compare_hf.py with transformers' GPT2LMHeadModel).
+//
+//   forward_logits CHECKPOINT TOKENS OUT
+//     TOKENS  int32 token ids (one row of T <= max_seq_len tokens, little-endian)
+//     OUT     float32 logits [T, vocab_size] (the padding columns dropped)
+// The row is one document (doc_start = 0 everywhere, whatever its tokens are): plain causal
+// attention and positions 0..T-1, as in GPT-2 and llm.c. CPU build, fp32.
+#define LLMC_CPU
+#define LLMC_NO_MAIN
+#include "../train_gpt.cu"
+
+int main(int argc, char** argv) {
+    try {
+        LLMC_CHECK(argc == 4, "usage: forward_logits CHECKPOINT TOKENS OUT");
+        Checkpoint ck = load_checkpoint(argv[1]);
+        GPTConfig c;
+        for (auto& [name, field] : config_fields(c)) *field = (int)ck.get_int(std::string("config.") + name, argv[1]);
+        c.capacity_factor = (float)ck.get_float("config.capacity_factor", argv[1]);
+        c.finalize();
+        const long long bytes = file_size_bytes(argv[2]);
+        LLMC_CHECK(bytes > 0 && bytes % 4 == 0, "%s: expected int32 token ids, the file has %lld bytes", argv[2], bytes);
+        std::vector<int> tokens(bytes / 4);
+        FILE* f = fopen_or_fail(argv[2], "rb");
+        fread_or_fail(tokens.data(), bytes, f, argv[2], "tokens");
+        fclose(f);
+        const int T = (int)tokens.size();
+        for (int t : tokens) LLMC_CHECK(t >= 0 && t < c.vocab_size, "%s: token %d is outside [0, %d)", argv[2], t, c.vocab_size);
+        GPT m;
+        gpt_allocate(m, c, 1, T);
+        LLMC_CHECK(ck.params.size() == m.n_params, "%s: %zu parameters, the config needs %zu", argv[1], ck.params.size(),
+                   m.n_params);
+        gpt_set_state(m, ck.params.data(), ck.adam_m.data(), ck.adam_v.data());
+        std::vector<int> doc_start(T, 0);
+        gpt_forward(m, tokens.data(), nullptr, doc_start.data(), 1, T);
+        std::vector<float> logits((size_t)T * c.padded_vocab_size), out;
+        copy_from_buffer(logits.data(), m.logits, logits.size() * sizeof(float));
+        for (int t = 0; t < T; t++)
+            out.insert(out.end(), logits.begin() + (size_t)t * c.padded_vocab_size,
+                       logits.begin() + (size_t)t * c.padded_vocab_size + c.vocab_size);
+        AtomicFile o(argv[3]);
+        o.write(out.data(), out.size() * sizeof(float));
+        o.commit();
+        gpt_free(m);
+        return 0;
+    } catch (const LlmcError& e) {
+        fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The Python tools against the trainer (make test runs this with the .venv-tools/ python):
+#   1. export_hf.py: a GPT-2-shaped checkpoint -> GPT-2 names and shapes, its logits (a numpy
+#      GPT-2 on the exported tensors, scripts/compare_hf.py) = our engine's (dev/bin/forward_logits);
+#      other shapes keep our names with a layout description; corrupt or foreign files are refused
+#   2. plot.py: one run and several runs on one figure; a log without the tokens field
+#   3. prepare_text.py --tokenizer bpe: a BPE trained on English + Bengali text, shards with its eot,
+#      tokenizer.json + tokenizer.bin; the trainer finds tokenizer.bin and prints valid UTF-8 samples
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${TOOLS_PYTHON:-python3}
+BIN=$PWD/train_gpt_cpu
+W=$(mktemp -d /tmp/llmc_py.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=2
+fails=0; checks=0
+pass() { checks=$((checks + 1)); }
+fail() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+check() { local what=$1; shift; if "$@" >"$W/check.out" 2>&1; then pass; else fail "$what"; cat "$W/check.out"; fi; }
+refused() {  # refused WHAT NEEDLE CMD...: exits 1 with NEEDLE on stderr, no traceback
+    local what=$1 needle=$2; shift 2
+    "$@" >"$W/ref.out" 2>"$W/ref.err"; local rc=$?
+    if [ $rc -eq 1 ] && grep -qF -- "$needle" "$W/ref.err" && ! grep -q Traceback "$W/ref.err"; then pass
+    else fail "$what: rc $rc, expected 1 and '$needle'"; cat "$W/ref.err"; fi
+}
+for tool in "$BIN" dev/bin/forward_logits; do
+    [ -x "$tool" ] || { echo "test_python: $tool is missing (make train_gpt_cpu dev/bin/forward_logits)"; exit 1; }
+done
+"$PY" -c "import numpy, safetensors, matplotlib, tokenizers" || { echo "test_python: $PY lacks the tools (make tools)"; exit 1; }
+
+"$PY" dev/data/prepare_text.py llmc --sep blank --out_dir "$W/data" --val_frac 0.1 >/dev/null || exit 1
+DATA="-i $W/data/data_train_*.bin -j $W/data/data_val_*.bin -b 2 -t 32 -m 2 -g 0 -u 2"
+GPT2="--n_layer 2 --n_embd 32 --n_head 4 --mlp gelu --pos learned --max_seq_len 64"
+"$BIN" $DATA $GPT2 -x 3 -o "$W/gpt2" >"$W/gpt2.log" 2>&1 || { cat "$W/gpt2.log"; exit 1; }
+"$BIN" $DATA --n_layer 2 --n_embd 32 --n_head 4 --n_kv_head 2 --n_expert 2 --moe_every 2 -x 2 -o "$W/moe" \
+    >"$W/moe.log" 2>&1 || { cat "$W/moe.log"; exit 1; }
+CK=$W/gpt2/ckpt_000000003.bin
+
+# ---- 1. export_hf.py
+check "export_hf GPT-2" "$PY" scripts/export_hf.py "$CK" "$W/hf"
+check "GPT-2 names, shapes and config" "$PY" - "$W/hf" <<'EOF'
+import json, sys
+from safetensors.numpy import load_file
+d = sys.argv[1]
+t, cfg = load_file(d + "/model.safetensors"), json.load(open(d + "/config.json"))
+C, L, V, T = 32, 2, 257, 64
+want = {"transformer.wte.weight": (V, C), "transformer.wpe.weight": (T, C),
+        "transformer.ln_f.weight": (C,), "transformer.ln_f.bias": (C,)}
+for l in range(L):
+    p = f"transformer.h.{l}."
+    want.update({p + "ln_1.weight": (C,), p + "ln_1.bias": (C,), p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
+                 p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,),
+                 p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,),
+                 p + "mlp.c_fc.weight": (C, 4 * C), p + "mlp.c_fc.bias": (4 * C,),
+                 p + "mlp.c_proj.weight": (4 * C, C), p + "mlp.c_proj.bias": (C,)})
+got = {k: v.shape for k, v in t.items()}
+assert got == want, (sorted(set(got) ^ set(want)), {k: (got.get(k), want[k]) for k in want if got.get(k) != want[k]})
+assert cfg["model_type"] == "gpt2" and cfg["architectures"] == ["GPT2LMHeadModel"], cfg
+assert (cfg["vocab_size"], cfg["n_embd"], cfg["n_layer"], cfg["n_head"], cfg["n_positions"]) == (V, C, L, 4, T), cfg
+assert cfg["activation_function"] == "gelu_new" and cfg["layer_norm_epsilon"] == 1e-5 and cfg["eos_token_id"] == 256
+EOF
+check "GPT-2 export: numpy GPT-2 logits = our engine's" "$PY" scripts/compare_hf.py "$CK" "$W/hf"
+check "export_hf other shapes" "$PY" scripts/export_hf.py "$W/moe/ckpt_000000002.bin" "$W/hf_moe"
+check "other shapes: our names and a layout" "$PY" - "$W/hf_moe" <<'EOF'
+import json, sys
+from safetensors.numpy import load_file
+d = sys.argv[1]
+t, cfg = load_file(d + "/model.safetensors"), json.load(open(d + "/config.json"))
+assert cfg["model_type"] == "llmc" and "SwiGLU" in cfg["note"], cfg["note"]
+assert cfg["llmc"]["n_kv_head"] == 2 and cfg["llmc"]["n_expert"] == 2 and "hL.attn.qkv.w" in cfg["layout"]
+assert t["wte"].shape == (257, 32) and "wpe" not in t
+assert t["h0.attn.qkv.w"].shape == ((4 + 2 * 2) * 8, 32) and t["h0.mlp.fc.w"].shape[0] == 2 * cfg["llmc"]["ffn_hidden"]
+assert t["h1.moe.fc.w"].shape == (2, 2 * cfg["llmc"]["expert_hidden"], 32) and "h1.moe.router.w" in t
+EOF
+refused "compare_hf on a non-GPT-2 export" "is not a GPT-2 export" "$PY" scripts/compare_hf.py "$W/moe/ckpt_000000002.bin" "$W/hf_moe"
+cp "$CK" "$W/corrupt.bin"
+printf '\001' | dd of="$W/corrupt.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
+refused "corrupt checkpoint" "checksum mismatch" "$PY" scripts/export_hf.py "$W/corrupt.bin" "$W/hf_bad"
+refused "not a checkpoint" "not a train_gpt checkpoint" "$PY" scripts/export_hf.py "$W/data/data_val_000.bin" "$W/hf_bad"
+head -c 2000 "$CK" >"$W/short.bin"
+refused "truncated checkpoint" "truncated or corrupt" "$PY" scripts/export_hf.py "$W/short.bin" "$W/hf_bad"
+
+# ---- 2. plot.py
+check "plot one run" "$PY" scripts/plot.py "$W/gpt2"
+check "plot several runs" "$PY" scripts/plot.py "$W/gpt2" "$W/moe" -o "$W/runs.png" --title "two runs"
+sed 's/,"tokens":[0-9]*//' "$W/moe/log.jsonl" >"$W/old_log.jsonl"
+check "plot a log without tokens" "$PY" scripts/plot.py "$W/old_log.jsonl" -o "$W/old.png"
+check "plots are PNGs" "$PY" -c "
+import sys
+for p in sys.argv[1:]:
+    b = open(p, 'rb').read()
+    assert b[:8] == b'\x89PNG\r\n\x1a\n' and len(b) > 20000, (p, len(b))" "$W/gpt2/plot.png" "$W/runs.png" "$W/old.png"
+refused "plot without a log" "cannot read" "$PY" scripts/plot.py "$W/nothing"
+
+# ---- 3. BPE
+"$PY" - "$W/corpus.txt" <<'EOF'
+import random, sys
+words = ["আমি", "বাংলায়", "গান", "গাই", "আমার", "সোনার", "বাংলা", "the", "quick", "brown", "fox", "jumps", "over",
+         "lazy", "dog", "কলকাতা", "ঢাকা", "নদী"]
+r = random.Random(1)
+with open(sys.argv[1], "w", encoding="utf-8") as f:
+    for d in range(400):
+        f.write(" ".join(r.choice(words) for _ in range(r.randint(5, 40))) + "\n\n")
+EOF
+check "prepare_text --tokenizer bpe" "$PY" dev/data/prepare_text.py "$W/corpus.txt" --sep blank --tokenizer bpe \
+    --vocab_size 300 --out_dir "$W/bpe"
+check "BPE shards and vocabulary agree" "$PY" - "$W/bpe" <<'EOF'
+import struct, sys
+from tokenizers import Tokenizer
+d = sys.argv[1]
+tok = Tokenizer.from_file(d + "/tokenizer.json")
+h = open(d + "/bpe_train_000.bin", "rb").read(64)
+magic, version, width, n, vocab, eot = h[:8], *struct.unpack("<IIQII", h[8:32])
+assert magic == b"LLMCSHRD" and vocab == tok.get_vocab_size() == 300 and eot == tok.token_to_id("<|endoftext|>"), (vocab, eot)
+b = open(d + "/tokenizer.bin", "rb").read()
+assert b[:8] == b"LLMCVOCB" and struct.unpack("<IIII", b[8:24]) == (1, 300, eot, 0)
+pieces, at = [], 24
+while at < len(b):
+    k = struct.unpack("<I", b[at:at + 4])[0]
+    pieces.append(b[at + 4:at + 4 + k]); at += 4 + k
+text = "আমার সোনার বাংলা, the lazy dog"
+assert b"".join(pieces[i] for i in tok.encode(text).ids) == text.encode()
+EOF
+"$BIN" -i "$W/bpe/bpe_train_*.bin" -j "$W/bpe/bpe_val_*.bin" --vocab_size 300 --n_layer 1 --n_embd 32 --n_head 2 \
+    -b 2 -t 32 -x 20 -m 1 -g 80 --seed 3 -o "$W/bpe_run" >"$W/bpe_run.log" 2>&1
+check "BPE training run" grep -q "^step    20/20" "$W/bpe_run.log"
+check "the trainer found tokenizer.bin" grep -q "^tokenizer: $W/bpe/tokenizer.bin (BPE vocabulary)" "$W/bpe_run.log"
+check "the sample is valid UTF-8 with Bengali letters" "$PY" -c "
+import sys
+t = open(sys.argv[1], 'rb').read().decode('utf-8')  # strict: raises on a split character
+s = t.split('---- sample ----')[1]
+assert any('\u0980' <= c <= '\u09ff' for c in s), s" "$W/bpe_run.log"
+refused "--vocab_size with the byte tokenizer" "--vocab_size is for --tokenizer bpe" \
+    "$PY" dev/data/prepare_text.py "$W/corpus.txt" --sep blank --vocab_size 300 --out_dir "$W/x"
+refused "a stale tokenizer is refused" "shard or tokenizer file(s)" \
+    "$PY" dev/data/prepare_text.py "$W/corpus.txt" --sep blank --out_dir "$W/bpe" --name other
+
+echo "test_python: $checks passed, $fails failed"
+[ $fails -eq 0 ]
