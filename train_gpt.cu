@@ -574,6 +574,8 @@ struct GPT {
     std::vector<std::vector<ChunkStash>> stashes;   // [chunk][k]: zero-bubble B -> W stash
     std::vector<const ChunkSlot*> last_forward;     // [chunk]: the latest forward's slot (MoE statistics)
     LayerGrads layer_douts{};  // one layer's output gradients, when its weight gradients follow at once
+    int recompute = 0;         // -r: activation recomputation level (acts_for)
+    LayerActs recomp{};        // -r 1 / 2: one layer's activations that the slots do not keep
     floatX *lnf = nullptr, *logits = nullptr;       // the last stage's head (one micro-batch at a time)
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
     // backward scratch, reused by every layer
@@ -649,12 +651,58 @@ static void chunk_bounds(const std::vector<PipeAction>& actions, int V, std::vec
     for (int c = 0; c < V; c++) slots[c] = std::max(slots[c], 1);  // forward-only passes (evaluation) use one
 }
 
+// Block l's activation buffers for B x T tokens: all of them (keep 0), all but the LayerNorm
+// outputs and the FFN activation (keep 1: -r 1), only the block output and the routing (keep 2:
+// -r 2); or the one-layer recompute buffers (l = -1, the largest FFN shapes given): what -r 1
+// (keep 3) or -r 2 (keep 4) does not keep.
+static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, size_t act_max = 0, bool moe = false) {
+    const GPTConfig& c = m.config;
+    const size_t BT = (size_t)m.max_B * m.max_T, C = c.n_embd, E = c.n_expert;
+    const size_t expert_rows = c.n_expert > 0 ? E * c.moe_capacity(m.max_B, m.max_T) : 0, He = c.expert_hidden;
+    if (l >= 0) {
+        moe = c.is_moe(l);
+        fc_max = moe ? expert_rows * 2 * He : BT * c.fc_channels();
+        act_max = moe ? expert_rows * He : BT * c.ffn_hidden;
+    }
+    const bool slot = keep <= 2, all = keep == 0 || keep == 4;
+    LayerActs a{};
+    if (moe && slot) {  // the routing: every slot keeps it (small; the statistics read it)
+        a.moe_scores = take_stats(m, BT * E);
+        a.expert_tokens = take_ints(m, expert_rows);
+        a.token_slots = take_ints(m, BT * E);
+    }
+    if (moe && (keep <= 1 || keep == 4)) {
+        a.expert_in = take_act(m, expert_rows * C);
+        a.expert_out = take_act(m, expert_rows * C);
+    }
+    if (all || keep == 3) a.ln1 = take_act(m, BT * C);
+    if (keep <= 1 || keep == 4) {
+        a.ln1_mean = take_stats(m, BT);
+        a.ln1_rstd = take_stats(m, BT);
+        a.qkv = take_act(m, BT * c.qkv_channels());
+        a.atty = take_act(m, BT * C);
+        a.att_lse = take_stats(m, BT * c.n_head);
+        a.residual2 = take_act(m, BT * C);
+        a.ln2_mean = take_stats(m, BT);
+        a.ln2_rstd = take_stats(m, BT);
+        a.fch = take_act(m, fc_max);
+    }
+    if (all || keep == 3) {
+        a.ln2 = take_act(m, BT * C);
+        a.fch_act = take_act(m, act_max);
+    }
+    if (slot) a.residual3 = take_act(m, BT * C);
+    return a;
+}
+
 // The memory plan: everything is allocated here, once; the training step allocates nothing. With
 // plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
 static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero_stage = 0,
-                         const PipelinePlan* pipe = nullptr) {
+                         const PipelinePlan* pipe = nullptr, int recompute = 0) {
     config.check_batch(B, T, comm_world().dp.size);
+    LLMC_CHECK(recompute >= 0 && recompute <= 2, "-r/--recompute: expected 0, 1 or 2, got %d", recompute);
     m.config = config;
+    m.recompute = recompute;
     m.pipe = pipe ? *pipe : single_stage_plan(config);
     const PipelinePlan& pp = m.pipe;
     if (!m.plan_only)
@@ -722,30 +770,8 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     for (int c = 0; c < pp.V; c++) {
         for (int k = 0; k < n_slots[c]; k++) {
             ChunkSlot s;
-            for (int l = pp.layer_begin(c); l < pp.layer_end(c); l++) {
-                LayerActs a{};
-                if (config.is_moe(l)) {
-                    a.moe_scores = take_stats(m, BT * E);
-                    a.expert_tokens = take_ints(m, expert_rows);
-                    a.token_slots = take_ints(m, BT * E);
-                    a.expert_in = take_act(m, expert_rows * C);
-                    a.expert_out = take_act(m, expert_rows * C);
-                }
-                a.ln1 = take_act(m, BT * C);
-                a.ln1_mean = take_stats(m, BT);
-                a.ln1_rstd = take_stats(m, BT);
-                a.qkv = take_act(m, BT * config.qkv_channels());
-                a.atty = take_act(m, BT * C);
-                a.att_lse = take_stats(m, BT * config.n_head);
-                a.residual2 = take_act(m, BT * C);
-                a.ln2 = take_act(m, BT * C);
-                a.ln2_mean = take_stats(m, BT);
-                a.ln2_rstd = take_stats(m, BT);
-                a.fch = take_act(m, fc_elems(l));
-                a.fch_act = take_act(m, act_elems(l));
-                a.residual3 = take_act(m, BT * C);
-                s.acts.push_back(a);
-            }
+            for (int l = pp.layer_begin(c); l < pp.layer_end(c); l++)
+                s.acts.push_back(alloc_layer_acts(m, l, recompute == 0 ? 0 : recompute == 1 ? 1 : 2));
             s.input = take_act(m, BT * C);
             s.d_stream = take_act(m, BT * C);
             s.inputs = (int*)take(m, MEM_BATCH, BT * sizeof(int));
@@ -779,6 +805,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
             act_max = std::max(act_max, act_elems(l));
             stage_moe = stage_moe || config.is_moe(l);
         }
+    if (recompute > 0) m.recomp = alloc_layer_acts(m, -1, recompute == 1 ? 3 : 4, fc_max, act_max, stage_moe);
     if (stage_moe) {
         m.layer_douts.d_ffn_out = take_act(m, expert_rows * C);
         m.layer_douts.d_moe_scores = take_stats(m, BT * E);
@@ -804,7 +831,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
 
 // The memory guard: refuses, before anything big is allocated, a run whose buffers cannot fit,
 // with the numbers and what to change. On the CPU the buffers and the host staging share host memory.
-static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe);
+static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute);
 
 static void gpt_free(GPT& m) {
     for (void* b : m.owned) buffer_free(b);
@@ -819,10 +846,10 @@ struct MemoryEstimate {
     double buffers() const { return params + grads + master + moments + activations + batch; }
 };
 static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int zero_stage = 0,
-                                          const PipelinePlan* pipe = nullptr) {
+                                          const PipelinePlan* pipe = nullptr, int recompute = 0) {
     GPT plan;
     plan.plan_only = true;
-    gpt_allocate(plan, c, B, T, zero_stage, pipe);
+    gpt_allocate(plan, c, B, T, zero_stage, pipe, recompute);
     MemoryEstimate e;
     e.params = plan.plan_bytes[MEM_PARAMS];
     e.grads = plan.plan_bytes[MEM_GRADS];
@@ -1111,14 +1138,87 @@ static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
     return loss;
 }
 
+// The activations of block l for a slot, as the recomputation level keeps them (-r): what the
+// slot stores, and the rest in the one-layer recompute buffers (m.recomp), which the backward
+// fills again. -r 0: the slot keeps everything. -r 1 (selective, Korthikanti et al. 2022): the
+// LayerNorm outputs and the FFN activation are recomputed from their stored inputs. -r 2 (full):
+// the slot keeps the block outputs (each the next block's input) and the routing; the backward
+// recomputes the whole block, one at a time.
+static LayerActs acts_for(const GPT& m, const ChunkSlot& s, int chunk, int l) {
+    const LayerActs& kept = s.acts[l - m.pipe.layer_begin(chunk)];
+    if (m.recompute == 0) return kept;
+    LayerActs a = m.recomp;
+    a.residual3 = kept.residual3;
+    a.moe_scores = kept.moe_scores;
+    a.expert_tokens = kept.expert_tokens;
+    a.token_slots = kept.token_slots;
+    if (m.recompute == 1) {
+        const floatX *ln1 = a.ln1, *ln2 = a.ln2, *fch_act = a.fch_act;
+        a = kept;
+        a.ln1 = (floatX*)ln1;
+        a.ln2 = (floatX*)ln2;
+        a.fch_act = (floatX*)fch_act;
+    }
+    return a;
+}
+
+// Block l up to (not including) its final residual add: LN1 of x, attention, the residual add
+// fused with LN2, the FFN branch (its output in m.scratch). The forward and the recompute (-r 2)
+// run exactly this.
+static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
+    const GPTConfig& c = m.config;
+    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, H = c.ffn_hidden;
+    const LayerTensors& w = m.p.layers[l];
+    matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, c.qkv_channels());
+    attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, c.n_head, c.n_kv_head, c.head_size(), c.pos == POS_ALIBI);
+    matmul_forward(m.scratch, a.atty, w.attprojw, w.attprojb, BT, C, C);
+    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, BT, C);
+    if (c.is_moe(l)) {
+        // expert choice: route, gather each expert's tokens, run the experts as one batch of
+        // matmuls, add the gated outputs back per token
+        const int E = c.n_expert, He = c.expert_hidden, cap = c.moe_capacity(B, T);
+        moe_router_forward(a.moe_scores, a.ln2, w.routerw, BT, C, E);
+        moe_select(a.expert_tokens, a.token_slots, a.moe_scores, B, T, E, c.capacity_factor,
+                   c.moe_group == MOE_GROUP_POSITION);
+        moe_gather(a.expert_in, a.ln2, a.expert_tokens, E, cap, C);
+        matmul_forward_batched(a.fch, a.expert_in, w.fcw, w.fcb, E, cap, C, 2 * He);
+        swiglu_forward(a.fch_act, a.fch, E * cap, He);
+        matmul_forward_batched(a.expert_out, a.fch_act, w.fcprojw, w.fcprojb, E, cap, He, C);
+        moe_combine_forward(m.scratch, a.expert_out, a.moe_scores, a.token_slots, BT, E, cap, C);
+    } else {
+        matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, c.fc_channels());
+        if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, H);
+        else gelu_forward(a.fch_act, a.fch, (long)BT * H);
+        matmul_forward(m.scratch, a.fch_act, w.fcprojw, w.fcprojb, BT, H, C);
+    }
+}
+
+// What the backward of block l needs that -r did not keep, computed again from what it kept
+// (bitwise what the forward computed: the same ops on the same inputs). The block's params must be
+// in place.
+static void recompute_block(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
+    const GPTConfig& c = m.config;
+    const int BT = m.B * m.T, C = c.n_embd;
+    const LayerTensors& w = m.p.layers[l];
+    if (m.recompute == 0) return;
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, BT, C);
+    if (m.recompute == 2) {
+        block_forward(m, l, a, x, doc_start);
+        return;
+    }
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, BT, C);
+    if (c.is_moe(l)) swiglu_forward(a.fch_act, a.fch, c.n_expert * c.moe_capacity(m.B, m.T), c.expert_hidden);
+    else if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, c.ffn_hidden);
+    else gelu_forward(a.fch_act, a.fch, (long)BT * c.ffn_hidden);
+}
+
 // Forward of a chunk's blocks for the slot's micro-batch (the embedding first on virtual stage 0,
 // the head and loss last on the last one); returns the loss there, 0 elsewhere.
 static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
     const GPTConfig& c = m.config;
     const PipelinePlan& pp = m.pipe;
-    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, L = c.n_layer, H = c.ffn_hidden;
+    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, L = c.n_layer;
     const int l0 = pp.layer_begin(chunk), l1 = pp.layer_end(chunk);
-    const bool alibi = c.pos == POS_ALIBI;
     const int embedding = 0, final_ln = L + 1;  // segments; block l is segment l + 1
     m.last_forward[chunk] = &s;
     if (pp.first_vs(chunk)) {
@@ -1127,47 +1227,26 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
         params_done(m, embedding);
     }
     params_needed(m, l0 + 1);
-    layernorm_forward(s.acts[0].ln1, s.acts[0].ln1_mean, s.acts[0].ln1_rstd, s.input, m.p.layers[l0].ln1w,
-                      m.p.layers[l0].ln1b, BT, C);
+    LayerActs a = acts_for(m, s, chunk, l0);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, s.input, m.p.layers[l0].ln1w, m.p.layers[l0].ln1b, BT, C);
     for (int l = l0; l < l1; l++) {
         const bool chunk_end = l + 1 == l1, model_end = l + 1 == L;
         if (!chunk_end || model_end) params_needed(m, l + 2);  // the next block (its LN1 ends this one), or the final LN
-        const LayerTensors& w = m.p.layers[l];
-        LayerActs& a = s.acts[l - l0];
         const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
-        matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, c.qkv_channels());
-        attention_forward(a.atty, a.att_lse, a.qkv, s.doc_start, B, T, c.n_head, c.n_kv_head, c.head_size(), alibi);
-        matmul_forward(m.scratch, a.atty, w.attprojw, w.attprojb, BT, C, C);
-        fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, BT, C);
-        if (c.is_moe(l)) {
-            // expert choice: route, gather each expert's tokens, run the experts as one batch of
-            // matmuls, add the gated outputs back per token
-            const int E = c.n_expert, He = c.expert_hidden, cap = c.moe_capacity(B, T);
-            moe_router_forward(a.moe_scores, a.ln2, w.routerw, BT, C, E);
-            moe_select(a.expert_tokens, a.token_slots, a.moe_scores, B, T, E, c.capacity_factor,
-                       c.moe_group == MOE_GROUP_POSITION);
-            moe_gather(a.expert_in, a.ln2, a.expert_tokens, E, cap, C);
-            matmul_forward_batched(a.fch, a.expert_in, w.fcw, w.fcb, E, cap, C, 2 * He);
-            swiglu_forward(a.fch_act, a.fch, E * cap, He);
-            matmul_forward_batched(a.expert_out, a.fch_act, w.fcprojw, w.fcprojb, E, cap, He, C);
-            moe_combine_forward(m.scratch, a.expert_out, a.moe_scores, a.token_slots, BT, E, cap, C);
-        } else {
-            matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, c.fc_channels());
-            if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, H);
-            else gelu_forward(a.fch_act, a.fch, (long)BT * H);
-            matmul_forward(m.scratch, a.fch_act, w.fcprojw, w.fcprojb, BT, H, C);
-        }
+        block_forward(m, l, a, x, s.doc_start);
         // the residual add is fused with the next LayerNorm: the next block's LN1, or the final LN;
         // where the chunk ends before the model does, the next LN1 is on the next stage
-        if (model_end)
+        if (model_end) {
             fused_residual_layernorm_forward(a.residual3, m.lnf, m.lnf_mean, m.lnf_rstd, a.residual2, m.scratch, m.p.lnfw,
                                              m.p.lnfb, BT, C);
-        else if (chunk_end)
+        } else if (chunk_end) {
             residual_forward(a.residual3, a.residual2, m.scratch, (long)BT * C);
-        else
-            fused_residual_layernorm_forward(a.residual3, s.acts[l - l0 + 1].ln1, s.acts[l - l0 + 1].ln1_mean,
-                                             s.acts[l - l0 + 1].ln1_rstd, a.residual2, m.scratch,
+        } else {
+            LayerActs next = acts_for(m, s, chunk, l + 1);
+            fused_residual_layernorm_forward(a.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, a.residual2, m.scratch,
                                              m.p.layers[l + 1].ln1w, m.p.layers[l + 1].ln1b, BT, C);
+            a = next;
+        }
         params_done(m, l + 1);
     }
     if (!pp.last_vs(chunk)) return 0.0f;
@@ -1272,8 +1351,10 @@ static void chunk_backward(GPT& m, int chunk, int mb, bool with_weights) {
         params_needed(m, l + 1);
         if (with_weights) grads_needed(m, l + 1);
         const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
+        LayerActs a = acts_for(m, s, chunk, l);
+        recompute_block(m, l, a, x, s.doc_start);
         LayerGrads scratch = m.layer_douts;  // (a copy: the dense branches point it at the stream)
-        layer_backward(m, l, s.acts[l - l0], x, s.doc_start, s.d_stream, st ? st->layers[l - l0] : scratch, st != nullptr);
+        layer_backward(m, l, a, x, s.doc_start, s.d_stream, st ? st->layers[l - l0] : scratch, st != nullptr);
         params_done(m, l + 1);
         if (with_weights) grads_ready(m, l + 1);
     }
@@ -1290,10 +1371,16 @@ static void chunk_weights(GPT& m, int chunk, int mb, bool already_done) {
         ChunkStash& st = stash_for(m, chunk, mb);
         const int l0 = pp.layer_begin(chunk), l1 = pp.layer_end(chunk);
         for (int l = l1 - 1; l >= l0; l--) {
-            grads_needed(m, l + 1);
             const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
-            ffn_weight_grads(m, l, s.acts[l - l0], st.layers[l - l0]);
-            attn_weight_grads(m, l, s.acts[l - l0], st.layers[l - l0], x);
+            LayerActs a = acts_for(m, s, chunk, l);
+            if (m.recompute > 0) {  // the weight gradients read activations too: recompute them again
+                params_needed(m, l + 1);
+                recompute_block(m, l, a, x, s.doc_start);
+                params_done(m, l + 1);
+            }
+            grads_needed(m, l + 1);
+            ffn_weight_grads(m, l, a, st.layers[l - l0]);
+            attn_weight_grads(m, l, a, st.layers[l - l0], x);
             grads_ready(m, l + 1);
         }
         if (pp.first_vs(chunk)) embedding_weight_grads(m, s);
@@ -1592,8 +1679,8 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
 }
 
 
-static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe) {
-    const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &pipe);
+static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute) {
+    const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &pipe, recompute);
     std::string source;
     const double avail = available_buffer_memory(source);
 #ifdef LLMC_CPU
@@ -1611,7 +1698,8 @@ static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, 
                "memory: this run needs %.2f GiB (params %.1f MiB, grads %.1f MiB, master %.1f MiB, Adam moments %.1f "
                "MiB, activations %.1f MiB for B %d x T %d, host staging %.1f MiB) but %s is %.2f GiB. Activations grow "
                "with B*T: lower -b (batch size) or -t (sequence length), and keep the tokens per step with "
-               "-d/--total_batch_tokens (gradient accumulation); or shard with --zero / split with --pp, or shrink the "
+               "-d/--total_batch_tokens (gradient accumulation), or recompute activations (-r 1 or 2); or shard with "
+               "--zero / split with --pp, or shrink the "
                "model (--n_layer, --n_embd, --vocab_size)",
                need / GiB, e.params / MiB, e.grads / MiB, e.master / MiB, e.moments / MiB, e.activations / MiB, B, T,
 #ifdef LLMC_CPU
@@ -1685,6 +1773,8 @@ static const Option OPTIONS[] = {
     {"max_bad_steps", "", "5", "stop (exit 1) after this many consecutive steps with a non-finite loss or grad norm"},
     {"zero", "z", "0", "ZeRO stage over the data-parallel ranks: 0 all-reduce, 1 shard optimizer state, 2 also "
                        "gradients, 3 also parameters (gathered per block)"},
+    {"recompute", "r", "0", "activation recomputation: 0 keep all, 1 recompute LayerNorm outputs and the FFN "
+                            "activation, 2 recompute each block in the backward (same gradients)"},
     {"pp", "", "1", "pipeline stages (the processes form pp x dp; micro-batches per step = the accumulation steps)"},
     {"pp_schedule", "", "1f1b", "pipeline schedule: gpipe | 1f1b | interleaved | zb1 (zero bubble, Qi et al. 2023)"},
     {"pp_virtual", "", "1", "interleaved: model chunks per stage"},
@@ -1870,7 +1960,7 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, con
 static void print_memory_plan(const GPT& m, int B, int T, int zero_stage) {
     const CommGroup& dp = comm_world().dp;
     MemoryEstimate mem[4];
-    for (int z = 0; z < 4; z++) mem[z] = gpt_memory_estimate(m.config, B, T, z, &m.pipe);
+    for (int z = 0; z < 4; z++) mem[z] = gpt_memory_estimate(m.config, B, T, z, &m.pipe, m.recompute);
     printf("memory per rank (MiB), dp %d%s:  %10s %10s %10s %10s\n", dp.size,
            m.pipe.P > 1 ? (", pipeline stage " + std::to_string(m.pipe.stage)).c_str() : "",
            zero_stage == 0 ? "[-z 0]" : "-z 0", zero_stage == 1 ? "[-z 1]" : "-z 1", zero_stage == 2 ? "[-z 2]" : "-z 2",
@@ -1918,7 +2008,7 @@ static void print_pipeline(const GPT& m, int B, int T, int zero_stage) {
         if (ps.has_head()) flops += head_flops(c, B, T);
         int in_flight = 0, stashed = 0;
         for (int ch = 0; ch < p.V; ch++) { in_flight += n_slots[ch]; stashed += n_stashes[ch]; }
-        const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &ps);
+        const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &ps, m.recompute);
         printf("  stage %d: blocks %-12s%s%s params %10.0f | %.3g GFLOP per micro-batch | %d micro-batch%s in flight%s | "
                "activations %.2f MiB, total %.2f MiB\n", s, layers.c_str(), ps.has_embedding() ? " +embedding" : "",
                ps.has_head() ? " +head" : "", params, flops / 1e9, in_flight, in_flight == 1 ? "" : "es",
@@ -2202,7 +2292,8 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     const int pp_virtual = args.i("pp_virtual", 1, 1024);
     const PipelinePlan pipe = pipeline_plan(config, B, T, n_stages, pp_virtual, grad_accum, pp_kind, args.str("pp_layers"),
                                             cm.stage);
-    check_memory_fits(config, B, T, zero_stage, pipe);  // before anything big is allocated
+    const int recompute = args.i("recompute", 0, 2);
+    check_memory_fits(config, B, T, zero_stage, pipe, recompute);  // before anything big is allocated
 
     DataLoader train_loader(args.str("train"), B, T, dp.rank, world, true, seed, config.vocab_size, "--train");
     const int eot = train_loader.eot;
@@ -2219,7 +2310,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     }
 
     GPT model;
-    gpt_allocate(model, config, B, T, zero_stage, &pipe);
+    gpt_allocate(model, config, B, T, zero_stage, &pipe, recompute);
     int start_step = 0;
     Rng sample_rng(seed ^ 0x5A5A5A5Aull);
     if (!resume.empty()) {
@@ -2248,8 +2339,8 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
 #ifdef _OPENMP
         printf(", %d OpenMP threads", omp_get_max_threads());
 #endif
-        printf("\nlayout: %d rank%s (pp %d x dp %d), ZeRO stage %d, collectives: %s\n", cm.world_size,
-               cm.world_size > 1 ? "s" : "", n_stages, world, zero_stage, comm_backend_name());
+        printf("\nlayout: %d rank%s (pp %d x dp %d), ZeRO stage %d, recompute -r %d, collectives: %s\n", cm.world_size,
+               cm.world_size > 1 ? "s" : "", n_stages, world, zero_stage, recompute, comm_backend_name());
         printf("model: n_layer %d, n_embd %d, n_head %d, n_kv_head %d, ffn_hidden %d (%s), pos %s, vocab %d (padded %d)\n",
                config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
                config.mlp == MLP_SWIGLU ? "swiglu" : "gelu", config.pos == POS_ALIBI ? "alibi" : "learned",
