@@ -138,22 +138,24 @@ for model in dense moe; do
     for dp in 1 2; do
         run 1 "$W/pp.$model.ref$dp" $ARGS -d $((B * T * dp * 4)) -x 6 || fail "pp $model reference dp $dp"
     done
-    for case in "2 2 gpipe 1 0" "2 2 1f1b 1 0" "2 2 interleaved 2 0" "2 2 zb1 1 0" "4 4 1f1b 1 0" "4 4 zb1 1 2" \
-                "4 4 gpipe 1 1" "4 2 1f1b 1 1" "4 2 zb1 1 3" "4 2 interleaved 2 2"; do
-        set -- $case  # np pp schedule virtual zero
-        dp=$(($1 / $2)); out=$W/pp.$model.np$1.pp$2.$3.z$5
-        if run $1 "$out" $ARGS -d $((B * T * dp * 4)) -x 6 --pp $2 --pp_schedule $3 --pp_virtual $4 -z $5; then
-            same_run "$W/pp.$model.ref$dp" "$out" 6 "$model pp $2 x dp $dp $3 -z $5 vs one process"
-            line=$(grep "^communication per step" "$out.log")
+    # np pp schedule virtual zero recompute (-r: activation recomputation, the same gradients)
+    for case in "2 2 gpipe 1 0 0" "2 2 1f1b 1 0 0" "2 2 interleaved 2 0 0" "2 2 zb1 1 0 0" "4 4 1f1b 1 0 0" \
+                "4 4 zb1 1 2 0" "4 4 gpipe 1 1 0" "4 2 1f1b 1 1 0" "4 2 zb1 1 3 0" "4 2 interleaved 2 2 0" \
+                "1 1 1f1b 1 0 1" "1 1 1f1b 1 0 2" "2 2 zb1 1 0 1" "2 2 1f1b 1 0 2" "4 2 zb1 1 3 2"; do
+        set -- $case
+        dp=$(($1 / $2)); out=$W/pp.$model.np$1.pp$2.$3.z$5.r$6
+        if run $1 "$out" $ARGS -d $((B * T * dp * 4)) -x 6 --pp $2 --pp_schedule $3 --pp_virtual $4 -z $5 -r $6; then
+            same_run "$W/pp.$model.ref$dp" "$out" 6 "$model pp $2 x dp $dp $3 -z $5 -r $6 vs one process"
+            [ $1 = 1 ] || { line=$(grep "^communication per step" "$out.log")
             echo "$line" | python3 -c "
 import re,sys; l=sys.stdin.read(); m=re.findall(r'(\S+) (\d+) \(theory (\d+)\)', l)
-sys.exit(0 if m and all(a==b for _,a,b in m) else 1)" && pass || fail "$model pp $2 $3: communication bytes differ from theory: $line"
+sys.exit(0 if m and all(a==b for _,a,b in m) else 1)" && pass || fail "$model pp $2 $3: communication bytes differ from theory: $line"; }
         else
             fail "$model np $1 pp $2 $3 -z $5: rc $?"; tail -5 "$out.log"
         fi
     done
 done
-echo "test_dist: pipeline matrix (2 models x 10 layouts) done in $(( $(date +%s) - t0 )) s"
+echo "test_dist: pipeline and recompute matrix (2 models x 15 layouts) done in $(( $(date +%s) - t0 )) s"
 # reshard resumes across pipeline layouts: pp 2 -> 1 and 1 -> 4 (checkpoints are in the table's layout)
 TOK4=$((B * T * 4))
 run 1 "$W/pp.full" $PPDENSE -d $TOK4 -x $STEPS || fail "pp uninterrupted run"

@@ -277,13 +277,20 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
         if (variant == 2) { c.n_expert = 4; c.moe_every = 2; c.expert_hidden = 48; }
         c.finalize();
         const int B = 3, T = 24;
-        MemoryEstimate e = gpt_memory_estimate(c, B, T);
-        GPT m;
-        const size_t before = buffer_bytes_allocated();
-        gpt_allocate(m, c, B, T);
-        const double allocated = (double)(buffer_bytes_allocated() - before);
-        CHECK(e.buffers() == allocated);
-        gpt_free(m);
+        double act[3] = {0, 0, 0};
+        for (int recompute = 0; recompute <= 2; recompute++) {
+            CAPTURE(recompute);
+            MemoryEstimate e = gpt_memory_estimate(c, B, T, 0, nullptr, recompute);
+            GPT m;
+            const size_t before = buffer_bytes_allocated();
+            gpt_allocate(m, c, B, T, 0, nullptr, recompute);
+            const double allocated = (double)(buffer_bytes_allocated() - before);
+            CHECK(e.buffers() == allocated);
+            act[recompute] = e.activations;
+            gpt_free(m);
+        }
+        CHECK(act[2] < act[1]);  // -r 2 keeps less than -r 1, which keeps less than -r 0
+        CHECK(act[1] < act[0]);
     }
     Fixture fx;
     setenv("LLMC_MEMORY_LIMIT", "64M", 1);
