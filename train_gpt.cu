@@ -20,6 +20,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include <map>
 #include <string>
 #include <vector>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -79,6 +80,14 @@ static void backend_sync() {}
 static void backend_setup(int, int, int, int, int, int, int, int, int) {}
 // memory the run's buffers can use: host memory (MemAvailable), for the memory guard
 static double available_buffer_memory(std::string& source) { return available_host_memory(source); }
+// what the process holds after a step, next to the plan: the buffers (all of them allocated up
+// front) and the peak resident set (buffers + host staging + libraries)
+static std::string measured_memory() {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return strfmt("buffers %.2f MiB, process peak RSS %.2f MiB", buffer_bytes_allocated() / 1048576.0,
+                  ru.ru_maxrss / 1024.0);
+}
 #else
 // The CUDA build: bf16 params, grads and activations, fp32 master weights and Adam moments, fp32
 // statistics. The ops (llmc/<op>.cuh) have the signatures of their CPU twins.
@@ -123,6 +132,14 @@ static void* buffer_alloc(size_t bytes) {
     return p;
 }
 static void buffer_free(void* p) { cudaCheck(cudaFree(p)); }
+// what the device holds after a step, next to the plan: our buffers, and all that is in use on the
+// device (the buffers plus the op scratch, library workspaces and the CUDA context)
+static std::string measured_memory() {
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    return strfmt("buffers %.2f MiB, device memory in use %.2f MiB of %.2f MiB", buffer_bytes_allocated() / 1048576.0,
+                  (total_b - free_b) / 1048576.0, total_b / 1048576.0);
+}
 // free GPU memory now (cudaMemGetInfo), for the memory guard (LLMC_MEMORY_LIMIT overrides it)
 static double available_buffer_memory(std::string& source) {
     size_t free_bytes = 0, total_bytes = 0;
@@ -575,6 +592,7 @@ struct GPT {
     std::vector<const ChunkSlot*> last_forward;     // [chunk]: the latest forward's slot (MoE statistics)
     LayerGrads layer_douts{};  // one layer's output gradients, when its weight gradients follow at once
     int recompute = 0;         // -r: activation recomputation level (acts_for)
+    int plan_dp = 0;           // planning only: the data-parallel ranks to plan for (rank 0's share)
     LayerActs recomp{};        // -r 1 / 2: one layer's activations that the slots do not keep
     floatX *lnf = nullptr, *logits = nullptr;       // the last stage's head (one micro-batch at a time)
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
@@ -699,7 +717,9 @@ static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, si
 // plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
 static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero_stage = 0,
                          const PipelinePlan* pipe = nullptr, int recompute = 0) {
-    config.check_batch(B, T, comm_world().dp.size);
+    CommGroup dp = comm_world().dp;
+    if (m.plan_only && m.plan_dp > 0) dp = CommGroup{0, m.plan_dp};
+    config.check_batch(B, T, dp.size);
     LLMC_CHECK(recompute >= 0 && recompute <= 2, "-r/--recompute: expected 0, 1 or 2, got %d", recompute);
     m.config = config;
     m.recompute = recompute;
@@ -712,7 +732,6 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     m.table = build_param_table(config);
     m.n_params = count_params(m.table);
     for (const ParamTensor& t : m.table) m.param_count += t.numel;
-    const CommGroup& dp = comm_world().dp;
     m.zero = gpt_zero_layout(config, m.table, zero_stage, dp, pp);
     const ZeroLayout& z = m.zero;
     m.seg_local.assign(config.n_layer + 2, -1);
@@ -846,9 +865,10 @@ struct MemoryEstimate {
     double buffers() const { return params + grads + master + moments + activations + batch; }
 };
 static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int zero_stage = 0,
-                                          const PipelinePlan* pipe = nullptr, int recompute = 0) {
+                                          const PipelinePlan* pipe = nullptr, int recompute = 0, int plan_dp = 0) {
     GPT plan;
     plan.plan_only = true;
+    plan.plan_dp = plan_dp;
     gpt_allocate(plan, c, B, T, zero_stage, pipe, recompute);
     MemoryEstimate e;
     e.params = plan.plan_bytes[MEM_PARAMS];
@@ -1679,14 +1699,20 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
 }
 
 
+// What a plan needs from the memory the buffers live in (on the CPU: with the host staging).
+static double plan_need_bytes(const MemoryEstimate& e) {
+#ifdef LLMC_CPU
+    return e.buffers() + e.host;
+#else
+    return e.buffers();
+#endif
+}
 static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute) {
     const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &pipe, recompute);
     std::string source;
     const double avail = available_buffer_memory(source);
-#ifdef LLMC_CPU
-    const double need = e.buffers() + e.host;
-#else
-    const double need = e.buffers();
+    const double need = plan_need_bytes(e);
+#ifndef LLMC_CPU
     std::string host_source;
     const double host_avail = available_host_memory(host_source);
     LLMC_CHECK(host_avail <= 0 || e.host <= host_avail,
@@ -1775,6 +1801,9 @@ static const Option OPTIONS[] = {
                        "gradients, 3 also parameters (gathered per block)"},
     {"recompute", "r", "0", "activation recomputation: 0 keep all, 1 recompute LayerNorm outputs and the FFN "
                             "activation, 2 recompute each block in the backward (same gradients)"},
+    {"plan", "", "0", "print the memory plan (every stage, -z and -r level) and whether it fits, then exit (a switch)"},
+    {"plan_ranks", "", "", "--plan: plan for this many processes (default: the ones started)"},
+    {"max_fit", "", "0", "--plan plus the largest -b and the largest dN model that fit, per -r level (a switch)"},
     {"pp", "", "1", "pipeline stages (the processes form pp x dp; micro-batches per step = the accumulation steps)"},
     {"pp_schedule", "", "1f1b", "pipeline schedule: gpipe | 1f1b | interleaved | zb1 (zero bubble, Qi et al. 2023)"},
     {"pp_virtual", "", "1", "interleaved: model chunks per stage"},
@@ -1783,7 +1812,9 @@ static const Option OPTIONS[] = {
 };
 
 // flags that may be given without a value (--overwrite means --overwrite 1)
-static bool is_switch(const char* name) { return strcmp(name, "overwrite") == 0; }
+static bool is_switch(const char* name) {
+    return strcmp(name, "overwrite") == 0 || strcmp(name, "plan") == 0 || strcmp(name, "max_fit") == 0;
+}
 
 struct Args {
     std::map<std::string, std::string> value;
@@ -1956,15 +1987,26 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, con
     fflush(stdout);
 }
 
-// This rank's memory for every ZeRO stage (the current one marked): the plan of gpt_allocate.
-static void print_memory_plan(const GPT& m, int B, int T, int zero_stage) {
-    const CommGroup& dp = comm_world().dp;
+// The inputs of a memory plan: the model, the batch, and the layout of one rank.
+struct PlanInputs {
+    GPTConfig config;
+    int B = 1, T = 1, zero_stage = 0, recompute = 0, dp = 1;
+    PipelinePlan pipe;  // its stage is the rank's
+    MemoryEstimate estimate(int zero, int stage, int r) const {
+        PipelinePlan ps = pipe;
+        ps.stage = stage;
+        return gpt_memory_estimate(config, B, T, zero, &ps, r, dp);
+    }
+};
+
+// One rank's memory for every ZeRO stage (the current one marked): the plan of gpt_allocate.
+static void print_memory_plan(const PlanInputs& in) {
     MemoryEstimate mem[4];
-    for (int z = 0; z < 4; z++) mem[z] = gpt_memory_estimate(m.config, B, T, z, &m.pipe, m.recompute);
-    printf("memory per rank (MiB), dp %d%s:  %10s %10s %10s %10s\n", dp.size,
-           m.pipe.P > 1 ? (", pipeline stage " + std::to_string(m.pipe.stage)).c_str() : "",
-           zero_stage == 0 ? "[-z 0]" : "-z 0", zero_stage == 1 ? "[-z 1]" : "-z 1", zero_stage == 2 ? "[-z 2]" : "-z 2",
-           zero_stage == 3 ? "[-z 3]" : "-z 3");
+    for (int z = 0; z < 4; z++) mem[z] = in.estimate(z, in.pipe.stage, in.recompute);
+    printf("memory per rank (MiB), dp %d%s, -r %d:  %10s %10s %10s %10s\n", in.dp,
+           in.pipe.P > 1 ? (", pipeline stage " + std::to_string(in.pipe.stage)).c_str() : "", in.recompute,
+           in.zero_stage == 0 ? "[-z 0]" : "-z 0", in.zero_stage == 1 ? "[-z 1]" : "-z 1",
+           in.zero_stage == 2 ? "[-z 2]" : "-z 2", in.zero_stage == 3 ? "[-z 3]" : "-z 3");
     auto row = [&](const char* name, double MemoryEstimate::*field) {
         printf("  %-34s", name);
         for (int z = 0; z < 4; z++) printf(" %10.2f", (field ? mem[z].*field : mem[z].buffers()) / 1048576.0);
@@ -1982,9 +2024,11 @@ static void print_memory_plan(const GPT& m, int B, int T, int zero_stage) {
 // The pipeline at start-up: per stage its virtual stages' blocks, parameters, FLOPs per micro-batch,
 // the micro-batches it keeps in flight and its activation memory (the plan for that stage), and the
 // schedule's theoretical bubble.
-static void print_pipeline(const GPT& m, int B, int T, int zero_stage) {
-    const PipelinePlan& p = m.pipe;
-    const GPTConfig& c = m.config;
+static void print_pipeline(const PlanInputs& in) {
+    const PipelinePlan& p = in.pipe;
+    const GPTConfig& c = in.config;
+    const int B = in.B, T = in.T;
+    const std::vector<ParamTensor> table = build_param_table(c);
     printf("pipeline: %d stages, schedule %s", p.P, pipe_kind_name(p.kind));
     if (p.V > 1) printf(" with %d chunks per stage", p.V);
     printf(", %d micro-batches per step; theoretical bubble %.1f%% (idle / step time, unit costs)\n", p.M,
@@ -2001,19 +2045,84 @@ static void print_pipeline(const GPT& m, int B, int T, int zero_stage) {
             layers += (ch ? "," : "") + std::to_string(l0) + "-" + std::to_string(l1 - 1);
             for (int l = l0; l < l1; l++) flops += block_flops(c, l, B, T);
         }
-        for (const ParamTensor& t : m.table) {
+        for (const ParamTensor& t : table) {
             const int seg = segment_of(t.name, c.n_layer);
             if (seg == 0 ? ps.has_embedding() : seg == c.n_layer + 1 ? ps.has_head() : ps.holds_layer(seg - 1)) params += t.numel;
         }
         if (ps.has_head()) flops += head_flops(c, B, T);
         int in_flight = 0, stashed = 0;
         for (int ch = 0; ch < p.V; ch++) { in_flight += n_slots[ch]; stashed += n_stashes[ch]; }
-        const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &ps, m.recompute);
+        const MemoryEstimate e = in.estimate(in.zero_stage, s, in.recompute);
         printf("  stage %d: blocks %-12s%s%s params %10.0f | %.3g GFLOP per micro-batch | %d micro-batch%s in flight%s | "
                "activations %.2f MiB, total %.2f MiB\n", s, layers.c_str(), ps.has_embedding() ? " +embedding" : "",
                ps.has_head() ? " +head" : "", params, flops / 1e9, in_flight, in_flight == 1 ? "" : "es",
                stashed ? (" (+" + std::to_string(stashed) + " weight-gradient stashes)").c_str() : "",
                e.activations / 1048576.0, e.buffers() / 1048576.0);
+    }
+}
+
+// --plan: the plan of every stage and -r level for the flags, whether it fits this machine's memory
+// (or LLMC_MEMORY_LIMIT), and with --max_fit the largest micro-batch and the largest dN-shaped model
+// that fit per -r level; nothing is allocated.
+static void print_plan(const PlanInputs& in, bool max_fit) {
+    std::string source;
+    const double avail = available_buffer_memory(source), GiB = 1073741824.0;
+    if (in.pipe.P > 1) print_pipeline(in);
+    for (int s = 0; s < in.pipe.P; s++) {
+        PlanInputs one = in;
+        one.pipe.stage = s;
+        print_memory_plan(one);
+    }
+    auto worst = [&](const PlanInputs& p, int r) {  // the most any stage needs
+        double need = 0;
+        for (int s = 0; s < p.pipe.P; s++) need = std::max(need, plan_need_bytes(p.estimate(p.zero_stage, s, r)));
+        return need;
+    };
+    printf("plan: %d process%s (pp %d x dp %d), -z %d; available: %s %.2f GiB\n", in.pipe.P * in.dp,
+           in.pipe.P * in.dp == 1 ? "" : "es", in.pipe.P, in.dp, in.zero_stage, source.c_str(), avail / GiB);
+    for (int r = 0; r <= 2; r++) {
+        const double need = worst(in, r);
+        printf("  -r %d: the largest stage needs %.3f GiB: %s\n", r, need / GiB,
+               avail <= 0 ? "(no limit known)" : need <= avail ? "fits" : "does NOT fit");
+    }
+    if (!max_fit || avail <= 0) return;
+    for (int r = 0; r <= 2; r++) {
+        int lo = 0, hi = 1;  // the largest B that fits: doubling, then bisection
+        auto fits_b = [&](int b) {
+            PlanInputs p = in;
+            p.B = b;
+            try { return worst(p, r) <= avail; } catch (const LlmcError&) { return false; }
+        };
+        while (hi <= (1 << 20) && fits_b(hi)) { lo = hi; hi *= 2; }
+        while (hi - lo > 1) { const int mid = (lo + hi) / 2; (fits_b(mid) ? lo : hi) = mid; }
+        int best_n = 0;  // the largest dN of the flags' shape (n_layer N, n_embd 64 N, n_head N)
+        for (int n = std::max(1, in.pipe.n_vs()); n <= 1024; n++) {
+            PlanInputs p = in;
+            p.config.n_layer = n;
+            p.config.n_embd = 64 * n;
+            p.config.n_head = n;
+            p.config.n_kv_head = in.config.n_head % in.config.n_kv_head == 0 && n % (in.config.n_head / in.config.n_kv_head) == 0
+                                     ? n / (in.config.n_head / in.config.n_kv_head) : n;
+            p.config.ffn_hidden = 0;
+            p.config.expert_hidden = 0;
+            bool ok = false;
+            try {
+                p.config.finalize();
+                p.pipe = pipeline_plan(p.config, p.B, p.T, in.pipe.P, in.pipe.V, in.pipe.M, in.pipe.kind, "", 0);
+                ok = worst(p, r) <= avail;
+            } catch (const LlmcError&) { ok = false; }
+            if (!ok) break;
+            best_n = n;
+        }
+        printf("  -r %d: the largest micro-batch that fits is -b %d (T %d)", r, lo, in.T);
+        if (best_n > 0) {
+            GPTConfig d = in.config;
+            d.n_layer = best_n; d.n_embd = 64 * best_n; d.n_head = best_n; d.n_kv_head = best_n;
+            d.ffn_hidden = 0; d.expert_hidden = 0; d.finalize();
+            printf("; the largest dN model at -b %d is d%d (%.0f M parameters)", in.B, best_n,
+                   count_params(build_param_table(d)) / 1e6);
+        }
+        printf("\n");
     }
 }
 
@@ -2178,9 +2287,11 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %d", T);
     const int zero_stage = args.i("zero", 0, 3);
     const int n_stages = args.i("pp", 1, 1024);
-    LLMC_CHECK(cm.world_size % n_stages == 0, "--pp %d: the %d processes are not a multiple of the pipeline stages "
+    const bool planning = args.flag("plan") || args.flag("max_fit");  // a plan for --plan_ranks processes
+    LLMC_CHECK(planning || cm.world_size % n_stages == 0, "--pp %d: the %d processes are not a multiple of the pipeline stages "
                "(the grid is pp x dp: start a multiple of %d processes)", n_stages, cm.world_size, n_stages);
-    comm_make_grid(cm, cm.world_size / n_stages, n_stages);  // pp x dp (tensor groups come later)
+    if (planning) comm_make_grid(cm, cm.world_size, 1);
+    else comm_make_grid(cm, cm.world_size / n_stages, n_stages);  // pp x dp (tensor groups come later)
     const CommGroup& dp = cm.dp;
     const int world = dp.size;  // the data-parallel ranks: they split the batch
     // token counts in 64 bits: B*T*ranks must fit the ops' int indexing, the step may be larger
@@ -2290,9 +2401,37 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     // the pipeline: the schedule's micro-batches are the accumulation steps
     const PipeKind pp_kind = parse_pipe_kind(args.str("pp_schedule"));
     const int pp_virtual = args.i("pp_virtual", 1, 1024);
+    const int recompute = args.i("recompute", 0, 2);
+    if (planning) {
+        // a plan for --plan_ranks processes (default: this run's), nothing allocated
+        const int ranks = args.str("plan_ranks").empty() ? cm.world_size : args.i("plan_ranks", 1, 1 << 20);
+        LLMC_CHECK(ranks % n_stages == 0, "--plan_ranks %d is not a multiple of --pp %d", ranks, n_stages);
+        PlanInputs plan_inputs;
+        plan_inputs.dp = ranks / n_stages;
+        plan_inputs.B = B;
+        plan_inputs.T = T;
+        plan_inputs.zero_stage = zero_stage;
+        plan_inputs.recompute = recompute;
+        const int64_t per_micro = (int64_t)B * T * plan_inputs.dp;
+        LLMC_CHECK(total_batch_flag == 0 || total_batch_flag % per_micro == 0,
+                   "--total_batch_tokens %lld is not a multiple of B*T*dp = %lld for --plan_ranks %d",
+                   (long long)total_batch_flag, (long long)per_micro, ranks);
+        const int plan_m = total_batch_flag > 0 ? (int)(total_batch_flag / per_micro) : 1;
+        plan_inputs.pipe = pipeline_plan(config, B, T, n_stages, pp_virtual, plan_m, pp_kind, args.str("pp_layers"), 0);
+        plan_inputs.config = config;
+        if (rank0) print_plan(plan_inputs, args.flag("max_fit"));
+        return 0;
+    }
     const PipelinePlan pipe = pipeline_plan(config, B, T, n_stages, pp_virtual, grad_accum, pp_kind, args.str("pp_layers"),
                                             cm.stage);
-    const int recompute = args.i("recompute", 0, 2);
+    PlanInputs plan_inputs;
+    plan_inputs.config = config;
+    plan_inputs.B = B;
+    plan_inputs.T = T;
+    plan_inputs.zero_stage = zero_stage;
+    plan_inputs.recompute = recompute;
+    plan_inputs.dp = world;
+    plan_inputs.pipe = pipe;
     check_memory_fits(config, B, T, zero_stage, pipe, recompute);  // before anything big is allocated
 
     DataLoader train_loader(args.str("train"), B, T, dp.rank, world, true, seed, config.vocab_size, "--train");
@@ -2357,8 +2496,8 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         }
         printf("batch: B %d x T %d x %d ranks x %d accumulation steps = %lld tokens per step\n", B, T, world,
                grad_accum, (long long)total_batch);
-        if (n_stages > 1) print_pipeline(model, B, T, zero_stage);
-        print_memory_plan(model, B, T, zero_stage);
+        if (n_stages > 1) print_pipeline(plan_inputs);
+        print_memory_plan(plan_inputs);
         printf("train: %zu shard(s)%s, val: %s\n", train_loader.shards.size(),
                first_shard.llmc_format ? " (llm.c GPT-2 format)" : "", have_val ? "yes" : "no");
         printf("tokenizer: %s\n", tokenizer.source.c_str());
@@ -2443,6 +2582,9 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         backend_sync();
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (rank0 && step == start_step && cm.world_size > 1) print_comm_volume(model, grad_accum);
+        if (rank0 && step == start_step)
+            printf("memory after step %d, rank 0: %s (plan: %.2f MiB of buffers)\n", step + 1, measured_memory().c_str(),
+                   gpt_memory_estimate(config, B, T, zero_stage, &pipe, recompute).buffers() / 1048576.0);
         // the pipeline's idle fraction per stage: time waiting in transfers over the step
         std::vector<double> idle;
         if (n_stages > 1) idle = host_gather_all<double>(cm.pp, pt.total_ms > 0 ? pt.wait_ms / pt.total_ms : 0.0);

@@ -17,6 +17,7 @@ namespace {
 using test_util::make_temp_dir;
 using test_util::read_file;
 using test_util::run_train;
+using test_util::run_train_output;
 using test_util::synthetic_tokens;
 using test_util::write_shard;
 
@@ -297,6 +298,21 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
     fails_with(with(fx.args("mem", 1), {"-b", "37000", "-t", "64", "-d", "0"}), "memory: this run needs");
     fails_with(with(fx.args("mem", 1), {"-b", "37000", "-t", "64", "-d", "0"}), "lower -b (batch size) or -t");
     CHECK(run_train(fx.args("mem_ok", 1)) == 0);  // a small run fits in 64 MiB
+    // --plan: the plan for the flags against the limit, nothing allocated; --max_fit searches
+    std::string out;
+    const size_t before = buffer_bytes_allocated();
+    CHECK(run_train_output(with(fx.args("plan", 1), {"--plan"}), out) == 0);
+    CHECK(buffer_bytes_allocated() == before);
+    CHECK(out.find("plan: 1 process (pp 1 x dp 1)") != std::string::npos);
+    CHECK(out.find("-r 2: the largest stage needs") != std::string::npos);
+    CHECK(out.find(": fits") != std::string::npos);
+    CHECK(run_train_output(with(fx.args("plan", 1), {"--plan", "-b", "37000", "-t", "64", "-d", "0"}), out) == 0);
+    CHECK(out.find("-r 0: the largest stage needs") != std::string::npos);
+    CHECK(out.find("does NOT fit") != std::string::npos);
+    CHECK(run_train_output(with(fx.args("plan", 1), {"--max_fit", "--plan_ranks", "4", "--pp", "2", "-d", "256"}), out) == 0);
+    CHECK(out.find("plan: 4 processes (pp 2 x dp 2)") != std::string::npos);
+    CHECK(out.find("pipeline: 2 stages") != std::string::npos);
+    CHECK(out.find("-r 2: the largest micro-batch that fits is -b") != std::string::npos);
     unsetenv("LLMC_MEMORY_LIMIT");
     CHECK(meminfo_available_bytes("/proc/meminfo") > 0);
     CHECK(meminfo_available_bytes("/nonexistent") < 0);

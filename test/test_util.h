@@ -257,5 +257,31 @@ inline int run_train(std::vector<std::string> args) {
     return train_main((int)argv.size(), argv.data());
 }
 
+// run_train with its stdout captured (into a temporary file, read back)
+inline int run_train_output(std::vector<std::string> args, std::string& out) {
+    args.insert(args.begin(), "train_gpt_cpu");
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    const std::string path = make_temp_dir("llmc_out_") + "/stdout.txt";
+    fflush(stdout);
+    int saved = dup(1), fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    close(fd);
+    int rc;
+    {
+        struct Restore {
+            int fd;
+            ~Restore() {
+                fflush(stdout);
+                dup2(fd, 1);
+                close(fd);
+            }
+        } restore{saved};
+        rc = train_main((int)argv.size(), argv.data());
+    }
+    out = read_file(path);
+    return rc;
+}
+
 }  // namespace test_util
 #endif  // LLMC_NO_MAIN
