@@ -608,19 +608,31 @@ struct GPT {
     std::vector<double> mb_loss;
     int B = 0, T = 0;
 
-    // the memory plan: what every buffer takes, by kind; plan_only counts without allocating
+    // the memory plan: what every buffer takes, by kind; plan_only counts without allocating.
+    // Otherwise each kind is one arena, allocated once at the plan's size, and take() carves it.
     double plan_bytes[MEM_KINDS] = {};
     bool plan_only = false;
-    std::vector<void*> owned;
+    char* arena[MEM_KINDS] = {};
+    size_t arena_size[MEM_KINDS] = {}, arena_used[MEM_KINDS] = {};
 };
 
-// Every buffer comes from here: counted in the plan, allocated unless only planning.
+// Every buffer comes from here: counted in the plan (rounded up to 256 bytes, so every buffer
+// starts aligned for the vector loads of the kernels), carved from its kind's arena unless only
+// planning.
+constexpr size_t BUFFER_ALIGN = 256;
+static const char* mem_kind_name(int k) {
+    static const char* names[] = {"params", "grads", "master", "moments", "activations", "batch"};
+    return names[k];
+}
 static void* take(GPT& m, MemKind kind, size_t bytes) {
-    m.plan_bytes[kind] += (double)bytes;
-    if (kind == MEM_ACTIVATIONS) m.activation_bytes += (double)bytes;
+    const size_t aligned = (bytes + BUFFER_ALIGN - 1) / BUFFER_ALIGN * BUFFER_ALIGN;
+    m.plan_bytes[kind] += (double)aligned;
+    if (kind == MEM_ACTIVATIONS) m.activation_bytes += (double)aligned;
     if (m.plan_only) return nullptr;
-    void* p = buffer_alloc(bytes);
-    m.owned.push_back(p);
+    LLMC_CHECK(m.arena_used[kind] + aligned <= m.arena_size[kind], "internal: the %s arena (%zu bytes) is smaller than "
+               "what the model takes from it", mem_kind_name(kind), m.arena_size[kind]);
+    void* p = m.arena[kind] + m.arena_used[kind];
+    m.arena_used[kind] += aligned;
     return p;
 }
 static floatX* take_act(GPT& m, size_t n) { return (floatX*)take(m, MEM_ACTIVATIONS, n * sizeof(floatX)); }
@@ -717,6 +729,15 @@ static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, si
 // plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
 static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero_stage = 0,
                          const PipelinePlan* pipe = nullptr, int recompute = 0) {
+    if (!m.plan_only) {  // the arenas: one allocation per kind, at the plan's size
+        GPT plan;
+        plan.plan_only = true;
+        gpt_allocate(plan, config, B, T, zero_stage, pipe, recompute);
+        for (int k = 0; k < MEM_KINDS; k++) {
+            m.arena_size[k] = (size_t)plan.plan_bytes[k];
+            m.arena[k] = m.arena_size[k] ? (char*)buffer_alloc(m.arena_size[k]) : nullptr;
+        }
+    }
     CommGroup dp = comm_world().dp;
     if (m.plan_only && m.plan_dp > 0) dp = CommGroup{0, m.plan_dp};
     config.check_batch(B, T, dp.size);
@@ -846,6 +867,9 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
         m.d_ln = take_act(m, BT * C);
         m.host_losses.resize(BT);
     }
+    for (int k = 0; k < MEM_KINDS && !m.plan_only; k++)  // allocated == planned, byte for byte
+        LLMC_CHECK(m.arena_used[k] == m.arena_size[k], "internal: the %s arena holds %zu bytes, the model took %zu",
+                   mem_kind_name(k), m.arena_size[k], m.arena_used[k]);
 }
 
 // The memory guard: refuses, before anything big is allocated, a run whose buffers cannot fit,
@@ -853,7 +877,8 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
 static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute);
 
 static void gpt_free(GPT& m) {
-    for (void* b : m.owned) buffer_free(b);
+    for (char* a : m.arena)
+        if (a) buffer_free(a);
     m = GPT();
 }
 
