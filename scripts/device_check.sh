@@ -262,6 +262,10 @@ for zs in 0 1 3; do
     run_step "train_z$zs" 20 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_z$zs" \
         -e d4 -b 8 -t 256 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 -z $zs
 done
+# full activation recomputation: the same losses as -z 0 above (bitwise: the same kernels on the
+# same inputs), and the plan next to the measured device memory ("memory after step 1")
+run_step train_r2 15 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_r2" \
+    -e d4 -b 8 -t 256 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 -r 2
 for run in train_d12 train_moe; do
     [ -f "$WORK/$run/log.jsonl" ] && cp "$WORK/$run/log.jsonl" "$OUT/${run}_log.jsonl"
 done
