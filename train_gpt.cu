@@ -187,6 +187,7 @@ static void backend_setup(int B, int T, int C, int n_head, int n_kv_head, int ma
 
 // Multi-process: the rank grid and collectives (llmc/comm.h), ZeRO sharding (llmc/zero.h).
 #include "llmc/zero.h"
+#include "llmc/memory.h"
 #include "llmc/pipeline.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -557,9 +558,6 @@ struct MicroBatch {
     const int *inputs = nullptr, *targets = nullptr, *doc_start = nullptr;
 };
 
-// what the memory plan counts, by kind
-enum MemKind { MEM_PARAMS = 0, MEM_GRADS, MEM_MASTER, MEM_MOMENTS, MEM_ACTIVATIONS, MEM_BATCH, MEM_KINDS };
-
 struct GPT {
     GPTConfig config;
     std::vector<ParamTensor> table;
@@ -608,31 +606,13 @@ struct GPT {
     std::vector<double> mb_loss;
     int B = 0, T = 0;
 
-    // the memory plan: what every buffer takes, by kind; plan_only counts without allocating.
-    // Otherwise each kind is one arena, allocated once at the plan's size, and take() carves it.
-    double plan_bytes[MEM_KINDS] = {};
-    bool plan_only = false;
-    char* arena[MEM_KINDS] = {};
-    size_t arena_size[MEM_KINDS] = {}, arena_used[MEM_KINDS] = {};
+    MemoryArenas mem;  // every buffer above (llmc/memory.h); mem.plan_only: only count them
 };
 
-// Every buffer comes from here: counted in the plan (rounded up to 256 bytes, so every buffer
-// starts aligned for the vector loads of the kernels), carved from its kind's arena unless only
-// planning.
-constexpr size_t BUFFER_ALIGN = 256;
-static const char* mem_kind_name(int k) {
-    static const char* names[] = {"params", "grads", "master", "moments", "activations", "batch"};
-    return names[k];
-}
+// Every buffer comes from here (llmc/memory.h): counted in the plan, carved from its kind's arena.
 static void* take(GPT& m, MemKind kind, size_t bytes) {
-    const size_t aligned = (bytes + BUFFER_ALIGN - 1) / BUFFER_ALIGN * BUFFER_ALIGN;
-    m.plan_bytes[kind] += (double)aligned;
-    if (kind == MEM_ACTIVATIONS) m.activation_bytes += (double)aligned;
-    if (m.plan_only) return nullptr;
-    LLMC_CHECK(m.arena_used[kind] + aligned <= m.arena_size[kind], "internal: the %s arena (%zu bytes) is smaller than "
-               "what the model takes from it", mem_kind_name(kind), m.arena_size[kind]);
-    void* p = m.arena[kind] + m.arena_used[kind];
-    m.arena_used[kind] += aligned;
+    void* p = m.mem.take(kind, bytes);
+    if (kind == MEM_ACTIVATIONS) m.activation_bytes = m.mem.planned[MEM_ACTIVATIONS];
     return p;
 }
 static floatX* take_act(GPT& m, size_t n) { return (floatX*)take(m, MEM_ACTIVATIONS, n * sizeof(floatX)); }
@@ -726,27 +706,24 @@ static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, si
 }
 
 // The memory plan: everything is allocated here, once; the training step allocates nothing. With
-// plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
+// mem.plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
 static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero_stage = 0,
                          const PipelinePlan* pipe = nullptr, int recompute = 0) {
-    if (!m.plan_only) {  // the arenas: one allocation per kind, at the plan's size
+    if (!m.mem.plan_only) {  // the arenas: one allocation per kind, at the plan's size
         GPT plan;
-        plan.plan_only = true;
+        plan.mem.plan_only = true;
         gpt_allocate(plan, config, B, T, zero_stage, pipe, recompute);
-        for (int k = 0; k < MEM_KINDS; k++) {
-            m.arena_size[k] = (size_t)plan.plan_bytes[k];
-            m.arena[k] = m.arena_size[k] ? (char*)buffer_alloc(m.arena_size[k]) : nullptr;
-        }
+        m.mem.allocate_as(plan.mem);
     }
     CommGroup dp = comm_world().dp;
-    if (m.plan_only && m.plan_dp > 0) dp = CommGroup{0, m.plan_dp};
+    if (m.mem.plan_only && m.plan_dp > 0) dp = CommGroup{0, m.plan_dp};
     config.check_batch(B, T, dp.size);
     LLMC_CHECK(recompute >= 0 && recompute <= 2, "-r/--recompute: expected 0, 1 or 2, got %d", recompute);
     m.config = config;
     m.recompute = recompute;
     m.pipe = pipe ? *pipe : single_stage_plan(config);
     const PipelinePlan& pp = m.pipe;
-    if (!m.plan_only)
+    if (!m.mem.plan_only)
         backend_setup(B, T, config.n_embd, config.n_head, config.n_kv_head,
                       std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert,
                       config.n_expert > 0 ? config.moe_capacity(B, T) : 0, config.expert_hidden);
@@ -783,7 +760,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
         m.grads = (floatX*)take(m, MEM_GRADS, z.padded_total * fx);
         m.p.layers.resize(config.n_layer);
         m.g.layers.resize(config.n_layer);
-        if (!m.plan_only)
+        if (!m.mem.plan_only)
             for (const Segment& s : z.segs) {
                 point_segment(m.p, config, m.table, s, m.params + s.padded_offset);
                 point_segment(m.g, config, m.table, s, m.grads + s.padded_offset);
@@ -867,9 +844,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
         m.d_ln = take_act(m, BT * C);
         m.host_losses.resize(BT);
     }
-    for (int k = 0; k < MEM_KINDS && !m.plan_only; k++)  // allocated == planned, byte for byte
-        LLMC_CHECK(m.arena_used[k] == m.arena_size[k], "internal: the %s arena holds %zu bytes, the model took %zu",
-                   mem_kind_name(k), m.arena_size[k], m.arena_used[k]);
+    m.mem.check_used();  // allocated == planned, byte for byte
 }
 
 // The memory guard: refuses, before anything big is allocated, a run whose buffers cannot fit,
@@ -877,31 +852,20 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
 static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute);
 
 static void gpt_free(GPT& m) {
-    for (char* a : m.arena)
-        if (a) buffer_free(a);
+    m.mem.release();
     m = GPT();
 }
 
-// What gpt_allocate takes for (config, B, T, ZeRO stage, pipeline stage), without allocating: the
-// memory guard compares it with the machine before the run starts, the start-up table prints it.
-struct MemoryEstimate {
-    double params = 0, grads = 0, master = 0, moments = 0, activations = 0, batch = 0;
-    double host = 0;  // host-side staging (init, checkpoint save/load copies, batch vectors)
-    double buffers() const { return params + grads + master + moments + activations + batch; }
-};
+// What gpt_allocate takes for (config, B, T, ZeRO stage, pipeline stage, -r, dp), without
+// allocating: the memory guard compares it with the machine before the run starts, the start-up
+// tables and --plan print it.
 static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int zero_stage = 0,
                                           const PipelinePlan* pipe = nullptr, int recompute = 0, int plan_dp = 0) {
     GPT plan;
-    plan.plan_only = true;
+    plan.mem.plan_only = true;
     plan.plan_dp = plan_dp;
     gpt_allocate(plan, c, B, T, zero_stage, pipe, recompute);
-    MemoryEstimate e;
-    e.params = plan.plan_bytes[MEM_PARAMS];
-    e.grads = plan.plan_bytes[MEM_GRADS];
-    e.master = plan.plan_bytes[MEM_MASTER];
-    e.moments = plan.plan_bytes[MEM_MOMENTS];
-    e.activations = plan.plan_bytes[MEM_ACTIVATIONS];
-    e.batch = plan.plan_bytes[MEM_BATCH];
+    MemoryEstimate e = MemoryEstimate::of(plan.mem);
     // host: init (params + zeros) or a loaded checkpoint (3 fp32 copies), the rounded upload copy,
     // the checkpoint save copies (3 fp32), batch vectors of the step's micro-batches, per-token losses
     const double n = (double)plan.n_params, f = sizeof(float), fx = sizeof(floatX), BT = (double)B * T;

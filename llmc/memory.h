@@ -1,0 +1,77 @@
+// The memory plan and the arenas that allocate exactly it.
+//
+// The model allocates every buffer before the first step through MemoryArenas::take(kind, bytes),
+// in one function (gpt_allocate in train_gpt.cu), and nothing after. Run once with plan_only, that
+// function is the plan: take() only counts, by kind, and returns null; run for real, it allocates
+// one arena per kind at the planned size and take() carves it in the same order. So the start-up
+// tables, the memory guard, --plan and --max_fit read exactly what is allocated (check_used()
+// verifies allocated == planned, byte for byte). Every buffer is rounded up to BUFFER_ALIGN bytes,
+// which keeps each one aligned for the kernels' 16-byte vector loads.
+//
+// Depends on the backend's buffer_alloc / buffer_free (device memory in the CUDA build), so it is
+// included after them, like zero.h.
+#ifndef LLMC_MEMORY_H
+#define LLMC_MEMORY_H
+#include <cstddef>
+#include "utils.h"
+
+enum MemKind { MEM_PARAMS = 0, MEM_GRADS, MEM_MASTER, MEM_MOMENTS, MEM_ACTIVATIONS, MEM_BATCH, MEM_KINDS };
+inline const char* mem_kind_name(int k) {
+    static const char* names[] = {"params", "grads", "master", "moments", "activations", "batch"};
+    return names[k];
+}
+constexpr size_t BUFFER_ALIGN = 256;
+
+struct MemoryArenas {
+    bool plan_only = false;
+    double planned[MEM_KINDS] = {};  // bytes taken so far, by kind
+    char* base[MEM_KINDS] = {};
+    size_t size[MEM_KINDS] = {}, used[MEM_KINDS] = {};
+
+    void* take(MemKind kind, size_t bytes) {
+        const size_t aligned = (bytes + BUFFER_ALIGN - 1) / BUFFER_ALIGN * BUFFER_ALIGN;
+        planned[kind] += (double)aligned;
+        if (plan_only) return nullptr;
+        LLMC_CHECK(used[kind] + aligned <= size[kind], "internal: the %s arena (%zu bytes) is smaller than what is taken "
+                   "from it", mem_kind_name(kind), size[kind]);
+        void* p = base[kind] + used[kind];
+        used[kind] += aligned;
+        return p;
+    }
+    // one allocation per kind, at the sizes a plan_only run counted
+    void allocate_as(const MemoryArenas& plan) {
+        for (int k = 0; k < MEM_KINDS; k++) {
+            size[k] = (size_t)plan.planned[k];
+            base[k] = size[k] ? (char*)buffer_alloc(size[k]) : nullptr;
+        }
+    }
+    void check_used() const {
+        for (int k = 0; k < MEM_KINDS && !plan_only; k++)
+            LLMC_CHECK(used[k] == size[k], "internal: the %s arena holds %zu bytes, %zu were taken", mem_kind_name(k),
+                       size[k], used[k]);
+    }
+    void release() {
+        for (char*& b : base) {
+            if (b) buffer_free(b);
+            b = nullptr;
+        }
+    }
+};
+
+// A plan by kind, in bytes, plus the host-side staging (init, checkpoint copies, batch vectors).
+struct MemoryEstimate {
+    double params = 0, grads = 0, master = 0, moments = 0, activations = 0, batch = 0;
+    double host = 0;
+    double buffers() const { return params + grads + master + moments + activations + batch; }
+    static MemoryEstimate of(const MemoryArenas& a) {
+        MemoryEstimate e;
+        e.params = a.planned[MEM_PARAMS];
+        e.grads = a.planned[MEM_GRADS];
+        e.master = a.planned[MEM_MASTER];
+        e.moments = a.planned[MEM_MOMENTS];
+        e.activations = a.planned[MEM_ACTIVATIONS];
+        e.batch = a.planned[MEM_BATCH];
+        return e;
+    }
+};
+#endif  // LLMC_MEMORY_H
