@@ -591,6 +591,7 @@ struct GPT {
     LayerGrads layer_douts{};  // one layer's output gradients, when its weight gradients follow at once
     int recompute = 0;         // -r: activation recomputation level (acts_for)
     int plan_dp = 0;           // planning only: the data-parallel ranks to plan for (rank 0's share)
+    size_t elem_bytes = sizeof(floatX);  // of params, leaf grads, activations (planning: 2 plans the GPU build's bf16)
     LayerActs recomp{};        // -r 1 / 2: one layer's activations that the slots do not keep
     floatX *lnf = nullptr, *logits = nullptr;       // the last stage's head (one micro-batch at a time)
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
@@ -615,7 +616,7 @@ static void* take(GPT& m, MemKind kind, size_t bytes) {
     if (kind == MEM_ACTIVATIONS) m.activation_bytes = m.mem.planned[MEM_ACTIVATIONS];
     return p;
 }
-static floatX* take_act(GPT& m, size_t n) { return (floatX*)take(m, MEM_ACTIVATIONS, n * sizeof(floatX)); }
+static floatX* take_act(GPT& m, size_t n) { return (floatX*)take(m, MEM_ACTIVATIONS, n * m.elem_bytes); }
 static float* take_stats(GPT& m, size_t n) { return (float*)take(m, MEM_ACTIVATIONS, n * sizeof(float)); }
 static int* take_ints(GPT& m, size_t n) { return (int*)take(m, MEM_ACTIVATIONS, n * sizeof(int)); }
 
@@ -734,10 +735,10 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     const ZeroLayout& z = m.zero;
     m.seg_local.assign(config.n_layer + 2, -1);
     for (int s = 0; s < (int)z.segs.size(); s++) m.seg_local[z.segs[s].id] = s;
-    const size_t fx = sizeof(floatX);
+    const size_t fx = m.elem_bytes;
     m.params = (floatX*)take(m, MEM_PARAMS, z.params_elems() * fx);
     m.grad_acc = (float*)take(m, MEM_GRADS, z.acc_elems() * sizeof(float));
-    if (sizeof(floatX) != sizeof(float)) m.master = (float*)take(m, MEM_MASTER, z.state_elems() * sizeof(float));
+    if (m.elem_bytes != sizeof(float)) m.master = (float*)take(m, MEM_MASTER, z.state_elems() * sizeof(float));
     m.adam_m = (float*)take(m, MEM_MOMENTS, z.state_elems() * sizeof(float));
     m.adam_v = (float*)take(m, MEM_MOMENTS, z.state_elems() * sizeof(float));
     if (pp.has_head() || (pp.has_embedding() && pp.P > 1)) {
@@ -860,15 +861,17 @@ static void gpt_free(GPT& m) {
 // allocating: the memory guard compares it with the machine before the run starts, the start-up
 // tables and --plan print it.
 static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int zero_stage = 0,
-                                          const PipelinePlan* pipe = nullptr, int recompute = 0, int plan_dp = 0) {
+                                          const PipelinePlan* pipe = nullptr, int recompute = 0, int plan_dp = 0,
+                                          size_t elem_bytes = sizeof(floatX)) {
     GPT plan;
     plan.mem.plan_only = true;
     plan.plan_dp = plan_dp;
+    plan.elem_bytes = elem_bytes;
     gpt_allocate(plan, c, B, T, zero_stage, pipe, recompute);
     MemoryEstimate e = MemoryEstimate::of(plan.mem);
     // host: init (params + zeros) or a loaded checkpoint (3 fp32 copies), the rounded upload copy,
     // the checkpoint save copies (3 fp32), batch vectors of the step's micro-batches, per-token losses
-    const double n = (double)plan.n_params, f = sizeof(float), fx = sizeof(floatX), BT = (double)B * T;
+    const double n = (double)plan.n_params, f = sizeof(float), fx = (double)elem_bytes, BT = (double)B * T;
     e.host = 3 * n * f + n * fx + 3 * n * f + (3.0 * plan.pipe.M + 1) * BT * sizeof(int);
     return e;
 }
@@ -1793,6 +1796,7 @@ static const Option OPTIONS[] = {
     {"plan", "", "0", "print the memory plan (every stage, -z and -r level) and whether it fits, then exit (a switch)"},
     {"plan_ranks", "", "", "--plan: plan for this many processes (default: the ones started)"},
     {"max_fit", "", "0", "--plan plus the largest -b and the largest dN model that fit, per -r level (a switch)"},
+    {"device", "", "", "--plan: plan the CUDA build on this GPU (h200 | h100) instead of this machine"},
     {"pp", "", "1", "pipeline stages (the processes form pp x dp; micro-batches per step = the accumulation steps)"},
     {"pp_schedule", "", "1f1b", "pipeline schedule: gpipe | 1f1b | interleaved | zb1 (zero bubble, Qi et al. 2023)"},
     {"pp_virtual", "", "1", "interleaved: model chunks per stage"},
@@ -1981,11 +1985,17 @@ struct PlanInputs {
     GPTConfig config;
     int B = 1, T = 1, zero_stage = 0, recompute = 0, dp = 1;
     PipelinePlan pipe;  // its stage is the rank's
+    // --device: plan the CUDA build (bf16 params and activations, fp32 master) on a GPU of that
+    // memory, from any machine; device_bytes 0: this build on this machine
+    size_t elem_bytes = sizeof(floatX);
+    double device_bytes = 0;
+    std::string device_name;
     MemoryEstimate estimate(int zero, int stage, int r) const {
         PipelinePlan ps = pipe;
         ps.stage = stage;
-        return gpt_memory_estimate(config, B, T, zero, &ps, r, dp);
+        return gpt_memory_estimate(config, B, T, zero, &ps, r, dp, elem_bytes);
     }
+    double need(const MemoryEstimate& e) const { return device_bytes > 0 ? e.buffers() : plan_need_bytes(e); }
 };
 
 // One rank's memory for every ZeRO stage (the current one marked): the plan of gpt_allocate.
@@ -2054,8 +2064,8 @@ static void print_pipeline(const PlanInputs& in) {
 // (or LLMC_MEMORY_LIMIT), and with --max_fit the largest micro-batch and the largest dN-shaped model
 // that fit per -r level; nothing is allocated.
 static void print_plan(const PlanInputs& in, bool max_fit) {
-    std::string source;
-    const double avail = available_buffer_memory(source), GiB = 1073741824.0;
+    std::string source = in.device_name;
+    const double avail = in.device_bytes > 0 ? in.device_bytes : available_buffer_memory(source), GiB = 1073741824.0;
     if (in.pipe.P > 1) print_pipeline(in);
     for (int s = 0; s < in.pipe.P; s++) {
         PlanInputs one = in;
@@ -2064,7 +2074,7 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
     }
     auto worst = [&](const PlanInputs& p, int r) {  // the most any stage needs
         double need = 0;
-        for (int s = 0; s < p.pipe.P; s++) need = std::max(need, plan_need_bytes(p.estimate(p.zero_stage, s, r)));
+        for (int s = 0; s < p.pipe.P; s++) need = std::max(need, p.need(p.estimate(p.zero_stage, s, r)));
         return need;
     };
     printf("plan: %d process%s (pp %d x dp %d), -z %d; available: %s %.2f GiB\n", in.pipe.P * in.dp,
@@ -2408,6 +2418,15 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         const int plan_m = total_batch_flag > 0 ? (int)(total_batch_flag / per_micro) : 1;
         plan_inputs.pipe = pipeline_plan(config, B, T, n_stages, pp_virtual, plan_m, pp_kind, args.str("pp_layers"), 0);
         plan_inputs.config = config;
+        const std::string device = args.str("device");
+        if (!device.empty()) {
+            // what cudaMemGetInfo reports on the device; the buffers must fit it (the op scratch and
+            // the cuBLASLt workspace, a few hundred MiB, are not in the plan yet)
+            LLMC_CHECK(device == "h200" || device == "h100", "--device: expected h200 or h100, got '%s'", device.c_str());
+            plan_inputs.elem_bytes = 2;
+            plan_inputs.device_bytes = (device == "h200" ? 139.8 : 79.1) * 1073741824.0;
+            plan_inputs.device_name = device == "h200" ? "an H200 (CUDA build, bf16)" : "an H100 80GB (CUDA build, bf16)";
+        }
         if (rank0) print_plan(plan_inputs, args.flag("max_fit"));
         return 0;
     }

@@ -313,6 +313,10 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
     CHECK(out.find("plan: 4 processes (pp 2 x dp 2)") != std::string::npos);
     CHECK(out.find("pipeline: 2 stages") != std::string::npos);
     CHECK(out.find("-r 2: the largest micro-batch that fits is -b") != std::string::npos);
+    // --device: the CUDA build's plan (bf16 + fp32 master) against that GPU, from this machine
+    CHECK(run_train_output(with(fx.args("plan", 1), {"--plan", "--device", "h200"}), out) == 0);
+    CHECK(out.find("available: an H200 (CUDA build, bf16) 139.80 GiB") != std::string::npos);
+    fails_with(with(fx.args("plan", 1), {"--plan", "--device", "a100"}), "--device: expected h200 or h100");
     unsetenv("LLMC_MEMORY_LIMIT");
     CHECK(meminfo_available_bytes("/proc/meminfo") > 0);
     CHECK(meminfo_available_bytes("/nonexistent") < 0);
