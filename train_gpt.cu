@@ -650,12 +650,8 @@ static void chunk_bounds(const std::vector<PipeAction>& actions, int V, std::vec
         const PipeAction& a = actions[k];
         if ((int)seen[a.chunk].size() <= a.mb) seen[a.chunk].resize(a.mb + 1, false);
         if (!seen[a.chunk][a.mb]) { seen[a.chunk][a.mb] = true; slots[a.chunk] = std::max(slots[a.chunk], ++live[a.chunk]); }
-        if (a.op == PIPE_B && is_group_boundary(actions, k)) {
-            size_t j = k + 1;
-            while (j < actions.size() && !is_compute(actions[j].op)) j++;
-            const bool w_next = j < actions.size() && actions[j].op == PIPE_W && actions[j].mb == a.mb && actions[j].chunk == a.chunk;
-            if (!w_next) stashes[a.chunk] = std::max(stashes[a.chunk], ++pending[a.chunk]);
-        }
+        if (a.op == PIPE_B && !next_compute_is_own_w(actions, k))
+            stashes[a.chunk] = std::max(stashes[a.chunk], ++pending[a.chunk]);
         if (a.op == PIPE_W && is_group_boundary(actions, k)) pending[a.chunk]--;
         if (last[a.chunk][a.mb] == k) live[a.chunk]--;
     }
@@ -2401,23 +2397,23 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     const PipeKind pp_kind = parse_pipe_kind(args.str("pp_schedule"));
     const int pp_virtual = args.i("pp_virtual", 1, 1024);
     const int recompute = args.i("recompute", 0, 2);
+    PlanInputs plan_inputs;  // the memory plan's inputs (the start-up tables, --plan)
+    plan_inputs.config = config;
+    plan_inputs.B = B;
+    plan_inputs.T = T;
+    plan_inputs.zero_stage = zero_stage;
+    plan_inputs.recompute = recompute;
     if (planning) {
         // a plan for --plan_ranks processes (default: this run's), nothing allocated
         const int ranks = args.str("plan_ranks").empty() ? cm.world_size : args.i("plan_ranks", 1, 1 << 20);
         LLMC_CHECK(ranks % n_stages == 0, "--plan_ranks %d is not a multiple of --pp %d", ranks, n_stages);
-        PlanInputs plan_inputs;
         plan_inputs.dp = ranks / n_stages;
-        plan_inputs.B = B;
-        plan_inputs.T = T;
-        plan_inputs.zero_stage = zero_stage;
-        plan_inputs.recompute = recompute;
         const int64_t per_micro = (int64_t)B * T * plan_inputs.dp;
         LLMC_CHECK(total_batch_flag == 0 || total_batch_flag % per_micro == 0,
                    "--total_batch_tokens %lld is not a multiple of B*T*dp = %lld for --plan_ranks %d",
                    (long long)total_batch_flag, (long long)per_micro, ranks);
         const int plan_m = total_batch_flag > 0 ? (int)(total_batch_flag / per_micro) : 1;
         plan_inputs.pipe = pipeline_plan(config, B, T, n_stages, pp_virtual, plan_m, pp_kind, args.str("pp_layers"), 0);
-        plan_inputs.config = config;
         const std::string device = args.str("device");
         if (!device.empty()) {
             // what cudaMemGetInfo reports on the device; the buffers must fit it (the op scratch and
@@ -2432,12 +2428,6 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     }
     const PipelinePlan pipe = pipeline_plan(config, B, T, n_stages, pp_virtual, grad_accum, pp_kind, args.str("pp_layers"),
                                             cm.stage);
-    PlanInputs plan_inputs;
-    plan_inputs.config = config;
-    plan_inputs.B = B;
-    plan_inputs.T = T;
-    plan_inputs.zero_stage = zero_stage;
-    plan_inputs.recompute = recompute;
     plan_inputs.dp = world;
     plan_inputs.pipe = pipe;
     check_memory_fits(config, B, T, zero_stage, pipe, recompute);  // before anything big is allocated

@@ -177,6 +177,13 @@ inline bool previous_compute_is_b(const std::vector<PipeAction>& actions, size_t
     return false;
 }
 
+// the B at k is followed by its own W with no computation between (the two run as one backward)
+inline bool next_compute_is_own_w(const std::vector<PipeAction>& actions, size_t k) {
+    for (size_t j = k + 1; j < actions.size(); j++)
+        if (is_compute(actions[j].op))
+            return actions[j].op == PIPE_W && actions[j].mb == actions[k].mb && actions[j].chunk == actions[k].chunk;
+    return false;
+}
 inline bool is_group_boundary(const std::vector<PipeAction>& actions, size_t k) {
     return is_compute(actions[k].op) && !(actions[k].op == PIPE_W && previous_compute_is_b(actions, k));
 }
@@ -576,15 +583,7 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
         std::vector<const PipeAction*> mine;
         if (last_use) mine.push_back(&a);
         flush();
-        bool fused = false;
-        if (a.op == PIPE_B)
-            for (size_t j = k + 1; j < actions.size(); j++) {
-                const PipeAction& n = actions[j];
-                if (is_compute(n.op)) {
-                    fused = n.op == PIPE_W && n.mb == a.mb && n.chunk == a.chunk;
-                    break;
-                }
-            }
+        const bool fused = a.op == PIPE_B && next_compute_is_own_w(actions, k);
         const double t0 = measure ? now_ms() : 0;
         if (a.op == PIPE_F) model.forward(a.mb, a.chunk);
         else if (a.op == PIPE_B) model.backward(a.mb, a.chunk, fused);

@@ -238,14 +238,15 @@ inline std::string read_file(const std::string& path) {
 }
 
 // Runs the trainer in-process with its stdout silenced (errors still propagate as LlmcError).
-inline int run_train(std::vector<std::string> args) {
+// train_main with its stdout sent to stdout_path (restored afterwards, also on an exception)
+inline int run_train_to(std::vector<std::string> args, const std::string& stdout_path) {
     args.insert(args.begin(), "train_gpt_cpu");
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     fflush(stdout);
-    int saved = dup(1), devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    close(devnull);
+    int saved = dup(1), fd = open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    close(fd);
     struct Restore {
         int fd;
         ~Restore() {
@@ -256,29 +257,11 @@ inline int run_train(std::vector<std::string> args) {
     } restore{saved};
     return train_main((int)argv.size(), argv.data());
 }
-
+inline int run_train(std::vector<std::string> args) { return run_train_to(std::move(args), "/dev/null"); }
 // run_train with its stdout captured (into a temporary file, read back)
 inline int run_train_output(std::vector<std::string> args, std::string& out) {
-    args.insert(args.begin(), "train_gpt_cpu");
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
     const std::string path = make_temp_dir("llmc_out_") + "/stdout.txt";
-    fflush(stdout);
-    int saved = dup(1), fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    close(fd);
-    int rc;
-    {
-        struct Restore {
-            int fd;
-            ~Restore() {
-                fflush(stdout);
-                dup2(fd, 1);
-                close(fd);
-            }
-        } restore{saved};
-        rc = train_main((int)argv.size(), argv.data());
-    }
+    const int rc = run_train_to(std::move(args), path);
     out = read_file(path);
     return rc;
 }
