@@ -18,6 +18,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 #include <sys/resource.h>
@@ -76,6 +77,10 @@ static void buffer_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
 static void copy_to_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static void copy_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+// rows x width_bytes from src (rows src_pitch apart) to dst (dst_pitch apart)
+static void copy_buffer_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes, size_t rows) {
+    for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dst_pitch, (const char*)src + r * src_pitch, width_bytes);
+}
 static void backend_sync() {}
 static void backend_setup(int, int, int, int, int, int, int, int, int) {}
 // memory the run's buffers can use: host memory (MemAvailable), for the memory guard
@@ -161,6 +166,10 @@ static void copy_from_buffer(void* dst, const void* src, size_t bytes) {
 static void copy_buffer(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, llmc_stream()));
 }
+static void copy_buffer_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes, size_t rows) {
+    if (rows == 0 || width_bytes == 0) return;
+    cudaCheck(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, rows, cudaMemcpyDeviceToDevice, llmc_stream()));
+}
 // the step time includes everything queued on the GPU
 static void backend_sync() { cudaCheck(cudaStreamSynchronize(llmc_stream())); }
 // kernels are queued: the host clock sees their time only after a sync, which would cost the overlap
@@ -189,6 +198,7 @@ static void backend_setup(int B, int T, int C, int n_head, int n_kv_head, int ma
 #include "llmc/zero.h"
 #include "llmc/memory.h"
 #include "llmc/pipeline.h"
+#include "llmc/tensor_parallel.h"
 
 // ----------------------------------------------------------------------------------------------
 // 2. Config and parameters
@@ -398,6 +408,135 @@ static void point_segment(ModelTensors& t, const GPTConfig& c, const std::vector
 }
 
 // ----------------------------------------------------------------------------------------------
+// Tensor parallelism (llmc/tensor_parallel.h): each tensor-parallel rank holds a slice of the
+// split tensors and a copy of the others. Its local table lays its tensors out as the table does
+// (same order, local shapes); pieces map every local element to its place in the table, which
+// stays the one layout-independent index space (init, checkpoints, exports).
+//   attn.qkv   rows of the rank's query heads, then of the kv heads they read (column-parallel by
+//              heads; a kv head shared by several ranks when --tp > n_kv_head is a replica there)
+//   attn.proj  the columns of the rank's heads (row-parallel; its bias is a replica, added once
+//              after the reduction)
+//   mlp.fc     SwiGLU: the rank's hidden units of W1 and the same units of W3 (so silu(W1 x) * W3 x
+//              is local); GELU: its hidden units. mlp.proj: those columns (row-parallel)
+//   moe.*      the same split inside every expert; the router is a replica
+//   wte        rows of the rank's vocabulary slice (vocab-parallel embedding and loss)
+//   the rest   LayerNorms, row-parallel biases, wpe: replicas (tp rank 0 is their owner)
+struct TpShape {
+    int tp = 1, rank = 0;
+    bool sp = false;                 // --sp: LayerNorms and the residual stream hold B*T/tp tokens
+    int n_head = 0, head0 = 0;       // local query heads, the first one's global index
+    int n_kv_head = 0, kv0 = 0;      // local kv heads, the first one's global index
+    bool kv_owner = true;            // false: the local kv heads are replicas (another rank owns them)
+    int ffn = 0, expert_hidden = 0;  // local hidden units (dense FFN, per expert)
+    int vocab = 0, vocab0 = 0;       // local rows of the padded vocabulary
+    int hs = 0;
+    int qkv() const { return (n_head + 2 * n_kv_head) * hs; }
+    int fc(int mlp) const { return mlp == MLP_SWIGLU ? 2 * ffn : ffn; }
+};
+
+static TpShape tp_shape(const GPTConfig& c, int tp, int rank, bool sp) {
+    LLMC_CHECK(tp >= 1 && c.n_head % tp == 0, "--tp %d must divide --n_head %d (attention is split by heads)", tp, c.n_head);
+    LLMC_CHECK(c.n_kv_head % tp == 0 || tp % c.n_kv_head == 0,
+               "--tp %d: the kv heads (--n_kv_head %d) must split evenly over the tensor-parallel ranks, or each be "
+               "shared by a whole number of them (tp a multiple of n_kv_head)", tp, c.n_kv_head);
+    LLMC_CHECK(c.ffn_hidden % tp == 0, "--tp %d must divide the FFN width --ffn_hidden %d", tp, c.ffn_hidden);
+    LLMC_CHECK(c.n_expert == 0 || c.expert_hidden % tp == 0, "--tp %d must divide the expert width --expert_hidden %d", tp,
+               c.expert_hidden);
+    LLMC_CHECK(c.padded_vocab_size % tp == 0, "--tp %d must divide the padded vocabulary %d (vocab-parallel embedding)", tp,
+               c.padded_vocab_size);
+    TpShape s;
+    s.tp = tp;
+    s.rank = rank;
+    s.sp = sp && tp > 1;
+    s.hs = c.head_size();
+    s.n_head = c.n_head / tp;
+    s.head0 = rank * s.n_head;
+    if (c.n_kv_head % tp == 0) {
+        s.n_kv_head = c.n_kv_head / tp;
+        s.kv0 = rank * s.n_kv_head;
+    } else {  // tp / n_kv_head ranks read each kv head; the first of them owns it
+        const int share = tp / c.n_kv_head;
+        s.n_kv_head = 1;
+        s.kv0 = rank / share;
+        s.kv_owner = rank % share == 0;
+    }
+    s.ffn = c.ffn_hidden / tp;
+    s.expert_hidden = c.expert_hidden / tp;
+    s.vocab = c.padded_vocab_size / tp;
+    s.vocab0 = rank * s.vocab;
+    return s;
+}
+
+// local elements [local, local + len) are table elements [global, global + len)
+struct TablePiece {
+    size_t local, global, len;
+    bool owner;  // this rank reports them (checkpoints, norm); false: a tensor-parallel replica
+};
+
+// The local table (as build_param_table, with this rank's shapes) and its pieces in local order.
+static std::vector<ParamTensor> local_param_table(const GPTConfig& c, const std::vector<ParamTensor>& table,
+                                                  const TpShape& s, std::vector<TablePiece>& pieces) {
+    pieces.clear();
+    std::vector<ParamTensor> local;
+    size_t offset = 0;
+    const int C = c.n_embd, hs = s.hs;
+    for (const ParamTensor& g : table) {
+        ParamTensor p = g;
+        p.offset = offset;
+        const std::string f = g.name.substr(g.name.find('.') + 1);
+        // a piece of `rows` rows of `width` elements, at global row `row` of a matrix `stride` wide
+        auto add = [&](size_t local_at, size_t row, size_t rows, size_t width, size_t col, size_t stride, bool owner) {
+            for (size_t r = 0; r < rows; r++)
+                pieces.push_back({p.offset + local_at + r * width, g.offset + (row + r) * stride + col, width, owner});
+        };
+        auto contiguous = [&](size_t local_at, size_t global_at, size_t n, bool owner) {
+            pieces.push_back({p.offset + local_at, g.offset + global_at, n, owner});
+        };
+        const bool replica = s.tp > 1 && s.rank != 0;
+        if (s.tp == 1) {
+            contiguous(0, 0, (g.numel + 7) / 8 * 8, true);  // with its padding: one process reports every element
+        } else if (g.name == "wte") {
+            p.shape = {s.vocab, C};
+            contiguous(0, (size_t)s.vocab0 * C, (size_t)s.vocab * C, true);
+        } else if (f == "attn.qkv.w" || f == "attn.qkv.b") {
+            const size_t w = f == "attn.qkv.w" ? C : 1;
+            p.shape = f == "attn.qkv.w" ? std::vector<int>{s.qkv(), C} : std::vector<int>{s.qkv()};
+            const size_t q = (size_t)s.n_head * hs, kv = (size_t)s.n_kv_head * hs;
+            contiguous(0, (size_t)s.head0 * hs * w, q * w, true);
+            contiguous(q * w, ((size_t)c.n_head + s.kv0) * hs * w, kv * w, s.kv_owner);
+            contiguous((q + kv) * w, ((size_t)c.n_head + c.n_kv_head + s.kv0) * hs * w, kv * w, s.kv_owner);
+        } else if (f == "attn.proj.w") {
+            p.shape = {C, s.n_head * hs};
+            add(0, 0, C, (size_t)s.n_head * hs, (size_t)s.head0 * hs, (size_t)c.n_head * hs, true);
+        } else if (f == "mlp.fc.w" || f == "mlp.fc.b" || f == "moe.fc.w" || f == "moe.fc.b") {
+            const bool moe = f[0] == 'm' && f[1] == 'o', glu = moe || c.mlp == MLP_SWIGLU;
+            const size_t w = f.back() == 'w' ? C : 1, E = moe ? c.n_expert : 1;
+            const size_t H = moe ? c.expert_hidden : c.ffn_hidden, Hl = moe ? s.expert_hidden : s.ffn;
+            const size_t rows_g = glu ? 2 * H : H, rows_l = glu ? 2 * Hl : Hl;  // per expert
+            p.shape = moe ? (w == 1 ? std::vector<int>{(int)E, (int)rows_l} : std::vector<int>{(int)E, (int)rows_l, C})
+                          : (w == 1 ? std::vector<int>{(int)rows_l} : std::vector<int>{(int)rows_l, C});
+            for (size_t e = 0; e < E; e++) {
+                contiguous(e * rows_l * w, (e * rows_g + (size_t)s.rank * Hl) * w, Hl * w, true);
+                if (glu) contiguous((e * rows_l + Hl) * w, (e * rows_g + H + (size_t)s.rank * Hl) * w, Hl * w, true);
+            }
+        } else if (f == "mlp.proj.w" || f == "moe.proj.w") {
+            const bool moe = f[0] == 'm' && f[1] == 'o';
+            const size_t E = moe ? c.n_expert : 1, H = moe ? c.expert_hidden : c.ffn_hidden;
+            const size_t Hl = moe ? s.expert_hidden : s.ffn;
+            p.shape = moe ? std::vector<int>{(int)E, C, (int)Hl} : std::vector<int>{C, (int)Hl};
+            add(0, 0, E * C, Hl, (size_t)s.rank * Hl, H, true);
+        } else {
+            contiguous(0, 0, (g.numel + 7) / 8 * 8, !replica);
+        }
+        p.numel = 1;
+        for (int d : p.shape) p.numel *= (size_t)d;
+        offset += (p.numel + 7) / 8 * 8;
+        local.push_back(p);
+    }
+    return local;
+}
+
+// ----------------------------------------------------------------------------------------------
 // 3. The model
 
 // The pipeline partition (llmc/pipeline.h runs the schedule). The model's blocks are cut into
@@ -560,7 +699,13 @@ struct MicroBatch {
 
 struct GPT {
     GPTConfig config;
-    std::vector<ParamTensor> table;
+    std::vector<ParamTensor> table;  // the model's tensors: the layout-independent index space
+    // tensor parallel: this rank's slice of the model (local_param_table; one process: the table)
+    TpShape tps;
+    std::vector<ParamTensor> local;
+    std::vector<TablePiece> pieces;                 // local elements -> table elements
+    std::vector<CheckpointRange> table_padding;     // table padding this rank reports (zeros; tp > 1)
+    ChunkSplit split_attn, split_ffn, split_expert, split_vocab, split_tokens;  // canonical reductions
     size_t n_params = 0;     // elements of the parameter table (with alignment padding): checkpoints
     size_t param_count = 0;  // the model's parameters (what is reported and counted for FLOPs)
     PipelinePlan pipe;       // this rank's pipeline stage and its chunks
@@ -575,6 +720,7 @@ struct GPT {
     floatX* comm_scratch = nullptr;  // reduce_scatter_add's receive buffer (dp > 1)
     SegmentSlots<floatX> param_slots, grad_slots;  // stage 3: gathered segments
     std::vector<UpdatePiece> update_pieces;         // what this rank's optimizer step updates
+    AccRanges norm_skip;                            // tensor-parallel replicas' gradients (not counted here)
     ModelTensors p, g;  // pointers into params and grads (stage 3: into the slots, while gathered)
     // The tied lm head (on the last stage) and its gradient. Its gradient is summed over the step in
     // its own accumulator and added to the embedding's once per step (tied_embedding_sum); with
@@ -598,6 +744,14 @@ struct GPT {
     // backward scratch, reused by every layer
     floatX *d_ln = nullptr, *d_atty = nullptr, *d_fch_act = nullptr, *scratch = nullptr;
     floatX* d_expert_in = nullptr;  // MoE: gradient of the experts' input rows
+    // tensor-parallel reductions (llmc/tensor_parallel.h) and their operands
+    TpScratch<floatX> tpx;
+    TpScratch<float> tpf;
+    floatX *tp_copy_a = nullptr, *tp_copy_b = nullptr;  // a leaf's slices of a matmul's operands
+    floatX* tp_full = nullptr;      // [B*T, C] --sp: a gathered stream gradient; MoE: the combined output
+    floatX* tp_ln_grads = nullptr;  // [2C] a LayerNorm's weight and bias gradients
+    float *ce_max = nullptr, *ce_sum = nullptr, *ce_target = nullptr;  // [B*T] vocab-parallel softmax
+    int plan_tp = 0;                // planning only: the tensor-parallel ranks to plan for
     std::vector<float> host_losses;
     double activation_bytes = 0;
 
@@ -637,6 +791,55 @@ static ZeroLayout gpt_zero_layout(const GPTConfig& c, const std::vector<ParamTen
     return zero_layout(mine, count_params(table), zero_stage, dp.size, dp.rank);
 }
 
+// calls f(local, table, n, owner) for the runs of local elements [begin, begin + n) that are the
+// table's (the local tables' alignment padding between tensors is no one's)
+template <typename F>
+static void for_each_table_run(const std::vector<TablePiece>& pieces, size_t begin, size_t n, const F& f) {
+    size_t k = std::upper_bound(pieces.begin(), pieces.end(), begin, [](size_t v, const TablePiece& p) { return v < p.local; }) -
+               pieces.begin();
+    if (k > 0) k--;
+    for (; k < pieces.size() && pieces[k].local < begin + n; k++) {
+        const TablePiece& p = pieces[k];
+        const size_t lo = std::max(begin, p.local), hi = std::min(begin + n, p.local + p.len);
+        if (lo < hi) f(lo, p.global + (lo - p.local), hi - lo, p.owner);
+    }
+}
+// The optimizer's pieces (local offsets) cut where the table's runs end, with table offsets: element
+// i of the table draws its stochastic-rounding bits from step_seed + i in every layout.
+static std::vector<UpdatePiece> table_update_pieces(const std::vector<UpdatePiece>& local, const std::vector<TablePiece>& pieces) {
+    std::vector<UpdatePiece> out;
+    for (const UpdatePiece& u : local)
+        for_each_table_run(pieces, u.table_offset, u.n, [&](size_t lo, size_t global, size_t n, bool) {
+            UpdatePiece v = u;
+            const size_t d = lo - u.table_offset;
+            v.param_index += d;
+            v.state_index += d;
+            v.acc_index += d;
+            v.table_offset = global;
+            v.n = n;
+            out.push_back(v);
+        });
+    return out;
+}
+// tp > 1: the table's alignment padding after the split tensors of this stage belongs to no local
+// tensor; dp rank 0 of tp rank 0 reports it (zeros), so that a checkpoint covers every element once
+static std::vector<CheckpointRange> tp_table_padding(const GPT& m, const PipelinePlan& pp) {
+    std::vector<CheckpointRange> out;
+    if (m.tps.tp == 1 || m.tps.rank != 0 || m.zero.rank != 0) return out;
+    for (size_t k = 0; k < m.table.size(); k++) {
+        const ParamTensor& t = m.table[k];
+        const int seg = segment_of(t.name, m.config.n_layer);
+        const bool here = seg == 0 ? pp.has_embedding() : seg == m.config.n_layer + 1 ? pp.has_head() : pp.holds_layer(seg - 1);
+        const size_t end = t.offset + t.numel, next = (t.numel + 7) / 8 * 8 + t.offset;
+        if (!here || end == next) continue;
+        bool covered = false;  // replicas report their padding with the tensor
+        for (const TablePiece& p : m.pieces)
+            if (p.global <= end && end < p.global + p.len) covered = true;
+        if (!covered) out.push_back({end, next - end});
+    }
+    return out;
+}
+
 // Micro-batches in flight per chunk in a stage's actions: activation slots (from a chunk's first
 // action on a micro-batch to its last, pipe_last_use) and zero-bubble stashes (from a B whose W
 // does not follow at once, to that W). The schedule decides the memory.
@@ -664,12 +867,16 @@ static void chunk_bounds(const std::vector<PipeAction>& actions, int V, std::vec
 // (keep 3) or -r 2 (keep 4) does not keep.
 static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, size_t act_max = 0, bool moe = false) {
     const GPTConfig& c = m.config;
+    const TpShape& tps = m.tps;
+    // LayerNorm outputs and the tensor-parallel branches hold all B*T tokens; the residual stream
+    // and the LayerNorm statistics the rank's stream rows (--sp: B*T / tp)
     const size_t BT = (size_t)m.max_B * m.max_T, C = c.n_embd, E = c.n_expert;
-    const size_t expert_rows = c.n_expert > 0 ? E * c.moe_capacity(m.max_B, m.max_T) : 0, He = c.expert_hidden;
+    const size_t rows = tps.sp ? BT / tps.tp : BT;
+    const size_t expert_rows = c.n_expert > 0 ? E * c.moe_capacity(m.max_B, m.max_T) : 0, He = tps.expert_hidden;
     if (l >= 0) {
         moe = c.is_moe(l);
-        fc_max = moe ? expert_rows * 2 * He : BT * c.fc_channels();
-        act_max = moe ? expert_rows * He : BT * c.ffn_hidden;
+        fc_max = moe ? expert_rows * 2 * He : BT * tps.fc(c.mlp);
+        act_max = moe ? expert_rows * He : BT * tps.ffn;
     }
     const bool slot = keep <= 2, all = keep == 0 || keep == 4;
     LayerActs a{};
@@ -684,38 +891,50 @@ static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, si
     }
     if (all || keep == 3) a.ln1 = take_act(m, BT * C);
     if (keep <= 1 || keep == 4) {
-        a.ln1_mean = take_stats(m, BT);
-        a.ln1_rstd = take_stats(m, BT);
-        a.qkv = take_act(m, BT * c.qkv_channels());
-        a.atty = take_act(m, BT * C);
-        a.att_lse = take_stats(m, BT * c.n_head);
-        a.residual2 = take_act(m, BT * C);
-        a.ln2_mean = take_stats(m, BT);
-        a.ln2_rstd = take_stats(m, BT);
+        a.ln1_mean = take_stats(m, rows);
+        a.ln1_rstd = take_stats(m, rows);
+        a.qkv = take_act(m, BT * tps.qkv());
+        a.atty = take_act(m, BT * tps.n_head * tps.hs);
+        a.att_lse = take_stats(m, BT * tps.n_head);
+        a.residual2 = take_act(m, rows * C);
+        a.ln2_mean = take_stats(m, rows);
+        a.ln2_rstd = take_stats(m, rows);
         a.fch = take_act(m, fc_max);
     }
     if (all || keep == 3) {
         a.ln2 = take_act(m, BT * C);
         a.fch_act = take_act(m, act_max);
     }
-    if (slot) a.residual3 = take_act(m, BT * C);
+    if (slot) a.residual3 = take_act(m, rows * C);
     return a;
 }
 
 // The memory plan: everything is allocated here, once; the training step allocates nothing. With
 // mem.plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
 static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero_stage = 0,
-                         const PipelinePlan* pipe = nullptr, int recompute = 0) {
+                         const PipelinePlan* pipe = nullptr, int recompute = 0, bool sp = false) {
     if (!m.mem.plan_only) {  // the arenas: one allocation per kind, at the plan's size
         GPT plan;
         plan.mem.plan_only = true;
-        gpt_allocate(plan, config, B, T, zero_stage, pipe, recompute);
+        gpt_allocate(plan, config, B, T, zero_stage, pipe, recompute, sp);
         m.mem.allocate_as(plan.mem);
     }
-    CommGroup dp = comm_world().dp;
+    CommGroup dp = comm_world().dp, tp = comm_world().tp;
     if (m.mem.plan_only && m.plan_dp > 0) dp = CommGroup{0, m.plan_dp};
+    if (m.mem.plan_only && m.plan_tp > 0) tp = CommGroup{0, m.plan_tp};
     config.check_batch(B, T, dp.size);
     LLMC_CHECK(recompute >= 0 && recompute <= 2, "-r/--recompute: expected 0, 1 or 2, got %d", recompute);
+    m.tps = tp_shape(config, tp.size, tp.rank, sp);
+    LLMC_CHECK(!m.tps.sp || ((int64_t)B * T) % tp.size == 0,
+               "--sp: the B*T = %lld tokens of a micro-batch must split evenly over --tp %d ranks", (long long)B * T, tp.size);
+    // the canonical chunks of the CPU build make tensor parallelism bitwise (llmc/tensor_parallel.h)
+    const bool canonical = m.elem_bytes == sizeof(float) && sizeof(floatX) == sizeof(float);
+    m.split_attn = chunk_split(config.n_kv_head, tp.size, tp.rank, canonical);
+    m.split_ffn = chunk_split(config.ffn_hidden, tp.size, tp.rank, canonical);
+    m.split_expert = chunk_split(config.expert_hidden, tp.size, tp.rank, canonical);
+    m.split_vocab = chunk_split(config.padded_vocab_size, tp.size, tp.rank, canonical);
+    m.split_tokens = m.tps.sp ? chunk_split((long)B * T, tp.size, tp.rank, canonical)
+                              : chunk_split((long)B * T, 1, 0, canonical);
     m.config = config;
     m.recompute = recompute;
     m.pipe = pipe ? *pipe : single_stage_plan(config);
@@ -725,9 +944,10 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
                       std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert,
                       config.n_expert > 0 ? config.moe_capacity(B, T) : 0, config.expert_hidden);
     m.table = build_param_table(config);
+    m.local = local_param_table(config, m.table, m.tps, m.pieces);
     m.n_params = count_params(m.table);
     for (const ParamTensor& t : m.table) m.param_count += t.numel;
-    m.zero = gpt_zero_layout(config, m.table, zero_stage, dp, pp);
+    m.zero = gpt_zero_layout(config, m.local, zero_stage, dp, pp);
     const ZeroLayout& z = m.zero;
     m.seg_local.assign(config.n_layer + 2, -1);
     for (int s = 0; s < (int)z.segs.size(); s++) m.seg_local[z.segs[s].id] = s;
@@ -738,8 +958,8 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     m.adam_m = (float*)take(m, MEM_MOMENTS, z.state_elems() * sizeof(float));
     m.adam_v = (float*)take(m, MEM_MOMENTS, z.state_elems() * sizeof(float));
     if (pp.has_head() || (pp.has_embedding() && pp.P > 1)) {
-        const std::vector<SegmentSpec> all = segment_specs(config, m.table);
-        m.head = zero_layout({all[0]}, m.n_params, zero_stage, dp.size, dp.rank);
+        const std::vector<SegmentSpec> all = segment_specs(config, m.local);
+        m.head = zero_layout({all[0]}, count_params(m.local), zero_stage, dp.size, dp.rank);
         m.head_acc = (float*)take(m, MEM_GRADS, m.head.shard_len(0) * sizeof(float));
         if (pp.has_head()) m.head_leaf = (floatX*)take(m, MEM_GRADS, m.head.padded_total * fx);
         if (pp.has_head() && pp.P > 1) m.head_params = (floatX*)take(m, MEM_PARAMS, m.head.padded_total * fx);
@@ -759,22 +979,33 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
         m.g.layers.resize(config.n_layer);
         if (!m.mem.plan_only)
             for (const Segment& s : z.segs) {
-                point_segment(m.p, config, m.table, s, m.params + s.padded_offset);
-                point_segment(m.g, config, m.table, s, m.grads + s.padded_offset);
+                point_segment(m.p, config, m.local, s, m.params + s.padded_offset);
+                point_segment(m.g, config, m.local, s, m.grads + s.padded_offset);
             }
     }
     std::vector<TensorRange> tensors;
-    for (const ParamTensor& t : m.table) tensors.push_back({t.offset, t.numel, t.decay});
-    m.update_pieces = zero_update_pieces(z, tensors);
+    for (const ParamTensor& t : m.local) tensors.push_back({t.offset, t.numel, t.decay});
+    m.update_pieces = table_update_pieces(zero_update_pieces(z, tensors), m.pieces);
+    m.table_padding = tp_table_padding(m, pp);
+    for (int s = 0; s < (int)z.segs.size(); s++) {  // replicas: the grad norm counts them on their owner
+        const Segment& seg = z.segs[s];
+        const size_t lo = z.own_begin(s), hi = std::min(lo + z.shard_len(s), seg.len);
+        if (lo < hi)
+            for_each_table_run(m.pieces, seg.begin + lo, hi - lo, [&](size_t local, size_t, size_t n, bool owner) {
+                const size_t at = z.acc_own(s) + (local - seg.begin - lo);
+                if (!owner) m.norm_skip.push_back({at, at + n});
+            });
+    }
 
-    const size_t BT = (size_t)B * T, C = config.n_embd, E = config.n_expert;
+    const TpShape& tps = m.tps;
+    const size_t BT = (size_t)B * T, C = config.n_embd, E = config.n_expert, rows = tps.sp ? BT / tps.tp : BT;
     m.max_B = B;
     m.max_T = T;
     m.activation_bytes = 0;
     const bool moe = config.n_expert > 0;
-    const size_t expert_rows = moe ? E * config.moe_capacity(B, T) : 0, He = config.expert_hidden;
-    auto fc_elems = [&](int l) { return config.is_moe(l) ? expert_rows * 2 * He : BT * config.fc_channels(); };
-    auto act_elems = [&](int l) { return config.is_moe(l) ? expert_rows * He : BT * config.ffn_hidden; };
+    const size_t expert_rows = moe ? E * config.moe_capacity(B, T) : 0, He = tps.expert_hidden;
+    auto fc_elems = [&](int l) { return config.is_moe(l) ? expert_rows * 2 * He : BT * tps.fc(config.mlp); };
+    auto act_elems = [&](int l) { return config.is_moe(l) ? expert_rows * He : BT * tps.ffn; };
     // the activations of each chunk's layers, once per micro-batch the schedule keeps in flight
     std::vector<int> n_slots, n_stashes;
     chunk_bounds(pp.schedule[pp.stage], pp.V, n_slots, n_stashes);
@@ -786,8 +1017,8 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
             ChunkSlot s;
             for (int l = pp.layer_begin(c); l < pp.layer_end(c); l++)
                 s.acts.push_back(alloc_layer_acts(m, l, recompute == 0 ? 0 : recompute == 1 ? 1 : 2));
-            s.input = take_act(m, BT * C);
-            s.d_stream = take_act(m, BT * C);
+            s.input = take_act(m, rows * C);
+            s.d_stream = take_act(m, rows * C);
             s.inputs = (int*)take(m, MEM_BATCH, BT * sizeof(int));
             s.targets = (int*)take(m, MEM_BATCH, BT * sizeof(int));
             s.doc_start = (int*)take(m, MEM_BATCH, BT * sizeof(int));
@@ -802,7 +1033,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
                 d.d_ln2 = take_act(m, BT * C);
                 if (config.is_moe(l)) d.d_moe_scores = take_stats(m, BT * E);
                 d.d_attn_out = take_act(m, BT * C);
-                d.d_qkv = take_act(m, BT * config.qkv_channels());
+                d.d_qkv = take_act(m, BT * tps.qkv());
                 d.d_ln1 = take_act(m, BT * C);
                 st.layers.push_back(d);
             }
@@ -827,26 +1058,57 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     }
     m.layer_douts.d_fch = take_act(m, fc_max);
     m.layer_douts.d_ln2 = take_act(m, BT * C);
-    m.layer_douts.d_qkv = take_act(m, BT * config.qkv_channels());
+    m.layer_douts.d_qkv = take_act(m, BT * tps.qkv());
     m.layer_douts.d_ln1 = take_act(m, BT * C);
     m.d_fch_act = take_act(m, act_max);
     m.d_atty = take_act(m, BT * C);
-    m.scratch = take_act(m, BT * std::max<size_t>(C, config.ffn_hidden));
+    m.scratch = take_act(m, rows * C);  // a branch's output (the stream's rows)
     if (pp.has_head()) {
         m.lnf = take_act(m, BT * C);
-        m.lnf_mean = take_stats(m, BT);
-        m.lnf_rstd = take_stats(m, BT);
-        m.logits = take_act(m, BT * config.padded_vocab_size);
+        m.lnf_mean = take_stats(m, rows);
+        m.lnf_rstd = take_stats(m, rows);
+        m.logits = take_act(m, BT * tps.vocab);
         m.losses = take_stats(m, BT);
+        m.ce_max = take_stats(m, BT);
+        m.ce_sum = take_stats(m, BT);
+        m.ce_target = take_stats(m, BT);
         m.d_ln = take_act(m, BT * C);
         m.host_losses.resize(BT);
+    }
+    // the tensor-parallel reductions' scratch (llmc/tensor_parallel.h): a subtree's temporaries
+    // where a rank computes several canonical leaves, the parts and receive buffers of a group's
+    // reduction, the leaves' operand slices
+    int max_leaves = 1;
+    for (const ChunkSplit* sp : {&m.split_attn, &m.split_ffn, &m.split_expert, &m.split_vocab, &m.split_tokens})
+        max_leaves = std::max(max_leaves, sp->count);
+    int levels = 0;
+    while ((1 << levels) < max_leaves) levels++;
+    const size_t red_x = std::max({BT * C, expert_rows * C, 2 * C}), red_f = BT;
+    m.tpx.capacity = red_x;
+    m.tpf.capacity = red_f * tps.tp;
+    for (int k = 0; k < levels; k++) {
+        m.tpx.tmp[k] = take_act(m, red_x);
+        m.tpf.tmp[k] = take_stats(m, red_f);
+    }
+    if (tps.tp > 1) {
+        m.tpx.recv = take_act(m, red_x);
+        m.tpf.recv = take_stats(m, red_f * tps.tp);
+    }
+    if (tps.sp) m.tpx.part = take_act(m, red_x);
+    m.tp_ln_grads = take_act(m, 2 * C);
+    if (tps.sp) m.tp_full = take_act(m, BT * C);
+    if (max_leaves > 1) {
+        const size_t wide = std::max({(size_t)tps.qkv(), (size_t)tps.fc(config.mlp), (size_t)tps.vocab});
+        m.tp_copy_a = take_act(m, std::max(BT * wide, expert_rows * 2 * He));
+        m.tp_copy_b = take_act(m, std::max(C * wide, E * 2 * He * C));
     }
     m.mem.check_used();  // allocated == planned, byte for byte
 }
 
 // The memory guard: refuses, before anything big is allocated, a run whose buffers cannot fit,
 // with the numbers and what to change. On the CPU the buffers and the host staging share host memory.
-static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute);
+static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute,
+                              bool sp);
 
 static void gpt_free(GPT& m) {
     m.mem.release();
@@ -858,12 +1120,13 @@ static void gpt_free(GPT& m) {
 // tables and --plan print it.
 static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int zero_stage = 0,
                                           const PipelinePlan* pipe = nullptr, int recompute = 0, int plan_dp = 0,
-                                          size_t elem_bytes = sizeof(floatX)) {
+                                          size_t elem_bytes = sizeof(floatX), int plan_tp = 0, bool sp = false) {
     GPT plan;
     plan.mem.plan_only = true;
     plan.plan_dp = plan_dp;
+    plan.plan_tp = plan_tp;
     plan.elem_bytes = elem_bytes;
-    gpt_allocate(plan, c, B, T, zero_stage, pipe, recompute);
+    gpt_allocate(plan, c, B, T, zero_stage, pipe, recompute, sp);
     MemoryEstimate e = MemoryEstimate::of(plan.mem);
     // host: init (params + zeros) or a loaded checkpoint (3 fp32 copies), the rounded upload copy,
     // the checkpoint save copies (3 fp32), batch vectors of the step's micro-batches, per-token losses
@@ -896,16 +1159,27 @@ static std::vector<T> table_to_space(const ZeroLayout& z, bool shard, const floa
     return out;
 }
 
-// Every rank passes the whole state (the same arrays); each keeps what its layout holds.
-static void gpt_set_state(GPT& m, const float* params, const float* adam_m, const float* adam_v) {
+// The table's values -> the local table's (tensor parallel: this rank's slices; else a copy).
+static std::vector<float> table_to_local(const GPT& m, const float* table_values) {
+    std::vector<float> out(count_params(m.local), 0.0f);
+    for (const TablePiece& p : m.pieces) std::copy(table_values + p.global, table_values + p.global + p.len, out.begin() + p.local);
+    return out;
+}
+
+// Every rank passes the whole state (the same arrays, in the table's layout); each keeps what its
+// layout holds.
+static void gpt_set_state(GPT& m, const float* table_params, const float* table_m, const float* table_v) {
     const ZeroLayout& z = m.zero;
-    std::vector<floatX> p = table_to_space<floatX>(z, z.params_sharded(), params);
+    const std::vector<float> params = table_to_local(m, table_params), adam_m = table_to_local(m, table_m),
+                             adam_v = table_to_local(m, table_v);
+    std::vector<floatX> p = table_to_space<floatX>(z, z.params_sharded(), params.data());
     copy_to_buffer(m.params, p.data(), p.size() * sizeof(floatX));
-    if (m.master) copy_to_buffer(m.master, table_to_space<float>(z, z.state_sharded(), params).data(), z.state_elems() * 4);
-    copy_to_buffer(m.adam_m, table_to_space<float>(z, z.state_sharded(), adam_m).data(), z.state_elems() * 4);
-    copy_to_buffer(m.adam_v, table_to_space<float>(z, z.state_sharded(), adam_v).data(), z.state_elems() * 4);
+    if (m.master) copy_to_buffer(m.master, table_to_space<float>(z, z.state_sharded(), params.data()).data(), z.state_elems() * 4);
+    copy_to_buffer(m.adam_m, table_to_space<float>(z, z.state_sharded(), adam_m.data()).data(), z.state_elems() * 4);
+    copy_to_buffer(m.adam_v, table_to_space<float>(z, z.state_sharded(), adam_v.data()).data(), z.state_elems() * 4);
     if (m.head_params)  // the last stage's copy of the tied embedding
-        copy_to_buffer(m.head_params, table_to_space<floatX>(m.head, false, params).data(), m.head.padded_total * sizeof(floatX));
+        copy_to_buffer(m.head_params, table_to_space<floatX>(m.head, false, params.data()).data(),
+                       m.head.padded_total * sizeof(floatX));
 }
 
 // This rank's own slice of every segment (the shard space, z.shard_total elements each): fp32
@@ -933,32 +1207,42 @@ static void gpt_own_state(const GPT& m, float* params, float* adam_m, float* ada
         }
 }
 
-// The ranges of the table that this rank's own slices cover (what it writes to a checkpoint), and
-// the shard-space values in that order.
-static std::vector<CheckpointRange> own_table_ranges(const ZeroLayout& z, int rank) {
-    std::vector<CheckpointRange> out;
+// This rank's own slices (what it writes to a checkpoint, what a gather collects): the table ranges
+// they cover and their values, from a shard-space array. A tensor-parallel replica is reported by
+// its owner only; tp_table_padding's zeros are reported too, so every table element is someone's.
+static void own_table_slices(const GPT& m, const float* shard_values, std::vector<CheckpointRange>& ranges,
+                             std::vector<float>& values) {
+    const ZeroLayout& z = m.zero;
+    ranges.clear();
+    values.clear();
     for (int s = 0; s < (int)z.segs.size(); s++) {
-        const size_t lo = (size_t)rank * z.shard_len(s), hi = std::min(lo + z.shard_len(s), z.segs[s].len);
-        if (lo < hi) out.push_back({z.segs[s].begin + lo, hi - lo});
+        const Segment& seg = z.segs[s];
+        const size_t lo = z.own_begin(s), hi = std::min(lo + z.shard_len(s), seg.len);
+        if (lo >= hi) continue;
+        for_each_table_run(m.pieces, seg.begin + lo, hi - lo, [&](size_t local, size_t global, size_t n, bool owner) {
+            if (!owner) return;
+            if (!ranges.empty() && ranges.back().begin + ranges.back().n == global) ranges.back().n += n;
+            else ranges.push_back({global, n});
+            const float* v = shard_values + z.shard_index(s, local - seg.begin);
+            values.insert(values.end(), v, v + n);
+        });
     }
-    return out;
-}
-static std::vector<float> own_values_in_table_order(const ZeroLayout& z, const float* shard_values) {
-    std::vector<float> out;
-    for (int s = 0; s < (int)z.segs.size(); s++) {
-        const size_t lo = z.own_begin(s), hi = std::min(lo + z.shard_len(s), z.segs[s].len);
-        for (size_t rel = lo; rel < hi; rel++) out.push_back(shard_values[z.shard_index(s, rel)]);
+    for (const CheckpointRange& pad : m.table_padding) {
+        ranges.push_back(pad);
+        values.insert(values.end(), pad.n, 0.0f);
     }
-    return out;
 }
 
-// Every rank's own slice (shard space) -> the whole table, on every rank of the world (collective):
-// each rank sends its table ranges and their values (pipeline stages hold different segments).
-static void gather_to_table(const ZeroLayout& z, const float* own_shard, float* table_out) {
+// Every rank's own slices (shard space) -> the whole table, on every rank of the world (collective):
+// each rank sends its table ranges and their values (pipeline stages and tensor-parallel ranks hold
+// different parts).
+static void gather_to_table(const GPT& m, const float* own_shard, float* table_out) {
     const CommGroup& world = comm_world().world;
-    const std::vector<float> vals = own_values_in_table_order(z, own_shard);
+    std::vector<CheckpointRange> own;
+    std::vector<float> vals;
+    own_table_slices(m, own_shard, own, vals);
     std::vector<uint64_t> ranges;
-    for (const CheckpointRange& rg : own_table_ranges(z, z.rank)) ranges.insert(ranges.end(), {rg.begin, rg.n});
+    for (const CheckpointRange& rg : own) ranges.insert(ranges.end(), {rg.begin, rg.n});
     size_t max_vals = 0, max_ranges = 0;
     for (uint64_t n : host_gather_all<uint64_t>(world, vals.size())) max_vals = std::max(max_vals, (size_t)n);
     for (uint64_t n : host_gather_all<uint64_t>(world, ranges.size())) max_ranges = std::max(max_ranges, (size_t)n);
@@ -984,7 +1268,7 @@ static void gather_to_table(const ZeroLayout& z, const float* own_shard, float* 
     gpt_own_state(m, own[0].data(), own[1].data(), own[2].data());
     float* outs[3] = {params, adam_m, adam_v};
     for (int a = 0; a < 3; a++)
-        if (outs[a]) gather_to_table(m.zero, own[a].data(), outs[a]);
+        if (outs[a]) gather_to_table(m, own[a].data(), outs[a]);
 }
 
 // The accumulated gradient of the step so far, in table layout, on every rank (collective; tests).
@@ -1004,7 +1288,7 @@ static void gather_to_table(const ZeroLayout& z, const float* own_shard, float* 
             if (z.segs[s].id == 0 && !head.empty()) v += head[rel - z.own_begin(s)];
             own[z.shard_index(s, rel)] = v;
         }
-    gather_to_table(z, own.data(), out.data());
+    gather_to_table(m, own.data(), out.data());
     return out;
 }
 
@@ -1036,13 +1320,13 @@ static void params_needed(GPT& m, int seg) {
     floatX* own = slot + z.own_begin(s);
     copy_buffer(own, m.params + z.segs[s].shard_offset, z.shard_len(s) * sizeof(floatX));
     all_gather(comm_world().dp, own, slot, z.shard_len(s) * sizeof(floatX));
-    point_segment(m.p, m.config, m.table, z.segs[s], slot);
+    point_segment(m.p, m.config, m.local, z.segs[s], slot);
 }
 static void params_done(GPT& m, int seg) {
     if (!m.zero.params_sharded()) return;
     const int s = m.seg_local[seg];
     m.param_slots.release(s);
-    point_segment(m.p, m.config, m.table, m.zero.segs[s], nullptr);
+    point_segment(m.p, m.config, m.local, m.zero.segs[s], nullptr);
 }
 static void grads_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
@@ -1053,7 +1337,7 @@ static void grads_needed(GPT& m, int seg) {
     }
     floatX* slot = m.grad_slots.acquire(s, "gradient");
     buffer_zero(slot, z.segs[s].padded * sizeof(floatX));
-    point_segment(m.g, m.config, m.table, z.segs[s], slot);
+    point_segment(m.g, m.config, m.local, z.segs[s], slot);
 }
 static void grads_ready(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
@@ -1062,7 +1346,7 @@ static void grads_ready(GPT& m, int seg) {
     reduce_scatter_add(comm_world().dp, m.grad_acc + z.acc_own(s), leaf, z.shard_len(s), m.comm_scratch);
     if (z.params_sharded()) {
         m.grad_slots.release(s);
-        point_segment(m.g, m.config, m.table, z.segs[s], nullptr);
+        point_segment(m.g, m.config, m.local, z.segs[s], nullptr);
     }
 }
 // the tied lm head's weights: the embedding's in one stage, the last stage's copy with pp > 1
@@ -1073,6 +1357,141 @@ static const floatX* head_weights(GPT& m) {
 }
 static void head_done(GPT& m) {
     if (!m.head_params) params_done(m, 0);
+}
+
+// ---- tensor-parallel glue (llmc/tensor_parallel.h) ----
+// The residual stream of a micro-batch: all B*T tokens, or with --sp this rank's contiguous
+// B*T/tp of them (rows [sp_row0, sp_row0 + stream_rows)).
+static int stream_rows(const GPT& m) { return m.tps.sp ? m.B * m.T / m.tps.tp : m.B * m.T; }
+static size_t sp_row0(const GPT& m) { return m.tps.sp ? (size_t)m.tps.rank * stream_rows(m) : 0; }
+static const CommGroup& tp_group() { return comm_world().tp; }
+static const CommGroup& tp_single() {
+    static const CommGroup one;
+    return one;
+}
+static void tp_add(floatX* a, const floatX* b, size_t n) { residual_forward(a, a, b, (long)n); }
+static void tp_add_f(float* a, const float* b, size_t n) { grad_accumulate(a, b, n); }
+static void tp_max_f(float* a, const float* b, size_t n) { max_into(a, b, n); }
+static void tp_copy(floatX* d, const floatX* s, size_t n) { copy_buffer(d, s, n * sizeof(floatX)); }
+static void tp_copy_f(float* d, const float* s, size_t n) { copy_buffer(d, s, n * sizeof(float)); }
+
+// --sp: the full [B*T, width] buffer from each rank's rows (in place)
+static void sp_gather(GPT& m, floatX* full, size_t width) {
+    if (!m.tps.sp) return;
+    const size_t n = (size_t)stream_rows(m) * width;
+    all_gather(tp_group(), full + m.tps.rank * n, full, n * sizeof(floatX));
+}
+// --sp: the full buffer of the stream's gradient, gathered from this rank's rows `local`
+static floatX* sp_gather_from(GPT& m, floatX* full, const floatX* local) {
+    const size_t n = (size_t)stream_rows(m) * m.config.n_embd;
+    copy_buffer(full + m.tps.rank * n, local, n * sizeof(floatX));
+    sp_gather(m, full, m.config.n_embd);
+    return full;
+}
+
+// local columns (or rows) [at, at + n) of a split dimension
+struct SplitRange {
+    size_t at, n;
+};
+// columns `ranges` of src [rows, ld], side by side into dst [rows, their total]; returns the total
+static size_t gather_columns(floatX* dst, const floatX* src, size_t rows, size_t ld, const std::vector<SplitRange>& ranges) {
+    size_t w = 0, at = 0;
+    for (const SplitRange& r : ranges) w += r.n;
+    for (const SplitRange& r : ranges) {
+        copy_buffer_2d(dst + at, w * sizeof(floatX), src + r.at, ld * sizeof(floatX), r.n * sizeof(floatX), rows);
+        at += r.n;
+    }
+    return w;
+}
+static bool covers(const std::vector<SplitRange>& ranges, size_t n) {
+    size_t at = 0;
+    for (const SplitRange& r : ranges) {
+        if (r.at != at) return false;
+        at += r.n;
+    }
+    return at == n;
+}
+
+// Row-parallel linear: out = sum over the split input dimension K of inp[.., K] W[OC, K]^T, the
+// canonical leaves being slices of K (one matmul each, on copies of the slice when it is not the
+// rank's whole K), then + bias once. n_batch > 1: the experts of an MoE layer (inp [E, rows, K],
+// W [E, OC, K], bias [E, OC]). scatter (--sp): this rank keeps its rows of the sum.
+static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const floatX* W, const floatX* bias, int n_batch,
+                                 int rows, int K, int OC, const ChunkSplit& split, bool scatter) {
+    const size_t per = (size_t)K / split.count, n = (size_t)n_batch * rows * OC;
+    auto leaf = [&](int g, floatX* dst) {
+        const std::vector<SplitRange> r = {{(g - split.first) * per, per}};
+        const floatX *a = inp, *b = W;
+        if (!covers(r, K)) {
+            gather_columns(m.tp_copy_a, inp, (size_t)n_batch * rows, K, r);
+            gather_columns(m.tp_copy_b, W, (size_t)n_batch * OC, K, r);
+            a = m.tp_copy_a;
+            b = m.tp_copy_b;
+        }
+        matmul_forward_batched(dst, a, b, (const floatX*)nullptr, n_batch, rows, (int)per, OC);
+    };
+    tp_sum(tp_group(), split, m.tpx, out, n, !scatter, leaf, tp_add, tp_copy);
+    if (!bias) return;
+    const int out_rows = scatter ? rows / m.tps.tp : rows;
+    for (int e = 0; e < n_batch; e++) add_bias(out + (size_t)e * out_rows * OC, bias + (size_t)e * OC, out_rows, OC);
+}
+
+// Input gradient of a column-parallel linear: dinp[.., C] = sum over the split output dimension OC
+// of dout[.., OC] W[OC, C]; a leaf's output rows are `ranges(j)` for its j-th leaf on this rank.
+template <typename Ranges>
+static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const floatX* W, int n_batch, int rows, int C,
+                                 int OC, const ChunkSplit& split, const Ranges& ranges, bool scatter) {
+    const size_t n = (size_t)n_batch * rows * C;
+    auto leaf = [&](int g, floatX* dst) {
+        const std::vector<SplitRange> r = ranges(g - split.first);
+        if (covers(r, OC)) {
+            matmul_backward_batched(dst, (floatX*)nullptr, (floatX*)nullptr, dout, (const floatX*)nullptr, W, n_batch, rows, C, OC);
+            return;
+        }
+        const size_t w = gather_columns(m.tp_copy_a, dout, (size_t)n_batch * rows, OC, r);
+        for (int e = 0; e < n_batch; e++) {
+            size_t at = 0;
+            for (const SplitRange& x : r) {
+                copy_buffer(m.tp_copy_b + ((size_t)e * w + at) * C, W + ((size_t)e * OC + x.at) * C, x.n * C * sizeof(floatX));
+                at += x.n;
+            }
+        }
+        matmul_backward_batched(dst, (floatX*)nullptr, (floatX*)nullptr, m.tp_copy_a, (const floatX*)nullptr, m.tp_copy_b,
+                                n_batch, rows, C, (int)w);
+    };
+    tp_sum(tp_group(), split, m.tpx, dinp, n, !scatter, leaf, tp_add, tp_copy);
+}
+// the output rows of leaf j of the attention's qkv (its query heads' rows, then its kv heads' K
+// and V rows), of the FFN's fc (SwiGLU: the leaf's units of W1 and of W3), of the vocabulary
+static std::vector<SplitRange> qkv_leaf_rows(const GPT& m, int j) {
+    const TpShape& s = m.tps;
+    const size_t q = (size_t)s.n_head / m.split_attn.count * s.hs, kv = (size_t)s.n_kv_head / m.split_attn.count * s.hs;
+    const size_t q_all = (size_t)s.n_head * s.hs, kv_all = (size_t)s.n_kv_head * s.hs;
+    return {{j * q, q}, {q_all + j * kv, kv}, {q_all + kv_all + j * kv, kv}};
+}
+static std::vector<SplitRange> fc_leaf_rows(const GPT& m, int j, bool moe) {
+    const ChunkSplit& split = moe ? m.split_expert : m.split_ffn;
+    const size_t all = moe ? m.tps.expert_hidden : m.tps.ffn, per = all / split.count;
+    if (!moe && m.config.mlp != MLP_SWIGLU) return {{j * per, per}};
+    return {{j * per, per}, {all + j * per, per}};
+}
+
+// LayerNorm weight and bias gradients, summed over canonical token chunks (the rank's stream rows:
+// with --sp the tp group adds the chunks of every rank; otherwise every rank has all of them).
+static void layernorm_weight_grads(GPT& m, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+                                   const float* mean, const float* rstd) {
+    const int C = m.config.n_embd;
+    const ChunkSplit& split = m.split_tokens;
+    const size_t per = (size_t)stream_rows(m) / split.count;
+    auto leaf = [&](int g, floatX* dst) {
+        const size_t t0 = (g - split.first) * per;
+        buffer_zero(dst, 2 * (size_t)C * sizeof(floatX));
+        layernorm_backward((floatX*)nullptr, dst, dst + C, dout + t0 * C, inp + t0 * C, (const floatX*)nullptr, mean + t0,
+                           rstd + t0, (int)per, C);
+    };
+    tp_sum(m.tps.sp ? tp_group() : tp_single(), split, m.tpx, m.tp_ln_grads, 2 * (size_t)C, true, leaf, tp_add, tp_copy);
+    tp_add(dweight, m.tp_ln_grads, C);
+    tp_add(dbias, m.tp_ln_grads + C, C);
 }
 
 // ---- forward and backward of one chunk (a pipeline stage's contiguous blocks) ----
@@ -1117,29 +1536,52 @@ static void release_all_slots(GPT& m) {
 // LayerNorm (its weight gradients folded too) into the slot's d_stream.
 static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
     const GPTConfig& c = m.config;
-    const int BT = m.B * m.T, C = c.n_embd, Vp = c.padded_vocab_size;
+    const TpShape& tps = m.tps;
+    const int BT = m.B * m.T, C = c.n_embd, Vl = tps.vocab, rows = stream_rows(m);
+    const int n_real = std::max(0, std::min(Vl, c.vocab_size - tps.vocab0));  // this rank's real vocabulary columns
     const floatX* wte = head_weights(m);
-    matmul_forward(m.logits, m.lnf, wte, (const floatX*)nullptr, BT, C, Vp);
+    sp_gather(m, m.lnf, C);
+    matmul_forward(m.logits, m.lnf, wte, (const floatX*)nullptr, BT, C, Vl);
     float loss = 0.0f;
     if (s.host_targets) {
         int n_valid = 0;
         for (int i = 0; i < BT; i++) n_valid += s.host_targets[i] >= 0;
         const float dloss = n_valid > 0 ? m.dloss_scale / n_valid : 0.0f;
-        fused_classifier(m.logits, m.losses, s.targets, dloss, BT, c.vocab_size, Vp);
+        // vocab-parallel softmax: the max over every rank's columns, the sum of exponentials over
+        // canonical vocabulary chunks, the target's logit from the rank that holds it
+        const ChunkSplit one{tps.rank, 1, tps.tp, Vl, tps.tp == 1};
+        tp_sum(tp_group(), one, m.tpf, m.ce_max, BT, true,
+               [&](int, float* dst) { classifier_max(dst, m.logits, BT, Vl, n_real); }, tp_max_f, tp_copy_f);
+        const ChunkSplit& split = m.split_vocab;
+        const int per = Vl / split.count;
+        tp_sum(tp_group(), split, m.tpf, m.ce_sum, BT, true, [&](int g, float* dst) {
+            const int c0 = (g - split.first) * per;
+            classifier_sumexp(dst, m.logits, m.ce_max, BT, Vl, std::min(c0, n_real), std::min(c0 + per, n_real));
+        }, tp_add_f, tp_copy_f);
+        tp_sum(tp_group(), one, m.tpf, m.ce_target, BT, true,
+               [&](int, float* dst) { classifier_target(dst, m.logits, s.targets, BT, Vl, tps.vocab0, n_real); }, tp_add_f,
+               tp_copy_f);
+        classifier_backward(m.logits, m.losses, m.ce_max, m.ce_sum, m.ce_target, s.targets, dloss, BT, Vl, tps.vocab0, n_real);
         copy_from_buffer(m.host_losses.data(), m.losses, BT * sizeof(float));
         double sum = 0;  // summed on the host in token order: deterministic
         for (int i = 0; i < BT; i++) sum += m.host_losses[i];
         loss = n_valid > 0 ? (float)(sum / n_valid) : 0.0f;
     }
     if (s.host_targets && m.dloss_scale != 0.0f) {
-        // m.logits holds dlogits now
+        // m.logits holds dlogits now: the head's weight gradient (this rank's vocabulary rows) and
+        // the gradient at the final LayerNorm's output (summed over the vocabulary chunks)
         buffer_zero(m.head_leaf, m.head.padded_total * sizeof(floatX));
-        matmul_backward(m.d_ln, m.head_leaf, (floatX*)nullptr, m.logits, m.lnf, wte, BT, C, Vp);
+        matmul_backward((floatX*)nullptr, m.head_leaf, (floatX*)nullptr, m.logits, m.lnf, (const floatX*)nullptr, BT, C, Vl);
         reduce_scatter_add(comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
+        const size_t per = (size_t)Vl / m.split_vocab.count;
+        column_parallel_dinp(m, m.d_ln, m.logits, wte, 1, BT, C, Vl, m.split_vocab,
+                             [&](int j) { return std::vector<SplitRange>{{j * per, per}}; }, tps.sp);
         const int final_ln = c.n_layer + 1;
         grads_needed(m, final_ln);
-        buffer_zero(s.d_stream, (size_t)BT * C * sizeof(floatX));
-        layernorm_backward(s.d_stream, m.g.lnfw, m.g.lnfb, m.d_ln, x_final, m.p.lnfw, m.lnf_mean, m.lnf_rstd, BT, C);
+        buffer_zero(s.d_stream, (size_t)rows * C * sizeof(floatX));
+        layernorm_backward(s.d_stream, (floatX*)nullptr, (floatX*)nullptr, m.d_ln, x_final, m.p.lnfw, m.lnf_mean, m.lnf_rstd,
+                           rows, C);
+        layernorm_weight_grads(m, m.g.lnfw, m.g.lnfb, m.d_ln, x_final, m.lnf_mean, m.lnf_rstd);
         grads_ready(m, final_ln);
     }
     head_done(m);
@@ -1170,34 +1612,46 @@ static LayerActs acts_for(const GPT& m, const ChunkSlot& s, int chunk, int l) {
     return a;
 }
 
-// Block l up to (not including) its final residual add: LN1 of x, attention, the residual add
-// fused with LN2, the FFN branch (its output in m.scratch). The forward and the recompute (-r 2)
-// run exactly this.
+// Block l up to (not including) its final residual add: attention on LN1's output (a.ln1, all
+// B*T tokens: gathered here with --sp), the residual add fused with LN2, the FFN branch (its
+// output, the rank's stream rows, in m.scratch). The forward and the recompute (-r 2) run exactly
+// this. Tensor parallel: the rank's heads and hidden units; the row-parallel projections' partial
+// sums are reduced (--sp: reduce-scattered) over the tp group in canonical chunks.
 static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
-    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, H = c.ffn_hidden;
+    const TpShape& tps = m.tps;
+    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, rows = stream_rows(m);
+    const size_t row0 = sp_row0(m);
     const LayerTensors& w = m.p.layers[l];
-    matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, c.qkv_channels());
-    attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, c.n_head, c.n_kv_head, c.head_size(), c.pos == POS_ALIBI);
-    matmul_forward(m.scratch, a.atty, w.attprojw, w.attprojb, BT, C, C);
-    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, BT, C);
+    sp_gather(m, a.ln1, C);
+    matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, tps.qkv());
+    attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, tps.n_head, tps.n_kv_head, tps.hs,
+                      c.pos == POS_ALIBI ? c.n_head : 0, tps.head0);
+    row_parallel_forward(m, m.scratch, a.atty, w.attprojw, w.attprojb, 1, BT, tps.n_head * tps.hs, C, m.split_attn, tps.sp);
+    fused_residual_layernorm_forward(a.residual2, a.ln2 + row0 * C, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b,
+                                     rows, C);
+    sp_gather(m, a.ln2, C);
     if (c.is_moe(l)) {
-        // expert choice: route, gather each expert's tokens, run the experts as one batch of
-        // matmuls, add the gated outputs back per token
-        const int E = c.n_expert, He = c.expert_hidden, cap = c.moe_capacity(B, T);
+        // expert choice: route (every rank the same, on all tokens), gather each expert's tokens,
+        // run the experts (this rank's hidden units of each) as one batch of matmuls, reduce the
+        // experts' outputs over the tp group, add the gated outputs back per token
+        const int E = c.n_expert, He = tps.expert_hidden, cap = c.moe_capacity(B, T);
         moe_router_forward(a.moe_scores, a.ln2, w.routerw, BT, C, E);
         moe_select(a.expert_tokens, a.token_slots, a.moe_scores, B, T, E, c.capacity_factor,
                    c.moe_group == MOE_GROUP_POSITION);
         moe_gather(a.expert_in, a.ln2, a.expert_tokens, E, cap, C);
         matmul_forward_batched(a.fch, a.expert_in, w.fcw, w.fcb, E, cap, C, 2 * He);
         swiglu_forward(a.fch_act, a.fch, E * cap, He);
-        matmul_forward_batched(a.expert_out, a.fch_act, w.fcprojw, w.fcprojb, E, cap, He, C);
-        moe_combine_forward(m.scratch, a.expert_out, a.moe_scores, a.token_slots, BT, E, cap, C);
+        row_parallel_forward(m, a.expert_out, a.fch_act, w.fcprojw, w.fcprojb, E, cap, He, C, m.split_expert, false);
+        floatX* out = tps.sp ? m.tp_full : m.scratch;
+        moe_combine_forward(out, a.expert_out, a.moe_scores, a.token_slots, BT, E, cap, C);
+        if (tps.sp) copy_buffer(m.scratch, out + row0 * C, (size_t)rows * C * sizeof(floatX));
     } else {
-        matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, c.fc_channels());
+        const int H = tps.ffn;
+        matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, tps.fc(c.mlp));
         if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, H);
         else gelu_forward(a.fch_act, a.fch, (long)BT * H);
-        matmul_forward(m.scratch, a.fch_act, w.fcprojw, w.fcprojb, BT, H, C);
+        row_parallel_forward(m, m.scratch, a.fch_act, w.fcprojw, w.fcprojb, 1, BT, H, C, m.split_ffn, tps.sp);
     }
 }
 
@@ -1206,18 +1660,21 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
 // in place.
 static void recompute_block(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
-    const int BT = m.B * m.T, C = c.n_embd;
+    const int BT = m.B * m.T, C = c.n_embd, rows = stream_rows(m);
+    const size_t row0 = sp_row0(m);
     const LayerTensors& w = m.p.layers[l];
     if (m.recompute == 0) return;
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, BT, C);
+    layernorm_forward(a.ln1 + row0 * C, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, rows, C);
     if (m.recompute == 2) {
         block_forward(m, l, a, x, doc_start);
         return;
     }
-    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, BT, C);
-    if (c.is_moe(l)) swiglu_forward(a.fch_act, a.fch, c.n_expert * c.moe_capacity(m.B, m.T), c.expert_hidden);
-    else if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, c.ffn_hidden);
-    else gelu_forward(a.fch_act, a.fch, (long)BT * c.ffn_hidden);
+    sp_gather(m, a.ln1, C);
+    layernorm_forward(a.ln2 + row0 * C, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, rows, C);
+    sp_gather(m, a.ln2, C);
+    if (c.is_moe(l)) swiglu_forward(a.fch_act, a.fch, c.n_expert * c.moe_capacity(m.B, m.T), m.tps.expert_hidden);
+    else if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, m.tps.ffn);
+    else gelu_forward(a.fch_act, a.fch, (long)BT * m.tps.ffn);
 }
 
 // Forward of a chunk's blocks for the slot's micro-batch (the embedding first on virtual stage 0,
@@ -1225,18 +1682,25 @@ static void recompute_block(GPT& m, int l, LayerActs& a, const floatX* x, const 
 static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
     const GPTConfig& c = m.config;
     const PipelinePlan& pp = m.pipe;
-    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, L = c.n_layer;
+    const int B = m.B, T = m.T, C = c.n_embd, L = c.n_layer, rows = stream_rows(m);
+    const size_t row0 = sp_row0(m);
     const int l0 = pp.layer_begin(chunk), l1 = pp.layer_end(chunk);
     const int embedding = 0, final_ln = L + 1;  // segments; block l is segment l + 1
     m.last_forward[chunk] = &s;
     if (pp.first_vs(chunk)) {
+        // vocab-parallel embedding: each rank adds its vocabulary rows (zeros for the others'
+        // tokens, tp rank 0 the positions), the tp group sums (exact: one non-zero term per part)
         params_needed(m, embedding);
-        encoder_forward(s.input, s.inputs, s.doc_start, m.p.wte, m.p.wpe, B, T, C);
+        const ChunkSplit one{m.tps.rank, 1, m.tps.tp, (long)C, m.tps.tp == 1};
+        tp_sum(tp_group(), one, m.tpx, s.input, (size_t)B * T * C, !m.tps.sp, [&](int, floatX* dst) {
+            encoder_forward(dst, s.inputs, s.doc_start, m.p.wte, m.tps.rank == 0 ? m.p.wpe : (const floatX*)nullptr, B, T, C,
+                            m.tps.vocab0, m.tps.vocab);
+        }, tp_add, tp_copy);
         params_done(m, embedding);
     }
     params_needed(m, l0 + 1);
     LayerActs a = acts_for(m, s, chunk, l0);
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, s.input, m.p.layers[l0].ln1w, m.p.layers[l0].ln1b, BT, C);
+    layernorm_forward(a.ln1 + row0 * C, a.ln1_mean, a.ln1_rstd, s.input, m.p.layers[l0].ln1w, m.p.layers[l0].ln1b, rows, C);
     for (int l = l0; l < l1; l++) {
         const bool chunk_end = l + 1 == l1, model_end = l + 1 == L;
         if (!chunk_end || model_end) params_needed(m, l + 2);  // the next block (its LN1 ends this one), or the final LN
@@ -1245,14 +1709,14 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
         // the residual add is fused with the next LayerNorm: the next block's LN1, or the final LN;
         // where the chunk ends before the model does, the next LN1 is on the next stage
         if (model_end) {
-            fused_residual_layernorm_forward(a.residual3, m.lnf, m.lnf_mean, m.lnf_rstd, a.residual2, m.scratch, m.p.lnfw,
-                                             m.p.lnfb, BT, C);
+            fused_residual_layernorm_forward(a.residual3, m.lnf + row0 * C, m.lnf_mean, m.lnf_rstd, a.residual2, m.scratch,
+                                             m.p.lnfw, m.p.lnfb, rows, C);
         } else if (chunk_end) {
-            residual_forward(a.residual3, a.residual2, m.scratch, (long)BT * C);
+            residual_forward(a.residual3, a.residual2, m.scratch, (long)rows * C);
         } else {
             LayerActs next = acts_for(m, s, chunk, l + 1);
-            fused_residual_layernorm_forward(a.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, a.residual2, m.scratch,
-                                             m.p.layers[l + 1].ln1w, m.p.layers[l + 1].ln1b, BT, C);
+            fused_residual_layernorm_forward(a.residual3, next.ln1 + row0 * C, next.ln1_mean, next.ln1_rstd, a.residual2,
+                                             m.scratch, m.p.layers[l + 1].ln1w, m.p.layers[l + 1].ln1b, rows, C);
             a = next;
         }
         params_done(m, l + 1);
@@ -1266,10 +1730,11 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
 // Weight gradients of block l's FFN branch and LN2, from its output gradients d.
 static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d) {
     const GPTConfig& c = m.config;
+    const TpShape& tps = m.tps;
     const int BT = m.B * m.T, C = c.n_embd;
     const LayerTensors& dw = m.g.layers[l];
     if (c.is_moe(l)) {
-        const int E = c.n_expert, He = c.expert_hidden, cap = c.moe_capacity(m.B, m.T);
+        const int E = c.n_expert, He = tps.expert_hidden, cap = c.moe_capacity(m.B, m.T);
         matmul_backward_batched((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr,
                                 E, cap, He, C);
         matmul_backward_batched((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, a.expert_in, (const floatX*)nullptr, E, cap, C,
@@ -1278,71 +1743,99 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
                             C, E);
     } else {
         matmul_backward((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr, BT,
-                        c.ffn_hidden, C);
-        matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, a.ln2, (const floatX*)nullptr, BT, C, c.fc_channels());
+                        tps.ffn, C);
+        matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, a.ln2, (const floatX*)nullptr, BT, C, tps.fc(c.mlp));
     }
-    layernorm_backward((floatX*)nullptr, dw.ln2w, dw.ln2b, d.d_ln2, a.residual2, (const floatX*)nullptr, a.ln2_mean,
-                       a.ln2_rstd, BT, C);
+    layernorm_weight_grads(m, dw.ln2w, dw.ln2b, d.d_ln2, a.residual2, a.ln2_mean, a.ln2_rstd);
 }
 // Weight gradients of block l's attention branch and LN1 (x: the block's input).
 static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
-    const GPTConfig& c = m.config;
-    const int BT = m.B * m.T, C = c.n_embd;
+    const TpShape& tps = m.tps;
+    const int BT = m.B * m.T, C = m.config.n_embd;
     const LayerTensors& dw = m.g.layers[l];
-    matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT, C, C);
-    matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, a.ln1, (const floatX*)nullptr, BT, C, c.qkv_channels());
-    layernorm_backward((floatX*)nullptr, dw.ln1w, dw.ln1b, d.d_ln1, x, (const floatX*)nullptr, a.ln1_mean, a.ln1_rstd,
-                       BT, C);
+    matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT,
+                    tps.n_head * tps.hs, C);
+    matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, a.ln1, (const floatX*)nullptr, BT, C, tps.qkv());
+    layernorm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
+    if (comm_world().tp_kv.size > 1) {
+        // a kv head shared by several ranks (--tp > n_kv_head): each has the part of its gradient that
+        // its query heads read; the sharing ranks add them (not bitwise the one-process sum, which adds
+        // every query head's contribution in one attention backward)
+        const size_t q = (size_t)tps.n_head * tps.hs, kv = 2 * (size_t)tps.n_kv_head * tps.hs;
+        const ChunkSplit one{comm_world().tp_kv.rank, 1, comm_world().tp_kv.size, (long)kv, false};
+        auto in_place = [](int, floatX*) {};
+        tp_sum(comm_world().tp_kv, one, m.tpx, dw.qkvw + q * C, kv * C, true, in_place, tp_add, tp_copy);
+        tp_sum(comm_world().tp_kv, one, m.tpx, dw.qkvb + q, kv, true, in_place, tp_add, tp_copy);
+    }
 }
 
 // The input-gradient half of block l's backward: dres (the residual stream's gradient at the block
-// output) becomes the gradient at its input; the output gradients the weight gradients need go
-// to d (stash: copies of the stream's, which changes; otherwise d aliases it, and the weight
-// gradients are computed at once, before the stream changes).
+// output, the rank's stream rows) becomes the gradient at its input; the output gradients the
+// weight gradients need go to d (stash: copies of the stream's, which changes; otherwise d aliases
+// it, and the weight gradients are computed at once, before the stream changes). With --sp the
+// branch outputs' gradients are gathered over the tp group first (the backward of the
+// reduce-scatter) and the column-parallel input gradients reduce-scattered back to stream rows.
 static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start, floatX* dres,
                            LayerGrads& d, bool stash) {
     const GPTConfig& c = m.config;
-    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, H = c.ffn_hidden;
+    const TpShape& tps = m.tps;
+    const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, rows = stream_rows(m);
+    const size_t row0 = sp_row0(m);
     const LayerTensors& w = m.p.layers[l];
-    const size_t stream_bytes = (size_t)BT * C * sizeof(floatX);
+    const size_t stream_bytes = (size_t)rows * C * sizeof(floatX);
+    // the gradient at a branch output for all B*T tokens: the stream's (copied when stashed)
+    auto branch_grad = [&](floatX* stash_buf) -> floatX* {
+        if (tps.sp) return sp_gather_from(m, stash ? stash_buf : m.tp_full, dres);
+        if (!stash) return dres;
+        copy_buffer(stash_buf, dres, stream_bytes);
+        return stash_buf;
+    };
     if (c.is_moe(l)) {
-        const int E = c.n_expert, He = c.expert_hidden, cap = c.moe_capacity(B, T);
-        moe_combine_backward(d.d_ffn_out, d.d_moe_scores, dres, a.expert_out, a.moe_scores, a.expert_tokens,
+        const int E = c.n_expert, He = tps.expert_hidden, cap = c.moe_capacity(B, T);
+        const floatX* dout = tps.sp ? sp_gather_from(m, m.tp_full, dres) : dres;
+        moe_combine_backward(d.d_ffn_out, d.d_moe_scores, dout, a.expert_out, a.moe_scores, a.expert_tokens,
                              a.token_slots, BT, E, cap, C);
         matmul_backward_batched(m.d_fch_act, (floatX*)nullptr, (floatX*)nullptr, d.d_ffn_out, a.fch_act, w.fcprojw, E,
                                 cap, He, C);
         swiglu_backward(d.d_fch, m.d_fch_act, a.fch, E * cap, He);
-        matmul_backward_batched(m.d_expert_in, (floatX*)nullptr, (floatX*)nullptr, d.d_fch, a.expert_in, w.fcw, E, cap,
-                                C, 2 * He);
-        buffer_zero(d.d_ln2, stream_bytes);
-        moe_gather_backward(d.d_ln2, m.d_expert_in, a.token_slots, BT, E, cap, C);
-        moe_router_backward(d.d_ln2, (floatX*)nullptr, d.d_moe_scores, a.moe_scores, a.ln2, w.routerw, BT, C, E);
+        column_parallel_dinp(m, m.d_expert_in, d.d_fch, w.fcw, E, cap, C, 2 * He, m.split_expert,
+                             [&](int j) { return fc_leaf_rows(m, j, true); }, false);
+        // every rank has the whole d_ln2 (all tokens); with --sp it keeps its rows
+        floatX* d_ln2_all = tps.sp ? m.tp_full : d.d_ln2;
+        buffer_zero(d_ln2_all, (size_t)BT * C * sizeof(floatX));
+        moe_gather_backward(d_ln2_all, m.d_expert_in, a.token_slots, BT, E, cap, C);
+        moe_router_backward(d_ln2_all, (floatX*)nullptr, d.d_moe_scores, a.moe_scores, a.ln2, w.routerw, BT, C, E);
+        if (tps.sp) copy_buffer(d.d_ln2, d_ln2_all + row0 * C, stream_bytes);
     } else {
-        if (stash) copy_buffer(d.d_ffn_out, dres, stream_bytes);
-        else d.d_ffn_out = dres;
+        const int H = tps.ffn;
+        d.d_ffn_out = branch_grad(d.d_ffn_out);
         matmul_backward(m.d_fch_act, (floatX*)nullptr, (floatX*)nullptr, d.d_ffn_out, a.fch_act, w.fcprojw, BT, H, C);
         if (c.mlp == MLP_SWIGLU) swiglu_backward(d.d_fch, m.d_fch_act, a.fch, BT, H);
         else gelu_backward(d.d_fch, m.d_fch_act, a.fch, (long)BT * H);
-        matmul_backward(d.d_ln2, (floatX*)nullptr, (floatX*)nullptr, d.d_fch, a.ln2, w.fcw, BT, C, c.fc_channels());
+        column_parallel_dinp(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, tps.fc(c.mlp), m.split_ffn,
+                             [&](int j) { return fc_leaf_rows(m, j, false); }, tps.sp);
     }
     if (!stash) ffn_weight_grads(m, l, a, d);
     layernorm_backward(dres, (floatX*)nullptr, (floatX*)nullptr, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd,
-                       BT, C);
+                       rows, C);
     // dres = dL/d residual2 now; the attention branch
-    if (stash) copy_buffer(d.d_attn_out, dres, stream_bytes);
-    else d.d_attn_out = dres;
-    matmul_backward(m.d_atty, (floatX*)nullptr, (floatX*)nullptr, d.d_attn_out, a.atty, w.attprojw, BT, C, C);
-    attention_backward(d.d_qkv, m.d_atty, a.qkv, a.atty, a.att_lse, doc_start, B, T, c.n_head, c.n_kv_head,
-                       c.head_size(), c.pos == POS_ALIBI);
-    matmul_backward(d.d_ln1, (floatX*)nullptr, (floatX*)nullptr, d.d_qkv, a.ln1, w.qkvw, BT, C, c.qkv_channels());
+    d.d_attn_out = branch_grad(d.d_attn_out);
+    matmul_backward(m.d_atty, (floatX*)nullptr, (floatX*)nullptr, d.d_attn_out, a.atty, w.attprojw, BT,
+                    tps.n_head * tps.hs, C);
+    attention_backward(d.d_qkv, m.d_atty, a.qkv, a.atty, a.att_lse, doc_start, B, T, tps.n_head, tps.n_kv_head, tps.hs,
+                       c.pos == POS_ALIBI ? c.n_head : 0, tps.head0);
+    column_parallel_dinp(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, tps.qkv(), m.split_attn,
+                         [&](int j) { return qkv_leaf_rows(m, j); }, tps.sp);
     if (!stash) attn_weight_grads(m, l, a, d, x);
-    layernorm_backward(dres, (floatX*)nullptr, (floatX*)nullptr, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+    layernorm_backward(dres, (floatX*)nullptr, (floatX*)nullptr, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, rows, C);
 }
 
-// the embedding's weight gradients (the token and position tables), from the gradient at its output
+// the embedding's weight gradients (the token and position tables), from the gradient at its
+// output (all tokens: gathered with --sp; each rank adds its vocabulary rows' part)
 static void embedding_weight_grads(GPT& m, const ChunkSlot& s) {
     grads_needed(m, 0);
-    encoder_backward(m.g.wte, m.g.wpe, s.d_stream, s.inputs, s.doc_start, m.B, m.T, m.config.n_embd);
+    const floatX* dout = m.tps.sp ? sp_gather_from(m, m.tp_full, s.d_stream) : s.d_stream;
+    encoder_backward(m.g.wte, m.g.wpe, dout, s.inputs, s.doc_start, m.B, m.T, m.config.n_embd, m.tps.vocab0, m.tps.vocab);
     grads_ready(m, 0);
 }
 
@@ -1421,7 +1914,7 @@ static P2POp pipe_transfer(GPT& m, const PipeAction& a) {
     P2POp op;
     op.send = send;
     op.buf = a.op == PIPE_SEND_ACT ? (void*)s.acts.back().residual3 : a.op == PIPE_RECV_ACT ? (void*)s.input : (void*)s.d_stream;
-    op.bytes = (size_t)m.B * m.T * m.config.n_embd * sizeof(floatX);
+    op.bytes = (size_t)stream_rows(m) * m.config.n_embd * sizeof(floatX);
     op.peer = a.peer;
     op.tag = ((a.mb * 2 + (act ? 0 : 1)) * pp.n_vs() + sender) % TIED_EMBEDDING_TAG;
     return op;
@@ -1535,7 +2028,7 @@ static float gpt_grad_norm(GPT& m) {
     if (!z.acc_sharded() && dp.size > 1)
         for (int s = 0; s < (int)z.segs.size(); s++)
             all_gather(dp, m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
-    return (float)std::sqrt(grad_norm_squared(z, m.grad_acc));
+    return (float)std::sqrt(grad_norm_squared(z, m.grad_acc, m.norm_skip));
 }
 // gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)))
 // and AdamW on what this rank updates; stages 1-2 then all-gather the updated parameters, and the
@@ -1644,25 +2137,37 @@ static MoeStats gpt_moe_stats(const GPT& m) {
 // the same token.
 static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n_tokens, float temperature, int top_k,
                                    int eot, Rng& rng) {
-    const int V = m.config.vocab_size, Vp = m.config.padded_vocab_size;
+    const int V = m.config.vocab_size, Vl = m.tps.vocab, tp = m.tps.tp;
     const int rows = m.config.n_expert > 0 ? m.max_B : 1;
     const PipelinePlan& pp = m.pipe;
     std::vector<std::vector<int>> seqs(rows, prompt);
     std::vector<int> ctx, ctx_start;
     std::vector<std::pair<float, int>> cand(V);
-    std::vector<floatX> logits((size_t)rows * V), all_logits((size_t)rows * V * pp.P);
+    std::vector<floatX> mine((size_t)rows * Vl), slices((size_t)rows * Vl * tp), logits((size_t)rows * V),
+        all_logits((size_t)rows * V * pp.P);
+    // --sp splits a forward's tokens over the tp ranks: the context is a multiple of what makes
+    // rows * T divide, left-padded with end-of-text (a new document: attention ignores the padding)
+    const int unit = m.tps.sp ? tp / std::gcd(rows, tp) : 1;
     for (int i = 0; i < n_tokens; i++) {
-        const int T = std::min((int)seqs[0].size(), m.max_T);  // all rows have the same length
+        const int len = (int)seqs[0].size();  // all rows have the same length
+        int T = ceil_div(std::min(len, m.max_T), unit) * unit;
+        if (T > m.max_T) T -= unit;
+        const int n_ctx = std::min(len, T);
         ctx.resize((size_t)rows * T);
         ctx_start.resize((size_t)rows * T);
         for (int r = 0; r < rows; r++) {
-            std::copy(seqs[r].end() - T, seqs[r].end(), ctx.begin() + (size_t)r * T);
+            std::fill(ctx.begin() + (size_t)r * T, ctx.begin() + (size_t)r * T + (T - n_ctx), eot);
+            std::copy(seqs[r].end() - n_ctx, seqs[r].end(), ctx.begin() + (size_t)r * T + (T - n_ctx));
             compute_doc_start(ctx_start.data() + (size_t)r * T, ctx.data() + (size_t)r * T, T, eot);
         }
         gpt_forward(m, ctx.data(), nullptr, ctx_start.data(), rows, T);
-        if (pp.has_head())
+        if (pp.has_head()) {  // the last position's logits: this rank's vocabulary columns, then all of them
             for (int r = 0; r < rows; r++)
-                copy_from_buffer(logits.data() + (size_t)r * V, m.logits + ((size_t)r * T + T - 1) * Vp, V * sizeof(floatX));
+                copy_from_buffer(mine.data() + (size_t)r * Vl, m.logits + ((size_t)r * T + T - 1) * Vl, Vl * sizeof(floatX));
+            host_all_gather(comm_world().tp, mine.data(), slices.data(), mine.size() * sizeof(floatX));
+            for (int r = 0; r < rows; r++)
+                for (int v = 0; v < V; v++) logits[(size_t)r * V + v] = slices[((size_t)(v / Vl) * rows + r) * Vl + v % Vl];
+        }
         host_all_gather(comm_world().pp, logits.data(), all_logits.data(), logits.size() * sizeof(floatX));
         const floatX* last = all_logits.data() + (size_t)(pp.P - 1) * rows * V;
         for (int r = 0; r < rows; r++) {
@@ -1695,8 +2200,9 @@ static double plan_need_bytes(const MemoryEstimate& e) {
     return e.buffers();
 #endif
 }
-static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute) {
-    const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &pipe, recompute);
+static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute,
+                              bool sp) {
+    const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &pipe, recompute, 0, sizeof(floatX), 0, sp);
     std::string source;
     const double avail = available_buffer_memory(source);
     const double need = plan_need_bytes(e);
@@ -1713,7 +2219,7 @@ static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, 
                "MiB, activations %.1f MiB for B %d x T %d, host staging %.1f MiB) but %s is %.2f GiB. Activations grow "
                "with B*T: lower -b (batch size) or -t (sequence length), and keep the tokens per step with "
                "-d/--total_batch_tokens (gradient accumulation), or recompute activations (-r 1 or 2); or shard with "
-               "--zero / split with --pp, or shrink the "
+               "--zero / split with --pp or --tp (--sp), or shrink the "
                "model (--n_layer, --n_embd, --vocab_size)",
                need / GiB, e.params / MiB, e.grads / MiB, e.master / MiB, e.moments / MiB, e.activations / MiB, B, T,
 #ifdef LLMC_CPU
@@ -1798,11 +2304,15 @@ static const Option OPTIONS[] = {
     {"pp_virtual", "", "1", "interleaved: model chunks per stage"},
     {"pp_layers", "", "", "blocks per virtual stage, e.g. 3,5 (default: balanced by FLOPs)"},
     {"pp_trace", "", "", "write the executed pipeline timeline of the first step to this file (scripts/plot_pipeline.py)"},
+    {"tp", "", "1", "tensor-parallel ranks per layer (neighbouring processes; divides n_head; the processes form "
+                    "pp x dp x tp)"},
+    {"sp", "", "0", "sequence parallel with --tp: LayerNorms and the residual stream hold B*T/tp tokens per rank (a switch)"},
 };
 
 // flags that may be given without a value (--overwrite means --overwrite 1)
 static bool is_switch(const char* name) {
-    return strcmp(name, "overwrite") == 0 || strcmp(name, "plan") == 0 || strcmp(name, "max_fit") == 0;
+    return strcmp(name, "overwrite") == 0 || strcmp(name, "plan") == 0 || strcmp(name, "max_fit") == 0 ||
+           strcmp(name, "sp") == 0;
 }
 
 struct Args {
@@ -1948,9 +2458,11 @@ static double sum_in_global_order(const std::vector<double>& mine, size_t count)
     const Comm& cm = comm_world();
     std::vector<double> all(mine.size() * cm.world_size);
     host_all_gather(cm.world, mine.data(), all.data(), mine.size() * sizeof(double));
-    const size_t last_stage = (size_t)(cm.n_stages - 1) * cm.dp.size;  // its first world rank
+    // the last stage's tp rank 0 of dp rank d is world rank ((pp - 1) dp + d) tp
+    const size_t last_stage = (size_t)(cm.n_stages - 1) * cm.dp.size;
     double sum = 0;
-    for (size_t g = 0; g < count; g++) sum += all[(last_stage + g % cm.dp.size) * mine.size() + g / cm.dp.size];
+    for (size_t g = 0; g < count; g++)
+        sum += all[(last_stage + g % cm.dp.size) * cm.tp.size * mine.size() + g / cm.dp.size];
     return sum;
 }
 
@@ -1979,7 +2491,8 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, con
 // The inputs of a memory plan: the model, the batch, and the layout of one rank.
 struct PlanInputs {
     GPTConfig config;
-    int B = 1, T = 1, zero_stage = 0, recompute = 0, dp = 1;
+    int B = 1, T = 1, zero_stage = 0, recompute = 0, dp = 1, tp = 1;
+    bool sp = false;
     PipelinePlan pipe;  // its stage is the rank's
     // --device: plan the CUDA build (bf16 params and activations, fp32 master) on a GPU of that
     // memory, from any machine; device_bytes 0: this build on this machine
@@ -1989,7 +2502,7 @@ struct PlanInputs {
     MemoryEstimate estimate(int zero, int stage, int r) const {
         PipelinePlan ps = pipe;
         ps.stage = stage;
-        return gpt_memory_estimate(config, B, T, zero, &ps, r, dp, elem_bytes);
+        return gpt_memory_estimate(config, B, T, zero, &ps, r, dp, elem_bytes, tp, sp);
     }
     double need(const MemoryEstimate& e) const { return device_bytes > 0 ? e.buffers() : plan_need_bytes(e); }
 };
@@ -1998,7 +2511,8 @@ struct PlanInputs {
 static void print_memory_plan(const PlanInputs& in) {
     MemoryEstimate mem[4];
     for (int z = 0; z < 4; z++) mem[z] = in.estimate(z, in.pipe.stage, in.recompute);
-    printf("memory per rank (MiB), dp %d%s, -r %d:  %10s %10s %10s %10s\n", in.dp,
+    printf("memory per rank (MiB), dp %d%s%s, -r %d:  %10s %10s %10s %10s\n", in.dp,
+           in.tp > 1 ? (", tp " + std::to_string(in.tp) + (in.sp ? " + sp" : "")).c_str() : "",
            in.pipe.P > 1 ? (", pipeline stage " + std::to_string(in.pipe.stage)).c_str() : "", in.recompute,
            in.zero_stage == 0 ? "[-z 0]" : "-z 0", in.zero_stage == 1 ? "[-z 1]" : "-z 1",
            in.zero_stage == 2 ? "[-z 2]" : "-z 2", in.zero_stage == 3 ? "[-z 3]" : "-z 3");
@@ -2073,8 +2587,9 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
         for (int s = 0; s < p.pipe.P; s++) need = std::max(need, p.need(p.estimate(p.zero_stage, s, r)));
         return need;
     };
-    printf("plan: %d process%s (pp %d x dp %d), -z %d; available: %s %.2f GiB\n", in.pipe.P * in.dp,
-           in.pipe.P * in.dp == 1 ? "" : "es", in.pipe.P, in.dp, in.zero_stage, source.c_str(), avail / GiB);
+    const int procs = in.pipe.P * in.dp * in.tp;
+    printf("plan: %d process%s (pp %d x dp %d x tp %d%s), -z %d; available: %s %.2f GiB\n", procs, procs == 1 ? "" : "es",
+           in.pipe.P, in.dp, in.tp, in.sp ? " + sp" : "", in.zero_stage, source.c_str(), avail / GiB);
     for (int r = 0; r <= 2; r++) {
         const double need = worst(in, r);
         printf("  -r %d: the largest stage needs %.3f GiB: %s\n", r, need / GiB,
@@ -2281,12 +2796,20 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
     LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %d", T);
     const int zero_stage = args.i("zero", 0, 3);
-    const int n_stages = args.i("pp", 1, 1024);
+    const int n_stages = args.i("pp", 1, 1024), tp = args.i("tp", 1, 1024);
+    const bool sp = args.flag("sp");
+    LLMC_CHECK(!sp || tp > 1, "--sp: sequence parallelism splits the tokens over the tensor-parallel ranks; give --tp > 1");
     const bool planning = args.flag("plan") || args.flag("max_fit");  // a plan for --plan_ranks processes
-    LLMC_CHECK(planning || cm.world_size % n_stages == 0, "--pp %d: the %d processes are not a multiple of the pipeline stages "
-               "(the grid is pp x dp: start a multiple of %d processes)", n_stages, cm.world_size, n_stages);
+    LLMC_CHECK(planning || cm.world_size % (n_stages * tp) == 0,
+               "--pp %d --tp %d: the %d processes are not a multiple of pp * tp = %d (the grid is pp x dp x tp: start a "
+               "multiple of %d processes)", n_stages, tp, cm.world_size, n_stages * tp, n_stages * tp);
     if (planning) comm_make_grid(cm, cm.world_size, 1);
-    else comm_make_grid(cm, cm.world_size / n_stages, n_stages);  // pp x dp (tensor groups come later)
+    else comm_make_grid(cm, cm.world_size / (n_stages * tp), n_stages, tp);
+    const int local_ranks = launcher_local_size();
+    if (rank0 && !planning && tp > 1 && local_ranks > 0 && local_ranks % tp != 0)
+        fprintf(stderr, "warning: --tp %d with %d processes per node: some tensor-parallel groups span nodes (their "
+                "collectives run on every layer's critical path); use a --tp that divides the processes per node\n",
+                tp, local_ranks);
     const CommGroup& dp = cm.dp;
     const int world = dp.size;  // the data-parallel ranks: they split the batch
     // token counts in 64 bits: B*T*ranks must fit the ops' int indexing, the step may be larger
@@ -2406,8 +2929,10 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     if (planning) {
         // a plan for --plan_ranks processes (default: this run's), nothing allocated
         const int ranks = args.str("plan_ranks").empty() ? cm.world_size : args.i("plan_ranks", 1, 1 << 20);
-        LLMC_CHECK(ranks % n_stages == 0, "--plan_ranks %d is not a multiple of --pp %d", ranks, n_stages);
-        plan_inputs.dp = ranks / n_stages;
+        LLMC_CHECK(ranks % (n_stages * tp) == 0, "--plan_ranks %d is not a multiple of --pp %d x --tp %d", ranks, n_stages, tp);
+        plan_inputs.dp = ranks / (n_stages * tp);
+        plan_inputs.tp = tp;
+        plan_inputs.sp = sp;
         const int64_t per_micro = (int64_t)B * T * plan_inputs.dp;
         LLMC_CHECK(total_batch_flag == 0 || total_batch_flag % per_micro == 0,
                    "--total_batch_tokens %lld is not a multiple of B*T*dp = %lld for --plan_ranks %d",
@@ -2429,8 +2954,10 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     const PipelinePlan pipe = pipeline_plan(config, B, T, n_stages, pp_virtual, grad_accum, pp_kind, args.str("pp_layers"),
                                             cm.stage);
     plan_inputs.dp = world;
+    plan_inputs.tp = tp;
+    plan_inputs.sp = sp;
     plan_inputs.pipe = pipe;
-    check_memory_fits(config, B, T, zero_stage, pipe, recompute);  // before anything big is allocated
+    check_memory_fits(config, B, T, zero_stage, pipe, recompute, sp);  // before anything big is allocated
 
     DataLoader train_loader(args.str("train"), B, T, dp.rank, world, true, seed, config.vocab_size, "--train");
     const int eot = train_loader.eot;
@@ -2447,7 +2974,8 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     }
 
     GPT model;
-    gpt_allocate(model, config, B, T, zero_stage, &pipe, recompute);
+    if (tp > config.n_kv_head && tp % config.n_kv_head == 0) comm_make_kv_group(cm, tp / config.n_kv_head);
+    gpt_allocate(model, config, B, T, zero_stage, &pipe, recompute, sp);
     int start_step = 0;
     Rng sample_rng(seed ^ 0x5A5A5A5Aull);
     if (!resume.empty()) {
@@ -2476,8 +3004,9 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
 #ifdef _OPENMP
         printf(", %d OpenMP threads", omp_get_max_threads());
 #endif
-        printf("\nlayout: %d rank%s (pp %d x dp %d), ZeRO stage %d, recompute -r %d, collectives: %s\n", cm.world_size,
-               cm.world_size > 1 ? "s" : "", n_stages, world, zero_stage, recompute, comm_backend_name());
+        printf("\nlayout: %d rank%s (pp %d x dp %d x tp %d%s), ZeRO stage %d, recompute -r %d, collectives: %s\n",
+               cm.world_size, cm.world_size > 1 ? "s" : "", n_stages, world, tp, sp ? " + sp" : "", zero_stage, recompute,
+               comm_backend_name());
         printf("model: n_layer %d, n_embd %d, n_head %d, n_kv_head %d, ffn_hidden %d (%s), pos %s, vocab %d (padded %d)\n",
                config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
                config.mlp == MLP_SWIGLU ? "swiglu" : "gelu", config.pos == POS_ALIBI ? "alibi" : "learned",
@@ -2532,10 +3061,10 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
                        "step %d: refusing to write %s: a %s is %g (the model state is not finite: the run diverged); "
                        "resume from an earlier checkpoint with a lower --lr", step, path.c_str(), name, own[a][bad]);
         }
-        save_checkpoint_parts(cm.world, path, out, model.n_params, own_table_ranges(z, dp.rank),
-                              own_values_in_table_order(z, own[0].data()).data(),
-                              own_values_in_table_order(z, own[1].data()).data(),
-                              own_values_in_table_order(z, own[2].data()).data());
+        std::vector<CheckpointRange> ranges;
+        std::vector<float> vals[3];
+        for (int a = 0; a < 3; a++) own_table_slices(model, own[a].data(), ranges, vals[a]);
+        save_checkpoint_parts(cm.world, path, out, model.n_params, ranges, vals[0].data(), vals[1].data(), vals[2].data());
         if (rank0) printf("saved %s\n", path.c_str());
     };
 
@@ -2582,7 +3111,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         if (rank0 && step == start_step && cm.world_size > 1) print_comm_volume(model, grad_accum);
         if (rank0 && step == start_step)
             printf("memory after step %d, rank 0: %s (plan: %.2f MiB of buffers)\n", step + 1, measured_memory().c_str(),
-                   gpt_memory_estimate(config, B, T, zero_stage, &pipe, recompute).buffers() / 1048576.0);
+                   gpt_memory_estimate(config, B, T, zero_stage, &pipe, recompute, 0, sizeof(floatX), 0, sp).buffers() / 1048576.0);
         // the pipeline's idle fraction per stage: time waiting in transfers over the step
         std::vector<double> idle;
         if (n_stages > 1) idle = host_gather_all<double>(cm.pp, pt.total_ms > 0 ? pt.wait_ms / pt.total_ms : 0.0);
@@ -2624,7 +3153,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
                     if (s < 8) fields.push_back({names[s], idle[s]});
                 }
             }
-            if (cm.world_size > 1) printf(" | pp %d dp %d z%d", n_stages, world, zero_stage);
+            if (cm.world_size > 1) printf(" | pp %d dp %d tp %d%s z%d", n_stages, world, tp, sp ? "+sp" : "", zero_stage);
             printf("\n");
             fflush(stdout);
             log.write(fields);

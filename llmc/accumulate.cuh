@@ -108,3 +108,28 @@ inline void grad_accumulate(float* acc, const float* x, size_t n) {
     grad_accumulate_fp32_kernel<<<(unsigned)blocks, ACCUMULATE_THREADS, 0, llmc_stream()>>>(acc, x, n);
     cudaCheckLaunch();
 }
+
+// Tensor-parallel reductions (llmc/tensor_parallel.h; CPU twins in llmc/cpu/accumulate.h): the bias
+// of a row-parallel layer, added once after the reduction (out[r, o] += bias[o], one thread per
+// element, fp32 add rounded once to bf16), and the running maximum of the vocab-parallel softmax.
+__global__ void add_bias_kernel(floatX* out, const floatX* bias, size_t n, int OC) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16_rn(__bfloat162float(out[i]) + __bfloat162float(bias[i % OC]));
+}
+inline void add_bias(floatX* out, const floatX* bias, int rows, int OC) {
+    const size_t n = (size_t)rows * OC;
+    if (n == 0) return;
+    const size_t blocks = std::min((n + ACCUMULATE_THREADS - 1) / ACCUMULATE_THREADS, (size_t)65535);
+    add_bias_kernel<<<(unsigned)blocks, ACCUMULATE_THREADS, 0, llmc_stream()>>>(out, bias, n, OC);
+    cudaCheckLaunch();
+}
+__global__ void max_into_kernel(float* a, const float* b, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        a[i] = fmaxf(a[i], b[i]);
+}
+inline void max_into(float* a, const float* b, size_t n) {
+    if (n == 0) return;
+    const size_t blocks = std::min((n + ACCUMULATE_THREADS - 1) / ACCUMULATE_THREADS, (size_t)65535);
+    max_into_kernel<<<(unsigned)blocks, ACCUMULATE_THREADS, 0, llmc_stream()>>>(a, b, n);
+    cudaCheckLaunch();
+}

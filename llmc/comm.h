@@ -1,11 +1,12 @@
 // The rank grid, its groups, and the one collective API every parallel layout uses.
 //
 // Launch: `mpirun -np N ./train_gpt ...` starts N processes (one per GPU; on the CPU build one per
-// rank, OpenMP threads inside). The grid: world = pp x dp, rank = stage * dp + dp_rank (the data-
-// parallel ranks of one pipeline stage are neighbours; tensor and expert groups come with their
-// layouts). Groups: dp (the ranks of one stage, which shard ZeRO state), pp (one rank per stage, the
-// same dp rank: the pipeline's sends and receives). Every subsystem receives the group it works on
-// and never computes raw rank numbers itself.
+// rank, OpenMP threads inside). The grid: world = pp x dp x tp, rank = (stage * dp + dp_rank) * tp +
+// tp_rank (Megatron's order: the tensor-parallel ranks of a layer are neighbours, i.e. one node;
+// then the data-parallel ranks of a stage). Groups: tp (the ranks that split each layer's matrices),
+// dp (the ranks of one stage and one tp rank, which shard ZeRO state), pp (one rank per stage, the
+// same dp and tp rank: the pipeline's sends and receives). Every subsystem receives the group it
+// works on and never computes raw rank numbers itself.
 //
 // Three backends behind the same calls:
 //   single process  built without MPI: world 1, collectives are copies (refuses to run when an
@@ -60,7 +61,8 @@ struct CommGroup {
 struct Comm {
     int world_rank = 0, world_size = 1;
     int stage = 0, n_stages = 1;  // this rank's pipeline stage, of pp
-    CommGroup world, dp, pp;
+    CommGroup world, dp, pp, tp;
+    CommGroup tp_kv;  // the tp ranks that share a kv head (--tp > n_kv_head): they sum its gradients
     uint64_t sent_bytes[COMM_N_OPS] = {}, recv_bytes[COMM_N_OPS] = {};
     bool initialized = false;
 #ifdef LLMC_NCCL
@@ -156,25 +158,29 @@ inline void nccl_group_init(CommGroup& g) {
 }
 #endif
 
-// The grid world = pp x dp. Checked on every rank before anything is allocated.
-inline void comm_make_grid(Comm& c, int dp, int pp) {
-    LLMC_CHECK(dp >= 1 && pp >= 1 && (int64_t)dp * pp == c.world_size,
-               "layout: %d processes do not form a grid of --pp %d stages x %d data-parallel ranks (the number of "
-               "processes must be a multiple of --pp: dp = processes / pp)", c.world_size, pp, dp);
+// The grid world = pp x dp x tp. Checked on every rank before anything is allocated.
+inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1) {
+    LLMC_CHECK(dp >= 1 && pp >= 1 && tp >= 1 && (int64_t)dp * pp * tp == c.world_size,
+               "layout: %d processes do not form a grid of --pp %d stages x --tp %d tensor-parallel ranks x %d "
+               "data-parallel ranks (the number of processes must be a multiple of pp * tp: dp = processes / (pp tp))",
+               c.world_size, pp, tp, dp);
     c.n_stages = pp;
-    c.stage = c.world_rank / dp;
-    c.dp.rank = c.world_rank % dp;
+    c.stage = c.world_rank / (dp * tp);
+    c.dp.rank = c.world_rank / tp % dp;
     c.dp.size = dp;
+    c.tp.rank = c.world_rank % tp;
+    c.tp.size = tp;
     c.pp.rank = c.stage;
     c.pp.size = pp;
 #ifdef LLMC_MPI
     if (c.world_size > 1) {
-        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.stage, c.dp.rank, &c.dp.mpi));
-        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.dp.rank, c.stage, &c.pp.mpi));
-        MPI_Comm_set_errhandler(c.dp.mpi, MPI_ERRORS_RETURN);
-        MPI_Comm_set_errhandler(c.pp.mpi, MPI_ERRORS_RETURN);
+        // colour: what the group's ranks share; key: the rank's place in the group
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.stage * tp + c.tp.rank, c.dp.rank, &c.dp.mpi));
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.dp.rank * tp + c.tp.rank, c.stage, &c.pp.mpi));
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.stage * dp + c.dp.rank, c.tp.rank, &c.tp.mpi));
+        for (CommGroup* g : {&c.dp, &c.pp, &c.tp}) MPI_Comm_set_errhandler(g->mpi, MPI_ERRORS_RETURN);
     } else {
-        c.dp.mpi = c.pp.mpi = MPI_COMM_WORLD;
+        c.dp.mpi = c.pp.mpi = c.tp.mpi = MPI_COMM_WORLD;
     }
 #endif
 #ifdef LLMC_NCCL
@@ -189,8 +195,8 @@ inline void comm_make_grid(Comm& c, int dp, int pp) {
         mpiCheck(MPI_Comm_rank(node, &local_rank));
         MPI_Comm_free(&node);
         cudaCheck(cudaSetDevice(local_rank % n_dev));
-        if (c.dp.size > 1) nccl_group_init(c.dp);
-        if (c.pp.size > 1) nccl_group_init(c.pp);
+        for (CommGroup* g : {&c.dp, &c.pp, &c.tp})
+            if (g->size > 1) nccl_group_init(*g);
         cudaCheck(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&c.compute_done, cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&c.comm_done, cudaEventDisableTiming));
@@ -198,11 +204,41 @@ inline void comm_make_grid(Comm& c, int dp, int pp) {
 #endif
 }
 
+// The tp ranks that read one kv head when --tp exceeds n_kv_head (kv_share of them, consecutive):
+// the model's config decides it, so it is made once the config is final (collective over the world).
+inline void comm_make_kv_group(Comm& c, int kv_share) {
+    LLMC_CHECK(kv_share >= 1 && c.tp.size % kv_share == 0, "internal: %d ranks sharing a kv head in --tp %d", kv_share,
+               c.tp.size);
+    c.tp_kv.rank = c.tp.rank % kv_share;
+    c.tp_kv.size = kv_share;
+#ifdef LLMC_MPI
+    if (c.world_size > 1) {
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.world_rank / kv_share, c.tp_kv.rank, &c.tp_kv.mpi));
+        MPI_Comm_set_errhandler(c.tp_kv.mpi, MPI_ERRORS_RETURN);
+    } else {
+        c.tp_kv.mpi = MPI_COMM_WORLD;
+    }
+#endif
+#ifdef LLMC_NCCL
+    if (kv_share > 1) nccl_group_init(c.tp_kv);
+#endif
+}
+
+// Ranks per node as the launcher reports them (0: unknown): a tensor-parallel group should not
+// span nodes, its collectives are on the critical path of every layer.
+inline int launcher_local_size() {
+    for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE"}) {
+        const char* v = getenv(var);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return 0;
+}
+
 inline void comm_finalize() {
     Comm& c = comm_world();
     if (!c.initialized) return;
 #ifdef LLMC_NCCL
-    for (CommGroup* g : {&c.dp, &c.pp})
+    for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.tp_kv})
         if (g->nccl) ncclCommDestroy(g->nccl);
 #endif
 #ifdef LLMC_MPI
@@ -215,7 +251,7 @@ inline void comm_finalize() {
 inline void comm_abort(int code) {
     Comm& c = comm_world();
 #ifdef LLMC_NCCL
-    for (CommGroup* g : {&c.dp, &c.pp})
+    for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.tp_kv})
         if (g->nccl) ncclCommAbort(g->nccl);
 #endif
 #ifdef LLMC_MPI

@@ -159,8 +159,22 @@ inline void reduce_scatter_add(const CommGroup& g, float* acc_own, const floatX*
 // gathers the chunk sums of every rank (each pipeline stage has its own segments) and adds them in
 // (segment id, rank, chunk) order: bitwise the unsharded single-process norm, for any dp and pp
 // (padding chunks add +0.0). The GPU build sums each rank's slice of a segment in one kernel call.
-inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc) {
+// skip: sorted accumulator ranges [begin, end) this rank does not count (tensor-parallel replicas,
+// counted by their owner).
+using AccRanges = std::vector<std::pair<size_t, size_t>>;
+inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc, const AccRanges& skip = {}) {
     const size_t n_seg = z.segs.size();
+    // the parts of [a, b) outside skip
+    auto counted = [&](size_t a, size_t b, auto f) {
+        auto it = std::upper_bound(skip.begin(), skip.end(), std::make_pair(a, ~(size_t)0));
+        if (it != skip.begin()) --it;
+        for (; it != skip.end() && it->first < b && a < b; ++it) {
+            if (it->second <= a) continue;
+            if (it->first > a) f(a, std::min(b, it->first));
+            a = std::max(a, it->second);
+        }
+        if (a < b) f(a, b);
+    };
 #ifdef LLMC_CPU
     std::vector<size_t> first(n_seg + 1, 0);  // this rank's chunks of segment s: [first[s], first[s + 1])
     for (size_t s = 0; s < n_seg; s++) first[s + 1] = first[s] + z.shard_len((int)s) / NORM_CHUNK;
@@ -168,16 +182,20 @@ inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc) {
 #pragma omp parallel for schedule(static)
     for (size_t k = 0; k < first[n_seg]; k++) {
         const size_t s = std::upper_bound(first.begin(), first.end(), k) - first.begin() - 1;
-        const float* x = grad_acc + z.acc_own((int)s) + (k - first[s]) * NORM_CHUNK;
+        const size_t at = z.acc_own((int)s) + (k - first[s]) * NORM_CHUNK;
         double sum = 0;
-        for (size_t i = 0; i < NORM_CHUNK; i++) sum += (double)x[i] * x[i];
+        counted(at, at + NORM_CHUNK, [&](size_t lo, size_t hi) {
+            for (size_t i = lo; i < hi; i++) sum += (double)grad_acc[i] * grad_acc[i];
+        });
         mine[k] = sum;
     }
 #else
     std::vector<size_t> first(n_seg + 1);
     for (size_t s = 0; s <= n_seg; s++) first[s] = s;
-    std::vector<double> mine(n_seg);
-    for (size_t s = 0; s < n_seg; s++) mine[s] = global_norm_squared(grad_acc + z.acc_own((int)s), z.shard_len((int)s));
+    std::vector<double> mine(n_seg, 0.0);
+    for (size_t s = 0; s < n_seg; s++)
+        counted(z.acc_own((int)s), z.acc_own((int)s) + z.shard_len((int)s),
+                [&](size_t lo, size_t hi) { mine[s] += global_norm_squared(grad_acc + lo, hi - lo); });
 #endif
     // (segment id, chunk sum) pairs of every rank, padded to the longest list (id -1)
     const CommGroup& world = comm_world().world;
@@ -187,7 +205,7 @@ inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc) {
     for (size_t s = 0; s < n_seg; s++)
         for (size_t k = first[s]; k < first[s + 1]; k++) tagged[k] = {(double)z.segs[s].id, mine[k]};
     host_all_gather(world, tagged.data(), all.data(), longest * sizeof(tagged[0]));
-    // a segment lives on one stage: its ranks are consecutive in the world, in dp order
+    // a segment lives on one stage: its ranks are consecutive in the world (tp, then dp order)
     std::vector<size_t> order;
     for (size_t k = 0; k < all.size(); k++)
         if (all[k].first >= 0) order.push_back(k);

@@ -16,4 +16,17 @@ void grad_accumulate(float* acc, const T* x, size_t n) {
     for (size_t i = 0; i < n; i++) acc[i] += (float)x[i];
 }
 
+// Tensor-parallel reductions (llmc/tensor_parallel.h): a row-parallel layer's bias, added once
+// after its partial sums are reduced, and the running maximum of the vocab-parallel softmax.
+//   out[r, o] += bias[o]         a[i] = max(a[i], b[i])
+template <typename T>
+void add_bias(T* out, const T* bias, int rows, int OC) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        for (int o = 0; o < OC; o++) out[(size_t)r * OC + o] += bias[o];
+}
+inline void max_into(float* a, const float* b, size_t n) {
+    for (size_t i = 0; i < n; i++) a[i] = a[i] < b[i] ? b[i] : a[i];
+}
+
 }  // namespace cpu

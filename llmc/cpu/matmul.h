@@ -28,15 +28,23 @@ inline void gemm_tile_full(T* __restrict Cm, int ldc, const T* __restrict A, lon
         for (int j = 0; j < NR; j++) Cm[(size_t)r * ldc + j] += acc[r][j];
 }
 
-template <typename T>
-inline void gemm_tile_edge(T* Cm, int ldc, const T* A, long sam, long sak, const T* Bm, int ldb,
-                           int k0, int kc, int mr, int nr) {
+// A tile at the matrix's edge (mr < MR rows or nr < NR columns) runs the full tile's kernel on a
+// zero-padded copy, so every output element is computed by exactly the same arithmetic wherever its
+// tile falls: the result of an element does not depend on the matrix's shape (a tensor-parallel
+// rank's slice of a matmul gives bitwise the same elements as the whole matmul).
+template <typename T, int MR, int NR, int KC>
+inline void gemm_tile_edge(T* Cm, int ldc, const T* A, long sam, long sak, const T* Bm, int ldb, int k0, int kc,
+                           int mr, int nr) {
+    T a[MR * KC] = {}, b[KC * NR] = {}, c[MR * NR] = {};
     for (int r = 0; r < mr; r++)
-        for (int j = 0; j < nr; j++) {
-            T acc = 0;
-            for (int k = k0; k < k0 + kc; k++) acc += A[r * sam + k * sak] * Bm[(size_t)k * ldb + j];
-            Cm[(size_t)r * ldc + j] += acc;
-        }
+        for (int k = 0; k < kc; k++) a[r * KC + k] = A[r * sam + (long)(k0 + k) * sak];
+    for (int k = 0; k < kc; k++)
+        for (int j = 0; j < nr; j++) b[k * NR + j] = Bm[(size_t)(k0 + k) * ldb + j];
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) c[r * NR + j] = Cm[(size_t)r * ldc + j];
+    gemm_tile_full<T, MR, NR>(c, NR, a, KC, 1, b, NR, 0, kc);
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) Cm[(size_t)r * ldc + j] = c[r * NR + j];
 }
 
 // Cm [M, N] = (accumulate ? Cm : 0) + A(M x K) * Bm[K, N]
@@ -61,8 +69,8 @@ void gemm(T* Cm, const T* A, long sam, long sak, const T* Bm, int M, int N, int 
                         gemm_tile_full<T, MR, NR>(Cm + (size_t)m0 * N + n0, N, A + m0 * sam, sam, sak,
                                                   Bm + n0, N, k0, kc);
                     else
-                        gemm_tile_edge<T>(Cm + (size_t)m0 * N + n0, N, A + m0 * sam, sam, sak, Bm + n0, N,
-                                          k0, kc, mr, nr);
+                        gemm_tile_edge<T, MR, NR, KC>(Cm + (size_t)m0 * N + n0, N, A + m0 * sam, sam, sak, Bm + n0, N,
+                                                      k0, kc, mr, nr);
                 }
             }
         }
