@@ -750,6 +750,7 @@ struct GPT {
     floatX *tp_copy_a = nullptr, *tp_copy_b = nullptr;  // a leaf's slices of a matmul's operands
     floatX* tp_full = nullptr;      // [B*T, C] --sp: a gathered stream gradient; MoE: the combined output
     floatX* tp_ln_grads = nullptr;  // [2C] a LayerNorm's weight and bias gradients
+    floatX* ln_full[2] = {};        // [B*T, C] --sp: a block's LN1 and LN2 outputs, gathered (ln_gathered)
     float *ce_max = nullptr, *ce_sum = nullptr, *ce_target = nullptr;  // [B*T] vocab-parallel softmax
     int plan_tp = 0;                // planning only: the tensor-parallel ranks to plan for
     std::vector<float> host_losses;
@@ -889,7 +890,7 @@ static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, si
         a.expert_in = take_act(m, expert_rows * C);
         a.expert_out = take_act(m, expert_rows * C);
     }
-    if (all || keep == 3) a.ln1 = take_act(m, BT * C);
+    if (all || keep == 3) a.ln1 = take_act(m, rows * C);
     if (keep <= 1 || keep == 4) {
         a.ln1_mean = take_stats(m, rows);
         a.ln1_rstd = take_stats(m, rows);
@@ -902,7 +903,7 @@ static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, si
         a.fch = take_act(m, fc_max);
     }
     if (all || keep == 3) {
-        a.ln2 = take_act(m, BT * C);
+        a.ln2 = take_act(m, rows * C);
         a.fch_act = take_act(m, act_max);
     }
     if (slot) a.residual3 = take_act(m, rows * C);
@@ -1096,7 +1097,10 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     }
     if (tps.sp) m.tpx.part = take_act(m, red_x);
     m.tp_ln_grads = take_act(m, 2 * C);
-    if (tps.sp) m.tp_full = take_act(m, BT * C);
+    if (tps.sp) {
+        m.tp_full = take_act(m, BT * C);
+        for (floatX*& buf : m.ln_full) buf = take_act(m, BT * C);
+    }
     if (max_leaves > 1) {
         const size_t wide = std::max({(size_t)tps.qkv(), (size_t)tps.fc(config.mlp), (size_t)tps.vocab});
         m.tp_copy_a = take_act(m, std::max(BT * wide, expert_rows * 2 * He));
@@ -1381,6 +1385,16 @@ static void sp_gather(GPT& m, floatX* full, size_t width) {
     const size_t n = (size_t)stream_rows(m) * width;
     all_gather(tp_group(), full + m.tps.rank * n, full, n * sizeof(floatX));
 }
+// The LayerNorm outputs feed column-parallel layers, which read all B*T tokens: with --sp each block
+// keeps only its rows (Korthikanti et al. 2022) and gathers them where they are read, into one of
+// two buffers (k: 0 LN1, 1 LN2), in the forward and again for the weight gradients.
+static const floatX* ln_gathered(GPT& m, const floatX* local, int k) {
+    if (!m.tps.sp) return local;
+    const size_t n = (size_t)stream_rows(m) * m.config.n_embd;
+    copy_buffer(m.ln_full[k] + m.tps.rank * n, local, n * sizeof(floatX));
+    sp_gather(m, m.ln_full[k], m.config.n_embd);
+    return m.ln_full[k];
+}
 // --sp: the full buffer of the stream's gradient, gathered from this rank's rows `local`
 static floatX* sp_gather_from(GPT& m, floatX* full, const floatX* local) {
     const size_t n = (size_t)stream_rows(m) * m.config.n_embd;
@@ -1623,23 +1637,21 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, rows = stream_rows(m);
     const size_t row0 = sp_row0(m);
     const LayerTensors& w = m.p.layers[l];
-    sp_gather(m, a.ln1, C);
-    matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, tps.qkv());
+    matmul_forward(a.qkv, ln_gathered(m, a.ln1, 0), w.qkvw, w.qkvb, BT, C, tps.qkv());
     attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, tps.n_head, tps.n_kv_head, tps.hs,
                       c.pos == POS_ALIBI ? c.n_head : 0, tps.head0);
     row_parallel_forward(m, m.scratch, a.atty, w.attprojw, w.attprojb, 1, BT, tps.n_head * tps.hs, C, m.split_attn, tps.sp);
-    fused_residual_layernorm_forward(a.residual2, a.ln2 + row0 * C, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b,
-                                     rows, C);
-    sp_gather(m, a.ln2, C);
+    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, rows, C);
+    const floatX* ln2 = ln_gathered(m, a.ln2, 1);
     if (c.is_moe(l)) {
         // expert choice: route (every rank the same, on all tokens), gather each expert's tokens,
         // run the experts (this rank's hidden units of each) as one batch of matmuls, reduce the
         // experts' outputs over the tp group, add the gated outputs back per token
         const int E = c.n_expert, He = tps.expert_hidden, cap = c.moe_capacity(B, T);
-        moe_router_forward(a.moe_scores, a.ln2, w.routerw, BT, C, E);
+        moe_router_forward(a.moe_scores, ln2, w.routerw, BT, C, E);
         moe_select(a.expert_tokens, a.token_slots, a.moe_scores, B, T, E, c.capacity_factor,
                    c.moe_group == MOE_GROUP_POSITION);
-        moe_gather(a.expert_in, a.ln2, a.expert_tokens, E, cap, C);
+        moe_gather(a.expert_in, ln2, a.expert_tokens, E, cap, C);
         matmul_forward_batched(a.fch, a.expert_in, w.fcw, w.fcb, E, cap, C, 2 * He);
         swiglu_forward(a.fch_act, a.fch, E * cap, He);
         row_parallel_forward(m, a.expert_out, a.fch_act, w.fcprojw, w.fcprojb, E, cap, He, C, m.split_expert, false);
@@ -1648,7 +1660,7 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
         if (tps.sp) copy_buffer(m.scratch, out + row0 * C, (size_t)rows * C * sizeof(floatX));
     } else {
         const int H = tps.ffn;
-        matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, tps.fc(c.mlp));
+        matmul_forward(a.fch, ln2, w.fcw, w.fcb, BT, C, tps.fc(c.mlp));
         if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, H);
         else gelu_forward(a.fch_act, a.fch, (long)BT * H);
         row_parallel_forward(m, m.scratch, a.fch_act, w.fcprojw, w.fcprojb, 1, BT, H, C, m.split_ffn, tps.sp);
@@ -1661,17 +1673,14 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
 static void recompute_block(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
     const int BT = m.B * m.T, C = c.n_embd, rows = stream_rows(m);
-    const size_t row0 = sp_row0(m);
     const LayerTensors& w = m.p.layers[l];
     if (m.recompute == 0) return;
-    layernorm_forward(a.ln1 + row0 * C, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, rows, C);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, rows, C);
     if (m.recompute == 2) {
         block_forward(m, l, a, x, doc_start);
         return;
     }
-    sp_gather(m, a.ln1, C);
-    layernorm_forward(a.ln2 + row0 * C, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, rows, C);
-    sp_gather(m, a.ln2, C);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, rows, C);
     if (c.is_moe(l)) swiglu_forward(a.fch_act, a.fch, c.n_expert * c.moe_capacity(m.B, m.T), m.tps.expert_hidden);
     else if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, m.tps.ffn);
     else gelu_forward(a.fch_act, a.fch, (long)BT * m.tps.ffn);
@@ -1700,7 +1709,7 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
     }
     params_needed(m, l0 + 1);
     LayerActs a = acts_for(m, s, chunk, l0);
-    layernorm_forward(a.ln1 + row0 * C, a.ln1_mean, a.ln1_rstd, s.input, m.p.layers[l0].ln1w, m.p.layers[l0].ln1b, rows, C);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, s.input, m.p.layers[l0].ln1w, m.p.layers[l0].ln1b, rows, C);
     for (int l = l0; l < l1; l++) {
         const bool chunk_end = l + 1 == l1, model_end = l + 1 == L;
         if (!chunk_end || model_end) params_needed(m, l + 2);  // the next block (its LN1 ends this one), or the final LN
@@ -1715,7 +1724,7 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
             residual_forward(a.residual3, a.residual2, m.scratch, (long)rows * C);
         } else {
             LayerActs next = acts_for(m, s, chunk, l + 1);
-            fused_residual_layernorm_forward(a.residual3, next.ln1 + row0 * C, next.ln1_mean, next.ln1_rstd, a.residual2,
+            fused_residual_layernorm_forward(a.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, a.residual2,
                                              m.scratch, m.p.layers[l + 1].ln1w, m.p.layers[l + 1].ln1b, rows, C);
             a = next;
         }
@@ -1739,12 +1748,13 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
                                 E, cap, He, C);
         matmul_backward_batched((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, a.expert_in, (const floatX*)nullptr, E, cap, C,
                                 2 * He);
-        moe_router_backward((floatX*)nullptr, dw.routerw, d.d_moe_scores, a.moe_scores, a.ln2, (const floatX*)nullptr, BT,
-                            C, E);
+        moe_router_backward((floatX*)nullptr, dw.routerw, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1),
+                            (const floatX*)nullptr, BT, C, E);
     } else {
         matmul_backward((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr, BT,
                         tps.ffn, C);
-        matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, a.ln2, (const floatX*)nullptr, BT, C, tps.fc(c.mlp));
+        matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, ln_gathered(m, a.ln2, 1), (const floatX*)nullptr, BT, C,
+                        tps.fc(c.mlp));
     }
     layernorm_weight_grads(m, dw.ln2w, dw.ln2b, d.d_ln2, a.residual2, a.ln2_mean, a.ln2_rstd);
 }
@@ -1755,7 +1765,8 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
     const LayerTensors& dw = m.g.layers[l];
     matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT,
                     tps.n_head * tps.hs, C);
-    matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, a.ln1, (const floatX*)nullptr, BT, C, tps.qkv());
+    matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
+                    tps.qkv());
     layernorm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
     if (comm_world().tp_kv.size > 1) {
         // a kv head shared by several ranks (--tp > n_kv_head): each has the part of its gradient that
@@ -1804,7 +1815,8 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
         floatX* d_ln2_all = tps.sp ? m.tp_full : d.d_ln2;
         buffer_zero(d_ln2_all, (size_t)BT * C * sizeof(floatX));
         moe_gather_backward(d_ln2_all, m.d_expert_in, a.token_slots, BT, E, cap, C);
-        moe_router_backward(d_ln2_all, (floatX*)nullptr, d.d_moe_scores, a.moe_scores, a.ln2, w.routerw, BT, C, E);
+        moe_router_backward(d_ln2_all, (floatX*)nullptr, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1), w.routerw,
+                            BT, C, E);
         if (tps.sp) copy_buffer(d.d_ln2, d_ln2_all + row0 * C, stream_bytes);
     } else {
         const int H = tps.ffn;
@@ -2638,6 +2650,80 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
 
 // Bytes this rank sends in one optimizer step, by collective, for the layout (what the counters
 // in comm.h must show after a step without evaluation or sampling).
+// The tensor-parallel bytes one rank sends per step (a second derivation of what the collectives
+// count, from the model's structure): per micro-batch and block, Megatron's four all-reduces of
+// B*T*C (attention and FFN outputs forward, their inputs' gradients backward) at 2 (tp-1)/tp of the
+// bytes each, or with --sp the same bytes as four all-gathers and four reduce-scatters; MoE layers
+// reduce the experts' rows instead of the FFN's tokens; recomputed forwards (-r) repeat theirs.
+static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OPS]) {
+    const TpShape& tps = m.tps;
+    if (tps.tp == 1) return;
+    const GPTConfig& c = m.config;
+    const PipelinePlan& pp = m.pipe;
+    const double P = tps.tp, f = (P - 1) / P, fx = sizeof(floatX), BT = (double)m.max_B * m.max_T;
+    const double S = BT * c.n_embd * fx, expert = c.n_expert > 0 ? (double)c.n_expert * c.moe_capacity(m.max_B, m.max_T) * c.n_embd * fx : 0;
+    double& a2a = theory[COMM_ALL_TO_ALL];
+    double& ag = theory[COMM_ALL_GATHER];
+    auto all_reduce = [&](double bytes, double n_elems) {
+        if (std::fmod(n_elems, P) == 0) { a2a += f * bytes; ag += f * bytes; }
+        else ag += (P - 1) * bytes;  // small vectors: all-gather of the partials
+    };
+    auto reduce = [&](double bytes) { if (tps.sp) a2a += f * bytes; else all_reduce(bytes, bytes / fx); };  // RS or AR
+    auto gather = [&](double bytes) { if (tps.sp) ag += f * bytes; };                                      // --sp only
+    auto ln_grads = [&]() { if (tps.sp) all_reduce(2.0 * c.n_embd * fx, 2.0 * c.n_embd); };
+    // one forward of block l (the attention output and the FFN's; with --sp the LN outputs' gathers)
+    auto block_fwd = [&](int l) {
+        gather(S);
+        reduce(S);
+        gather(S);
+        if (c.is_moe(l)) all_reduce(expert, expert / fx);
+        else reduce(S);
+    };
+    // the backward's recomputation: -r 2 runs each block's forward again (-r 1 recomputes only
+    // LayerNorms and activations: no communication); a W that does not follow its B recomputes once more
+    std::vector<int> passes(pp.V, 0);
+    const std::vector<PipeAction>& acts = pp.schedule[pp.stage];
+    for (size_t k = 0; k < acts.size(); k++)
+        if (acts[k].op == PIPE_B) passes[acts[k].chunk] += 1 + !next_compute_is_own_w(acts, k);
+    const int kv_share = comm_world().tp_kv.size;
+    for (int ch = 0; ch < pp.V; ch++) {
+        const double a2a0 = a2a, ag0 = ag;
+        for (int l = pp.layer_begin(ch); l < pp.layer_end(ch); l++) {
+            block_fwd(l);
+            // backward: the FFN's (MoE: the experts' input rows) and the attention's input gradients
+            // (with --sp each gathers the branch's output gradient, and LN1 / LN2 again for the weight
+            // gradients; MoE: LN2 once more for the router's input gradient)
+            if (c.is_moe(l)) { gather(S); all_reduce(expert, expert / fx); gather(S); }
+            else { gather(S); reduce(S); }
+            gather(S);
+            reduce(S);
+            gather(S);
+            gather(S);
+            ln_grads();
+            ln_grads();
+            if (kv_share > 1) {  // the shared kv heads' weight gradients, in the kv group
+                const double q = 2.0 * tps.n_kv_head * tps.hs, fk = (kv_share - 1.0) / kv_share;
+                for (double n : {q * c.n_embd, q})
+                    if (std::fmod(n, kv_share) == 0) { a2a += fk * n * fx; ag += fk * n * fx; }
+                    else ag += (kv_share - 1) * n * fx;
+            }
+        }
+        if (pp.first_vs(ch)) { reduce(S); gather(S); }  // the embedding; its backward gathers the stream (--sp)
+        if (pp.last_vs(ch)) {
+            gather(S);                                              // the final LN's output
+            for (int k = 0; k < 3; k++) all_reduce(4.0 * BT, BT);  // softmax max, sum, target logit
+            reduce(S);                                              // the gradient at the final LN
+            ln_grads();
+        }
+        a2a = a2a0 + (a2a - a2a0) * grad_accum;  // per micro-batch, times the step's micro-batches
+        ag = ag0 + (ag - ag0) * grad_accum;
+        for (int r = 0; r < passes[ch]; r++)
+            for (int l = pp.layer_begin(ch); l < pp.layer_end(ch); l++) {
+                if (m.recompute == 2) block_fwd(l);
+            }
+    }
+}
+
 static void print_comm_volume(const GPT& m, int grad_accum) {
     const Comm& c = comm_world();
     const ZeroLayout& z = m.zero;
@@ -2653,7 +2739,7 @@ static void print_comm_volume(const GPT& m, int grad_accum) {
     if (z.stage == 3)  // per micro-batch: every segment in the forward (the embedding again for the head in one stage), blocks in the backward
         theory[COMM_ALL_GATHER] += grad_accum * share * fx * (z.padded_total + (pp.P == 1 ? z.segs[0].padded : 0.0) + blocks);
     if (pp.P > 1) {
-        const double act = (double)m.max_B * m.max_T * m.config.n_embd * fx;
+        const double act = (double)m.max_B * m.max_T / (m.tps.sp ? m.tps.tp : 1) * m.config.n_embd * fx;  // the stream's rows
         for (int ch = 0; ch < pp.V; ch++) theory[COMM_P2P] += grad_accum * act * (!pp.last_vs(ch) + !pp.first_vs(ch));
         if (pp.has_embedding()) theory[COMM_P2P] += fx * m.head.shard_len(0);     // the tied weights, to the last stage
         if (pp.has_head()) {
@@ -2661,6 +2747,7 @@ static void print_comm_volume(const GPT& m, int grad_accum) {
             theory[COMM_ALL_GATHER] += share * fx * m.head.padded_total;           // its copy of the new weights
         }
     }
+    tp_comm_theory(m, grad_accum, theory);
     printf("communication per step, rank %d (sent bytes): ", c.world_rank);
     for (int k = 0; k < COMM_N_OPS; k++) {
         if (k == COMM_HOST) printf("%s %llu", comm_op_name(k), (unsigned long long)c.sent_bytes[k]);
@@ -3090,7 +3177,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         for (int micro = 0; micro < grad_accum; micro++) {
             train_loader.next_batch(step_in[micro].data(), step_tgt[micro].data(), step_ds[micro].data());
             step_batches[micro] = {step_in[micro].data(), step_tgt[micro].data(), step_ds[micro].data()};
-            flops += step_flops(model, step_ds[micro].data(), B, T, 1) / n_stages;  // this stage's share
+            flops += step_flops(model, step_ds[micro].data(), B, T, 1) / (n_stages * tp);  // this rank's share
         }
         const bool tracing = !pp_trace.empty() && step == start_step;
         std::vector<PipeEvent> trace;

@@ -9,7 +9,10 @@
 #   3. faults: one rank SIGKILLed while writing a checkpoint (no loadable checkpoint appears;
 #      --resume latest takes the previous one), one rank killed mid-run, one rank's error
 #   4. bad layouts refused with one clear message
-#   5. llm.c model files: export and import under np 2 -z 3 and np 4 -z 1 = one process's bytes
+#   5. pipeline schedules x ZeRO x recompute, reshards across pp, the trace, bad pipeline layouts
+#   6. llm.c model files: export and import under np 2 -z 3, np 4 -z 1 and pp 2 = one process's bytes
+#   7. tensor parallel (+ sequence parallel) in the full dp x tp x pp grid, reshards across tp,
+#      bad tensor-parallel layouts
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -188,7 +191,7 @@ bad_pp() {  # bad_pp NP NEEDLE ARGS...
     else fail "bad pipeline layout ($*): rc $rc"; cat "$out.log"; fi
 }
 bad_pp 2 "every stage needs at least one layer" --pp 2 --n_layer 1
-bad_pp 3 "not a multiple of the pipeline stages" --pp 2
+bad_pp 3 "not a multiple of pp \* tp" --pp 2
 bad_pp 2 "micro-batches per step (gradient accumulation steps)" --pp 2 -d $((B * T))
 bad_pp 2 "equal chunks" --pp 2 --pp_schedule interleaved --pp_virtual 2 --n_layer 6 -d $TOK4
 bad_pp 2 "pp_layers 1,2: the counts add up to 3" --pp 2 --pp_layers 1,2 -d $TOK4
@@ -203,6 +206,79 @@ run 4 "$W/llmc3" $GPT2 -d $TOK -x 0 -z 1 --init_from "$W/llmc1.bin" --export_llm
 cmp -s "$W/llmc1.bin" "$W/llmc3.bin" && pass || fail "llm.c import + export under np 4 -z 1 changed the file"
 run 2 "$W/llmc4" $GPT2 -d $TOK -x 0 --pp 2 --init_from "$W/llmc1.bin" --export_llmc "$W/llmc4.bin" || fail "llm.c import, pp 2"
 cmp -s "$W/llmc1.bin" "$W/llmc4.bin" && pass || fail "llm.c import + export under pp 2 changed the file"
+
+# ---- 7. tensor parallel: --tp 2 and 4, with and without --sp, dp x tp, tp x pp, dp x tp x pp
+# (np 8), dense and MoE, vs one process with the same global batch. Bitwise where the tp ranks split
+# every summed dimension into whole canonical chunks (llmc/tensor_parallel.h): heads by whole kv
+# heads, FFN and expert units, vocabulary rows, tokens; a kv head shared by two ranks (--tp 4 with
+# n_kv_head 2) sums its gradient over them instead: 1e-6 relative. Communication = theory.
+t0=$(date +%s)
+TPA="$COMMON --n_layer 4 --n_embd 48 --n_head 6 --n_kv_head 2 --ffn_hidden 64"  # tp 2: 3 heads, 1 kv head per rank
+TPMOE="$TPA --n_expert 3 --moe_every 2 --expert_hidden 32 --capacity_factor 1.5"
+TPC="$COMMON --n_layer 2 --n_embd 64 --n_head 8 --n_kv_head 4 --ffn_hidden 96"   # tp 4: 2 heads, 1 kv head per rank
+TPB="$COMMON --n_layer 2 --n_embd 64 --n_head 8 --n_kv_head 2 --ffn_hidden 96"   # tp 4: a kv head on 2 ranks
+comm_theory() {  # comm_theory OUT WHAT: measured bytes == theory on rank 0
+    local line; line=$(grep "^communication per step" "$1.log")
+    echo "$line" | python3 -c "
+import re,sys; l=sys.stdin.read(); m=re.findall(r'(\S+) (\d+) \(theory (\d+)\)', l)
+sys.exit(0 if m and all(a==b for _,a,b in m) else 1)" && pass || fail "$2: communication bytes differ from theory: $line"
+}
+for model in dense moe; do
+    [ $model = dense ] && ARGS=$TPA || ARGS=$TPMOE
+    for dp in 1 2; do run 1 "$W/tp.$model.ref$dp" $ARGS -d $((B * T * dp * 2)) -x 4 || fail "tp $model reference dp $dp"; done
+    # np tp pp flags
+    for case in "2 2 1 -z 0" "2 2 1 --sp" "4 2 1 -z 1 --sp" "4 2 2 --pp_schedule 1f1b" "4 2 2 --sp --pp_schedule zb1 -r 1" \
+                "8 2 2 -z 3 --sp -r 2"; do
+        set -- $case; np=$1 tp=$2 pp=$3; shift 3
+        dp=$((np / tp / pp)); out=$W/tp.$model.np$np.tp$tp.pp$pp.$(echo "$*" | tr -d ' -')
+        if run $np "$out" $ARGS -d $((B * T * dp * 2)) -x 4 --tp $tp --pp $pp "$@"; then
+            same_run "$W/tp.$model.ref$dp" "$out" 4 "$model tp $tp x pp $pp x dp $dp $* vs one process"
+            comm_theory "$out" "$model tp $tp pp $pp $*"
+        else fail "$model np $np tp $tp pp $pp $*: rc $?"; tail -5 "$out.log"; fi
+    done
+done
+run 1 "$W/tp.c.ref" $TPC -d $TOK -x 4 || fail "tp reference (n_kv_head 4)"
+for flags in "" "--sp -r 2"; do
+    out=$W/tp.c.tp4$(echo "$flags" | tr -d ' -')
+    run 4 "$out" $TPC -d $TOK -x 4 --tp 4 $flags && same_run "$W/tp.c.ref" "$out" 4 "tp 4 $flags vs one process" &&
+        comm_theory "$out" "tp 4 $flags" || { fail "tp 4 $flags"; tail -3 "$out.log"; }
+done
+# a kv head shared by two ranks: its gradient is summed over them, not bitwise: losses 1e-6 relative
+run 1 "$W/tp.b.ref" $TPB -d $TOK -x 4 || fail "tp reference (n_kv_head 2)"
+out=$W/tp.b.tp4
+if run 4 "$out" $TPB -d $TOK -x 4 --tp 4 --sp; then
+    python3 - "$W/tp.b.ref/log.jsonl" "$out/log.jsonl" <<'PY' && pass || fail "tp 4 with shared kv heads: losses differ by more than 1e-6"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+worst = max(abs(x[k] - y[k]) / abs(x[k]) for x, y in zip(a, b) for k in ("loss", "val_loss", "grad_norm") if k in x)
+print(f"test_dist: tp 4, shared kv heads: largest relative difference {worst:.2e}")
+sys.exit(0 if len(a) == len(b) and worst <= 1e-6 else 1)
+PY
+    comm_theory "$out" "tp 4 shared kv heads"
+else fail "tp 4 shared kv heads: rc $?"; tail -3 "$out.log"; fi
+echo "test_dist: tensor-parallel matrix done in $(( $(date +%s) - t0 )) s"
+# reshard resumes across tp: 2 -> 1 and 1 -> 4 continue bitwise the uninterrupted run
+run 1 "$W/tp.full" $TPC -d $TOK -x 6 || fail "tp uninterrupted run"
+for case in "2 2 1 1" "1 1 4 4"; do
+    set -- $case  # np_a tp_a np_b tp_b
+    out=$W/tp.resume.$1.$3
+    run $1 "$out" $TPC -d $TOK -x 6 -n 3 --tp $2 && rm "$out/ckpt_$(printf %09d 6).bin" &&
+        run $3 "$out" $TPC -d $TOK -x 6 --tp $4 -y latest &&
+        grep -q "resumed from .*ckpt_000000003.bin" "$out.log" && same_run "$W/tp.full" "$out" 6 "resume tp $2 -> tp $4" 4 ||
+        { fail "resume tp $2 -> tp $4"; tail -3 "$out.log"; }
+done
+# bad tensor-parallel layouts: one clear message each
+bad_tp() {  # bad_tp NP NEEDLE ARGS...
+    local np=$1 needle=$2; shift 2
+    out=$W/tp.bad; run $np "$out" -x 1 "$@"; rc=$?
+    if [ $rc -ne 0 ] && [ "$(grep -c '^error' "$out.log")" = 1 ] && grep -q -- "$needle" "$out.log"; then pass
+    else fail "bad tensor-parallel layout ($*): rc $rc"; cat "$out.log"; fi
+}
+bad_tp 4 "tp 4 must divide --n_head 6" $TPA --tp 4
+bad_tp 2 "tp 2 must divide the FFN width --ffn_hidden 53" $DENSE --n_head 2 --n_embd 28 --tp 2
+bad_tp 2 "give --tp > 1" $TPA --sp
+bad_tp 3 "not a multiple of pp \* tp" $TPA --tp 2
+bad_tp 4 "kv heads (--n_kv_head 3) must split evenly" $COMMON --n_embd 48 --n_head 12 --n_kv_head 3 --ffn_hidden 64 --tp 4
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]
