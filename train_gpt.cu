@@ -362,20 +362,37 @@ struct ModelTensors {
     std::vector<LayerTensors> layers;
 };
 
-// The segments of the flat buffers (llmc/zero.h): the embedding, each block, the final LayerNorm.
-// Segment of layer l is 1 + l; the final LayerNorm's is n_layer + 1.
+// The segments of the flat buffers (llmc/zero.h): the embedding, each block, the final LayerNorm,
+// and each MoE layer's experts (sharded over the expert-dp group). Segment of layer l is 1 + l; the
+// final LayerNorm's is n_layer + 1; layer l's experts' n_layer + 2 + l.
+static bool is_expert_tensor(const std::string& name) {
+    const size_t dot = name.find('.');
+    return dot != std::string::npos && name.compare(dot + 1, 4, "moe.") == 0 && name.compare(dot + 1, 10, "moe.router") != 0;
+}
 static int segment_of(const std::string& name, int n_layer) {
     if (name == "wte" || name == "wpe") return 0;
-    if (name[0] == 'h') return 1 + std::stoi(name.substr(1, name.find('.') - 1));
+    if (name[0] == 'h') return (is_expert_tensor(name) ? n_layer + 2 : 1) + std::stoi(name.substr(1, name.find('.') - 1));
     return n_layer + 1;
 }
-// every segment of the model, in table order (a segment's range runs to the next one's start)
-static std::vector<SegmentSpec> segment_specs(const GPTConfig& c, const std::vector<ParamTensor>& table) {
+// the block a segment belongs to (-1: the embedding or the final LayerNorm)
+static int segment_layer(int id, int n_layer) {
+    return id >= 1 && id <= n_layer ? id - 1 : id >= n_layer + 2 ? id - n_layer - 2 : -1;
+}
+// every segment of the model, in table order (a segment's range runs to the next one's start);
+// n_leaves: the experts' leaf gradients (expert parallelism: --ep)
+static std::vector<SegmentSpec> segment_specs(const GPTConfig& c, const std::vector<ParamTensor>& table, int n_leaves = 1) {
     std::vector<SegmentSpec> specs;
     for (const ParamTensor& p : table) {
-        const int s = segment_of(p.name, c.n_layer);
-        if (specs.empty() || specs.back().id != s)
-            specs.push_back({s == 0 ? "embedding" : s == c.n_layer + 1 ? "final" : "h" + std::to_string(s - 1), s, p.offset, 0});
+        const int s = segment_of(p.name, c.n_layer), l = segment_layer(s, c.n_layer);
+        if (specs.empty() || specs.back().id != s) {
+            SegmentSpec spec;
+            spec.name = s == 0 ? "embedding" : s == c.n_layer + 1 ? "final" : "h" + std::to_string(l) + (s > c.n_layer ? ".experts" : "");
+            spec.id = s;
+            spec.begin = p.offset;
+            spec.expert = s > c.n_layer + 1;
+            spec.n_leaves = spec.expert ? n_leaves : 1;
+            specs.push_back(spec);
+        }
     }
     for (size_t k = 0; k < specs.size(); k++)
         specs[k].len = (k + 1 < specs.size() ? specs[k + 1].begin : count_params(table)) - specs[k].begin;
@@ -394,7 +411,7 @@ static void point_segment(ModelTensors& t, const GPTConfig& c, const std::vector
         if (p.name == "wpe") { t.wpe = ptr; continue; }
         if (p.name == "lnf.w") { t.lnfw = ptr; continue; }
         if (p.name == "lnf.b") { t.lnfb = ptr; continue; }
-        LayerTensors& L = t.layers[seg.id - 1];
+        LayerTensors& L = t.layers[segment_layer(seg.id, c.n_layer)];
         const std::string f = p.name.substr(p.name.find('.') + 1);
         floatX** field = f == "ln1.w" ? &L.ln1w : f == "ln1.b" ? &L.ln1b : f == "attn.qkv.w" ? &L.qkvw
                        : f == "attn.qkv.b" ? &L.qkvb : f == "attn.proj.w" ? &L.attprojw : f == "attn.proj.b" ? &L.attprojb
@@ -408,8 +425,9 @@ static void point_segment(ModelTensors& t, const GPTConfig& c, const std::vector
 }
 
 // ----------------------------------------------------------------------------------------------
-// Tensor parallelism (llmc/tensor_parallel.h): each tensor-parallel rank holds a slice of the
-// split tensors and a copy of the others. Its local table lays its tensors out as the table does
+// A rank's slice of the model. Tensor parallelism (llmc/tensor_parallel.h): each tensor-parallel
+// rank holds a slice of the split tensors and a copy of the others; expert parallelism (--ep): each
+// rank of an ep group holds n_expert / ep of every MoE layer's experts. Its local table lays its tensors out as the table does
 // (same order, local shapes); pieces map every local element to its place in the table, which
 // stays the one layout-independent index space (init, checkpoints, exports).
 //   attn.qkv   rows of the rank's query heads, then of the kv heads they read (column-parallel by
@@ -418,10 +436,10 @@ static void point_segment(ModelTensors& t, const GPTConfig& c, const std::vector
 //              after the reduction)
 //   mlp.fc     SwiGLU: the rank's hidden units of W1 and the same units of W3 (so silu(W1 x) * W3 x
 //              is local); GELU: its hidden units. mlp.proj: those columns (row-parallel)
-//   moe.*      the same split inside every expert; the router is a replica
+//   moe.*      the rank's experts (--ep), each split as the dense FFN; the router is a replica
 //   wte        rows of the rank's vocabulary slice (vocab-parallel embedding and loss)
 //   the rest   LayerNorms, row-parallel biases, wpe: replicas (tp rank 0 is their owner)
-struct TpShape {
+struct LocalShape {
     int tp = 1, rank = 0;
     bool sp = false;                 // --sp: LayerNorms and the residual stream hold B*T/tp tokens
     int n_head = 0, head0 = 0;       // local query heads, the first one's global index
@@ -429,12 +447,17 @@ struct TpShape {
     bool kv_owner = true;            // false: the local kv heads are replicas (another rank owns them)
     int ffn = 0, expert_hidden = 0;  // local hidden units (dense FFN, per expert)
     int vocab = 0, vocab0 = 0;       // local rows of the padded vocabulary
+    int ep = 1, ep_rank = 0;         // --ep: the expert-parallel group
+    int n_expert = 0, expert0 = 0;   // local experts of each MoE layer, the first one's global index
     int hs = 0;
     int qkv() const { return (n_head + 2 * n_kv_head) * hs; }
     int fc(int mlp) const { return mlp == MLP_SWIGLU ? 2 * ffn : ffn; }
 };
 
-static TpShape tp_shape(const GPTConfig& c, int tp, int rank, bool sp) {
+static LocalShape local_shape(const GPTConfig& c, int tp, int rank, bool sp, int ep = 1, int ep_rank = 0) {
+    LLMC_CHECK(ep == 1 || c.n_expert > 0, "--ep %d: the model has no experts (give --n_expert)", ep);
+    LLMC_CHECK(c.n_expert == 0 || c.n_expert % ep == 0, "--ep %d must divide --n_expert %d (each rank of an expert group "
+               "holds n_expert / ep experts)", ep, c.n_expert);
     LLMC_CHECK(tp >= 1 && c.n_head % tp == 0, "--tp %d must divide --n_head %d (attention is split by heads)", tp, c.n_head);
     LLMC_CHECK(c.n_kv_head % tp == 0 || tp % c.n_kv_head == 0,
                "--tp %d: the kv heads (--n_kv_head %d) must split evenly over the tensor-parallel ranks, or each be "
@@ -444,7 +467,7 @@ static TpShape tp_shape(const GPTConfig& c, int tp, int rank, bool sp) {
                c.expert_hidden);
     LLMC_CHECK(c.padded_vocab_size % tp == 0, "--tp %d must divide the padded vocabulary %d (vocab-parallel embedding)", tp,
                c.padded_vocab_size);
-    TpShape s;
+    LocalShape s;
     s.tp = tp;
     s.rank = rank;
     s.sp = sp && tp > 1;
@@ -464,6 +487,10 @@ static TpShape tp_shape(const GPTConfig& c, int tp, int rank, bool sp) {
     s.expert_hidden = c.expert_hidden / tp;
     s.vocab = c.padded_vocab_size / tp;
     s.vocab0 = rank * s.vocab;
+    s.ep = ep;
+    s.ep_rank = ep_rank;
+    s.n_expert = c.n_expert / ep;
+    s.expert0 = ep_rank * s.n_expert;
     return s;
 }
 
@@ -475,7 +502,7 @@ struct TablePiece {
 
 // The local table (as build_param_table, with this rank's shapes) and its pieces in local order.
 static std::vector<ParamTensor> local_param_table(const GPTConfig& c, const std::vector<ParamTensor>& table,
-                                                  const TpShape& s, std::vector<TablePiece>& pieces) {
+                                                  const LocalShape& s, std::vector<TablePiece>& pieces) {
     pieces.clear();
     std::vector<ParamTensor> local;
     size_t offset = 0;
@@ -492,8 +519,8 @@ static std::vector<ParamTensor> local_param_table(const GPTConfig& c, const std:
         auto contiguous = [&](size_t local_at, size_t global_at, size_t n, bool owner) {
             pieces.push_back({p.offset + local_at, g.offset + global_at, n, owner});
         };
-        const bool replica = s.tp > 1 && s.rank != 0;
-        if (s.tp == 1) {
+        const bool replica = s.tp > 1 && s.rank != 0, experts = f.compare(0, 4, "moe.") == 0 && f != "moe.router.w";
+        if (s.tp == 1 && (s.ep == 1 || !experts)) {
             contiguous(0, 0, (g.numel + 7) / 8 * 8, true);  // with its padding: one process reports every element
         } else if (g.name == "wte") {
             p.shape = {s.vocab, C};
@@ -510,21 +537,25 @@ static std::vector<ParamTensor> local_param_table(const GPTConfig& c, const std:
             add(0, 0, C, (size_t)s.n_head * hs, (size_t)s.head0 * hs, (size_t)c.n_head * hs, true);
         } else if (f == "mlp.fc.w" || f == "mlp.fc.b" || f == "moe.fc.w" || f == "moe.fc.b") {
             const bool moe = f[0] == 'm' && f[1] == 'o', glu = moe || c.mlp == MLP_SWIGLU;
-            const size_t w = f.back() == 'w' ? C : 1, E = moe ? c.n_expert : 1;
+            const size_t w = f.back() == 'w' ? C : 1, E = moe ? s.n_expert : 1, e0 = moe ? s.expert0 : 0;
             const size_t H = moe ? c.expert_hidden : c.ffn_hidden, Hl = moe ? s.expert_hidden : s.ffn;
             const size_t rows_g = glu ? 2 * H : H, rows_l = glu ? 2 * Hl : Hl;  // per expert
             p.shape = moe ? (w == 1 ? std::vector<int>{(int)E, (int)rows_l} : std::vector<int>{(int)E, (int)rows_l, C})
                           : (w == 1 ? std::vector<int>{(int)rows_l} : std::vector<int>{(int)rows_l, C});
             for (size_t e = 0; e < E; e++) {
-                contiguous(e * rows_l * w, (e * rows_g + (size_t)s.rank * Hl) * w, Hl * w, true);
-                if (glu) contiguous((e * rows_l + Hl) * w, (e * rows_g + H + (size_t)s.rank * Hl) * w, Hl * w, true);
+                contiguous(e * rows_l * w, ((e0 + e) * rows_g + (size_t)s.rank * Hl) * w, Hl * w, true);
+                if (glu) contiguous((e * rows_l + Hl) * w, ((e0 + e) * rows_g + H + (size_t)s.rank * Hl) * w, Hl * w, true);
             }
         } else if (f == "mlp.proj.w" || f == "moe.proj.w") {
             const bool moe = f[0] == 'm' && f[1] == 'o';
-            const size_t E = moe ? c.n_expert : 1, H = moe ? c.expert_hidden : c.ffn_hidden;
+            const size_t E = moe ? s.n_expert : 1, H = moe ? c.expert_hidden : c.ffn_hidden, e0 = moe ? s.expert0 : 0;
             const size_t Hl = moe ? s.expert_hidden : s.ffn;
             p.shape = moe ? std::vector<int>{(int)E, C, (int)Hl} : std::vector<int>{C, (int)Hl};
-            add(0, 0, E * C, Hl, (size_t)s.rank * Hl, H, true);
+            add(0, e0 * C, E * C, Hl, (size_t)s.rank * Hl, H, true);
+        } else if (f == "moe.proj.b") {  // the rank's experts' biases (replicas over tp)
+            p.shape = {s.n_expert, C};
+            contiguous(0, (size_t)s.expert0 * C, (size_t)s.n_expert * C, !replica);
+            if (s.ep == 1) pieces.back().len = (g.numel + 7) / 8 * 8;  // with the table's padding
         } else {
             contiguous(0, 0, (g.numel + 7) / 8 * 8, !replica);
         }
@@ -701,7 +732,7 @@ struct GPT {
     GPTConfig config;
     std::vector<ParamTensor> table;  // the model's tensors: the layout-independent index space
     // tensor parallel: this rank's slice of the model (local_param_table; one process: the table)
-    TpShape tps;
+    LocalShape ls;
     std::vector<ParamTensor> local;
     std::vector<TablePiece> pieces;                 // local elements -> table elements
     std::vector<CheckpointRange> table_padding;     // table padding this rank reports (zeros; tp > 1)
@@ -744,6 +775,7 @@ struct GPT {
     // backward scratch, reused by every layer
     floatX *d_ln = nullptr, *d_atty = nullptr, *d_fch_act = nullptr, *scratch = nullptr;
     floatX* d_expert_in = nullptr;  // MoE: gradient of the experts' input rows
+    floatX* ep_buf = nullptr;       // --ep: [E, capacity, C] rows on their way to or from the experts' owners
     // tensor-parallel reductions (llmc/tensor_parallel.h) and their operands
     TpScratch<floatX> tpx;
     TpScratch<float> tpf;
@@ -752,7 +784,7 @@ struct GPT {
     floatX* tp_ln_grads = nullptr;  // [2C] a LayerNorm's weight and bias gradients
     floatX* ln_full[2] = {};        // [B*T, C] --sp: a block's LN1 and LN2 outputs, gathered (ln_gathered)
     float *ce_max = nullptr, *ce_sum = nullptr, *ce_target = nullptr;  // [B*T] vocab-parallel softmax
-    int plan_tp = 0;                // planning only: the tensor-parallel ranks to plan for
+    int plan_tp = 0, plan_ep = 0;   // planning only: the tensor- and expert-parallel ranks to plan for
     std::vector<float> host_losses;
     double activation_bytes = 0;
 
@@ -781,15 +813,16 @@ static int* take_ints(GPT& m, size_t n) { return (int*)take(m, MEM_ACTIVATIONS, 
 constexpr int ZERO3_PARAM_SLOTS = 2, ZERO3_GRAD_SLOTS = 2;
 
 // The layout of this stage's flat buffers for a ZeRO stage over the data-parallel group (zero.h).
+static bool stage_holds_segment(const PipelinePlan& pp, int id, int n_layer) {
+    return id == 0 ? pp.has_embedding() : id == n_layer + 1 ? pp.has_head() : pp.holds_layer(segment_layer(id, n_layer));
+}
+// Expert segments are sharded over the expert-dp group (edp) and have ep leaves.
 static ZeroLayout gpt_zero_layout(const GPTConfig& c, const std::vector<ParamTensor>& table, int zero_stage,
-                                  const CommGroup& dp, const PipelinePlan& pipe) {
+                                  const CommGroup& dp, const CommGroup& edp, int ep, const PipelinePlan& pipe) {
     std::vector<SegmentSpec> mine;
-    for (const SegmentSpec& s : segment_specs(c, table)) {
-        const bool here = s.id == 0 ? pipe.has_embedding() : s.id == c.n_layer + 1 ? pipe.has_head()
-                                                                                     : pipe.holds_layer(s.id - 1);
-        if (here) mine.push_back(s);
-    }
-    return zero_layout(mine, count_params(table), zero_stage, dp.size, dp.rank);
+    for (const SegmentSpec& s : segment_specs(c, table, ep))
+        if (stage_holds_segment(pipe, s.id, c.n_layer)) mine.push_back(s);
+    return zero_layout(mine, count_params(table), zero_stage, dp.size, dp.rank, edp.size, edp.rank);
 }
 
 // calls f(local, table, n, owner) for the runs of local elements [begin, begin + n) that are the
@@ -826,11 +859,11 @@ static std::vector<UpdatePiece> table_update_pieces(const std::vector<UpdatePiec
 // tensor; dp rank 0 of tp rank 0 reports it (zeros), so that a checkpoint covers every element once
 static std::vector<CheckpointRange> tp_table_padding(const GPT& m, const PipelinePlan& pp) {
     std::vector<CheckpointRange> out;
-    if (m.tps.tp == 1 || m.tps.rank != 0 || m.zero.rank != 0) return out;
+    if ((m.ls.tp == 1 && m.ls.ep == 1) || m.ls.rank != 0 || m.zero.rank != 0) return out;
     for (size_t k = 0; k < m.table.size(); k++) {
         const ParamTensor& t = m.table[k];
         const int seg = segment_of(t.name, m.config.n_layer);
-        const bool here = seg == 0 ? pp.has_embedding() : seg == m.config.n_layer + 1 ? pp.has_head() : pp.holds_layer(seg - 1);
+        const bool here = stage_holds_segment(pp, seg, m.config.n_layer);
         const size_t end = t.offset + t.numel, next = (t.numel + 7) / 8 * 8 + t.offset;
         if (!here || end == next) continue;
         bool covered = false;  // replicas report their padding with the tensor
@@ -868,16 +901,16 @@ static void chunk_bounds(const std::vector<PipeAction>& actions, int V, std::vec
 // (keep 3) or -r 2 (keep 4) does not keep.
 static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, size_t act_max = 0, bool moe = false) {
     const GPTConfig& c = m.config;
-    const TpShape& tps = m.tps;
+    const LocalShape& ls = m.ls;
     // LayerNorm outputs and the tensor-parallel branches hold all B*T tokens; the residual stream
     // and the LayerNorm statistics the rank's stream rows (--sp: B*T / tp)
     const size_t BT = (size_t)m.max_B * m.max_T, C = c.n_embd, E = c.n_expert;
-    const size_t rows = tps.sp ? BT / tps.tp : BT;
-    const size_t expert_rows = c.n_expert > 0 ? E * c.moe_capacity(m.max_B, m.max_T) : 0, He = tps.expert_hidden;
+    const size_t rows = ls.sp ? BT / ls.tp : BT;
+    const size_t expert_rows = c.n_expert > 0 ? E * c.moe_capacity(m.max_B, m.max_T) : 0, He = ls.expert_hidden;
     if (l >= 0) {
         moe = c.is_moe(l);
-        fc_max = moe ? expert_rows * 2 * He : BT * tps.fc(c.mlp);
-        act_max = moe ? expert_rows * He : BT * tps.ffn;
+        fc_max = moe ? expert_rows * 2 * He : BT * ls.fc(c.mlp);
+        act_max = moe ? expert_rows * He : BT * ls.ffn;
     }
     const bool slot = keep <= 2, all = keep == 0 || keep == 4;
     LayerActs a{};
@@ -894,9 +927,9 @@ static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, si
     if (keep <= 1 || keep == 4) {
         a.ln1_mean = take_stats(m, rows);
         a.ln1_rstd = take_stats(m, rows);
-        a.qkv = take_act(m, BT * tps.qkv());
-        a.atty = take_act(m, BT * tps.n_head * tps.hs);
-        a.att_lse = take_stats(m, BT * tps.n_head);
+        a.qkv = take_act(m, BT * ls.qkv());
+        a.atty = take_act(m, BT * ls.n_head * ls.hs);
+        a.att_lse = take_stats(m, BT * ls.n_head);
         a.residual2 = take_act(m, rows * C);
         a.ln2_mean = take_stats(m, rows);
         a.ln2_rstd = take_stats(m, rows);
@@ -920,13 +953,18 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
         gpt_allocate(plan, config, B, T, zero_stage, pipe, recompute, sp);
         m.mem.allocate_as(plan.mem);
     }
-    CommGroup dp = comm_world().dp, tp = comm_world().tp;
+    CommGroup dp = comm_world().dp, tp = comm_world().tp, ep = comm_world().ep, edp = comm_world().edp;
     if (m.mem.plan_only && m.plan_dp > 0) dp = CommGroup{0, m.plan_dp};
     if (m.mem.plan_only && m.plan_tp > 0) tp = CommGroup{0, m.plan_tp};
+    if (m.mem.plan_only && (m.plan_dp > 0 || m.plan_ep > 0)) {
+        ep = CommGroup{0, std::max(1, m.plan_ep)};
+        LLMC_CHECK(dp.size % ep.size == 0, "--ep %d must divide the %d data-parallel ranks", ep.size, dp.size);
+        edp = CommGroup{0, dp.size / ep.size};
+    }
     config.check_batch(B, T, dp.size);
     LLMC_CHECK(recompute >= 0 && recompute <= 2, "-r/--recompute: expected 0, 1 or 2, got %d", recompute);
-    m.tps = tp_shape(config, tp.size, tp.rank, sp);
-    LLMC_CHECK(!m.tps.sp || ((int64_t)B * T) % tp.size == 0,
+    m.ls = local_shape(config, tp.size, tp.rank, sp, ep.size, ep.rank);
+    LLMC_CHECK(!m.ls.sp || ((int64_t)B * T) % tp.size == 0,
                "--sp: the B*T = %lld tokens of a micro-batch must split evenly over --tp %d ranks", (long long)B * T, tp.size);
     // the canonical chunks of the CPU build make tensor parallelism bitwise (llmc/tensor_parallel.h)
     const bool canonical = m.elem_bytes == sizeof(float) && sizeof(floatX) == sizeof(float);
@@ -934,7 +972,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     m.split_ffn = chunk_split(config.ffn_hidden, tp.size, tp.rank, canonical);
     m.split_expert = chunk_split(config.expert_hidden, tp.size, tp.rank, canonical);
     m.split_vocab = chunk_split(config.padded_vocab_size, tp.size, tp.rank, canonical);
-    m.split_tokens = m.tps.sp ? chunk_split((long)B * T, tp.size, tp.rank, canonical)
+    m.split_tokens = m.ls.sp ? chunk_split((long)B * T, tp.size, tp.rank, canonical)
                               : chunk_split((long)B * T, 1, 0, canonical);
     m.config = config;
     m.recompute = recompute;
@@ -945,12 +983,12 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
                       std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert,
                       config.n_expert > 0 ? config.moe_capacity(B, T) : 0, config.expert_hidden);
     m.table = build_param_table(config);
-    m.local = local_param_table(config, m.table, m.tps, m.pieces);
+    m.local = local_param_table(config, m.table, m.ls, m.pieces);
     m.n_params = count_params(m.table);
     for (const ParamTensor& t : m.table) m.param_count += t.numel;
-    m.zero = gpt_zero_layout(config, m.local, zero_stage, dp, pp);
+    m.zero = gpt_zero_layout(config, m.local, zero_stage, dp, edp, ep.size, pp);
     const ZeroLayout& z = m.zero;
-    m.seg_local.assign(config.n_layer + 2, -1);
+    m.seg_local.assign(2 * config.n_layer + 2, -1);
     for (int s = 0; s < (int)z.segs.size(); s++) m.seg_local[z.segs[s].id] = s;
     const size_t fx = m.elem_bytes;
     m.params = (floatX*)take(m, MEM_PARAMS, z.params_elems() * fx);
@@ -965,23 +1003,26 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
         if (pp.has_head()) m.head_leaf = (floatX*)take(m, MEM_GRADS, m.head.padded_total * fx);
         if (pp.has_head() && pp.P > 1) m.head_params = (floatX*)take(m, MEM_PARAMS, m.head.padded_total * fx);
     }
-    const size_t max_padded = std::max(z.max_padded, m.head.segs.empty() ? 0 : m.head.max_padded);
-    if (dp.size > 1) m.comm_scratch = (floatX*)take(m, MEM_GRADS, max_padded * fx);
+    const size_t scratch_elems = std::max(z.max_leaves, m.head.segs.empty() ? 0 : m.head.max_padded);
+    if (dp.size > 1) m.comm_scratch = (floatX*)take(m, MEM_GRADS, scratch_elems * fx);
     if (z.params_sharded()) {
-        for (int k = 0; k < ZERO3_PARAM_SLOTS; k++) m.param_slots.buf.push_back((floatX*)take(m, MEM_PARAMS, z.max_padded * fx));
-        for (int k = 0; k < ZERO3_GRAD_SLOTS; k++) m.grad_slots.buf.push_back((floatX*)take(m, MEM_GRADS, z.max_padded * fx));
-        m.param_slots.holds.assign(ZERO3_PARAM_SLOTS, -1);
-        m.grad_slots.holds.assign(ZERO3_GRAD_SLOTS, -1);
+        // a block's forward holds its segments and the next block's (MoE: a block is two segments)
+        const int param_slots = ZERO3_PARAM_SLOTS * (config.n_expert > 0 ? 2 : 1);
+        const int grad_slots = ZERO3_GRAD_SLOTS;
+        for (int k = 0; k < param_slots; k++) m.param_slots.buf.push_back((floatX*)take(m, MEM_PARAMS, z.max_padded * fx));
+        for (int k = 0; k < grad_slots; k++) m.grad_slots.buf.push_back((floatX*)take(m, MEM_GRADS, z.max_leaves * fx));
+        m.param_slots.holds.assign(param_slots, -1);
+        m.grad_slots.holds.assign(grad_slots, -1);
         m.p.layers.resize(config.n_layer);  // pointers appear while a segment is gathered
         m.g.layers.resize(config.n_layer);
     } else {
-        m.grads = (floatX*)take(m, MEM_GRADS, z.padded_total * fx);
+        m.grads = (floatX*)take(m, MEM_GRADS, z.leaf_total * fx);
         m.p.layers.resize(config.n_layer);
         m.g.layers.resize(config.n_layer);
         if (!m.mem.plan_only)
             for (const Segment& s : z.segs) {
                 point_segment(m.p, config, m.local, s, m.params + s.padded_offset);
-                point_segment(m.g, config, m.local, s, m.grads + s.padded_offset);
+                point_segment(m.g, config, m.local, s, m.grads + s.leaf_offset);
             }
     }
     std::vector<TensorRange> tensors;
@@ -998,15 +1039,15 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
             });
     }
 
-    const TpShape& tps = m.tps;
-    const size_t BT = (size_t)B * T, C = config.n_embd, E = config.n_expert, rows = tps.sp ? BT / tps.tp : BT;
+    const LocalShape& ls = m.ls;
+    const size_t BT = (size_t)B * T, C = config.n_embd, E = config.n_expert, rows = ls.sp ? BT / ls.tp : BT;
     m.max_B = B;
     m.max_T = T;
     m.activation_bytes = 0;
     const bool moe = config.n_expert > 0;
-    const size_t expert_rows = moe ? E * config.moe_capacity(B, T) : 0, He = tps.expert_hidden;
-    auto fc_elems = [&](int l) { return config.is_moe(l) ? expert_rows * 2 * He : BT * tps.fc(config.mlp); };
-    auto act_elems = [&](int l) { return config.is_moe(l) ? expert_rows * He : BT * tps.ffn; };
+    const size_t expert_rows = moe ? E * config.moe_capacity(B, T) : 0, He = ls.expert_hidden;
+    auto fc_elems = [&](int l) { return config.is_moe(l) ? expert_rows * 2 * He : BT * ls.fc(config.mlp); };
+    auto act_elems = [&](int l) { return config.is_moe(l) ? expert_rows * He : BT * ls.ffn; };
     // the activations of each chunk's layers, once per micro-batch the schedule keeps in flight
     std::vector<int> n_slots, n_stashes;
     chunk_bounds(pp.schedule[pp.stage], pp.V, n_slots, n_stashes);
@@ -1034,7 +1075,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
                 d.d_ln2 = take_act(m, BT * C);
                 if (config.is_moe(l)) d.d_moe_scores = take_stats(m, BT * E);
                 d.d_attn_out = take_act(m, BT * C);
-                d.d_qkv = take_act(m, BT * tps.qkv());
+                d.d_qkv = take_act(m, BT * ls.qkv());
                 d.d_ln1 = take_act(m, BT * C);
                 st.layers.push_back(d);
             }
@@ -1052,6 +1093,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
             stage_moe = stage_moe || config.is_moe(l);
         }
     if (recompute > 0) m.recomp = alloc_layer_acts(m, -1, recompute == 1 ? 3 : 4, fc_max, act_max, stage_moe);
+    if (stage_moe && m.ls.ep > 1) m.ep_buf = take_act(m, expert_rows * C);
     if (stage_moe) {
         m.layer_douts.d_ffn_out = take_act(m, expert_rows * C);
         m.layer_douts.d_moe_scores = take_stats(m, BT * E);
@@ -1059,7 +1101,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     }
     m.layer_douts.d_fch = take_act(m, fc_max);
     m.layer_douts.d_ln2 = take_act(m, BT * C);
-    m.layer_douts.d_qkv = take_act(m, BT * tps.qkv());
+    m.layer_douts.d_qkv = take_act(m, BT * ls.qkv());
     m.layer_douts.d_ln1 = take_act(m, BT * C);
     m.d_fch_act = take_act(m, act_max);
     m.d_atty = take_act(m, BT * C);
@@ -1068,7 +1110,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
         m.lnf = take_act(m, BT * C);
         m.lnf_mean = take_stats(m, rows);
         m.lnf_rstd = take_stats(m, rows);
-        m.logits = take_act(m, BT * tps.vocab);
+        m.logits = take_act(m, BT * ls.vocab);
         m.losses = take_stats(m, BT);
         m.ce_max = take_stats(m, BT);
         m.ce_sum = take_stats(m, BT);
@@ -1086,23 +1128,23 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     while ((1 << levels) < max_leaves) levels++;
     const size_t red_x = std::max({BT * C, expert_rows * C, 2 * C}), red_f = BT;
     m.tpx.capacity = red_x;
-    m.tpf.capacity = red_f * tps.tp;
+    m.tpf.capacity = red_f * ls.tp;
     for (int k = 0; k < levels; k++) {
         m.tpx.tmp[k] = take_act(m, red_x);
         m.tpf.tmp[k] = take_stats(m, red_f);
     }
-    if (tps.tp > 1) {
+    if (ls.tp > 1) {
         m.tpx.recv = take_act(m, red_x);
-        m.tpf.recv = take_stats(m, red_f * tps.tp);
+        m.tpf.recv = take_stats(m, red_f * ls.tp);
     }
-    if (tps.sp) m.tpx.part = take_act(m, red_x);
+    if (ls.sp) m.tpx.part = take_act(m, red_x);
     m.tp_ln_grads = take_act(m, 2 * C);
-    if (tps.sp) {
+    if (ls.sp) {
         m.tp_full = take_act(m, BT * C);
         for (floatX*& buf : m.ln_full) buf = take_act(m, BT * C);
     }
     if (max_leaves > 1) {
-        const size_t wide = std::max({(size_t)tps.qkv(), (size_t)tps.fc(config.mlp), (size_t)tps.vocab});
+        const size_t wide = std::max({(size_t)ls.qkv(), (size_t)ls.fc(config.mlp), (size_t)ls.vocab});
         m.tp_copy_a = take_act(m, std::max(BT * wide, expert_rows * 2 * He));
         m.tp_copy_b = take_act(m, std::max(C * wide, E * 2 * He * C));
     }
@@ -1124,11 +1166,13 @@ static void gpt_free(GPT& m) {
 // tables and --plan print it.
 static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int zero_stage = 0,
                                           const PipelinePlan* pipe = nullptr, int recompute = 0, int plan_dp = 0,
-                                          size_t elem_bytes = sizeof(floatX), int plan_tp = 0, bool sp = false) {
+                                          size_t elem_bytes = sizeof(floatX), int plan_tp = 0, bool sp = false,
+                                          int plan_ep = 0) {
     GPT plan;
     plan.mem.plan_only = true;
     plan.plan_dp = plan_dp;
     plan.plan_tp = plan_tp;
+    plan.plan_ep = plan_ep;
     plan.elem_bytes = elem_bytes;
     gpt_allocate(plan, c, B, T, zero_stage, pipe, recompute, sp);
     MemoryEstimate e = MemoryEstimate::of(plan.mem);
@@ -1316,41 +1360,59 @@ static void gpt_init_params(GPT& m, uint64_t seed) {
 // before its first use and the slot is released after its last. grads_needed zeroes a segment's
 // leaf gradient before its weight gradients are written; grads_ready sums it into the owners' fp32
 // accumulators right after (on the GPU the next segment's work is queued behind it).
+// the group a segment is sharded and reduced over: the experts' over the expert-dp ranks
+static const CommGroup& seg_group(const ZeroLayout& z, int s) {
+    return z.segs[s].expert ? comm_world().edp : comm_world().dp;
+}
+// the local segments of model segment seg: a block's, and its experts' in an MoE layer
+static std::vector<int> local_segments(const GPT& m, int seg) {
+    std::vector<int> out = {m.seg_local[seg]};
+    const int l = segment_layer(seg, m.config.n_layer);
+    if (seg >= 1 && seg <= m.config.n_layer && m.config.is_moe(l)) out.push_back(m.seg_local[m.config.n_layer + 2 + l]);
+    return out;
+}
 static void params_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
-    const int s = m.seg_local[seg];
-    if (!z.params_sharded() || m.param_slots.find(s)) return;
-    floatX* slot = m.param_slots.acquire(s, "parameter");
-    floatX* own = slot + z.own_begin(s);
-    copy_buffer(own, m.params + z.segs[s].shard_offset, z.shard_len(s) * sizeof(floatX));
-    all_gather(comm_world().dp, own, slot, z.shard_len(s) * sizeof(floatX));
-    point_segment(m.p, m.config, m.local, z.segs[s], slot);
+    if (!z.params_sharded()) return;
+    for (int s : local_segments(m, seg)) {
+        if (m.param_slots.find(s)) continue;
+        floatX* slot = m.param_slots.acquire(s, "parameter");
+        floatX* own = slot + z.own_begin(s);
+        copy_buffer(own, m.params + z.segs[s].shard_offset, z.shard_len(s) * sizeof(floatX));
+        all_gather(seg_group(z, s), own, slot, z.shard_len(s) * sizeof(floatX));
+        point_segment(m.p, m.config, m.local, z.segs[s], slot);
+    }
 }
 static void params_done(GPT& m, int seg) {
     if (!m.zero.params_sharded()) return;
-    const int s = m.seg_local[seg];
-    m.param_slots.release(s);
-    point_segment(m.p, m.config, m.local, m.zero.segs[s], nullptr);
+    for (int s : local_segments(m, seg)) {
+        m.param_slots.release(s);
+        point_segment(m.p, m.config, m.local, m.zero.segs[s], nullptr);
+    }
 }
 static void grads_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
-    const int s = m.seg_local[seg];
-    if (!z.params_sharded()) {
-        buffer_zero(m.grads + z.segs[s].padded_offset, z.segs[s].padded * sizeof(floatX));
-        return;
+    for (int s : local_segments(m, seg)) {
+        const size_t bytes = z.segs[s].n_leaves * z.segs[s].padded * sizeof(floatX);
+        if (!z.params_sharded()) {
+            buffer_zero(m.grads + z.segs[s].leaf_offset, bytes);
+            continue;
+        }
+        floatX* slot = m.grad_slots.acquire(s, "gradient");
+        buffer_zero(slot, bytes);
+        point_segment(m.g, m.config, m.local, z.segs[s], slot);
     }
-    floatX* slot = m.grad_slots.acquire(s, "gradient");
-    buffer_zero(slot, z.segs[s].padded * sizeof(floatX));
-    point_segment(m.g, m.config, m.local, z.segs[s], slot);
 }
 static void grads_ready(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
-    const int s = m.seg_local[seg];
-    const floatX* leaf = z.params_sharded() ? m.grad_slots.find(s) : m.grads + z.segs[s].padded_offset;
-    reduce_scatter_add(comm_world().dp, m.grad_acc + z.acc_own(s), leaf, z.shard_len(s), m.comm_scratch);
-    if (z.params_sharded()) {
-        m.grad_slots.release(s);
-        point_segment(m.g, m.config, m.local, z.segs[s], nullptr);
+    for (int s : local_segments(m, seg)) {
+        const floatX* leaf = z.params_sharded() ? m.grad_slots.find(s) : m.grads + z.segs[s].leaf_offset;
+        reduce_scatter_add(seg_group(z, s), m.grad_acc + z.acc_own(s), leaf, z.shard_len(s), m.comm_scratch,
+                           z.segs[s].n_leaves);
+        if (z.params_sharded()) {
+            m.grad_slots.release(s);
+            point_segment(m.g, m.config, m.local, z.segs[s], nullptr);
+        }
     }
 }
 // the tied lm head's weights: the embedding's in one stage, the last stage's copy with pp > 1
@@ -1366,8 +1428,8 @@ static void head_done(GPT& m) {
 // ---- tensor-parallel glue (llmc/tensor_parallel.h) ----
 // The residual stream of a micro-batch: all B*T tokens, or with --sp this rank's contiguous
 // B*T/tp of them (rows [sp_row0, sp_row0 + stream_rows)).
-static int stream_rows(const GPT& m) { return m.tps.sp ? m.B * m.T / m.tps.tp : m.B * m.T; }
-static size_t sp_row0(const GPT& m) { return m.tps.sp ? (size_t)m.tps.rank * stream_rows(m) : 0; }
+static int stream_rows(const GPT& m) { return m.ls.sp ? m.B * m.T / m.ls.tp : m.B * m.T; }
+static size_t sp_row0(const GPT& m) { return m.ls.sp ? (size_t)m.ls.rank * stream_rows(m) : 0; }
 static const CommGroup& tp_group() { return comm_world().tp; }
 static const CommGroup& tp_single() {
     static const CommGroup one;
@@ -1381,24 +1443,24 @@ static void tp_copy_f(float* d, const float* s, size_t n) { copy_buffer(d, s, n 
 
 // --sp: the full [B*T, width] buffer from each rank's rows (in place)
 static void sp_gather(GPT& m, floatX* full, size_t width) {
-    if (!m.tps.sp) return;
+    if (!m.ls.sp) return;
     const size_t n = (size_t)stream_rows(m) * width;
-    all_gather(tp_group(), full + m.tps.rank * n, full, n * sizeof(floatX));
+    all_gather(tp_group(), full + m.ls.rank * n, full, n * sizeof(floatX));
 }
 // The LayerNorm outputs feed column-parallel layers, which read all B*T tokens: with --sp each block
 // keeps only its rows (Korthikanti et al. 2022) and gathers them where they are read, into one of
 // two buffers (k: 0 LN1, 1 LN2), in the forward and again for the weight gradients.
 static const floatX* ln_gathered(GPT& m, const floatX* local, int k) {
-    if (!m.tps.sp) return local;
+    if (!m.ls.sp) return local;
     const size_t n = (size_t)stream_rows(m) * m.config.n_embd;
-    copy_buffer(m.ln_full[k] + m.tps.rank * n, local, n * sizeof(floatX));
+    copy_buffer(m.ln_full[k] + m.ls.rank * n, local, n * sizeof(floatX));
     sp_gather(m, m.ln_full[k], m.config.n_embd);
     return m.ln_full[k];
 }
 // --sp: the full buffer of the stream's gradient, gathered from this rank's rows `local`
 static floatX* sp_gather_from(GPT& m, floatX* full, const floatX* local) {
     const size_t n = (size_t)stream_rows(m) * m.config.n_embd;
-    copy_buffer(full + m.tps.rank * n, local, n * sizeof(floatX));
+    copy_buffer(full + m.ls.rank * n, local, n * sizeof(floatX));
     sp_gather(m, full, m.config.n_embd);
     return full;
 }
@@ -1446,7 +1508,7 @@ static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const f
     };
     tp_sum(tp_group(), split, m.tpx, out, n, !scatter, leaf, tp_add, tp_copy);
     if (!bias) return;
-    const int out_rows = scatter ? rows / m.tps.tp : rows;
+    const int out_rows = scatter ? rows / m.ls.tp : rows;
     for (int e = 0; e < n_batch; e++) add_bias(out + (size_t)e * out_rows * OC, bias + (size_t)e * OC, out_rows, OC);
 }
 
@@ -1478,14 +1540,14 @@ static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const
 // the output rows of leaf j of the attention's qkv (its query heads' rows, then its kv heads' K
 // and V rows), of the FFN's fc (SwiGLU: the leaf's units of W1 and of W3), of the vocabulary
 static std::vector<SplitRange> qkv_leaf_rows(const GPT& m, int j) {
-    const TpShape& s = m.tps;
+    const LocalShape& s = m.ls;
     const size_t q = (size_t)s.n_head / m.split_attn.count * s.hs, kv = (size_t)s.n_kv_head / m.split_attn.count * s.hs;
     const size_t q_all = (size_t)s.n_head * s.hs, kv_all = (size_t)s.n_kv_head * s.hs;
     return {{j * q, q}, {q_all + j * kv, kv}, {q_all + kv_all + j * kv, kv}};
 }
 static std::vector<SplitRange> fc_leaf_rows(const GPT& m, int j, bool moe) {
     const ChunkSplit& split = moe ? m.split_expert : m.split_ffn;
-    const size_t all = moe ? m.tps.expert_hidden : m.tps.ffn, per = all / split.count;
+    const size_t all = moe ? m.ls.expert_hidden : m.ls.ffn, per = all / split.count;
     if (!moe && m.config.mlp != MLP_SWIGLU) return {{j * per, per}};
     return {{j * per, per}, {all + j * per, per}};
 }
@@ -1503,7 +1565,7 @@ static void layernorm_weight_grads(GPT& m, floatX* dweight, floatX* dbias, const
         layernorm_backward((floatX*)nullptr, dst, dst + C, dout + t0 * C, inp + t0 * C, (const floatX*)nullptr, mean + t0,
                            rstd + t0, (int)per, C);
     };
-    tp_sum(m.tps.sp ? tp_group() : tp_single(), split, m.tpx, m.tp_ln_grads, 2 * (size_t)C, true, leaf, tp_add, tp_copy);
+    tp_sum(m.ls.sp ? tp_group() : tp_single(), split, m.tpx, m.tp_ln_grads, 2 * (size_t)C, true, leaf, tp_add, tp_copy);
     tp_add(dweight, m.tp_ln_grads, C);
     tp_add(dbias, m.tp_ln_grads + C, C);
 }
@@ -1550,9 +1612,9 @@ static void release_all_slots(GPT& m) {
 // LayerNorm (its weight gradients folded too) into the slot's d_stream.
 static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
     const GPTConfig& c = m.config;
-    const TpShape& tps = m.tps;
-    const int BT = m.B * m.T, C = c.n_embd, Vl = tps.vocab, rows = stream_rows(m);
-    const int n_real = std::max(0, std::min(Vl, c.vocab_size - tps.vocab0));  // this rank's real vocabulary columns
+    const LocalShape& ls = m.ls;
+    const int BT = m.B * m.T, C = c.n_embd, Vl = ls.vocab, rows = stream_rows(m);
+    const int n_real = std::max(0, std::min(Vl, c.vocab_size - ls.vocab0));  // this rank's real vocabulary columns
     const floatX* wte = head_weights(m);
     sp_gather(m, m.lnf, C);
     matmul_forward(m.logits, m.lnf, wte, (const floatX*)nullptr, BT, C, Vl);
@@ -1563,7 +1625,7 @@ static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         const float dloss = n_valid > 0 ? m.dloss_scale / n_valid : 0.0f;
         // vocab-parallel softmax: the max over every rank's columns, the sum of exponentials over
         // canonical vocabulary chunks, the target's logit from the rank that holds it
-        const ChunkSplit one{tps.rank, 1, tps.tp, Vl, tps.tp == 1};
+        const ChunkSplit one{ls.rank, 1, ls.tp, Vl, ls.tp == 1};
         tp_sum(tp_group(), one, m.tpf, m.ce_max, BT, true,
                [&](int, float* dst) { classifier_max(dst, m.logits, BT, Vl, n_real); }, tp_max_f, tp_copy_f);
         const ChunkSplit& split = m.split_vocab;
@@ -1573,9 +1635,9 @@ static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
             classifier_sumexp(dst, m.logits, m.ce_max, BT, Vl, std::min(c0, n_real), std::min(c0 + per, n_real));
         }, tp_add_f, tp_copy_f);
         tp_sum(tp_group(), one, m.tpf, m.ce_target, BT, true,
-               [&](int, float* dst) { classifier_target(dst, m.logits, s.targets, BT, Vl, tps.vocab0, n_real); }, tp_add_f,
+               [&](int, float* dst) { classifier_target(dst, m.logits, s.targets, BT, Vl, ls.vocab0, n_real); }, tp_add_f,
                tp_copy_f);
-        classifier_backward(m.logits, m.losses, m.ce_max, m.ce_sum, m.ce_target, s.targets, dloss, BT, Vl, tps.vocab0, n_real);
+        classifier_backward(m.logits, m.losses, m.ce_max, m.ce_sum, m.ce_target, s.targets, dloss, BT, Vl, ls.vocab0, n_real);
         copy_from_buffer(m.host_losses.data(), m.losses, BT * sizeof(float));
         double sum = 0;  // summed on the host in token order: deterministic
         for (int i = 0; i < BT; i++) sum += m.host_losses[i];
@@ -1589,7 +1651,7 @@ static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         reduce_scatter_add(comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
         const size_t per = (size_t)Vl / m.split_vocab.count;
         column_parallel_dinp(m, m.d_ln, m.logits, wte, 1, BT, C, Vl, m.split_vocab,
-                             [&](int j) { return std::vector<SplitRange>{{j * per, per}}; }, tps.sp);
+                             [&](int j) { return std::vector<SplitRange>{{j * per, per}}; }, ls.sp);
         const int final_ln = c.n_layer + 1;
         grads_needed(m, final_ln);
         buffer_zero(s.d_stream, (size_t)rows * C * sizeof(floatX));
@@ -1626,6 +1688,19 @@ static LayerActs acts_for(const GPT& m, const ChunkSlot& s, int chunk, int l) {
     return a;
 }
 
+// Expert parallelism (--ep): an MoE layer's rows [E, cap, C] in expert order, the tokens this rank
+// chose for every expert, go to the experts' owners (ep rank q owns experts [q E/ep, (q+1) E/ep),
+// a contiguous block of the rows) with one all-to-all; the owner receives [ep][E/ep][cap][C], the
+// rows of each source rank for its experts, and returns the outputs the same way. Every size is the
+// capacity, known at start-up: no count is exchanged. Without --ep the rows stay in place.
+static floatX* expert_dispatch_buffer(GPT& m, floatX* rows) { return m.ls.ep > 1 ? m.ep_buf : rows; }
+static void expert_dispatch(GPT& m, floatX* received, int width) {
+    if (m.ls.ep == 1) return;
+    const size_t block = (size_t)m.ls.n_expert * m.config.moe_capacity(m.B, m.T) * width;
+    all_to_all(comm_world().ep, m.ep_buf, received, block * sizeof(floatX));
+}
+static void expert_return(GPT& m, floatX* own_rows, int width) { expert_dispatch(m, own_rows, width); }
+
 // Block l up to (not including) its final residual add: attention on LN1's output (a.ln1, all
 // B*T tokens: gathered here with --sp), the residual add fused with LN2, the FFN branch (its
 // output, the rank's stream rows, in m.scratch). The forward and the recompute (-r 2) run exactly
@@ -1633,37 +1708,48 @@ static LayerActs acts_for(const GPT& m, const ChunkSlot& s, int chunk, int l) {
 // sums are reduced (--sp: reduce-scattered) over the tp group in canonical chunks.
 static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
-    const TpShape& tps = m.tps;
+    const LocalShape& ls = m.ls;
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, rows = stream_rows(m);
     const size_t row0 = sp_row0(m);
     const LayerTensors& w = m.p.layers[l];
-    matmul_forward(a.qkv, ln_gathered(m, a.ln1, 0), w.qkvw, w.qkvb, BT, C, tps.qkv());
-    attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, tps.n_head, tps.n_kv_head, tps.hs,
-                      c.pos == POS_ALIBI ? c.n_head : 0, tps.head0);
-    row_parallel_forward(m, m.scratch, a.atty, w.attprojw, w.attprojb, 1, BT, tps.n_head * tps.hs, C, m.split_attn, tps.sp);
+    matmul_forward(a.qkv, ln_gathered(m, a.ln1, 0), w.qkvw, w.qkvb, BT, C, ls.qkv());
+    attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, ls.n_head, ls.n_kv_head, ls.hs,
+                      c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
+    row_parallel_forward(m, m.scratch, a.atty, w.attprojw, w.attprojb, 1, BT, ls.n_head * ls.hs, C, m.split_attn, ls.sp);
     fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, rows, C);
     const floatX* ln2 = ln_gathered(m, a.ln2, 1);
     if (c.is_moe(l)) {
-        // expert choice: route (every rank the same, on all tokens), gather each expert's tokens,
-        // run the experts (this rank's hidden units of each) as one batch of matmuls, reduce the
-        // experts' outputs over the tp group, add the gated outputs back per token
-        const int E = c.n_expert, He = tps.expert_hidden, cap = c.moe_capacity(B, T);
+        // expert choice: route (every tp rank the same, on all its tokens), gather each expert's
+        // tokens, run the experts (this rank's hidden units of each) as one batch of matmuls per
+        // source, reduce the experts' outputs over the tp group, add the gated outputs back per
+        // token. --ep: the chosen rows travel to their expert's owner and back (expert_dispatch)
+        const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(B, T);
         moe_router_forward(a.moe_scores, ln2, w.routerw, BT, C, E);
         moe_select(a.expert_tokens, a.token_slots, a.moe_scores, B, T, E, c.capacity_factor,
                    c.moe_group == MOE_GROUP_POSITION);
-        moe_gather(a.expert_in, ln2, a.expert_tokens, E, cap, C);
-        matmul_forward_batched(a.fch, a.expert_in, w.fcw, w.fcb, E, cap, C, 2 * He);
+        moe_gather(expert_dispatch_buffer(m, a.expert_in), ln2, a.expert_tokens, E, cap, C);
+        expert_dispatch(m, a.expert_in, C);
+        for (int p = 0; p < ls.ep; p++) {  // the rows from ep rank p, for this rank's experts
+            const size_t rows = (size_t)p * ls.n_expert * cap;
+            matmul_forward_batched(a.fch + rows * 2 * He, a.expert_in + rows * C, w.fcw, w.fcb, ls.n_expert, cap, C, 2 * He);
+        }
         swiglu_forward(a.fch_act, a.fch, E * cap, He);
-        row_parallel_forward(m, a.expert_out, a.fch_act, w.fcprojw, w.fcprojb, E, cap, He, C, m.split_expert, false);
-        floatX* out = tps.sp ? m.tp_full : m.scratch;
+        floatX* ye = expert_dispatch_buffer(m, a.expert_out);
+        for (int p = 0; p < ls.ep; p++) {
+            const size_t rows = (size_t)p * ls.n_expert * cap;
+            row_parallel_forward(m, ye + rows * C, a.fch_act + rows * He, w.fcprojw, w.fcprojb, ls.n_expert, cap, He, C,
+                                 m.split_expert, false);
+        }
+        expert_return(m, a.expert_out, C);
+        floatX* out = ls.sp ? m.tp_full : m.scratch;
         moe_combine_forward(out, a.expert_out, a.moe_scores, a.token_slots, BT, E, cap, C);
-        if (tps.sp) copy_buffer(m.scratch, out + row0 * C, (size_t)rows * C * sizeof(floatX));
+        if (ls.sp) copy_buffer(m.scratch, out + row0 * C, (size_t)rows * C * sizeof(floatX));
     } else {
-        const int H = tps.ffn;
-        matmul_forward(a.fch, ln2, w.fcw, w.fcb, BT, C, tps.fc(c.mlp));
+        const int H = ls.ffn;
+        matmul_forward(a.fch, ln2, w.fcw, w.fcb, BT, C, ls.fc(c.mlp));
         if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, H);
         else gelu_forward(a.fch_act, a.fch, (long)BT * H);
-        row_parallel_forward(m, m.scratch, a.fch_act, w.fcprojw, w.fcprojb, 1, BT, H, C, m.split_ffn, tps.sp);
+        row_parallel_forward(m, m.scratch, a.fch_act, w.fcprojw, w.fcprojb, 1, BT, H, C, m.split_ffn, ls.sp);
     }
 }
 
@@ -1681,9 +1767,9 @@ static void recompute_block(GPT& m, int l, LayerActs& a, const floatX* x, const 
         return;
     }
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, rows, C);
-    if (c.is_moe(l)) swiglu_forward(a.fch_act, a.fch, c.n_expert * c.moe_capacity(m.B, m.T), m.tps.expert_hidden);
-    else if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, m.tps.ffn);
-    else gelu_forward(a.fch_act, a.fch, (long)BT * m.tps.ffn);
+    if (c.is_moe(l)) swiglu_forward(a.fch_act, a.fch, c.n_expert * c.moe_capacity(m.B, m.T), m.ls.expert_hidden);
+    else if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, m.ls.ffn);
+    else gelu_forward(a.fch_act, a.fch, (long)BT * m.ls.ffn);
 }
 
 // Forward of a chunk's blocks for the slot's micro-batch (the embedding first on virtual stage 0,
@@ -1700,10 +1786,10 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
         // vocab-parallel embedding: each rank adds its vocabulary rows (zeros for the others'
         // tokens, tp rank 0 the positions), the tp group sums (exact: one non-zero term per part)
         params_needed(m, embedding);
-        const ChunkSplit one{m.tps.rank, 1, m.tps.tp, (long)C, m.tps.tp == 1};
-        tp_sum(tp_group(), one, m.tpx, s.input, (size_t)B * T * C, !m.tps.sp, [&](int, floatX* dst) {
-            encoder_forward(dst, s.inputs, s.doc_start, m.p.wte, m.tps.rank == 0 ? m.p.wpe : (const floatX*)nullptr, B, T, C,
-                            m.tps.vocab0, m.tps.vocab);
+        const ChunkSplit one{m.ls.rank, 1, m.ls.tp, (long)C, m.ls.tp == 1};
+        tp_sum(tp_group(), one, m.tpx, s.input, (size_t)B * T * C, !m.ls.sp, [&](int, floatX* dst) {
+            encoder_forward(dst, s.inputs, s.doc_start, m.p.wte, m.ls.rank == 0 ? m.p.wpe : (const floatX*)nullptr, B, T, C,
+                            m.ls.vocab0, m.ls.vocab);
         }, tp_add, tp_copy);
         params_done(m, embedding);
     }
@@ -1739,40 +1825,47 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
 // Weight gradients of block l's FFN branch and LN2, from its output gradients d.
 static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d) {
     const GPTConfig& c = m.config;
-    const TpShape& tps = m.tps;
+    const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = c.n_embd;
     const LayerTensors& dw = m.g.layers[l];
     if (c.is_moe(l)) {
-        const int E = c.n_expert, He = tps.expert_hidden, cap = c.moe_capacity(m.B, m.T);
-        matmul_backward_batched((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr,
-                                E, cap, He, C);
-        matmul_backward_batched((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, a.expert_in, (const floatX*)nullptr, E, cap, C,
-                                2 * He);
+        // the experts' weight gradients, one leaf per source rank (--ep: the rows of ep rank p go
+        // to leaf p, which folds as that rank's micro-batch would: zero.h's reduce_scatter_add)
+        const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(m.B, m.T);
+        const size_t leaf = m.zero.segs[m.seg_local[c.n_layer + 2 + l]].padded;
+        for (int p = 0; p < ls.ep; p++) {
+            const size_t rows = (size_t)p * ls.n_expert * cap, at = p * leaf;
+            matmul_backward_batched((floatX*)nullptr, dw.fcprojw + at, dw.fcprojb + at, d.d_ffn_out + rows * C,
+                                    a.fch_act + rows * He, (const floatX*)nullptr, ls.n_expert, cap, He, C);
+            matmul_backward_batched((floatX*)nullptr, dw.fcw + at, dw.fcb + at, d.d_fch + rows * 2 * He,
+                                    a.expert_in + rows * C, (const floatX*)nullptr, ls.n_expert, cap, C, 2 * He);
+        }
+        (void)E;
         moe_router_backward((floatX*)nullptr, dw.routerw, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1),
                             (const floatX*)nullptr, BT, C, E);
     } else {
         matmul_backward((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr, BT,
-                        tps.ffn, C);
+                        ls.ffn, C);
         matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, ln_gathered(m, a.ln2, 1), (const floatX*)nullptr, BT, C,
-                        tps.fc(c.mlp));
+                        ls.fc(c.mlp));
     }
     layernorm_weight_grads(m, dw.ln2w, dw.ln2b, d.d_ln2, a.residual2, a.ln2_mean, a.ln2_rstd);
 }
 // Weight gradients of block l's attention branch and LN1 (x: the block's input).
 static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
-    const TpShape& tps = m.tps;
+    const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = m.config.n_embd;
     const LayerTensors& dw = m.g.layers[l];
     matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT,
-                    tps.n_head * tps.hs, C);
+                    ls.n_head * ls.hs, C);
     matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
-                    tps.qkv());
+                    ls.qkv());
     layernorm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
     if (comm_world().tp_kv.size > 1) {
         // a kv head shared by several ranks (--tp > n_kv_head): each has the part of its gradient that
         // its query heads read; the sharing ranks add them (not bitwise the one-process sum, which adds
         // every query head's contribution in one attention backward)
-        const size_t q = (size_t)tps.n_head * tps.hs, kv = 2 * (size_t)tps.n_kv_head * tps.hs;
+        const size_t q = (size_t)ls.n_head * ls.hs, kv = 2 * (size_t)ls.n_kv_head * ls.hs;
         const ChunkSplit one{comm_world().tp_kv.rank, 1, comm_world().tp_kv.size, (long)kv, false};
         auto in_place = [](int, floatX*) {};
         tp_sum(comm_world().tp_kv, one, m.tpx, dw.qkvw + q * C, kv * C, true, in_place, tp_add, tp_copy);
@@ -1789,43 +1882,53 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
 static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start, floatX* dres,
                            LayerGrads& d, bool stash) {
     const GPTConfig& c = m.config;
-    const TpShape& tps = m.tps;
+    const LocalShape& ls = m.ls;
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, rows = stream_rows(m);
     const size_t row0 = sp_row0(m);
     const LayerTensors& w = m.p.layers[l];
     const size_t stream_bytes = (size_t)rows * C * sizeof(floatX);
     // the gradient at a branch output for all B*T tokens: the stream's (copied when stashed)
     auto branch_grad = [&](floatX* stash_buf) -> floatX* {
-        if (tps.sp) return sp_gather_from(m, stash ? stash_buf : m.tp_full, dres);
+        if (ls.sp) return sp_gather_from(m, stash ? stash_buf : m.tp_full, dres);
         if (!stash) return dres;
         copy_buffer(stash_buf, dres, stream_bytes);
         return stash_buf;
     };
     if (c.is_moe(l)) {
-        const int E = c.n_expert, He = tps.expert_hidden, cap = c.moe_capacity(B, T);
-        const floatX* dout = tps.sp ? sp_gather_from(m, m.tp_full, dres) : dres;
-        moe_combine_backward(d.d_ffn_out, d.d_moe_scores, dout, a.expert_out, a.moe_scores, a.expert_tokens,
-                             a.token_slots, BT, E, cap, C);
-        matmul_backward_batched(m.d_fch_act, (floatX*)nullptr, (floatX*)nullptr, d.d_ffn_out, a.fch_act, w.fcprojw, E,
-                                cap, He, C);
+        const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(B, T);
+        const floatX* dout = ls.sp ? sp_gather_from(m, m.tp_full, dres) : dres;
+        // the experts' rows' output gradients go to the owners (--ep) and their input gradients back
+        moe_combine_backward(expert_dispatch_buffer(m, d.d_ffn_out), d.d_moe_scores, dout, a.expert_out, a.moe_scores,
+                             a.expert_tokens, a.token_slots, BT, E, cap, C);
+        expert_dispatch(m, d.d_ffn_out, C);
+        floatX* dxe = expert_dispatch_buffer(m, m.d_expert_in);
+        for (int p = 0; p < ls.ep; p++) {
+            const size_t rows = (size_t)p * ls.n_expert * cap;
+            matmul_backward_batched(m.d_fch_act + rows * He, (floatX*)nullptr, (floatX*)nullptr, d.d_ffn_out + rows * C,
+                                    a.fch_act + rows * He, w.fcprojw, ls.n_expert, cap, He, C);
+        }
         swiglu_backward(d.d_fch, m.d_fch_act, a.fch, E * cap, He);
-        column_parallel_dinp(m, m.d_expert_in, d.d_fch, w.fcw, E, cap, C, 2 * He, m.split_expert,
-                             [&](int j) { return fc_leaf_rows(m, j, true); }, false);
+        for (int p = 0; p < ls.ep; p++) {
+            const size_t rows = (size_t)p * ls.n_expert * cap;
+            column_parallel_dinp(m, dxe + rows * C, d.d_fch + rows * 2 * He, w.fcw, ls.n_expert, cap, C, 2 * He,
+                                 m.split_expert, [&](int j) { return fc_leaf_rows(m, j, true); }, false);
+        }
+        expert_return(m, m.d_expert_in, C);
         // every rank has the whole d_ln2 (all tokens); with --sp it keeps its rows
-        floatX* d_ln2_all = tps.sp ? m.tp_full : d.d_ln2;
+        floatX* d_ln2_all = ls.sp ? m.tp_full : d.d_ln2;
         buffer_zero(d_ln2_all, (size_t)BT * C * sizeof(floatX));
         moe_gather_backward(d_ln2_all, m.d_expert_in, a.token_slots, BT, E, cap, C);
         moe_router_backward(d_ln2_all, (floatX*)nullptr, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1), w.routerw,
                             BT, C, E);
-        if (tps.sp) copy_buffer(d.d_ln2, d_ln2_all + row0 * C, stream_bytes);
+        if (ls.sp) copy_buffer(d.d_ln2, d_ln2_all + row0 * C, stream_bytes);
     } else {
-        const int H = tps.ffn;
+        const int H = ls.ffn;
         d.d_ffn_out = branch_grad(d.d_ffn_out);
         matmul_backward(m.d_fch_act, (floatX*)nullptr, (floatX*)nullptr, d.d_ffn_out, a.fch_act, w.fcprojw, BT, H, C);
         if (c.mlp == MLP_SWIGLU) swiglu_backward(d.d_fch, m.d_fch_act, a.fch, BT, H);
         else gelu_backward(d.d_fch, m.d_fch_act, a.fch, (long)BT * H);
-        column_parallel_dinp(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, tps.fc(c.mlp), m.split_ffn,
-                             [&](int j) { return fc_leaf_rows(m, j, false); }, tps.sp);
+        column_parallel_dinp(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
+                             [&](int j) { return fc_leaf_rows(m, j, false); }, ls.sp);
     }
     if (!stash) ffn_weight_grads(m, l, a, d);
     layernorm_backward(dres, (floatX*)nullptr, (floatX*)nullptr, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd,
@@ -1833,11 +1936,11 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     // dres = dL/d residual2 now; the attention branch
     d.d_attn_out = branch_grad(d.d_attn_out);
     matmul_backward(m.d_atty, (floatX*)nullptr, (floatX*)nullptr, d.d_attn_out, a.atty, w.attprojw, BT,
-                    tps.n_head * tps.hs, C);
-    attention_backward(d.d_qkv, m.d_atty, a.qkv, a.atty, a.att_lse, doc_start, B, T, tps.n_head, tps.n_kv_head, tps.hs,
-                       c.pos == POS_ALIBI ? c.n_head : 0, tps.head0);
-    column_parallel_dinp(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, tps.qkv(), m.split_attn,
-                         [&](int j) { return qkv_leaf_rows(m, j); }, tps.sp);
+                    ls.n_head * ls.hs, C);
+    attention_backward(d.d_qkv, m.d_atty, a.qkv, a.atty, a.att_lse, doc_start, B, T, ls.n_head, ls.n_kv_head, ls.hs,
+                       c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
+    column_parallel_dinp(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(), m.split_attn,
+                         [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
     if (!stash) attn_weight_grads(m, l, a, d, x);
     layernorm_backward(dres, (floatX*)nullptr, (floatX*)nullptr, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, rows, C);
 }
@@ -1846,8 +1949,8 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
 // output (all tokens: gathered with --sp; each rank adds its vocabulary rows' part)
 static void embedding_weight_grads(GPT& m, const ChunkSlot& s) {
     grads_needed(m, 0);
-    const floatX* dout = m.tps.sp ? sp_gather_from(m, m.tp_full, s.d_stream) : s.d_stream;
-    encoder_backward(m.g.wte, m.g.wpe, dout, s.inputs, s.doc_start, m.B, m.T, m.config.n_embd, m.tps.vocab0, m.tps.vocab);
+    const floatX* dout = m.ls.sp ? sp_gather_from(m, m.tp_full, s.d_stream) : s.d_stream;
+    encoder_backward(m.g.wte, m.g.wpe, dout, s.inputs, s.doc_start, m.B, m.T, m.config.n_embd, m.ls.vocab0, m.ls.vocab);
     grads_ready(m, 0);
 }
 
@@ -2035,11 +2138,11 @@ struct OptimizerConfig {
 // of the whole model's gradient, every stage's (collective over the world).
 static float gpt_grad_norm(GPT& m) {
     const ZeroLayout& z = m.zero;
-    const CommGroup& dp = comm_world().dp;
     tied_embedding_sum(m);
-    if (!z.acc_sharded() && dp.size > 1)
+    if (!z.acc_sharded())
         for (int s = 0; s < (int)z.segs.size(); s++)
-            all_gather(dp, m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
+            if (seg_group(z, s).size > 1)
+                all_gather(seg_group(z, s), m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
     return (float)std::sqrt(grad_norm_squared(z, m.grad_acc, m.norm_skip));
 }
 // gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)))
@@ -2047,7 +2150,6 @@ static float gpt_grad_norm(GPT& m) {
 // last pipeline stage gets the tied embedding's new weights. step is 0-based.
 static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int step, float norm) {
     const ZeroLayout& z = m.zero;
-    const CommGroup& dp = comm_world().dp;
     float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded
@@ -2056,10 +2158,11 @@ static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int ste
         adamw_update(m.params + u.param_index, m.master ? m.master + u.state_index : nullptr, m.grad_acc + u.acc_index,
                      m.adam_m + u.state_index, m.adam_v + u.state_index, u.n, lr, o.beta1, o.beta2, o.eps,
                      u.decay ? o.weight_decay : 0.0f, scale, step + 1, step_seed + u.table_offset);
-    if ((z.stage == 1 || z.stage == 2) && dp.size > 1)
+    if (z.stage == 1 || z.stage == 2)
         for (int s = 0; s < (int)z.segs.size(); s++)
-            all_gather(dp, m.params + z.params_own(s), m.params + z.segs[s].padded_offset,
-                       z.shard_len(s) * sizeof(floatX));
+            if (seg_group(z, s).size > 1)
+                all_gather(seg_group(z, s), m.params + z.params_own(s), m.params + z.segs[s].padded_offset,
+                           z.shard_len(s) * sizeof(floatX));
     tied_embedding_refresh(m);
 }
 [[maybe_unused]] static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
@@ -2149,7 +2252,7 @@ static MoeStats gpt_moe_stats(const GPT& m) {
 // the same token.
 static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n_tokens, float temperature, int top_k,
                                    int eot, Rng& rng) {
-    const int V = m.config.vocab_size, Vl = m.tps.vocab, tp = m.tps.tp;
+    const int V = m.config.vocab_size, Vl = m.ls.vocab, tp = m.ls.tp;
     const int rows = m.config.n_expert > 0 ? m.max_B : 1;
     const PipelinePlan& pp = m.pipe;
     std::vector<std::vector<int>> seqs(rows, prompt);
@@ -2159,7 +2262,7 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
         all_logits((size_t)rows * V * pp.P);
     // --sp splits a forward's tokens over the tp ranks: the context is a multiple of what makes
     // rows * T divide, left-padded with end-of-text (a new document: attention ignores the padding)
-    const int unit = m.tps.sp ? tp / std::gcd(rows, tp) : 1;
+    const int unit = m.ls.sp ? tp / std::gcd(rows, tp) : 1;
     for (int i = 0; i < n_tokens; i++) {
         const int len = (int)seqs[0].size();  // all rows have the same length
         int T = ceil_div(std::min(len, m.max_T), unit) * unit;
@@ -2318,6 +2421,8 @@ static const Option OPTIONS[] = {
     {"pp_trace", "", "", "write the executed pipeline timeline of the first step to this file (scripts/plot_pipeline.py)"},
     {"tp", "", "1", "tensor-parallel ranks per layer (neighbouring processes; divides n_head; the processes form "
                     "pp x dp x tp)"},
+    {"ep", "", "1", "expert-parallel ranks: each MoE layer's experts are shared out over groups of ep data-parallel "
+                    "ranks (divides dp and n_expert)"},
     {"sp", "", "0", "sequence parallel with --tp: LayerNorms and the residual stream hold B*T/tp tokens per rank (a switch)"},
 };
 
@@ -2503,7 +2608,7 @@ static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, con
 // The inputs of a memory plan: the model, the batch, and the layout of one rank.
 struct PlanInputs {
     GPTConfig config;
-    int B = 1, T = 1, zero_stage = 0, recompute = 0, dp = 1, tp = 1;
+    int B = 1, T = 1, zero_stage = 0, recompute = 0, dp = 1, tp = 1, ep = 1;
     bool sp = false;
     PipelinePlan pipe;  // its stage is the rank's
     // --device: plan the CUDA build (bf16 params and activations, fp32 master) on a GPU of that
@@ -2514,7 +2619,7 @@ struct PlanInputs {
     MemoryEstimate estimate(int zero, int stage, int r) const {
         PipelinePlan ps = pipe;
         ps.stage = stage;
-        return gpt_memory_estimate(config, B, T, zero, &ps, r, dp, elem_bytes, tp, sp);
+        return gpt_memory_estimate(config, B, T, zero, &ps, r, dp, elem_bytes, tp, sp, ep);
     }
     double need(const MemoryEstimate& e) const { return device_bytes > 0 ? e.buffers() : plan_need_bytes(e); }
 };
@@ -2523,8 +2628,9 @@ struct PlanInputs {
 static void print_memory_plan(const PlanInputs& in) {
     MemoryEstimate mem[4];
     for (int z = 0; z < 4; z++) mem[z] = in.estimate(z, in.pipe.stage, in.recompute);
-    printf("memory per rank (MiB), dp %d%s%s, -r %d:  %10s %10s %10s %10s\n", in.dp,
+    printf("memory per rank (MiB), dp %d%s%s%s, -r %d:  %10s %10s %10s %10s\n", in.dp,
            in.tp > 1 ? (", tp " + std::to_string(in.tp) + (in.sp ? " + sp" : "")).c_str() : "",
+           in.ep > 1 ? (", ep " + std::to_string(in.ep)).c_str() : "",
            in.pipe.P > 1 ? (", pipeline stage " + std::to_string(in.pipe.stage)).c_str() : "", in.recompute,
            in.zero_stage == 0 ? "[-z 0]" : "-z 0", in.zero_stage == 1 ? "[-z 1]" : "-z 1",
            in.zero_stage == 2 ? "[-z 2]" : "-z 2", in.zero_stage == 3 ? "[-z 3]" : "-z 3");
@@ -2568,7 +2674,7 @@ static void print_pipeline(const PlanInputs& in) {
         }
         for (const ParamTensor& t : table) {
             const int seg = segment_of(t.name, c.n_layer);
-            if (seg == 0 ? ps.has_embedding() : seg == c.n_layer + 1 ? ps.has_head() : ps.holds_layer(seg - 1)) params += t.numel;
+            if (stage_holds_segment(ps, seg, c.n_layer)) params += t.numel;
         }
         if (ps.has_head()) flops += head_flops(c, B, T);
         int in_flight = 0, stashed = 0;
@@ -2656,11 +2762,11 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
 // bytes each, or with --sp the same bytes as four all-gathers and four reduce-scatters; MoE layers
 // reduce the experts' rows instead of the FFN's tokens; recomputed forwards (-r) repeat theirs.
 static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OPS]) {
-    const TpShape& tps = m.tps;
-    if (tps.tp == 1) return;
+    const LocalShape& ls = m.ls;
+    if (ls.tp == 1) return;
     const GPTConfig& c = m.config;
     const PipelinePlan& pp = m.pipe;
-    const double P = tps.tp, f = (P - 1) / P, fx = sizeof(floatX), BT = (double)m.max_B * m.max_T;
+    const double P = ls.tp, f = (P - 1) / P, fx = sizeof(floatX), BT = (double)m.max_B * m.max_T;
     const double S = BT * c.n_embd * fx, expert = c.n_expert > 0 ? (double)c.n_expert * c.moe_capacity(m.max_B, m.max_T) * c.n_embd * fx : 0;
     double& a2a = theory[COMM_ALL_TO_ALL];
     double& ag = theory[COMM_ALL_GATHER];
@@ -2668,9 +2774,9 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
         if (std::fmod(n_elems, P) == 0) { a2a += f * bytes; ag += f * bytes; }
         else ag += (P - 1) * bytes;  // small vectors: all-gather of the partials
     };
-    auto reduce = [&](double bytes) { if (tps.sp) a2a += f * bytes; else all_reduce(bytes, bytes / fx); };  // RS or AR
-    auto gather = [&](double bytes) { if (tps.sp) ag += f * bytes; };                                      // --sp only
-    auto ln_grads = [&]() { if (tps.sp) all_reduce(2.0 * c.n_embd * fx, 2.0 * c.n_embd); };
+    auto reduce = [&](double bytes) { if (ls.sp) a2a += f * bytes; else all_reduce(bytes, bytes / fx); };  // RS or AR
+    auto gather = [&](double bytes) { if (ls.sp) ag += f * bytes; };                                      // --sp only
+    auto ln_grads = [&]() { if (ls.sp) all_reduce(2.0 * c.n_embd * fx, 2.0 * c.n_embd); };
     // one forward of block l (the attention output and the FFN's; with --sp the LN outputs' gathers)
     auto block_fwd = [&](int l) {
         gather(S);
@@ -2702,7 +2808,7 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
             ln_grads();
             ln_grads();
             if (kv_share > 1) {  // the shared kv heads' weight gradients, in the kv group
-                const double q = 2.0 * tps.n_kv_head * tps.hs, fk = (kv_share - 1.0) / kv_share;
+                const double q = 2.0 * ls.n_kv_head * ls.hs, fk = (kv_share - 1.0) / kv_share;
                 for (double n : {q * c.n_embd, q})
                     if (std::fmod(n, kv_share) == 0) { a2a += fk * n * fx; ag += fk * n * fx; }
                     else ag += (kv_share - 1) * n * fx;
@@ -2730,16 +2836,36 @@ static void print_comm_volume(const GPT& m, int grad_accum) {
     const PipelinePlan& pp = m.pipe;
     const double share = (double)(z.dp - 1) / z.dp, fx = sizeof(floatX);
     const double head = pp.has_head() ? (double)m.head.padded_total : 0.0;
-    double blocks = 0;  // the padded blocks of this stage (gathered again in the backward at -z 3)
-    for (const Segment& s : z.segs) if (s.id >= 1 && s.id <= m.config.n_layer) blocks += (double)s.padded;
     double theory[COMM_N_OPS] = {};
-    theory[COMM_ALL_TO_ALL] = grad_accum * share * fx * (z.padded_total + head);  // reduce_scatter_add of the leaves
-    if (z.stage <= 1) theory[COMM_ALL_GATHER] += share * 4.0 * z.padded_total;  // completes the all-reduce
-    if (z.stage == 1 || z.stage == 2) theory[COMM_ALL_GATHER] += share * fx * z.padded_total;  // updated params
-    if (z.stage == 3)  // per micro-batch: every segment in the forward (the embedding again for the head in one stage), blocks in the backward
-        theory[COMM_ALL_GATHER] += grad_accum * share * fx * (z.padded_total + (pp.P == 1 ? z.segs[0].padded : 0.0) + blocks);
+    // ZeRO, per segment over its group (the experts' over the expert-dp ranks, one leaf per ep rank)
+    theory[COMM_ALL_TO_ALL] = grad_accum * share * fx * head;
+    for (int s = 0; s < (int)z.segs.size(); s++) {
+        const Segment& seg = z.segs[s];
+        const double sh = (double)(seg.dp - 1) / seg.dp, n = (double)seg.padded;
+        const bool block = segment_layer(seg.id, m.config.n_layer) >= 0;
+        theory[COMM_ALL_TO_ALL] += grad_accum * sh * fx * n * seg.n_leaves;    // reduce_scatter_add of the leaves
+        if (z.stage <= 1) theory[COMM_ALL_GATHER] += sh * 4.0 * n;            // completes the all-reduce
+        if (z.stage == 1 || z.stage == 2) theory[COMM_ALL_GATHER] += sh * fx * n;  // updated params
+        if (z.stage == 3)  // per micro-batch: every segment in the forward (the embedding again for the head in one stage), blocks in the backward
+            theory[COMM_ALL_GATHER] += grad_accum * sh * fx * n * (1 + block + (seg.id == 0 && pp.P == 1));
+    }
+    // expert parallel: each MoE layer's rows to the experts' owners and back, forward and backward
+    // (and again in a recomputed forward, -r 2)
+    if (m.ls.ep > 1) {
+        const GPTConfig& cf = m.config;
+        const double rows = (double)cf.n_expert * cf.moe_capacity(m.max_B, m.max_T) * cf.n_embd * fx;
+        const double per_layer = (m.ls.ep - 1.0) / m.ls.ep * rows;
+        std::vector<int> passes(pp.V, 0);  // backward passes per chunk (a split W recomputes once more)
+        const std::vector<PipeAction>& acts = pp.schedule[pp.stage];
+        for (size_t k = 0; k < acts.size(); k++)
+            if (acts[k].op == PIPE_B) passes[acts[k].chunk] += 1 + !next_compute_is_own_w(acts, k);
+        for (int ch = 0; ch < pp.V; ch++)
+            for (int l = pp.layer_begin(ch); l < pp.layer_end(ch); l++)
+                if (cf.is_moe(l))
+                    theory[COMM_ALL_TO_ALL] += per_layer * (4.0 * grad_accum + (m.recompute == 2 ? 2.0 * passes[ch] : 0.0));
+    }
     if (pp.P > 1) {
-        const double act = (double)m.max_B * m.max_T / (m.tps.sp ? m.tps.tp : 1) * m.config.n_embd * fx;  // the stream's rows
+        const double act = (double)m.max_B * m.max_T / (m.ls.sp ? m.ls.tp : 1) * m.config.n_embd * fx;  // the stream's rows
         for (int ch = 0; ch < pp.V; ch++) theory[COMM_P2P] += grad_accum * act * (!pp.last_vs(ch) + !pp.first_vs(ch));
         if (pp.has_embedding()) theory[COMM_P2P] += fx * m.head.shard_len(0);     // the tied weights, to the last stage
         if (pp.has_head()) {
@@ -2883,7 +3009,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
     LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %d", T);
     const int zero_stage = args.i("zero", 0, 3);
-    const int n_stages = args.i("pp", 1, 1024), tp = args.i("tp", 1, 1024);
+    const int n_stages = args.i("pp", 1, 1024), tp = args.i("tp", 1, 1024), ep = args.i("ep", 1, 1024);
     const bool sp = args.flag("sp");
     LLMC_CHECK(!sp || tp > 1, "--sp: sequence parallelism splits the tokens over the tensor-parallel ranks; give --tp > 1");
     const bool planning = args.flag("plan") || args.flag("max_fit");  // a plan for --plan_ranks processes
@@ -2891,7 +3017,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
                "--pp %d --tp %d: the %d processes are not a multiple of pp * tp = %d (the grid is pp x dp x tp: start a "
                "multiple of %d processes)", n_stages, tp, cm.world_size, n_stages * tp, n_stages * tp);
     if (planning) comm_make_grid(cm, cm.world_size, 1);
-    else comm_make_grid(cm, cm.world_size / (n_stages * tp), n_stages, tp);
+    else comm_make_grid(cm, cm.world_size / (n_stages * tp), n_stages, tp, ep);
     const int local_ranks = launcher_local_size();
     if (rank0 && !planning && tp > 1 && local_ranks > 0 && local_ranks % tp != 0)
         fprintf(stderr, "warning: --tp %d with %d processes per node: some tensor-parallel groups span nodes (their "
@@ -3020,6 +3146,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         plan_inputs.dp = ranks / (n_stages * tp);
         plan_inputs.tp = tp;
         plan_inputs.sp = sp;
+        plan_inputs.ep = ep;
         const int64_t per_micro = (int64_t)B * T * plan_inputs.dp;
         LLMC_CHECK(total_batch_flag == 0 || total_batch_flag % per_micro == 0,
                    "--total_batch_tokens %lld is not a multiple of B*T*dp = %lld for --plan_ranks %d",
@@ -3043,6 +3170,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     plan_inputs.dp = world;
     plan_inputs.tp = tp;
     plan_inputs.sp = sp;
+    plan_inputs.ep = ep;
     plan_inputs.pipe = pipe;
     check_memory_fits(config, B, T, zero_stage, pipe, recompute, sp);  // before anything big is allocated
 
@@ -3091,8 +3219,8 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
 #ifdef _OPENMP
         printf(", %d OpenMP threads", omp_get_max_threads());
 #endif
-        printf("\nlayout: %d rank%s (pp %d x dp %d x tp %d%s), ZeRO stage %d, recompute -r %d, collectives: %s\n",
-               cm.world_size, cm.world_size > 1 ? "s" : "", n_stages, world, tp, sp ? " + sp" : "", zero_stage, recompute,
+        printf("\nlayout: %d rank%s (pp %d x dp %d x tp %d%s, ep %d), ZeRO stage %d, recompute -r %d, collectives: %s\n",
+               cm.world_size, cm.world_size > 1 ? "s" : "", n_stages, world, tp, sp ? " + sp" : "", ep, zero_stage, recompute,
                comm_backend_name());
         printf("model: n_layer %d, n_embd %d, n_head %d, n_kv_head %d, ffn_hidden %d (%s), pos %s, vocab %d (padded %d)\n",
                config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
@@ -3240,7 +3368,8 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
                     if (s < 8) fields.push_back({names[s], idle[s]});
                 }
             }
-            if (cm.world_size > 1) printf(" | pp %d dp %d tp %d%s z%d", n_stages, world, tp, sp ? "+sp" : "", zero_stage);
+            if (cm.world_size > 1)
+                printf(" | pp %d dp %d tp %d%s ep %d z%d", n_stages, world, tp, sp ? "+sp" : "", ep, zero_stage);
             printf("\n");
             fflush(stdout);
             log.write(fields);

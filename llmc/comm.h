@@ -5,8 +5,10 @@
 // tp_rank (Megatron's order: the tensor-parallel ranks of a layer are neighbours, i.e. one node;
 // then the data-parallel ranks of a stage). Groups: tp (the ranks that split each layer's matrices),
 // dp (the ranks of one stage and one tp rank, which shard ZeRO state), pp (one rank per stage, the
-// same dp and tp rank: the pipeline's sends and receives). Every subsystem receives the group it
-// works on and never computes raw rank numbers itself.
+// same dp and tp rank: the pipeline's sends and receives), ep (--ep consecutive dp ranks that share
+// out the experts), edp (the dp ranks with the same ep rank: the same experts), tp_kv (tp ranks that
+// read one kv head). Every subsystem receives the group it works on and never computes raw rank
+// numbers itself.
 //
 // Three backends behind the same calls:
 //   single process  built without MPI: world 1, collectives are copies (refuses to run when an
@@ -62,6 +64,8 @@ struct Comm {
     int world_rank = 0, world_size = 1;
     int stage = 0, n_stages = 1;  // this rank's pipeline stage, of pp
     CommGroup world, dp, pp, tp;
+    CommGroup ep, edp;  // expert parallel: the dp ranks that share out an MoE layer's experts, and the
+                        // ranks (one per ep group) that hold the same experts (their data parallelism)
     CommGroup tp_kv;  // the tp ranks that share a kv head (--tp > n_kv_head): they sum its gradients
     uint64_t sent_bytes[COMM_N_OPS] = {}, recv_bytes[COMM_N_OPS] = {};
     bool initialized = false;
@@ -159,7 +163,7 @@ inline void nccl_group_init(CommGroup& g) {
 #endif
 
 // The grid world = pp x dp x tp. Checked on every rank before anything is allocated.
-inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1) {
+inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1, int ep = 1) {
     LLMC_CHECK(dp >= 1 && pp >= 1 && tp >= 1 && (int64_t)dp * pp * tp == c.world_size,
                "layout: %d processes do not form a grid of --pp %d stages x --tp %d tensor-parallel ranks x %d "
                "data-parallel ranks (the number of processes must be a multiple of pp * tp: dp = processes / (pp tp))",
@@ -172,15 +176,23 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1) {
     c.tp.size = tp;
     c.pp.rank = c.stage;
     c.pp.size = pp;
+    LLMC_CHECK(ep >= 1 && dp % ep == 0, "--ep %d must divide the %d data-parallel ranks (an expert group is ep of them)", ep, dp);
+    c.ep.rank = c.dp.rank % ep;
+    c.ep.size = ep;
+    c.edp.rank = c.dp.rank / ep;
+    c.edp.size = dp / ep;
 #ifdef LLMC_MPI
     if (c.world_size > 1) {
         // colour: what the group's ranks share; key: the rank's place in the group
         mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.stage * tp + c.tp.rank, c.dp.rank, &c.dp.mpi));
         mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.dp.rank * tp + c.tp.rank, c.stage, &c.pp.mpi));
         mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.stage * dp + c.dp.rank, c.tp.rank, &c.tp.mpi));
-        for (CommGroup* g : {&c.dp, &c.pp, &c.tp}) MPI_Comm_set_errhandler(g->mpi, MPI_ERRORS_RETURN);
+        const int stage_tp = c.stage * tp + c.tp.rank;
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, stage_tp * (dp / ep) + c.edp.rank, c.ep.rank, &c.ep.mpi));
+        mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, stage_tp * ep + c.ep.rank, c.edp.rank, &c.edp.mpi));
+        for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.ep, &c.edp}) MPI_Comm_set_errhandler(g->mpi, MPI_ERRORS_RETURN);
     } else {
-        c.dp.mpi = c.pp.mpi = c.tp.mpi = MPI_COMM_WORLD;
+        c.dp.mpi = c.pp.mpi = c.tp.mpi = c.ep.mpi = c.edp.mpi = MPI_COMM_WORLD;
     }
 #endif
 #ifdef LLMC_NCCL
@@ -195,7 +207,7 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1) {
         mpiCheck(MPI_Comm_rank(node, &local_rank));
         MPI_Comm_free(&node);
         cudaCheck(cudaSetDevice(local_rank % n_dev));
-        for (CommGroup* g : {&c.dp, &c.pp, &c.tp})
+        for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.ep, &c.edp})
             if (g->size > 1) nccl_group_init(*g);
         cudaCheck(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&c.compute_done, cudaEventDisableTiming));
@@ -238,7 +250,7 @@ inline void comm_finalize() {
     Comm& c = comm_world();
     if (!c.initialized) return;
 #ifdef LLMC_NCCL
-    for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.tp_kv})
+    for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.tp_kv, &c.ep, &c.edp})
         if (g->nccl) ncclCommDestroy(g->nccl);
 #endif
 #ifdef LLMC_MPI
@@ -251,7 +263,7 @@ inline void comm_finalize() {
 inline void comm_abort(int code) {
     Comm& c = comm_world();
 #ifdef LLMC_NCCL
-    for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.tp_kv})
+    for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.tp_kv, &c.ep, &c.edp})
         if (g->nccl) ncclCommAbort(g->nccl);
 #endif
 #ifdef LLMC_MPI

@@ -35,30 +35,41 @@
 // The gradient norm is summed over fixed chunks of each segment; a shard holds whole chunks.
 constexpr size_t NORM_CHUNK = 2048;
 
-// Which part of the table a segment is: its number among all segments of the model (in table
-// order; a pipeline stage holds some of them) and its table range.
+// Which part of the table a segment is: its number among all segments of the model (a pipeline
+// stage holds some of them) and its table range. Expert segments (an MoE layer's experts) are
+// sharded over the expert-data-parallel group (the ranks that hold the same experts, --ep) instead
+// of the whole dp group, and their leaf gradient is n_leaves leaves back to back: with expert
+// parallelism the experts' owner computes one leaf per source rank of its ep group, and the leaves
+// fold in global micro-batch order (reduce_scatter_add).
 struct SegmentSpec {
     std::string name;
     int id = 0;
     size_t begin = 0, len = 0;
+    bool expert = false;
+    int n_leaves = 1;
 };
 
 struct Segment {
     std::string name;
     int id = 0;                 // the model's segment number (SegmentSpec::id)
     size_t begin = 0, len = 0;  // table offsets [begin, begin + len)
+    bool expert = false;        // sharded over the expert-dp group
+    int dp = 1, rank = 0;       // the group it is sharded over: its size and this rank's place
+    int n_leaves = 1;           // leaf gradients (expert parallelism: one per source rank)
     size_t padded = 0;          // len rounded up to a multiple of dp * NORM_CHUNK
     size_t padded_offset = 0;   // where it starts in the padded space
     size_t shard_offset = 0;    // where the rank's slice starts in the shard space
+    size_t leaf_offset = 0;     // where its leaves start in the leaf space (n_leaves * padded)
 };
 
 struct ZeroLayout {
     int stage = 0, dp = 1, rank = 0;
     std::vector<Segment> segs;
     size_t table_total = 0, padded_total = 0, shard_total = 0, max_padded = 0;
+    size_t leaf_total = 0, max_leaves = 0;  // the leaf space (leaf gradients); its largest segment
 
-    size_t shard_len(int s) const { return segs[s].padded / dp; }
-    size_t own_begin(int s) const { return (size_t)rank * shard_len(s); }  // segment-relative
+    size_t shard_len(int s) const { return segs[s].padded / segs[s].dp; }
+    size_t own_begin(int s) const { return (size_t)segs[s].rank * shard_len(s); }  // segment-relative
     // where an element at segment-relative position rel of segment s lives in each space
     size_t padded_index(int s, size_t rel) const { return segs[s].padded_offset + rel; }
     size_t shard_index(int s, size_t rel) const { return segs[s].shard_offset + rel - own_begin(s); }
@@ -75,28 +86,38 @@ struct ZeroLayout {
     size_t params_own(int s) const { return params_sharded() ? segs[s].shard_offset : padded_index(s, own_begin(s)); }
 };
 
-// specs: the segments this rank's pipeline stage holds, in increasing id; table_total: the table's size.
-inline ZeroLayout zero_layout(const std::vector<SegmentSpec>& specs, size_t table_total, int stage, int dp, int rank) {
+// specs: the segments this rank's pipeline stage holds, in table order, ids distinct; table_total:
+// the table's size. (edp, erank): the expert-dp group of expert segments.
+inline ZeroLayout zero_layout(const std::vector<SegmentSpec>& specs, size_t table_total, int stage, int dp, int rank,
+                              int edp = 0, int erank = 0) {
     LLMC_CHECK(stage >= 0 && stage <= 3, "--zero: expected 0, 1, 2 or 3, got %d", stage);
+    if (edp == 0) { edp = dp; erank = rank; }
     ZeroLayout z;
     z.stage = stage;
     z.dp = dp;
     z.rank = rank;
     z.table_total = table_total;
-    const size_t unit = (size_t)dp * NORM_CHUNK;
     for (size_t k = 0; k < specs.size(); k++) {
-        LLMC_CHECK(k == 0 || specs[k].id > specs[k - 1].id, "internal: segments out of order");
+        for (size_t j = 0; j < k; j++) LLMC_CHECK(specs[j].id != specs[k].id, "internal: segment %d twice", specs[k].id);
         Segment s;
         s.name = specs[k].name;
         s.id = specs[k].id;
         s.begin = specs[k].begin;
         s.len = specs[k].len;
+        s.expert = specs[k].expert;
+        s.dp = s.expert ? edp : dp;
+        s.rank = s.expert ? erank : rank;
+        s.n_leaves = specs[k].n_leaves;
+        const size_t unit = (size_t)s.dp * NORM_CHUNK;
         s.padded = (s.len + unit - 1) / unit * unit;
         s.padded_offset = z.padded_total;
         s.shard_offset = z.shard_total;
+        s.leaf_offset = z.leaf_total;
         z.padded_total += s.padded;
-        z.shard_total += s.padded / dp;
+        z.shard_total += s.padded / s.dp;
+        z.leaf_total += s.n_leaves * s.padded;
         z.max_padded = std::max(z.max_padded, s.padded);
+        z.max_leaves = std::max(z.max_leaves, s.n_leaves * s.padded);
         z.segs.push_back(s);
     }
     return z;
@@ -142,16 +163,20 @@ inline std::vector<UpdatePiece> zero_update_pieces(const ZeroLayout& z, const st
 
 // acc_own[0, chunk) += sum over ranks r, in rank order, of rank r's send[rank * chunk, + chunk):
 // a reduce-scatter whose float sums happen here, in a fixed order, never inside MPI or NCCL.
-// scratch holds dp * chunk elements.
+// n_leaves > 1: send holds that many leaves (g.size * chunk each), rank r's leaf k being global
+// micro-batch r * n_leaves + k of the group's: they fold in (r, k) order. scratch holds n_leaves *
+// g.size * chunk elements.
 template <typename floatX>
 inline void reduce_scatter_add(const CommGroup& g, float* acc_own, const floatX* send, size_t chunk,
-                               floatX* scratch) {
+                               floatX* scratch, int n_leaves = 1) {
+    const size_t leaf = (size_t)g.size * chunk;
     if (g.size == 1) {
-        grad_accumulate(acc_own, send, chunk);
+        for (int k = 0; k < n_leaves; k++) grad_accumulate(acc_own, send + k * leaf, chunk);
         return;
     }
-    all_to_all(g, send, scratch, chunk * sizeof(floatX));
-    for (int r = 0; r < g.size; r++) grad_accumulate(acc_own, scratch + (size_t)r * chunk, chunk);
+    for (int k = 0; k < n_leaves; k++) all_to_all(g, send + k * leaf, scratch + k * leaf, chunk * sizeof(floatX));
+    for (int r = 0; r < g.size; r++)
+        for (int k = 0; k < n_leaves; k++) grad_accumulate(acc_own, scratch + k * leaf + (size_t)r * chunk, chunk);
 }
 
 // Squared L2 norm of the accumulated gradient over the whole model, the same on every rank of the
@@ -238,20 +263,4 @@ struct SegmentSlots {
     }
 };
 
-// Bytes per rank of each buffer for one stage (the start-up memory table; the program allocates
-// these sizes, see gpt_allocate).
-struct ZeroMemory {
-    double params, grads, grad_acc, master, moments, comm;
-};
-inline ZeroMemory zero_memory(const ZeroLayout& z, size_t param_bytes, bool has_master, int param_slots,
-                              int grad_slots) {
-    ZeroMemory mem;
-    mem.params = (double)param_bytes * (z.params_elems() + (z.stage == 3 ? param_slots * z.max_padded : 0));
-    mem.grads = (double)param_bytes * (z.stage == 3 ? grad_slots * z.max_padded : z.padded_total);
-    mem.grad_acc = 4.0 * z.acc_elems();
-    mem.master = has_master ? 4.0 * z.state_elems() : 0.0;
-    mem.moments = 8.0 * z.state_elems();
-    mem.comm = z.dp > 1 ? (double)param_bytes * z.max_padded : 0.0;  // reduce_scatter_add's scratch
-    return mem;
-}
 #endif  // LLMC_ZERO_H
