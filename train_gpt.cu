@@ -1178,7 +1178,8 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, H = c.ffn_hidden;
     const LayerTensors& w = m.p.layers[l];
     matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, c.qkv_channels());
-    attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, c.n_head, c.n_kv_head, c.head_size(), c.pos == POS_ALIBI);
+    attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, c.n_head, c.n_kv_head, c.head_size(),
+                      c.pos == POS_ALIBI ? c.n_head : 0, 0);
     matmul_forward(m.scratch, a.atty, w.attprojw, w.attprojb, BT, C, C);
     fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, BT, C);
     if (c.is_moe(l)) {
@@ -1231,7 +1232,7 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
     m.last_forward[chunk] = &s;
     if (pp.first_vs(chunk)) {
         params_needed(m, embedding);
-        encoder_forward(s.input, s.inputs, s.doc_start, m.p.wte, m.p.wpe, B, T, C);
+        encoder_forward(s.input, s.inputs, s.doc_start, m.p.wte, m.p.wpe, B, T, C, 0, c.padded_vocab_size);
         params_done(m, embedding);
     }
     params_needed(m, l0 + 1);
@@ -1333,7 +1334,7 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     else d.d_attn_out = dres;
     matmul_backward(m.d_atty, (floatX*)nullptr, (floatX*)nullptr, d.d_attn_out, a.atty, w.attprojw, BT, C, C);
     attention_backward(d.d_qkv, m.d_atty, a.qkv, a.atty, a.att_lse, doc_start, B, T, c.n_head, c.n_kv_head,
-                       c.head_size(), c.pos == POS_ALIBI);
+                       c.head_size(), c.pos == POS_ALIBI ? c.n_head : 0, 0);
     matmul_backward(d.d_ln1, (floatX*)nullptr, (floatX*)nullptr, d.d_qkv, a.ln1, w.qkvw, BT, C, c.qkv_channels());
     if (!stash) attn_weight_grads(m, l, a, d, x);
     layernorm_backward(dres, (floatX*)nullptr, (floatX*)nullptr, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
@@ -1342,7 +1343,8 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
 // the embedding's weight gradients (the token and position tables), from the gradient at its output
 static void embedding_weight_grads(GPT& m, const ChunkSlot& s) {
     grads_needed(m, 0);
-    encoder_backward(m.g.wte, m.g.wpe, s.d_stream, s.inputs, s.doc_start, m.B, m.T, m.config.n_embd);
+    encoder_backward(m.g.wte, m.g.wpe, s.d_stream, s.inputs, s.doc_start, m.B, m.T, m.config.n_embd, 0,
+                     m.config.padded_vocab_size);
     grads_ready(m, 0);
 }
 

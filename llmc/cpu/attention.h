@@ -1,8 +1,15 @@
 // Causal self-attention over packed documents with grouped-query heads and ALiBi.
 //   qkv row (one token): [q heads: n_head*hs | k heads: n_kv_head*hs | v heads: n_kv_head*hs]
 //   query head h reads kv head h / (n_head / n_kv_head)
-//   score(i, j) = q_i.k_j / sqrt(hs) - slope_h * (i - j)     (ALiBi term only when alibi)
+//   score(i, j) = q_i.k_j / sqrt(hs) - slope_h * (i - j)     (ALiBi term only when alibi_n_head > 0)
+//   slope_h = alibi_slope(head0 + h, alibi_n_head): the slope of the head's GLOBAL index in a model of
+//   alibi_n_head heads (0: no ALiBi). head0 = 0, alibi_n_head = n_head for the whole model.
 //   key j is visible to query i iff doc_start[i] <= j <= i   (own document, causal)
+// Tensor parallelism (Megatron): a rank holding the query heads [head0, head0 + n_head) of the model
+// and the kv heads they read calls the op with its local n_head, n_kv_head (qkv rows hold only its
+// heads), head0 and the model's head count as alibi_n_head. Heads are independent, so each local head
+// gives bitwise the full model's result for that head; a kv head read by several ranks (n_kv_head <
+// tp) gets its dK/dV as the sum of their partial results.
 // Like a flash-attention kernel, the forward keeps only the per-row log-sum-exp of the scores and
 // the backward recomputes the probabilities from it, so the CPU reference has the same signature
 // and the same saved state as the GPU kernel, and no T x T buffer.
@@ -25,7 +32,7 @@ inline double alibi_slope(int h, int n_head) {
 
 template <typename T>
 void attention_forward(T* out, T* lse, const T* qkv, const int* doc_start, int B, int T_, int n_head,
-                       int n_kv_head, int hs, bool alibi) {
+                       int n_kv_head, int hs, int alibi_n_head, int head0) {
     const int row = (n_head + 2 * n_kv_head) * hs, group = n_head / n_kv_head;
     const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel
@@ -38,7 +45,7 @@ void attention_forward(T* out, T* lse, const T* qkv, const int* doc_start, int B
                     const T* base = qkv + (size_t)b * T_ * row;
                     const T* q = base + (size_t)i * row + h * hs;
                     const int kh = h / group;
-                    const T slope = alibi ? T(alibi_slope(h, n_head)) : T(0);
+                    const T slope = alibi_n_head > 0 ? T(alibi_slope(head0 + h, alibi_n_head)) : T(0);
                     const int j0 = doc_start[b * T_ + i];
                     T mx = -INFINITY;
                     for (int j = j0; j <= i; j++) {
@@ -67,7 +74,8 @@ void attention_forward(T* out, T* lse, const T* qkv, const int* doc_start, int B
 // heads that read it, so GQA sums over the group happen in a fixed order without atomics.
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, const T* lse,
-                        const int* doc_start, int B, int T_, int n_head, int n_kv_head, int hs, bool alibi) {
+                        const int* doc_start, int B, int T_, int n_head, int n_kv_head, int hs, int alibi_n_head,
+                        int head0) {
     const int row = (n_head + 2 * n_kv_head) * hs, group = n_head / n_kv_head;
     const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel for collapse(2) schedule(static)
@@ -82,7 +90,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                 std::fill_n(dbase + (size_t)t * row + (n_head + n_kv_head + kh) * hs, hs, T(0));
             }
             for (int h = kh * group; h < (kh + 1) * group; h++) {
-                const T slope = alibi ? T(alibi_slope(h, n_head)) : T(0);
+                const T slope = alibi_n_head > 0 ? T(alibi_slope(head0 + h, alibi_n_head)) : T(0);
                 for (int i = 0; i < T_; i++) {
                     const T* q = base + (size_t)i * row + h * hs;
                     T* dq = dbase + (size_t)i * row + h * hs;
