@@ -18,7 +18,6 @@ Every op has one signature shared by both, so the model code below is written on
 #include <cstdint>
 #include <cstdio>
 #include <map>
-#include <numeric>
 #include <string>
 #include <vector>
 #include <sys/resource.h>
@@ -2262,7 +2261,8 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
         all_logits((size_t)rows * V * pp.P);
     // --sp splits a forward's tokens over the tp ranks: the context is a multiple of what makes
     // rows * T divide, left-padded with end-of-text (a new document: attention ignores the padding)
-    const int unit = m.ls.sp ? tp / std::gcd(rows, tp) : 1;
+    int unit = 1;  // the smallest T with rows * T a multiple of tp
+    while (m.ls.sp && ((int64_t)rows * unit) % tp != 0) unit++;
     for (int i = 0; i < n_tokens; i++) {
         const int len = (int)seqs[0].size();  // all rows have the same length
         int T = ceil_div(std::min(len, m.max_T), unit) * unit;

@@ -2,7 +2,11 @@
 // twin of llmc/cpu/attention.h (same names, argument order and saved state).
 //   qkv row (one token): [q heads: n_head*hs | k heads: n_kv_head*hs | v heads: n_kv_head*hs]
 //   query head h reads kv head h / (n_head / n_kv_head)
-//   s_ij = q_i.k_j / sqrt(hs) - slope_h * (i - j)   (ALiBi term only when alibi)
+//   s_ij = q_i.k_j / sqrt(hs) - slope_h * (i - j)   (ALiBi term only when alibi_n_head > 0)
+//   slope_h = alibi_slope(head0 + h, alibi_n_head): the slope of the GLOBAL head index head0 + h in a model
+//   of alibi_n_head heads (0: no ALiBi); head0 = 0, alibi_n_head = n_head for the whole model. Tensor
+//   parallel ranks pass their local heads [head0, head0 + n_head) (and the kv heads they read) with the
+//   model's head count: every head is independent, a kv head shared by ranks sums their dK/dV partials.
 //   key j is visible to query i iff doc_start[i] <= j <= i   (own document, causal)
 //   forward   lse_i = log sum_j exp(s_ij)   (fp32, natural log)      out_i = sum_j exp(s_ij - lse_i) v_j
 //   backward  p_ij = exp(s_ij - lse_i) recomputed from lse, D_i = dO_i . O_i, dS_ij = p_ij (dO_i.v_j - D_i)
@@ -182,7 +186,7 @@ inline size_t dkdv_smem_bytes(int hs) { return sizeof(float) * (2 * (size_t)CHUN
 
 __global__ void __launch_bounds__(THREADS)
 attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int T, int n_head,
-                         int n_kv_head, int hs, float scale, bool alibi) {
+                         int n_kv_head, int hs, float scale, int alibi_n_head, int head0) {
     extern __shared__ float4 smem_f4[];
     float* k_s = reinterpret_cast<float*>(smem_f4);   // [CHUNK][hs + 4] keys of the chunk
     float* v_s = k_s + CHUNK * padded(hs);            // [CHUNK][hs]     values of the chunk
@@ -195,7 +199,7 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* 
     const int row = (n_head + 2 * n_kv_head) * hs, kh = h / (n_head / n_kv_head);
     const floatX* base = qkv + (size_t)b * T * row;
     const int* ds = doc_start + (size_t)b * T;
-    const float slope = alibi ? alibi_slope_f(h, n_head) : 0.f;
+    const float slope = alibi_n_head > 0 ? alibi_slope_f(head0 + h, alibi_n_head) : 0.f;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     stage_rows(q_s, hs, base + (size_t)q0 * row + h * hs, row, QTILE, nq, hs);
@@ -295,7 +299,8 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
 
 __global__ void __launch_bounds__(THREADS)
 attention_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
-                    const int* doc_start, int T, int n_head, int n_kv_head, int hs, float scale, bool alibi) {
+                    const int* doc_start, int T, int n_head, int n_kv_head, int hs, float scale, int alibi_n_head,
+                    int head0) {
     extern __shared__ float4 smem_f4[];
     float* k_s = reinterpret_cast<float*>(smem_f4);   // [CHUNK][hs + 4]
     float* v_s = k_s + CHUNK * padded(hs);            // [CHUNK][hs + 4] (read one row per lane for dO.v)
@@ -309,7 +314,7 @@ attention_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const f
     const int row = (n_head + 2 * n_kv_head) * hs, kh = h / (n_head / n_kv_head);
     const floatX* base = qkv + (size_t)b * T * row;
     const int* ds = doc_start + (size_t)b * T;
-    const float slope = alibi ? alibi_slope_f(h, n_head) : 0.f;
+    const float slope = alibi_n_head > 0 ? alibi_slope_f(head0 + h, alibi_n_head) : 0.f;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     stage_rows(q_s, hs, base + (size_t)q0 * row + h * hs, row, QTILE, nq, hs);
@@ -381,7 +386,8 @@ attention_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const f
 
 __global__ void __launch_bounds__(THREADS)
 attention_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
-                      const int* doc_start, int T, int n_head, int n_kv_head, int hs, float scale, bool alibi) {
+                      const int* doc_start, int T, int n_head, int n_kv_head, int hs, float scale, int alibi_n_head,
+                      int head0) {
     extern __shared__ float4 smem_f4[];
     float* q_s = reinterpret_cast<float*>(smem_f4);   // [CHUNK][hs + 4] queries of the chunk
     float* do_s = q_s + CHUNK * padded(hs);           // [CHUNK][hs + 4] their output gradients
@@ -420,7 +426,7 @@ attention_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const
         for (int k = 0; k < SLOTS; k++) dk[r][k] = dv[r][k] = 0.f;
 
     for (int h = kh * group; h < (kh + 1) * group; h++) {
-        const float slope = alibi ? alibi_slope_f(h, n_head) : 0.f;
+        const float slope = alibi_n_head > 0 ? alibi_slope_f(head0 + h, alibi_n_head) : 0.f;
         for (int ic = j0; ic <= i_last; ic += CHUNK) {
             const int nc = min(CHUNK, i_last + 1 - ic);
             __syncthreads();  // all warps are done with the previous chunk
@@ -477,7 +483,7 @@ attention_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const
     }
 }
 
-inline void check_args(const char* who, int B, int T, int n_head, int n_kv_head, int hs,
+inline void check_args(const char* who, int B, int T, int n_head, int n_kv_head, int hs, int alibi_n_head, int head0,
                        std::initializer_list<const void*> vec_ptrs) {
     LLMC_CHECK(B > 0 && T > 0, "%s: B = %d, T = %d must be positive", who, B, T);
     LLMC_CHECK(B <= 65535 && n_head <= 65535, "%s: B = %d and n_head = %d must be <= 65535 (grid dimensions)", who, B,
@@ -487,6 +493,9 @@ inline void check_args(const char* who, int B, int T, int n_head, int n_kv_head,
     LLMC_CHECK(hs >= 8 && hs <= MAX_HS && hs % 8 == 0,
                "%s: head_size %d is not supported: the CUDA kernels need a multiple of 8 (16-byte bf16 vectors) "
                "in [8, %d]", who, hs, MAX_HS);
+    LLMC_CHECK(alibi_n_head == 0 || (alibi_n_head > 0 && head0 >= 0 && head0 + n_head <= alibi_n_head),
+               "%s: local heads [%d, %d) must lie inside the model's %d ALiBi heads", who, head0, head0 + n_head,
+               alibi_n_head);
     for (const void* p : vec_ptrs)
         LLMC_CHECK((uintptr_t)p % 16 == 0, "%s: tensor at %p is not 16-byte aligned (the kernels use 16-byte loads)",
                    who, p);
@@ -717,7 +726,7 @@ __device__ inline bool warp_sees_all(const WarpRows& w, int kc) { return w.lo_ma
 template <int HS>
 __global__ void __launch_bounds__(FA_THREADS)
 flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int T, int n_head,
-                     int n_kv_head, float scale_log2, bool alibi) {
+                     int n_kv_head, float scale_log2, int alibi_n_head, int head0) {
     constexpr int LD = HS + FA_PAD, TILE = FA_TILE * LD, KSTEPS = HS / 16, DB = HS / 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     floatX* q_s = reinterpret_cast<floatX*>(fa_smem);  // [64][LD] queries, later each warp's output staging
@@ -734,7 +743,7 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_
     const floatX* v_g = base + (n_head + n_kv_head + kh) * HS;
     const int* ds = doc_start + (size_t)b * T;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const float slope_log2 = alibi ? alibi_slope_f(h, n_head) * LOG2E : 0.f;
+    const float slope_log2 = alibi_n_head > 0 ? alibi_slope_f(head0 + h, alibi_n_head) * LOG2E : 0.f;
 
     load_tile_async<HS>(q_s, base + (size_t)q0 * row + h * HS, row, nq, tid);
     if (tid == 0) kv_lo_s = INT_MAX;
@@ -837,7 +846,8 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_
 template <int HS>
 __global__ void __launch_bounds__(FA_THREADS)
 flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
-                const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2, bool alibi) {
+                const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2,
+                int alibi_n_head, int head0) {
     constexpr int LD = HS + FA_PAD, TILE = FA_TILE * LD, KSTEPS = HS / 16, DB = HS / 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     floatX* q_s = reinterpret_cast<floatX*>(fa_smem);  // [64][LD] queries, later each warp's dq staging
@@ -855,7 +865,7 @@ flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float
     const floatX* v_g = base + (n_head + n_kv_head + kh) * HS;
     const int* ds = doc_start + (size_t)b * T;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const float slope_log2 = alibi ? alibi_slope_f(h, n_head) * LOG2E : 0.f;
+    const float slope_log2 = alibi_n_head > 0 ? alibi_slope_f(head0 + h, alibi_n_head) * LOG2E : 0.f;
 
     load_tile_async<HS>(q_s, base + (size_t)q0 * row + h * HS, row, nq, tid);
     load_tile_async<HS>(do_s, dout + ((size_t)b * T + q0) * n_head * HS + h * HS, (size_t)n_head * HS, nq, tid);
@@ -925,7 +935,8 @@ flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float
 template <int HS>
 __global__ void __launch_bounds__(FA_THREADS)
 flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
-                  const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2, bool alibi) {
+                  const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2,
+                  int alibi_n_head, int head0) {
     constexpr int LD = HS + FA_PAD, TILE = FA_TILE * LD, KSTEPS = HS / 16, DB = HS / 8, NQ = FA_SUB / 8;
     static_assert(FA_SUB == 32, "a step has one query per lane");
     extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -991,7 +1002,7 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
         const int buf = u & 1, h = kh * group + u / n_qt, ic = j0 + (u % n_qt) * FA_TILE;
         if (u + 1 < n_steps) load_step(u + 1, buf ^ 1);
         cp_async_commit();
-        const float slope_log2 = alibi ? alibi_slope_f(h, n_head) * LOG2E : 0.f;
+        const float slope_log2 = alibi_n_head > 0 ? alibi_slope_f(head0 + h, alibi_n_head) * LOG2E : 0.f;
         const floatX* qt = q_s + buf * TILE;
         const floatX* dot = do_s + buf * TILE;
 #pragma unroll 1
@@ -1042,13 +1053,13 @@ inline size_t flash_backward_smem_bytes(int hs) { return (size_t)6 * FA_TILE * (
 
 // version 1: the simple kernels
 inline void forward_simple(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T, int n_head,
-                           int n_kv_head, int hs, bool alibi) {
-    check_args("attention_forward", B, T, n_head, n_kv_head, hs, {out, qkv});
+                           int n_kv_head, int hs, int alibi_n_head, int head0) {
+    check_args("attention_forward", B, T, n_head, n_kv_head, hs, alibi_n_head, head0, {out, qkv});
     const size_t smem = forward_smem_bytes(hs);
     set_smem(attention_forward_kernel, smem);
     const dim3 grid((T + QTILE - 1) / QTILE, n_head, B);
     attention_forward_kernel<<<grid, THREADS, smem, llmc_stream()>>>(out, lse, qkv, doc_start, T, n_head, n_kv_head,
-                                                                     hs, 1.0f / sqrtf((float)hs), alibi);
+                                                                     hs, 1.0f / sqrtf((float)hs), alibi_n_head, head0);
     cudaCheckLaunch();
 }
 
@@ -1062,8 +1073,9 @@ inline float* backward_delta(const floatX* dout, const floatX* out, int B, int T
 }
 
 inline void backward_simple(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                            const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs, bool alibi) {
-    check_args("attention_backward", B, T, n_head, n_kv_head, hs, {dqkv, dout, qkv, out});
+                            const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs, int alibi_n_head,
+                            int head0) {
+    check_args("attention_backward", B, T, n_head, n_kv_head, hs, alibi_n_head, head0, {dqkv, dout, qkv, out});
     const float* delta = backward_delta(dout, out, B, T, n_head, hs);
     const float scale = 1.0f / sqrtf((float)hs);
 
@@ -1071,79 +1083,90 @@ inline void backward_simple(floatX* dqkv, const floatX* dout, const floatX* qkv,
     set_smem(attention_dq_kernel, dq_smem);
     const dim3 dq_grid((T + QTILE - 1) / QTILE, n_head, B);
     attention_dq_kernel<<<dq_grid, THREADS, dq_smem, llmc_stream()>>>(dqkv, dout, qkv, lse, delta, doc_start, T, n_head,
-                                                                      n_kv_head, hs, scale, alibi);
+                                                                      n_kv_head, hs, scale, alibi_n_head, head0);
     cudaCheckLaunch();
 
     const size_t kv_smem = dkdv_smem_bytes(hs);
     set_smem(attention_dkdv_kernel, kv_smem);
     const dim3 kv_grid((T + KTILE - 1) / KTILE, n_kv_head, B);
     attention_dkdv_kernel<<<kv_grid, THREADS, kv_smem, llmc_stream()>>>(dqkv, dout, qkv, lse, delta, doc_start, T,
-                                                                        n_head, n_kv_head, hs, scale, alibi);
+                                                                        n_head, n_kv_head, hs, scale, alibi_n_head,
+                                                                        head0);
     cudaCheckLaunch();
 }
 
 // version 2: the flash kernels (hs 64 or 128)
 template <int HS>
 inline void forward_flash_hs(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T,
-                             int n_head, int n_kv_head, bool alibi) {
+                             int n_head, int n_kv_head, int alibi_n_head, int head0) {
     const size_t smem = flash_forward_smem_bytes(HS);
     set_smem(flash_forward_kernel<HS>, smem);
     const dim3 grid((T + FA_TILE - 1) / FA_TILE, n_head, B);
     flash_forward_kernel<HS><<<grid, FA_THREADS, smem, llmc_stream()>>>(out, lse, qkv, doc_start, T, n_head, n_kv_head,
-                                                                        LOG2E / sqrtf((float)HS), alibi);
+                                                                        LOG2E / sqrtf((float)HS), alibi_n_head, head0);
     cudaCheckLaunch();
 }
 inline void forward_flash(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T, int n_head,
-                          int n_kv_head, int hs, bool alibi) {
-    check_args("attention_forward", B, T, n_head, n_kv_head, hs, {out, qkv});
+                          int n_kv_head, int hs, int alibi_n_head, int head0) {
+    check_args("attention_forward", B, T, n_head, n_kv_head, hs, alibi_n_head, head0, {out, qkv});
     LLMC_CHECK(flash_supported(hs), "attention_forward (flash): head_size %d, the tensor-core kernels take 64 or 128", hs);
-    if (hs == 64) forward_flash_hs<64>(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, alibi);
-    else forward_flash_hs<128>(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, alibi);
+    if (hs == 64) forward_flash_hs<64>(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
+    else forward_flash_hs<128>(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
 }
 
 template <int HS>
 inline void backward_flash_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
                               const float* delta, const int* doc_start, int B, int T, int n_head, int n_kv_head,
-                              bool alibi) {
+                              int alibi_n_head, int head0) {
     const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
     const size_t smem = flash_backward_smem_bytes(HS);
     set_smem(flash_dq_kernel<HS>, smem);
     const dim3 dq_grid((T + FA_TILE - 1) / FA_TILE, n_head, B);
     flash_dq_kernel<HS><<<dq_grid, FA_THREADS, smem, llmc_stream()>>>(dqkv, dout, qkv, lse, delta, doc_start, T,
-                                                                      n_head, n_kv_head, scale, scale_log2, alibi);
+                                                                      n_head, n_kv_head, scale, scale_log2,
+                                                                      alibi_n_head, head0);
     cudaCheckLaunch();
     set_smem(flash_dkdv_kernel<HS>, smem);
     const dim3 kv_grid((T + FA_TILE - 1) / FA_TILE, n_kv_head, B);
     flash_dkdv_kernel<HS><<<kv_grid, FA_THREADS, smem, llmc_stream()>>>(dqkv, dout, qkv, lse, delta, doc_start, T,
-                                                                        n_head, n_kv_head, scale, scale_log2, alibi);
+                                                                        n_head, n_kv_head, scale, scale_log2,
+                                                                        alibi_n_head, head0);
     cudaCheckLaunch();
 }
 inline void backward_flash(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                           const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs, bool alibi) {
-    check_args("attention_backward", B, T, n_head, n_kv_head, hs, {dqkv, dout, qkv, out});
+                           const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs, int alibi_n_head,
+                           int head0) {
+    check_args("attention_backward", B, T, n_head, n_kv_head, hs, alibi_n_head, head0, {dqkv, dout, qkv, out});
     LLMC_CHECK(flash_supported(hs), "attention_backward (flash): head_size %d, the tensor-core kernels take 64 or 128",
                hs);
     const float* delta = backward_delta(dout, out, B, T, n_head, hs);
-    if (hs == 64) backward_flash_hs<64>(dqkv, dout, qkv, lse, delta, doc_start, B, T, n_head, n_kv_head, alibi);
-    else backward_flash_hs<128>(dqkv, dout, qkv, lse, delta, doc_start, B, T, n_head, n_kv_head, alibi);
+    if (hs == 64)
+        backward_flash_hs<64>(dqkv, dout, qkv, lse, delta, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
+    else
+        backward_flash_hs<128>(dqkv, dout, qkv, lse, delta, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
 }
 
 }  // namespace attention_detail
 
 // out [B, T, n_head*hs] and lse [B, n_head, T] overwritten; qkv [B, T, (n_head + 2 n_kv_head) hs];
 // doc_start [B*T] (device, row-relative indices). hs 64, 128: the flash kernels, else the simple ones.
+// alibi_n_head: the model's head count for the ALiBi slopes (0: no ALiBi); head0: the global index of
+// local head 0 (0 without tensor parallelism); [head0, head0 + n_head) must lie in [0, alibi_n_head).
 inline void attention_forward(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T,
-                              int n_head, int n_kv_head, int hs, bool alibi) {
+                              int n_head, int n_kv_head, int hs, int alibi_n_head, int head0) {
     using namespace attention_detail;
-    if (flash_supported(hs)) forward_flash(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, hs, alibi);
-    else forward_simple(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, hs, alibi);
+    if (flash_supported(hs)) forward_flash(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, hs, alibi_n_head, head0);
+    else forward_simple(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, hs, alibi_n_head, head0);
 }
 
 // dqkv [B, T, (n_head + 2 n_kv_head) hs] overwritten; dout, out [B, T, n_head*hs]; lse [B, n_head, T]
 // as saved by attention_forward. Scratch: attention_scratch_bytes(...).
 inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                               const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs, bool alibi) {
+                               const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs,
+                               int alibi_n_head, int head0) {
     using namespace attention_detail;
-    if (flash_supported(hs)) backward_flash(dqkv, dout, qkv, out, lse, doc_start, B, T, n_head, n_kv_head, hs, alibi);
-    else backward_simple(dqkv, dout, qkv, out, lse, doc_start, B, T, n_head, n_kv_head, hs, alibi);
+    if (flash_supported(hs))
+        backward_flash(dqkv, dout, qkv, out, lse, doc_start, B, T, n_head, n_kv_head, hs, alibi_n_head, head0);
+    else
+        backward_simple(dqkv, dout, qkv, out, lse, doc_start, B, T, n_head, n_kv_head, hs, alibi_n_head, head0);
 }

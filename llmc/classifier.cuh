@@ -14,6 +14,18 @@
 // 2 x 132 rows in flight, so it is served from the 50 MB L2) and writes the dlogits. The target
 // logit is read before the block's barriers, so before anyone overwrites it.
 // Scratch: none.
+//
+// ---- Vocab-parallel cross-entropy (tensor parallelism): classifier_max, _sumexp, _target, _backward ----
+// The twins of the CPU ops of the same names (llmc/cpu/classifier.h has the math and how the caller
+// reduces between them). A rank holds ld columns of each logits row (global columns v0 .. v0 + ld), the
+// first n_real of them real tokens; the statistics are fp32 arrays of N. bf16 logits, fp32 math.
+// Parallel decomposition: one warp per row (8 rows per block of 256 threads), except classifier_target
+// (one thread per row). A lane owns the 8-column groups lane, lane + 32, ... of the row's column range
+// (relative to its start) and visits them in increasing order, loading UNROLL groups ahead (16-byte loads
+// when ld % 8 == 0, the buffer and the range start are 16-byte aligned; else single columns, the same
+// order); sums are then added over the lanes in a fixed tree (shfl_down 16, 8, 4, 2, 1). So each result
+// depends only on the values of the range, never on ld, v0 or the load width: a fixed vocab chunk gives
+// the same sum on any rank that holds it (deterministic, no atomics).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -138,5 +150,202 @@ inline void fused_classifier(floatX* logits, float* losses, const int* targets, 
         fused_classifier_kernel<1, 4><<<N, threads, 0, llmc_stream()>>>(logits, losses, targets, dloss, V, Vp);
     else
         fused_classifier_kernel<1, 1><<<N, threads, 0, llmc_stream()>>>(logits, losses, targets, dloss, V, Vp);
+    cudaCheckLaunch();
+}
+
+namespace classifier_detail {
+
+constexpr int TP_WARPS = 8;  // rows (warps) per block of the vocab-parallel kernels
+constexpr int TP_UNROLL = 4; // 8-column groups loaded ahead per lane
+
+// the 8 values of the group at p (columns [col, col + 8) of the range, col < end); lanes past `end` give
+// `fill`. VEC 8: one 16-byte load (in bounds: the group starts before end <= ld, ld % 8 == 0).
+template <int VEC>
+__device__ inline void load_group(float (&f)[8], const floatX* p, int col, int end, float fill) {
+    if constexpr (VEC == 8) {
+        unpack8(f, *reinterpret_cast<const uint4*>(p));
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (col + i >= end) f[i] = fill;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = col + i < end ? __bfloat162float(p[i]) : fill;
+    }
+}
+
+__device__ inline float warp_tree_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_down_sync(0xffffffffu, x, o));
+    return x;  // lane 0 holds the result
+}
+__device__ inline float warp_tree_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    return x;  // lane 0 holds the result
+}
+
+// mx[n] = max of row n over [0, n_cols)
+template <int VEC>
+__global__ void __launch_bounds__(TP_WARPS * 32)
+    classifier_max_kernel(float* __restrict__ mx, const floatX* __restrict__ logits, int N, int ld, int n_cols) {
+    const int n = blockIdx.x * TP_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return;  // warp-uniform
+    const floatX* x = logits + (size_t)n * ld;
+    float m = -INFINITY;
+    for (int g0 = 8 * lane; g0 < n_cols; g0 += TP_UNROLL * 256) {
+        float f[TP_UNROLL][8];
+#pragma unroll
+        for (int u = 0; u < TP_UNROLL; u++) {
+            const int col = g0 + u * 256;
+            if (col < n_cols) load_group<VEC>(f[u], x + col, col, n_cols, -INFINITY);
+            else
+#pragma unroll
+                for (int i = 0; i < 8; i++) f[u][i] = -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < TP_UNROLL; u++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) m = fmaxf(m, f[u][i]);
+    }
+    m = warp_tree_max(m);
+    if (lane == 0) mx[n] = m;
+}
+
+// sum[n] = sum over [c0, c1) of row n of exp(x - mx[n]); groups relative to c0
+template <int VEC>
+__global__ void __launch_bounds__(TP_WARPS * 32)
+    classifier_sumexp_kernel(float* __restrict__ sum, const floatX* __restrict__ logits, const float* __restrict__ mx,
+                             int N, int ld, int c0, int c1) {
+    const int n = blockIdx.x * TP_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return;  // warp-uniform
+    const floatX* x = logits + (size_t)n * ld;
+    const float m = mx[n];
+    float s = 0.0f;
+    for (int g0 = c0 + 8 * lane; g0 < c1; g0 += TP_UNROLL * 256) {
+        float f[TP_UNROLL][8];
+#pragma unroll
+        for (int u = 0; u < TP_UNROLL; u++) {
+            const int col = g0 + u * 256;
+            if (col < c1) load_group<VEC>(f[u], x + col, col, c1, -INFINITY);  // exp(-inf) = 0 past c1
+            else
+#pragma unroll
+                for (int i = 0; i < 8; i++) f[u][i] = -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < TP_UNROLL; u++)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (g0 + u * 256 + i < c1) s += expf(f[u][i] - m);
+    }
+    s = warp_tree_sum(s);
+    if (lane == 0) sum[n] = s;
+}
+
+__global__ void classifier_target_kernel(float* __restrict__ tgt, const floatX* __restrict__ logits,
+                                         const int* __restrict__ targets, int N, int ld, int v0, int n_cols) {
+    const int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const int t = targets[n] - v0;
+    tgt[n] = targets[n] >= 0 && t >= 0 && t < n_cols ? __bfloat162float(logits[(size_t)n * ld + t]) : 0.0f;
+}
+
+// losses, and the dlogits of the rank's columns in place (padding columns [n_real, ld) get 0)
+template <int VEC>
+__global__ void __launch_bounds__(TP_WARPS * 32)
+    classifier_backward_kernel(floatX* logits, float* __restrict__ losses, const float* __restrict__ mx,
+                               const float* __restrict__ sum, const float* __restrict__ tgt,
+                               const int* __restrict__ targets, float dloss, int N, int ld, int v0, int n_real) {
+    const int n = blockIdx.x * TP_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return;  // warp-uniform
+    const int target = targets[n];
+    const float lse = mx[n] + logf(sum[n]);
+    if (lane == 0) losses[n] = target < 0 ? 0.0f : lse - tgt[n];
+    if (dloss == 0.0f) return;
+    const float d = target < 0 ? 0.0f : dloss;
+    const int t = target < 0 ? -1 : target - v0;
+    floatX* x = logits + (size_t)n * ld;
+    for (int g0 = 8 * lane; g0 < ld; g0 += TP_UNROLL * 256) {
+        float f[TP_UNROLL][8];
+#pragma unroll
+        for (int u = 0; u < TP_UNROLL; u++) {  // all loads of the batch before any store (same buffer)
+            const int col = g0 + u * 256;
+            if (col < n_real) load_group<VEC>(f[u], x + col, col, n_real, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < TP_UNROLL; u++) {
+            const int col = g0 + u * 256;
+            if (col >= ld) break;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int v = col + i;
+                f[u][i] = v < n_real ? d * (expf(f[u][i] - lse) - (v == t ? 1.0f : 0.0f)) : 0.0f;
+            }
+            if constexpr (VEC == 8) {
+                store_bf16<8>(x + col, f[u]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if (col + i < ld) x[col + i] = __float2bfloat16_rn(f[u][i]);
+            }
+        }
+    }
+}
+
+inline int tp_blocks(int N) { return ceil_div(N, TP_WARPS); }
+
+}  // namespace classifier_detail
+
+// mx [N] = the max of each row of logits [N, ld] over its first n_cols columns (-inf when n_cols == 0)
+inline void classifier_max(float* mx, const floatX* logits, int N, int ld, int n_cols) {
+    using namespace classifier_detail;
+    if (N == 0) return;
+    LLMC_CHECK(ld > 0 && n_cols >= 0 && n_cols <= ld, "classifier_max: need 0 <= n_cols <= ld, got %d, %d", n_cols,
+               ld);
+    const bool vec = ld % 8 == 0 && aligned16(logits);
+    if (vec) classifier_max_kernel<8><<<tp_blocks(N), TP_WARPS * 32, 0, llmc_stream()>>>(mx, logits, N, ld, n_cols);
+    else classifier_max_kernel<1><<<tp_blocks(N), TP_WARPS * 32, 0, llmc_stream()>>>(mx, logits, N, ld, n_cols);
+    cudaCheckLaunch();
+}
+
+// sum [N] = sum over the columns [c0, c1) of each row of exp(x - mx[n]) (0 when c1 <= c0); the order is
+// fixed by the range alone (see the top of the file)
+inline void classifier_sumexp(float* sum, const floatX* logits, const float* mx, int N, int ld, int c0, int c1) {
+    using namespace classifier_detail;
+    if (N == 0) return;
+    LLMC_CHECK(ld > 0 && c0 >= 0 && c1 <= ld, "classifier_sumexp: columns [%d, %d) outside a row of %d", c0, c1, ld);
+    const bool vec = ld % 8 == 0 && c0 % 8 == 0 && aligned16(logits);
+    if (vec)
+        classifier_sumexp_kernel<8><<<tp_blocks(N), TP_WARPS * 32, 0, llmc_stream()>>>(sum, logits, mx, N, ld, c0, c1);
+    else
+        classifier_sumexp_kernel<1><<<tp_blocks(N), TP_WARPS * 32, 0, llmc_stream()>>>(sum, logits, mx, N, ld, c0, c1);
+    cudaCheckLaunch();
+}
+
+// tgt [N] = the logit of global column targets[n] when v0 <= targets[n] < v0 + n_cols, else 0
+inline void classifier_target(float* tgt, const floatX* logits, const int* targets, int N, int ld, int v0,
+                              int n_cols) {
+    using namespace classifier_detail;
+    if (N == 0) return;
+    LLMC_CHECK(ld > 0 && n_cols >= 0 && n_cols <= ld, "classifier_target: need 0 <= n_cols <= ld, got %d, %d",
+               n_cols, ld);
+    classifier_target_kernel<<<ceil_div(N, 256), 256, 0, llmc_stream()>>>(tgt, logits, targets, N, ld, v0, n_cols);
+    cudaCheckLaunch();
+}
+
+// losses [N] = mx + log(sum) - tgt (0 for targets -1); when dloss != 0, logits [N, ld] overwritten with
+// d (softmax - onehot) over the first n_real columns and 0 over the padding [n_real, ld)
+inline void classifier_backward(floatX* logits, float* losses, const float* mx, const float* sum, const float* tgt,
+                                const int* targets, float dloss, int N, int ld, int v0, int n_real) {
+    using namespace classifier_detail;
+    if (N == 0) return;
+    LLMC_CHECK(ld > 0 && n_real >= 0 && n_real <= ld, "classifier_backward: need 0 <= n_real <= ld, got %d, %d",
+               n_real, ld);
+    const bool vec = ld % 8 == 0 && aligned16(logits);
+    if (vec)
+        classifier_backward_kernel<8><<<tp_blocks(N), TP_WARPS * 32, 0, llmc_stream()>>>(
+            logits, losses, mx, sum, tgt, targets, dloss, N, ld, v0, n_real);
+    else
+        classifier_backward_kernel<1><<<tp_blocks(N), TP_WARPS * 32, 0, llmc_stream()>>>(
+            logits, losses, mx, sum, tgt, targets, dloss, N, ld, v0, n_real);
     cudaCheckLaunch();
 }

@@ -1,7 +1,12 @@
 // Token (+ learned position) embedding on the GPU: the twin of llmc/cpu/encoder.h.
-//   forward   out[i,:] = wte[tokens[i],:] + wpe[p_i,:],  p_i = (i % T) - doc_start[i] (position inside
-//             the document); wpe == nullptr (ALiBi models) means no position term.
-//   backward  dwte[v,:] += sum_{i : tokens[i] == v} dout[i,:],  dwpe[p,:] += sum_{i : p_i == p} dout[i,:]
+//   forward   out[i,:] = (v_i in range ? wte[v_i - vocab_begin,:] : 0) + wpe[p_i,:],  v_i = tokens[i],
+//             p_i = (i % T) - doc_start[i] (position inside the document); wpe == nullptr (ALiBi models)
+//             means no position term; "in range": vocab_begin <= v_i < vocab_begin + vocab_count.
+//   backward  dwte[v - vocab_begin,:] += sum_{i : v_i == v} dout[i,:] for v in range,
+//             dwpe[p,:] += sum_{i : p_i == p} dout[i,:] (every token)
+// Vocab-parallel embedding (tensor parallelism): each rank holds the rows [vocab_begin, vocab_begin +
+//   vocab_count) of wte; the ranks' outputs sum to the full embedding (out-of-range tokens give exact
+//   zeros), and their dwte rows are the full table's rows. Without it: vocab_begin 0, vocab_count = rows.
 //
 // forward: a gather-add, memory bound. One thread per 8 channels (16-byte loads/stores) when
 //   C % 8 == 0 and the pointers are 16-byte aligned, else one thread per channel.
@@ -9,9 +14,11 @@
 // backward: a token can repeat thousands of times in a batch (", " and " the" are ~4% of English
 //   text), so a scatter-add with float atomics would be slow (contention on one row) and, worse, its
 //   summation order would change from run to run. Instead every gradient row is a sum in a fixed order:
-//   1. group the B*T positions by key (the token id for dwte, the position in the document for dwpe)
-//      with cub::DeviceRadixSort::SortPairs (part of the CUDA toolkit, header only). It is a stable
-//      sort, so each group lists its positions in increasing order, and it needs no host sync.
+//   1. group the B*T positions by key (the local token row for dwte, the position in the document for
+//      dwpe) with cub::DeviceRadixSort::SortPairs (part of the CUDA toolkit, header only). It is a stable
+//      sort, so each group lists its positions in increasing order, and it needs no host sync. Tokens
+//      outside the vocab range get the key SKIP (0xffffffff), which sorts after every real row: their
+//      entries form the tail of the sorted list, which the chunk kernels skip.
 //   2. encoder_chunk_sum_kernel: the sorted list is cut into CHUNK = 64 entries; a block owns one
 //      chunk x one slice of channels (a thread owns VEC channels) and walks the chunk in order,
 //      summing dout rows in fp32 registers (UNROLL rows loaded at a time). A run of equal keys that
@@ -39,6 +46,11 @@ namespace encoder_detail {
 constexpr int CHUNK = 64;        // sorted entries per block in the backward
 constexpr int UNROLL = 4;        // dout rows loaded together (loads in flight per thread)
 constexpr int MAX_THREADS = 128; // channel threads per backward block (C wider: more blocks in y)
+constexpr unsigned SKIP = 0xffffffffu;  // sort key of a token outside the vocab range (sorts last)
+
+__host__ __device__ inline bool in_vocab_range(int token, int vocab_begin, int vocab_count) {
+    return token >= vocab_begin && token - vocab_begin < vocab_count;
+}
 
 using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
 
@@ -77,14 +89,21 @@ __device__ inline void add_to_row(floatX* row, const float (&acc)[VEC]) {
 template <int VEC>
 __global__ void encoder_forward_kernel(floatX* __restrict__ out, const int* __restrict__ tokens,
                                        const int* __restrict__ doc_start, const floatX* __restrict__ wte,
-                                       const floatX* __restrict__ wpe, int T, int C, size_t n_units) {
+                                       const floatX* __restrict__ wpe, int T, int C, int vocab_begin,
+                                       int vocab_count, size_t n_units) {
     const size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (u >= n_units) return;
     const int units_per_row = C / VEC;
     const size_t i = u / units_per_row;
     const int c = (int)(u % units_per_row) * VEC;
     float e[VEC];
-    load_bf16<VEC>(e, wte + (size_t)tokens[i] * C + c);
+    const int tok = tokens[i];
+    if (in_vocab_range(tok, vocab_begin, vocab_count)) {
+        load_bf16<VEC>(e, wte + (size_t)(tok - vocab_begin) * C + c);
+    } else {
+#pragma unroll
+        for (int k = 0; k < VEC; k++) e[k] = 0.0f;
+    }
     if (wpe != nullptr) {
         const int pos = (int)(i % T) - doc_start[i];
         float p[VEC];
@@ -95,12 +114,14 @@ __global__ void encoder_forward_kernel(floatX* __restrict__ out, const int* __re
     store_bf16<VEC>(out + i * C + c, e);
 }
 
-// sort input: key = token id (by_position false) or position inside the document; value = index
+// sort input: key = local token row (by_position false; SKIP outside the vocab range) or position
+// inside the document; value = index
 __global__ void encoder_keys_kernel(unsigned* keys, int* vals, const int* tokens, const int* doc_start, int T,
-                                    int n, bool by_position) {
+                                    int n, bool by_position, int vocab_begin, int vocab_count) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    keys[i] = by_position ? (unsigned)(i % T - doc_start[i]) : (unsigned)tokens[i];
+    if (by_position) keys[i] = (unsigned)(i % T - doc_start[i]);
+    else keys[i] = in_vocab_range(tokens[i], vocab_begin, vocab_count) ? (unsigned)(tokens[i] - vocab_begin) : SKIP;
     vals[i] = i;
 }
 
@@ -114,13 +135,16 @@ __global__ void encoder_chunk_sum_kernel(floatX* __restrict__ grad, float* __res
     __shared__ int s_row[CHUNK];
     const int chunk = blockIdx.x;
     const int begin = chunk * CHUNK;
-    const int len = min(CHUNK, n - begin);
+    if (keys[begin] == SKIP) return;  // the sorted tail of out-of-range tokens (block-uniform)
+    int len = min(CHUNK, n - begin);
     for (int j = threadIdx.x; j < len; j += blockDim.x) {
         s_key[j] = keys[begin + j];
         s_row[j] = rows[begin + j];
     }
     __syncthreads();
-    // does the first run continue from the previous chunk, the last one into the next?
+    while (s_key[len - 1] == SKIP) len--;  // the chunk where the tail starts: its real entries only
+    // does the first run continue from the previous chunk, the last one into the next? (a run never
+    // continues into the SKIP tail: its key differs)
     const bool open_left = begin > 0 && keys[begin - 1] == s_key[0];
     const bool open_right = begin + len < n && keys[begin + len] == s_key[len - 1];
     const int c = VEC * (blockIdx.y * blockDim.x + threadIdx.x);
@@ -167,6 +191,7 @@ __global__ void encoder_combine_kernel(floatX* __restrict__ grad, const float* _
     const int begin = chunk * CHUNK;
     const int end = min(n, begin + CHUNK);
     const unsigned key = keys[end - 1];
+    if (key == SKIP) return;                          // out-of-range tokens: no gradient row
     if (end >= n || keys[end] != key) return;         // the last run ends inside this chunk
     if (begin > 0 && keys[begin - 1] == key) return;  // it started in an earlier chunk, the owner
     const int c = VEC * (blockIdx.y * blockDim.x + threadIdx.x);
@@ -217,9 +242,10 @@ inline Scratch scratch_layout(int B, int T, int C) {
     return s;
 }
 
-// dwte or dwpe += dout rows grouped by key (tokens, or positions in the document when by_position)
+// dwte or dwpe += dout rows grouped by key (local token rows of the tokens in the vocab range, or
+// positions in the document when by_position)
 inline void grouped_row_sum(floatX* grad, const floatX* dout, const int* tokens, const int* doc_start, int B, int T,
-                            int C, bool by_position) {
+                            int C, bool by_position, int vocab_begin, int vocab_count) {
     const int n = B * T;
     const Scratch s = scratch_layout(B, T, C);
     char* base = cuda_scratch<char>(s.total, "encoder_backward");
@@ -230,7 +256,7 @@ inline void grouped_row_sum(floatX* grad, const floatX* dout, const int* tokens,
     float* partials = (float*)(base + s.partials);
 
     encoder_keys_kernel<<<ceil_div(n, 256), 256, 0, llmc_stream()>>>(keys_in, vals_in, tokens, doc_start, T, n,
-                                                                     by_position);
+                                                                     by_position, vocab_begin, vocab_count);
     cudaCheckLaunch();
     size_t cub_bytes = s.cub_bytes;
     cudaCheck(cub::DeviceRadixSort::SortPairs(base + s.cub, cub_bytes, keys_in, keys_out, vals_in, vals_out, n, 0,
@@ -259,9 +285,10 @@ inline void grouped_row_sum(floatX* grad, const floatX* dout, const int* tokens,
 // bytes of cuda_scratch that encoder_backward needs (encoder_forward needs none)
 inline size_t encoder_scratch_bytes(int B, int T, int C) { return encoder_detail::scratch_layout(B, T, C).total; }
 
-// out [B*T, C] overwritten; tokens, doc_start [B*T]; wte [V, C]; wpe [max_T, C] or nullptr
+// out [B*T, C] overwritten; tokens, doc_start [B*T]; wte [vocab_count, C] (the global rows
+// [vocab_begin, vocab_begin + vocab_count)); wpe [max_T, C] or nullptr
 inline void encoder_forward(floatX* out, const int* tokens, const int* doc_start, const floatX* wte,
-                            const floatX* wpe, int B, int T, int C) {
+                            const floatX* wpe, int B, int T, int C, int vocab_begin, int vocab_count) {
     using namespace encoder_detail;
     const bool vec = C % 8 == 0 && aligned16(out) && aligned16(wte) && (wpe == nullptr || aligned16(wpe));
     const size_t n_units = (size_t)B * T * (vec ? C / 8 : C);
@@ -269,16 +296,24 @@ inline void encoder_forward(floatX* out, const int* tokens, const int* doc_start
     const int threads = 256;
     const unsigned blocks = (unsigned)((n_units + threads - 1) / threads);
     cudaStream_t st = llmc_stream();
-    if (vec) encoder_forward_kernel<8><<<blocks, threads, 0, st>>>(out, tokens, doc_start, wte, wpe, T, C, n_units);
-    else encoder_forward_kernel<1><<<blocks, threads, 0, st>>>(out, tokens, doc_start, wte, wpe, T, C, n_units);
+    if (vec)
+        encoder_forward_kernel<8><<<blocks, threads, 0, st>>>(out, tokens, doc_start, wte, wpe, T, C, vocab_begin,
+                                                              vocab_count, n_units);
+    else
+        encoder_forward_kernel<1><<<blocks, threads, 0, st>>>(out, tokens, doc_start, wte, wpe, T, C, vocab_begin,
+                                                              vocab_count, n_units);
     cudaCheckLaunch();
 }
 
-// dwte [V, C] +=, dwpe [max_T, C] += (or nullptr); deterministic. Scratch: encoder_scratch_bytes.
+// dwte [vocab_count, C] += (rows of the tokens in range), dwpe [max_T, C] += (or nullptr);
+// deterministic. Scratch: encoder_scratch_bytes.
 inline void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* tokens, const int* doc_start,
-                             int B, int T, int C) {
+                             int B, int T, int C, int vocab_begin, int vocab_count) {
     if ((size_t)B * T == 0 || C == 0) return;
     LLMC_CHECK((size_t)B * T < (size_t)INT32_MAX, "encoder_backward: B*T = %zu too large", (size_t)B * T);
-    encoder_detail::grouped_row_sum(dwte, dout, tokens, doc_start, B, T, C, false);
-    if (dwpe != nullptr) encoder_detail::grouped_row_sum(dwpe, dout, tokens, doc_start, B, T, C, true);
+    LLMC_CHECK(vocab_begin >= 0 && vocab_count >= 0, "encoder_backward: vocab range [%d, %d + %d) is invalid",
+               vocab_begin, vocab_begin, vocab_count);
+    encoder_detail::grouped_row_sum(dwte, dout, tokens, doc_start, B, T, C, false, vocab_begin, vocab_count);
+    if (dwpe != nullptr)
+        encoder_detail::grouped_row_sum(dwpe, dout, tokens, doc_start, B, T, C, true, vocab_begin, vocab_count);
 }

@@ -34,6 +34,7 @@
 #include "llmc/outlier.h"
 #include "llmc/run_dir.h"
 #include "llmc/pipeline.h"
+#include "llmc/tensor_parallel.h"
 #include "llmc/cpu/encoder.h"
 #include "llmc/cpu/layernorm.h"
 #include "llmc/cpu/matmul.h"
@@ -63,6 +64,8 @@ namespace ref {
 // and be handed host pointers: global_norm_squared(const float*) (the fp32 accumulator's norm).
 // The using-declaration makes ref:: the scope where lookup stops, so only the cpu:: one is found.
 using cpu::global_norm_squared;
+using cpu::grad_accumulate;  // (float*, const float*): the CUDA fp32 overload would win too
+using cpu::max_into;
 #define LLMC_CPU
 #include "../train_gpt.cu"
 #undef LLMC_CPU

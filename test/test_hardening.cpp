@@ -303,14 +303,14 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
     const size_t before = buffer_bytes_allocated();
     CHECK(run_train_output(with(fx.args("plan", 1), {"--plan"}), out) == 0);
     CHECK(buffer_bytes_allocated() == before);
-    CHECK(out.find("plan: 1 process (pp 1 x dp 1)") != std::string::npos);
+    CHECK(out.find("plan: 1 process (pp 1 x dp 1 x tp 1)") != std::string::npos);
     CHECK(out.find("-r 2: the largest stage needs") != std::string::npos);
     CHECK(out.find(": fits") != std::string::npos);
     CHECK(run_train_output(with(fx.args("plan", 1), {"--plan", "-b", "37000", "-t", "64", "-d", "0"}), out) == 0);
     CHECK(out.find("-r 0: the largest stage needs") != std::string::npos);
     CHECK(out.find("does NOT fit") != std::string::npos);
     CHECK(run_train_output(with(fx.args("plan", 1), {"--max_fit", "--plan_ranks", "4", "--pp", "2", "-d", "256"}), out) == 0);
-    CHECK(out.find("plan: 4 processes (pp 2 x dp 2)") != std::string::npos);
+    CHECK(out.find("plan: 4 processes (pp 2 x dp 2 x tp 1)") != std::string::npos);
     CHECK(out.find("pipeline: 2 stages") != std::string::npos);
     CHECK(out.find("-r 2: the largest micro-batch that fits is -b") != std::string::npos);
     // --device: the CUDA build's plan (bf16 + fp32 master) against that GPU, from this machine

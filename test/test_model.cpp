@@ -309,33 +309,65 @@ TEST_CASE("multi-process: a build without MPI refuses to run as N copies; ZeRO s
     comm_init(nullptr, nullptr);
     c.initialized = was || c.initialized;
 
-    // for any dp and stage: the ranks' update pieces and checkpoint ranges partition the table
+    // for any dp x tp (ep) and stage: the ranks' checkpoint slices cover every table element once,
+    // and their update pieces cover every element of a tensor (once per tp rank holding a replica,
+    // and at stage 0 once per dp rank)
     GPTConfig cfg;
-    cfg.n_layer = 3; cfg.n_embd = 27; cfg.n_head = 3; cfg.n_kv_head = 1; cfg.ffn_hidden = 53; cfg.max_seq_len = 16;
-    cfg.n_expert = 3; cfg.moe_every = 2; cfg.expert_hidden = 41;
+    cfg.n_layer = 3; cfg.n_embd = 28; cfg.n_head = 4; cfg.n_kv_head = 2; cfg.ffn_hidden = 52; cfg.max_seq_len = 16;
+    cfg.n_expert = 4; cfg.moe_every = 2; cfg.expert_hidden = 44;
     cfg.finalize();
     const std::vector<ParamTensor> table = build_param_table(cfg);
-    std::vector<TensorRange> tensors;
-    for (const ParamTensor& t : table) tensors.push_back({t.offset, t.numel, t.decay});
-    for (int dp = 1; dp <= 5; dp++)
-        for (int stage = 0; stage <= 3; stage++) {
-            CAPTURE(dp);
-            CAPTURE(stage);
-            std::vector<int> updated(count_params(table), 0), written(count_params(table), 0);
-            for (int r = 0; r < dp; r++) {
-                ZeroLayout z = zero_layout(segment_specs(cfg, table), count_params(table), stage, dp, r);
-                CHECK(z.shard_total * dp == z.padded_total);
-                for (const Segment& s : z.segs) CHECK(s.padded % (dp * NORM_CHUNK) == 0);
-                for (const UpdatePiece& u : zero_update_pieces(z, tensors))
-                    for (size_t k = 0; k < u.n; k++) updated[u.table_offset + k]++;
-                for (const CheckpointRange& rg : own_table_ranges(z, r))
-                    for (size_t k = 0; k < rg.n; k++) written[rg.begin + k]++;
+    const size_t n = count_params(table);
+    for (int tp : {1, 2, 4})
+        for (int dp = 1; dp <= 5; dp++)
+            for (int ep : {1, 2, 4}) {
+                if (dp % ep != 0) continue;
+                for (int stage = 0; stage <= 3; stage++) {
+                    CAPTURE(tp);
+                    CAPTURE(dp);
+                    CAPTURE(ep);
+                    CAPTURE(stage);
+                    std::vector<int> updated(n, 0), written(n, 0), holders(n, 0);
+                    for (int t = 0; t < tp; t++)
+                        for (int r = 0; r < dp; r++) {
+                            GPT m;
+                            m.config = cfg;
+                            m.table = table;
+                            m.ls = local_shape(cfg, tp, t, false, ep, r % ep);
+                            m.local = local_param_table(cfg, table, m.ls, m.pieces);
+                            std::vector<TensorRange> tensors;
+                            for (const ParamTensor& p : m.local) tensors.push_back({p.offset, p.numel, p.decay});
+                            m.zero = zero_layout(segment_specs(cfg, m.local, ep), count_params(m.local), stage, dp, r, dp / ep,
+                                                 r / ep);
+                            m.table_padding = tp_table_padding(m, single_stage_plan(cfg));
+                            for (const UpdatePiece& u : table_update_pieces(zero_update_pieces(m.zero, tensors), m.pieces))
+                                for (size_t k = 0; k < u.n; k++) updated[u.table_offset + k]++;
+                            if (r < ep)  // one ep group: each table element's holders
+                                for (const TablePiece& p : m.pieces)
+                                    for (size_t k = 0; k < p.len; k++) holders[p.global + k]++;
+                            std::vector<float> shard(m.zero.shard_total, 0.0f), values;
+                            std::vector<CheckpointRange> ranges;
+                            own_table_slices(m, shard.data(), ranges, values);
+                            for (const CheckpointRange& rg : ranges)
+                                for (size_t k = 0; k < rg.n; k++) written[rg.begin + k]++;
+                        }
+                    std::vector<int> in_tensor(n, 0), expert(n, 0);
+                    for (const ParamTensor& t : table)
+                        for (size_t k = 0; k < t.numel; k++) {
+                            in_tensor[t.offset + k] = 1;
+                            expert[t.offset + k] = is_expert_tensor(t.name);
+                        }
+                    for (size_t i = 0; i < n; i++) {
+                        CHECK(written[i] == 1);  // each element written once
+                        if (!in_tensor[i]) continue;
+                        // holders: the tp ranks holding it, times the ranks of one ep group that do
+                        // (all ep of them for a dense tensor, one for an expert's); each holder's dp
+                        // (expert: expert-dp) group updates it once, at stage 0 each of its ranks
+                        const int tp_holders = expert[i] ? holders[i] : holders[i] / ep;
+                        const int group = expert[i] ? dp / ep : dp;
+                        CHECK(tp_holders >= 1);
+                        CHECK(updated[i] == tp_holders * (stage == 0 ? group : 1));
+                    }
+                }
             }
-            std::vector<int> in_tensor(count_params(table), 0);
-            for (const ParamTensor& t : table) for (size_t k = 0; k < t.numel; k++) in_tensor[t.offset + k] = 1;
-            for (size_t i = 0; i < updated.size(); i++) {
-                CHECK(written[i] == 1);                                           // each element written once
-                CHECK(updated[i] == (in_tensor[i] ? (stage == 0 ? dp : 1) : 0));  // stage 0: every rank updates
-            }
-        }
 }

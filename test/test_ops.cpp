@@ -492,7 +492,7 @@ TEST_CASE_TEMPLATE("attention_forward: vs naive masked softmax (packed docs, GQA
             auto qkv = rand_vec<T>(r, (size_t)s.B * s.T * row, 0.1, 1.5);
             auto out = nan_vec<T>((size_t)s.B * s.T * s.nh * s.hs), lse = nan_vec<T>((size_t)s.B * s.nh * s.T);
             cpu::attention_forward<T>(out.data(), lse.data(), qkv.data(), ds.data(), s.B, s.T, s.nh, s.nkv, s.hs,
-                                      alibi != 0);
+                                      alibi ? s.nh : 0, 0);
             vector<double> rout, rlse;
             naive_attention(rout, rlse, to_d(qkv), ds, s.B, s.T, s.nh, s.nkv, s.hs, alibi != 0);
             const std::string op = std::string("attention_forward<") + tname<T>() + "> ";
@@ -519,13 +519,13 @@ TEST_CASE("attention_backward: vs finite differences (double), dqkv overwritten"
             vector<double> out(R.size()), lse((size_t)B * nh * T);
             auto loss = [&] {
                 cpu::attention_forward<double>(out.data(), lse.data(), qkv.data(), ds.data(), B, T, nh, nkv, hs,
-                                               alibi != 0);
+                                               alibi ? nh : 0, 0);
                 return dot(out, R);
             };
             loss();
             auto dqkv = nan_vec<double>(qkv.size());
             cpu::attention_backward<double>(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), ds.data(),
-                                            B, T, nh, nkv, hs, alibi != 0);
+                                            B, T, nh, nkv, hs, alibi ? nh : 0, 0);
             fd_check("attention_backward<double> dqkv", qkv, dqkv, loss);
         }
 }
@@ -559,9 +559,9 @@ TEST_CASE_TEMPLATE("attention: GQA equals MHA on explicitly repeated K/V heads (
             const size_t no = (size_t)BT * nh * hs, nl = (size_t)s.B * nh * s.T;
             auto out = nan_vec<T>(no), lse = nan_vec<T>(nl), out_r = nan_vec<T>(no), lse_r = nan_vec<T>(nl);
             cpu::attention_forward<T>(out.data(), lse.data(), qkv.data(), ds.data(), s.B, s.T, nh, nkv, hs,
-                                      alibi != 0);
+                                      alibi ? nh : 0, 0);
             cpu::attention_forward<T>(out_r.data(), lse_r.data(), rep.data(), ds.data(), s.B, s.T, nh, nh, hs,
-                                      alibi != 0);
+                                      alibi ? nh : 0, 0);
             const std::string op = std::string("attention<") + tname<T>() + "> GQA vs repeated-KV ";
             const double tight = std::is_same<T, float>::value ? 1e-6 : 1e-14;
             check_close(op + "out", out, out_r, tight);
@@ -569,9 +569,9 @@ TEST_CASE_TEMPLATE("attention: GQA equals MHA on explicitly repeated K/V heads (
             auto dout = rand_vec<T>(r, no);
             auto dq = nan_vec<T>(qkv.size()), dq_r = nan_vec<T>(rep.size());
             cpu::attention_backward<T>(dq.data(), dout.data(), qkv.data(), out.data(), lse.data(), ds.data(), s.B,
-                                       s.T, nh, nkv, hs, alibi != 0);
+                                       s.T, nh, nkv, hs, alibi ? nh : 0, 0);
             cpu::attention_backward<T>(dq_r.data(), dout.data(), rep.data(), out_r.data(), lse_r.data(), ds.data(),
-                                       s.B, s.T, nh, nh, hs, alibi != 0);
+                                       s.B, s.T, nh, nh, hs, alibi ? nh : 0, 0);
             vector<double> expect((size_t)BT * row, 0.0);  // dQ copied, dK/dV summed over each group
             for (int t = 0; t < BT; t++)
                 for (int h = 0; h < nh; h++)
@@ -597,7 +597,8 @@ TEST_CASE("attention: a packed row equals its documents run alone") {
         ds.erase(ds.begin(), ds.begin() + T);  // keep the row with EOTs
         auto qkv = rand_vec<double>(r, (size_t)T * row, 0.1, 1.5);
         vector<double> out((size_t)T * nh * hs), lse((size_t)nh * T);
-        cpu::attention_forward<double>(out.data(), lse.data(), qkv.data(), ds.data(), 1, T, nh, nkv, hs, alibi);
+        cpu::attention_forward<double>(out.data(), lse.data(), qkv.data(), ds.data(), 1, T, nh, nkv, hs,
+                                       alibi ? nh : 0, 0);
         for (int start = 0; start < T;) {
             int end = start;
             while (end < T && ds[end] == start) end++;
@@ -608,10 +609,179 @@ TEST_CASE("attention: a packed row equals its documents run alone") {
             vector<int> sub_ds(L, 0);
             vector<double> so((size_t)L * nh * hs), sl((size_t)nh * L);
             cpu::attention_forward<double>(so.data(), sl.data(), sub_qkv.data(), sub_ds.data(), 1, L, nh, nkv, hs,
-                                           alibi);
+                                           alibi ? nh : 0, 0);
             check_close("attention_forward<double> packed document vs alone: out", so.data(),
                         out.data() + (size_t)start * nh * hs, so.size(), 1e-13);
             start = end;
+        }
+    }
+}
+
+// Tensor parallelism: a rank computes a slice of the heads (head0, alibi_n_head = the model's heads).
+// qkv rows of a slice: the query heads qh[0..] and the kv heads kvh[0..] (local kv head i = global
+// kvh[i]; a kv head may appear twice, a copy for each of two query heads), from full rows of nh / nkv.
+template <class T>
+vector<T> slice_qkv(const vector<T>& qkv, int BT, int nh, int nkv, int hs, const vector<int>& qh,
+                    const vector<int>& kvh) {
+    const int row = (nh + 2 * nkv) * hs, nq = (int)qh.size(), nk = (int)kvh.size(), lrow = (nq + 2 * nk) * hs;
+    vector<T> s((size_t)BT * lrow);
+    for (int t = 0; t < BT; t++) {
+        const T* src = &qkv[(size_t)t * row];
+        T* dst = &s[(size_t)t * lrow];
+        for (int i = 0; i < nq; i++) std::copy_n(src + qh[i] * hs, hs, dst + i * hs);
+        for (int i = 0; i < nk; i++) {
+            std::copy_n(src + (nh + kvh[i]) * hs, hs, dst + (nq + i) * hs);
+            std::copy_n(src + (nh + nkv + kvh[i]) * hs, hs, dst + (nq + nk + i) * hs);
+        }
+    }
+    return s;
+}
+
+// [B, T, nh, hs] -> the heads qh of every token (out, dout); [B, nh, T] -> the heads qh (lse)
+template <class T>
+vector<T> slice_heads_btd(const vector<T>& x, int BT, int nh, int hs, const vector<int>& qh) {
+    vector<T> s;
+    for (int t = 0; t < BT; t++)
+        for (int h : qh)
+            s.insert(s.end(), x.begin() + ((size_t)t * nh + h) * hs, x.begin() + ((size_t)t * nh + h + 1) * hs);
+    return s;
+}
+template <class T>
+vector<T> slice_heads_bht(const vector<T>& x, int B, int T_, int nh, const vector<int>& qh) {
+    vector<T> s;
+    for (int b = 0; b < B; b++)
+        for (int h : qh)
+            s.insert(s.end(), x.begin() + ((size_t)b * nh + h) * T_, x.begin() + ((size_t)b * nh + h + 1) * T_);
+    return s;
+}
+
+// the full model's attention (forward and backward), the reference of the slices
+template <class T>
+struct FullAttention {
+    int B, T_, nh, nkv, hs, alibi_n_head;
+    vector<int> ds;
+    vector<T> qkv, dout, out, lse, dqkv;
+};
+
+template <class T>
+FullAttention<T> full_attention(int B, int T_, int nh, int nkv, int hs, bool alibi, Rng& r) {
+    FullAttention<T> f{B, T_, nh, nkv, hs, alibi ? nh : 0, {}, {}, {}, {}, {}, {}};
+    const int BT = B * T_, row = (nh + 2 * nkv) * hs;
+    f.ds = make_doc_start(B, T_, r, 0.1);
+    f.qkv = rand_vec<T>(r, (size_t)BT * row, 0.1, 1.5);
+    f.dout = rand_vec<T>(r, (size_t)BT * nh * hs);
+    f.out = nan_vec<T>(f.dout.size());
+    f.lse = nan_vec<T>((size_t)B * nh * T_);
+    f.dqkv = nan_vec<T>(f.qkv.size());
+    cpu::attention_forward<T>(f.out.data(), f.lse.data(), f.qkv.data(), f.ds.data(), B, T_, nh, nkv, hs,
+                              f.alibi_n_head, 0);
+    cpu::attention_backward<T>(f.dqkv.data(), f.dout.data(), f.qkv.data(), f.out.data(), f.lse.data(), f.ds.data(), B,
+                               T_, nh, nkv, hs, f.alibi_n_head, 0);
+    return f;
+}
+
+// Runs the slice of query heads head0 .. head0 + nq - 1 reading kv heads kvh (alibi_n_head, head0) and
+// checks that out, lse and dq of each local query head are bitwise the full model's; each local kv
+// head's dk / dv (its partial result) come back in dk_part / dv_part [BT, nk, hs].
+template <class T>
+void check_head_slice(const FullAttention<T>& f, int head0, int nq, const vector<int>& kvh, vector<T>& dk_part,
+                      vector<T>& dv_part) {
+    CAPTURE(head0);
+    CAPTURE(nq);
+    const int B = f.B, T_ = f.T_, BT = B * T_, hs = f.hs, nk = (int)kvh.size();
+    vector<int> qh(nq);
+    std::iota(qh.begin(), qh.end(), head0);
+    const auto qkv = slice_qkv(f.qkv, BT, f.nh, f.nkv, hs, qh, kvh);
+    const auto dout = slice_heads_btd(f.dout, BT, f.nh, hs, qh);
+    auto out = nan_vec<T>((size_t)BT * nq * hs), lse = nan_vec<T>((size_t)B * nq * T_), dqkv = nan_vec<T>(qkv.size());
+    cpu::attention_forward<T>(out.data(), lse.data(), qkv.data(), f.ds.data(), B, T_, nq, nk, hs, f.alibi_n_head,
+                              head0);
+    cpu::attention_backward<T>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), f.ds.data(), B, T_, nq,
+                               nk, hs, f.alibi_n_head, head0);
+    const std::string op = std::string("attention<") + tname<T>() + "> head slice ";
+    check_bitwise(op + "out", out, slice_heads_btd(f.out, BT, f.nh, hs, qh));
+    check_bitwise(op + "lse", lse, slice_heads_bht(f.lse, B, T_, f.nh, qh));
+    const int row = (f.nh + 2 * f.nkv) * hs, lrow = (nq + 2 * nk) * hs;
+    vector<T> dq, dq_full;
+    dk_part.clear();
+    dv_part.clear();
+    for (int t = 0; t < BT; t++) {
+        for (int i = 0; i < nq; i++)
+            for (int d = 0; d < hs; d++) {
+                dq.push_back(dqkv[(size_t)t * lrow + i * hs + d]);
+                dq_full.push_back(f.dqkv[(size_t)t * row + qh[i] * hs + d]);
+            }
+        for (int i = 0; i < nk; i++)
+            for (int d = 0; d < hs; d++) {
+                dk_part.push_back(dqkv[(size_t)t * lrow + (nq + i) * hs + d]);
+                dv_part.push_back(dqkv[(size_t)t * lrow + (nq + nk + i) * hs + d]);
+            }
+    }
+    check_bitwise(op + "dq", dq, dq_full);
+}
+
+// the dk (or dv) of the full model's kv head kh, [BT, hs]
+template <class T>
+vector<T> full_dkv(const FullAttention<T>& f, int kh, bool v) {
+    const int BT = f.B * f.T_, hs = f.hs, row = (f.nh + 2 * f.nkv) * hs;
+    vector<T> x;
+    for (int t = 0; t < BT; t++)
+        for (int d = 0; d < hs; d++) x.push_back(f.dqkv[(size_t)t * row + (f.nh + (v ? f.nkv : 0) + kh) * hs + d]);
+    return x;
+}
+// local kv head i of a [BT, nk, hs] partial
+template <class T>
+vector<double> part_kv(const vector<T>& p, int BT, int nk, int hs, int i) {
+    vector<double> x;
+    for (int t = 0; t < BT; t++)
+        for (int d = 0; d < hs; d++) x.push_back((double)p[((size_t)t * nk + i) * hs + d]);
+    return x;
+}
+
+TEST_CASE_TEMPLATE("attention: head slices with head0 / alibi_n_head (tensor parallel) equal the full model's heads", T,
+                   float, double) {
+    const double tol = std::is_same<T, float>::value ? 1e-6 : 1e-13;
+    Rng r(30);
+    for (int alibi = 0; alibi < 2; alibi++) {
+        CAPTURE(alibi);
+        {  // n_head 6 / n_kv_head 2: heads 2..5 alone, heads 3..5 (a whole kv group), heads 0..1
+            const int B = 2, T_ = 29, hs = 4, BT = B * T_;
+            const auto f = full_attention<T>(B, T_, 6, 2, hs, alibi != 0, r);
+            // heads 2..5 read kv heads 0, 1, 1, 1: as one call, each query head gets its own copy of its kv head
+            vector<T> dk25, dv25, dk35, dv35, dk01, dv01;
+            check_head_slice(f, 2, 4, {0, 1, 1, 1}, dk25, dv25);
+            // heads 3..5 with their kv head 1 (the whole group): dk, dv bitwise the full model's too
+            check_head_slice(f, 3, 3, {1}, dk35, dv35);
+            check_bitwise("attention head slice 3..5: dk of kv head 1", dk35, full_dkv(f, 1, false));
+            check_bitwise("attention head slice 3..5: dv of kv head 1", dv35, full_dkv(f, 1, true));
+            // heads 0..1 with kv head 0: with head 2's copy, the sum is kv head 0's dk / dv
+            check_head_slice(f, 0, 2, {0}, dk01, dv01);
+            check_close("attention heads 0..1 + 2: dk of kv head 0",
+                        add(part_kv(dk01, BT, 1, hs, 0), part_kv(dk25, BT, 4, hs, 0)), to_d(full_dkv(f, 0, false)),
+                        tol);
+            check_close("attention heads 0..1 + 2: dv of kv head 0",
+                        add(part_kv(dv01, BT, 1, hs, 0), part_kv(dv25, BT, 4, hs, 0)), to_d(full_dkv(f, 0, true)),
+                        tol);
+            // the copies of kv head 1 (heads 3, 4, 5) sum to its dk / dv
+            for (int v = 0; v < 2; v++) {
+                const auto& p = v ? dv25 : dk25;
+                check_close(std::string("attention heads 3 + 4 + 5 (copies): d") + (v ? "v" : "k") + " of kv head 1",
+                            add(add(part_kv(p, BT, 4, hs, 1), part_kv(p, BT, 4, hs, 2)), part_kv(p, BT, 4, hs, 3)),
+                            to_d(full_dkv(f, 1, v != 0)), tol);
+            }
+        }
+        {  // n_head 8 / n_kv_head 2 over 4 ranks of 2 query heads (1 kv head each)
+            const int B = 2, T_ = 31, hs = 5;
+            const auto f = full_attention<T>(B, T_, 8, 2, hs, alibi != 0, r);
+            vector<T> dk[4], dv[4];
+            for (int rank = 0; rank < 4; rank++) check_head_slice(f, 2 * rank, 2, {rank / 2}, dk[rank], dv[rank]);
+            for (int kh = 0; kh < 2; kh++) {
+                CAPTURE(kh);
+                check_close("attention 4 ranks: dk = sum of the two ranks' partials",
+                            add(to_d(dk[2 * kh]), to_d(dk[2 * kh + 1])), to_d(full_dkv(f, kh, false)), tol);
+                check_close("attention 4 ranks: dv = sum of the two ranks' partials",
+                            add(to_d(dv[2 * kh]), to_d(dv[2 * kh + 1])), to_d(full_dkv(f, kh, true)), tol);
+            }
         }
     }
 }
@@ -687,7 +857,7 @@ TEST_CASE_TEMPLATE("encoder_forward: vs naive, learned positions indexed inside 
         CAPTURE(with_wpe);
         auto out = nan_vec<T>((size_t)B * T_ * C);
         cpu::encoder_forward<T>(out.data(), tokens.data(), ds.data(), wte.data(), with_wpe ? wpe.data() : nullptr,
-                                B, T_, C);
+                                B, T_, C, 0, V);
         vector<double> ref((size_t)B * T_ * C);
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T_; t++) {
@@ -722,19 +892,68 @@ TEST_CASE("encoder_backward: vs finite differences (double), dwte/dwpe accumulat
             auto loss = [&] {
                 vector<double> out((size_t)B * T_ * C);
                 cpu::encoder_forward<double>(out.data(), tokens.data(), ds.data(), wte.data(),
-                                             with_wpe ? wpe.data() : nullptr, B, T_, C);
+                                             with_wpe ? wpe.data() : nullptr, B, T_, C, 0, V);
                 return dot(out, R);
             };
             auto dwte0 = rand_vec<double>(r, wte.size()), dwpe0 = rand_vec<double>(r, wpe.size());
             auto dwte = dwte0, dwpe = dwpe0;
             cpu::encoder_backward<double>(dwte.data(), with_wpe ? dwpe.data() : nullptr, R.data(), tokens.data(),
-                                          ds.data(), B, T_, C);
+                                          ds.data(), B, T_, C, 0, V);
             fd_check("encoder_backward<double> dwte (minus prefill)", wte, sub(dwte, dwte0), loss);
             if (with_wpe)
                 fd_check("encoder_backward<double> dwpe (minus prefill)", wpe, sub(dwpe, dwpe0), loss);
             else
                 check_bitwise("encoder_backward<double> dwpe untouched when null", dwpe, dwpe0);
         }
+}
+
+// Vocab-parallel embedding: ranks holding the wte rows [begin, end) of each range
+TEST_CASE_TEMPLATE("encoder_forward / encoder_backward: vocab ranges (tensor parallel) sum to the full embedding, "
+                   "their dwte rows are the full rows",
+                   T, float, double) {
+    const int B = 3, T_ = 17, C = 37, V = 12;
+    Rng r(31);
+    auto ds = make_doc_start(B, T_, r);
+    vector<int> tokens(B * T_);
+    for (auto& t : tokens) t = r.randint(0, V - 1);
+    tokens[0] = 0, tokens[1] = V - 1;  // the first and last rows
+    auto wte = rand_vec<T>(r, (size_t)V * C), wpe = rand_vec<T>(r, (size_t)T_ * C),
+         dout = rand_vec<T>(r, (size_t)B * T_ * C);
+    const auto dwte0 = rand_vec<T>(r, wte.size()), dwpe0 = rand_vec<T>(r, wpe.size());
+    const vector<vector<int>> splits = {{0, 6, 12}, {0, 3, 6, 9, 12}, {0, 5, 12}, {0, 0, 12, 12}};  // range bounds
+    for (int with_wpe = 0; with_wpe < 2; with_wpe++) {
+        CAPTURE(with_wpe);
+        const T* pe = with_wpe ? wpe.data() : nullptr;
+        auto full = nan_vec<T>((size_t)B * T_ * C);
+        cpu::encoder_forward<T>(full.data(), tokens.data(), ds.data(), wte.data(), pe, B, T_, C, 0, V);
+        auto dwte_full = dwte0, dwpe_full = dwpe0;
+        cpu::encoder_backward<T>(dwte_full.data(), with_wpe ? dwpe_full.data() : nullptr, dout.data(), tokens.data(),
+                                 ds.data(), B, T_, C, 0, V);
+        for (const auto& bounds : splits) {
+            const int R = (int)bounds.size() - 1;
+            CAPTURE(R);
+            CAPTURE(bounds[1]);
+            vector<T> sum((size_t)B * T_ * C, T(0));
+            for (int k = 0; k < R; k++) {
+                const int v0 = bounds[k], n = bounds[k + 1] - bounds[k];
+                CAPTURE(k);
+                // forward: the local rows of wte; the position term on range 0 only
+                auto out = nan_vec<T>(sum.size());
+                cpu::encoder_forward<T>(out.data(), tokens.data(), ds.data(), wte.data() + (size_t)v0 * C,
+                                        k == 0 ? pe : nullptr, B, T_, C, v0, n);
+                for (size_t i = 0; i < sum.size(); i++) sum[i] += out[i];
+                // backward: the local rows of the prefilled dwte; dwpe gets every token on every range
+                vector<T> dwte(dwte0.begin() + (size_t)v0 * C, dwte0.begin() + (size_t)(v0 + n) * C), dwpe = dwpe0;
+                cpu::encoder_backward<T>(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(), tokens.data(),
+                                         ds.data(), B, T_, C, v0, n);
+                check_bitwise(std::string("encoder_backward<") + tname<T>() + "> range dwte rows", dwte,
+                              vector<T>(dwte_full.begin() + (size_t)v0 * C, dwte_full.begin() + (size_t)(v0 + n) * C));
+                check_bitwise(std::string("encoder_backward<") + tname<T>() + "> range dwpe", dwpe,
+                              with_wpe ? dwpe_full : dwpe0);
+            }
+            check_bitwise(std::string("encoder_forward<") + tname<T>() + "> sum over ranges", sum, full);
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -834,6 +1053,153 @@ TEST_CASE("fused_classifier: dlogits vs finite differences of dloss * sum(losses
         vector<double> losses(N);
         cpu::fused_classifier<double>(dlogits.data(), losses.data(), tgt.data(), dloss, N, V, Vp);
         fd_check("fused_classifier<double> dlogits", logits, dlogits, loss);
+    }
+}
+
+// Vocab-parallel cross-entropy as the model runs it over `slices` ranks: each rank holds Vp / slices
+// columns; M = max over the ranks' classifier_max, the sum of exp per chunk of CH global columns
+// (classifier_sumexp on the rank holding the chunk) added in a fixed pairwise tree over the chunk
+// index, x_t = sum over the ranks' classifier_target (one non-zero), then classifier_backward on every
+// rank. Returns the losses (every rank's, checked equal) and the dlogits reassembled as [N, Vp].
+struct VocabParallelCE {
+    vector<float> losses, dlogits, mx, sum, tgt;
+};
+inline VocabParallelCE vocab_parallel_ce(const vector<float>& logits, const vector<int>& targets, float dloss, int N,
+                                         int V, int Vp, int slices, int CH) {
+    REQUIRE(Vp % slices == 0);
+    const int ld = Vp / slices, n_chunks = Vp / CH;
+    REQUIRE(ld % CH == 0);
+    vector<vector<float>> local(slices);
+    for (int k = 0; k < slices; k++) {
+        local[k].resize((size_t)N * ld);
+        for (int n = 0; n < N; n++)
+            std::copy_n(&logits[(size_t)n * Vp + k * ld], ld, &local[k][(size_t)n * ld]);
+    }
+    auto n_real = [&](int k) { return std::max(0, std::min(ld, V - k * ld)); };
+    VocabParallelCE r;
+    r.mx.assign(N, -INFINITY);
+    r.tgt.assign(N, 0.0f);
+    for (int k = 0; k < slices; k++) {
+        vector<float> m = nan_vec<float>(N), t = nan_vec<float>(N);
+        cpu::classifier_max<float>(m.data(), local[k].data(), N, ld, n_real(k));
+        cpu::classifier_target<float>(t.data(), local[k].data(), targets.data(), N, ld, k * ld, n_real(k));
+        for (int n = 0; n < N; n++) {
+            r.mx[n] = std::max(r.mx[n], m[n]);
+            r.tgt[n] += t[n];
+        }
+    }
+    vector<vector<float>> chunk(n_chunks, nan_vec<float>(N));
+    for (int g = 0; g < n_chunks; g++) {
+        const int k = g * CH / ld, c0 = g * CH - k * ld;
+        cpu::classifier_sumexp<float>(chunk[g].data(), local[k].data(), r.mx.data(), N, ld, c0,
+                                      std::min(c0 + CH, n_real(k)));
+    }
+    std::function<float(int, int, int)> tree = [&](int n, int lo, int hi) -> float {
+        return hi - lo == 1 ? chunk[lo][n] : tree(n, lo, lo + (hi - lo) / 2) + tree(n, lo + (hi - lo) / 2, hi);
+    };
+    r.sum.resize(N);
+    for (int n = 0; n < N; n++) r.sum[n] = tree(n, 0, n_chunks);
+    r.dlogits.assign((size_t)N * Vp, NAN);
+    for (int k = 0; k < slices; k++) {
+        vector<float> losses = nan_vec<float>(N);
+        cpu::classifier_backward<float>(local[k].data(), losses.data(), r.mx.data(), r.sum.data(), r.tgt.data(),
+                                        targets.data(), dloss, N, ld, k * ld, n_real(k));
+        if (k == 0) r.losses = losses;
+        else check_bitwise("classifier_backward: losses equal on every rank", losses, r.losses);
+        for (int n = 0; n < N; n++)
+            std::copy_n(&local[k][(size_t)n * ld], ld, &r.dlogits[(size_t)n * Vp + k * ld]);
+    }
+    return r;
+}
+
+TEST_CASE("vocab-parallel cross-entropy (classifier_max / _sumexp / _target / _backward) over 1, 2, 4, 8 slices "
+          "equals fused_classifier") {
+    const int N = 13, V = 300, Vp = 384, CH = 16;
+    Rng r(32);
+    vector<int> tgt(N);
+    for (int n = 0; n < N; n++) tgt[n] = (n % 4 == 1) ? -1 : r.randint(0, V - 1);
+    tgt[0] = V - 1, tgt[2] = 0, tgt[3] = 100, tgt[4] = 200, tgt[5] = 290;  // in every slice of 4 (96 columns)
+    auto logits = rand_vec<float>(r, (size_t)N * Vp, 0.1, 4.0);
+    // padded columns hold NaN or huge values: they must not enter the softmax (and get 0 dlogits)
+    for (int n = 0; n < N; n++)
+        for (int v = V; v < Vp; v++) logits[(size_t)n * Vp + v] = n % 2 ? float(1000 + v) : NAN;
+    for (float dloss : {0.37f, 0.0f}) {
+        CAPTURE(dloss);
+        auto want = logits;
+        vector<float> want_losses = nan_vec<float>(N);
+        cpu::fused_classifier<float>(want.data(), want_losses.data(), tgt.data(), dloss, N, V, Vp);
+        VocabParallelCE first;
+        for (int slices : {1, 2, 4, 8}) {  // 8: slice 7 (columns 336..383) holds only padding
+            CAPTURE(slices);
+            const VocabParallelCE got = vocab_parallel_ce(logits, tgt, dloss, N, V, Vp, slices, CH);
+            check_close("vocab-parallel losses vs fused_classifier", got.losses, want_losses, 1e-6);
+            if (dloss != 0.0f) {
+                check_close("vocab-parallel dlogits vs fused_classifier", got.dlogits, want, 1e-6);
+                for (int n = 0; n < N; n++)
+                    for (int v = 0; v < Vp; v++)
+                        if (v >= V || tgt[n] < 0) REQUIRE(got.dlogits[(size_t)n * Vp + v] == 0.0f);
+            } else {
+                check_bitwise("vocab-parallel: logits untouched when dloss = 0", got.dlogits, logits);
+            }
+            // the statistics and the results do not depend on the split (exact max and target, the
+            // same chunk sums added in the same tree)
+            if (slices == 1) {
+                first = got;
+                continue;
+            }
+            check_bitwise("vocab-parallel max, any split", got.mx, first.mx);
+            check_bitwise("vocab-parallel sum, any split", got.sum, first.sum);
+            check_bitwise("vocab-parallel target logit, any split", got.tgt, first.tgt);
+            check_bitwise("vocab-parallel losses, any split", got.losses, first.losses);
+            check_bitwise("vocab-parallel dlogits, any split", got.dlogits, first.dlogits);
+        }
+    }
+}
+
+TEST_CASE("vocab-parallel cross-entropy: all targets ignored, a slice of padding only, empty ranges") {
+    const int N = 5, V = 300, Vp = 384, ld = 48;
+    Rng r(33);
+    auto logits = rand_vec<float>(r, (size_t)N * Vp, 0.1, 3.0);
+    {  // all targets -1: zero losses and zero gradients everywhere
+        const vector<int> tgt(N, -1);
+        for (int slices : {1, 4}) {
+            CAPTURE(slices);
+            const auto got = vocab_parallel_ce(logits, tgt, 0.25f, N, V, Vp, slices, 16);
+            check_bitwise("all ignored: losses", got.losses, vector<float>(N, 0.0f));
+            check_bitwise("all ignored: dlogits", got.dlogits, vector<float>((size_t)N * Vp, 0.0f));
+            check_bitwise("all ignored: target logits", got.tgt, vector<float>(N, 0.0f));
+        }
+    }
+    {  // the last slice of 8 (columns 336..383, V = 300): n_real = 0
+        const int v0 = 7 * ld;
+        vector<float> x((size_t)N * ld);
+        for (int n = 0; n < N; n++) std::copy_n(&logits[(size_t)n * Vp + v0], ld, &x[(size_t)n * ld]);
+        vector<int> tgt = {0, 299, -1, 150, 299};
+        vector<float> mx = nan_vec<float>(N), sum = nan_vec<float>(N), t = nan_vec<float>(N);
+        cpu::classifier_max<float>(mx.data(), x.data(), N, ld, 0);
+        cpu::classifier_sumexp<float>(sum.data(), x.data(), mx.data(), N, ld, 0, 0);
+        cpu::classifier_target<float>(t.data(), x.data(), tgt.data(), N, ld, v0, 0);
+        for (int n = 0; n < N; n++) {
+            CHECK(mx[n] == -INFINITY);
+            CHECK(sum[n] == 0.0f);
+            CHECK(t[n] == 0.0f);
+        }
+        // with the global statistics of another slice: losses from them, the padding's dlogits 0
+        const vector<float> gmx(N, 3.0f), gsum(N, 40.0f), gtgt(N, 1.5f);
+        vector<float> losses = nan_vec<float>(N);
+        cpu::classifier_backward<float>(x.data(), losses.data(), gmx.data(), gsum.data(), gtgt.data(), tgt.data(), 0.5f,
+                                        N, ld, v0, 0);
+        check_bitwise("padding-only slice: dlogits", x, vector<float>(x.size(), 0.0f));
+        for (int n = 0; n < N; n++)
+            CHECK(losses[n] == (tgt[n] < 0 ? 0.0f : 3.0f + std::log(40.0f) - 1.5f));
+    }
+    {  // sumexp over c1 < c0 is 0; the max of a range is its naive max
+        vector<float> sum = nan_vec<float>(N), mx = nan_vec<float>(N), zero(N, 0.0f);
+        cpu::classifier_sumexp<float>(sum.data(), logits.data(), zero.data(), N, Vp, 10, 5);
+        check_bitwise("sumexp of an empty range", sum, zero);
+        cpu::classifier_max<float>(mx.data(), logits.data(), N, Vp, 37);
+        for (int n = 0; n < N; n++)
+            CHECK(mx[n] == *std::max_element(logits.begin() + (size_t)n * Vp, logits.begin() + (size_t)n * Vp + 37));
     }
 }
 
@@ -990,7 +1356,8 @@ TEST_CASE("thread-count independence: gemm, matmul_forward/backward, layernorm_b
              dwpe0 = rand_vec<float>(r, (size_t)T_ * C);
         same_across_thread_counts<float>("encoder_backward (dwte, dwpe)", [&] {
             auto dwte = dwte0, dwpe = dwpe0;
-            cpu::encoder_backward<float>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), ds.data(), B, T_, C);
+            cpu::encoder_backward<float>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), ds.data(), B, T_, C, 0,
+                                         V);
             return vector<vector<float>>{dwte, dwpe};
         });
     }
@@ -1001,16 +1368,18 @@ TEST_CASE("thread-count independence: gemm, matmul_forward/backward, layernorm_b
             auto ds = make_doc_start(B, T_, r);
             auto qkv = rand_vec<float>(r, (size_t)B * T_ * row), dout = rand_vec<float>(r, (size_t)B * T_ * nh * hs);
             vector<float> out(dout.size()), lse((size_t)B * nh * T_);
-            cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), ds.data(), B, T_, nh, nkv, hs, alibi);
+            cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), ds.data(), B, T_, nh, nkv, hs,
+                                          alibi ? nh : 0, 0);
             same_across_thread_counts<float>("attention_forward (out, lse)", [&] {
                 vector<float> o(out.size()), l(lse.size());
-                cpu::attention_forward<float>(o.data(), l.data(), qkv.data(), ds.data(), B, T_, nh, nkv, hs, alibi);
+                cpu::attention_forward<float>(o.data(), l.data(), qkv.data(), ds.data(), B, T_, nh, nkv, hs,
+                                              alibi ? nh : 0, 0);
                 return vector<vector<float>>{o, l};
             });
             same_across_thread_counts<float>("attention_backward (dqkv)", [&] {
                 vector<float> dqkv(qkv.size());
                 cpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
-                                               ds.data(), B, T_, nh, nkv, hs, alibi);
+                                               ds.data(), B, T_, nh, nkv, hs, alibi ? nh : 0, 0);
                 return vector<vector<float>>{dqkv};
             });
         }

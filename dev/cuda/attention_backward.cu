@@ -37,7 +37,7 @@
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 
 typedef void (*BackwardFn)(floatX*, const floatX*, const floatX*, const floatX*, const float*, const int*, int, int,
-                           int, int, int, bool);
+                           int, int, int, int, int);
 struct Version {
     const char* name;
     BackwardFn fn;
@@ -71,11 +71,12 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
         for (int t = 0; t < T; t++) ds[(size_t)b * T + t] = b % 3 == 0 ? t - t % 3 : (b % 3 == 1 ? 0 : r[t]);
     }
     std::vector<float> out((size_t)BT * C), lse((size_t)B * NH * T);
-    cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi);
+    const int alibi_nh = alibi ? NH : 0;  // ALiBi over the NH heads, or none
+    cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi_nh, 0);
     for (float& x : out) x = __bfloat162float(__float2bfloat16(x));  // the GPU saves a bf16 out
     std::vector<float> dqkv_ref(qkv.size());
     cpu::attention_backward<float>(dqkv_ref.data(), dout.data(), qkv.data(), out.data(), lse.data(), ds.data(), B, T,
-                                   NH, KVH, hs, alibi);
+                                   NH, KVH, hs, alibi_nh, 0);
     floatX *d_qkv = to_device_bf16(qkv), *d_dout = to_device_bf16(dout), *d_out = to_device_bf16(out);
     float* d_lse = to_device(lse);
     int* d_ds = to_device(ds);
@@ -86,8 +87,8 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
     for (const Version& v : versions) {
         printf("validate %s B=%d T=%d n_head=%d n_kv_head=%d hs=%d alibi=%d\n", v.name, B, T, NH, KVH, hs, alibi);
         cudaCheck(cudaMemset(d_dqkv, 0xFF, qkv.size() * sizeof(floatX)));  // NaN: unwritten outputs fail
-        v.fn(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi);
-        v.fn(d_dqkv2, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi);
+        v.fn(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
+        v.fn(d_dqkv2, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         const std::vector<float> got = to_host_bf16(d_dqkv, qkv.size()), got2 = to_host_bf16(d_dqkv2, qkv.size());
         // relative L2 and max-norm of each part: dq and dk are small where documents are 1..3 tokens long
         // (p ~ 1, dp ~ D), so the max-norm of the whole part, not of each element, is the scale
@@ -117,11 +118,11 @@ static void run_bench(int hs, int T, int ratio, bool with_v1) {
         const std::vector<int> ds = make_doc_start(B, T, packed, 1000 + T);
         int* d_ds = to_device(ds);
         flops[packed] = visible_flops(ds, T, NH, hs);
-        attention_forward(out, lse, qkv, d_ds, B, T, NH, KVH, hs, true);  // the real saved state
+        attention_forward(out, lse, qkv, d_ds, B, T, NH, KVH, hs, NH, 0);  // the real saved state
         for (int v = with_v1 ? 0 : 1; v < 2; v++) {
             const int reps = v == 0 ? 3 : (T >= 4096 ? 10 : 20);
             ms[v][packed] = bench::time_ms(
-                [&] { versions[v].fn(dqkv, dout, qkv, out, lse, d_ds, B, T, NH, KVH, hs, true); }, 1, reps);
+                [&] { versions[v].fn(dqkv, dout, qkv, out, lse, d_ds, B, T, NH, KVH, hs, NH, 0); }, 1, reps);
             const std::string what = std::string("  ") + versions[v].name + (packed ? " packed  " : " unpacked");
             bench::print_flops(what, ms[v][packed], flops[packed], 0);
         }

@@ -36,7 +36,7 @@
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 
-typedef void (*ForwardFn)(floatX*, float*, const floatX*, const int*, int, int, int, int, int, bool);
+typedef void (*ForwardFn)(floatX*, float*, const floatX*, const int*, int, int, int, int, int, int, int);
 struct Version {
     const char* name;
     ForwardFn fn;
@@ -61,7 +61,8 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
         for (int t = 0; t < T; t++) ds[(size_t)b * T + t] = b % 3 == 0 ? t - t % 3 : (b % 3 == 1 ? 0 : r[t]);
     }
     std::vector<float> out_ref(BT * C), lse_ref(n_lse);
-    cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi);
+    const int alibi_nh = alibi ? NH : 0;  // ALiBi over the NH heads, or none
+    cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi_nh, 0);
     floatX *d_qkv = to_device_bf16(qkv), *d_out = dev_alloc<floatX>(BT * C), *d_out2 = dev_alloc<floatX>(BT * C);
     int* d_ds = to_device(ds);
     float *d_lse = dev_alloc<float>(n_lse), *d_lse2 = dev_alloc<float>(n_lse);
@@ -70,8 +71,8 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
         printf("validate %s B=%d T=%d n_head=%d n_kv_head=%d hs=%d alibi=%d\n", v.name, B, T, NH, KVH, hs, alibi);
         cudaCheck(cudaMemset(d_out, 0xFF, BT * C * sizeof(floatX)));  // NaN: unwritten outputs fail
         cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * sizeof(float)));
-        v.fn(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, alibi);
-        v.fn(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, alibi);
+        v.fn(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
+        v.fn(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         const std::vector<float> out = to_host_bf16(d_out, BT * C), out2 = to_host_bf16(d_out2, BT * C);
         const std::vector<float> lse = to_host(d_lse, n_lse), lse2 = to_host(d_lse2, n_lse);
         ok = compare("out", out, out_ref, 1e-2) && ok;
@@ -99,7 +100,8 @@ static void run_bench(int hs, int T, int ratio, bool with_v1) {
         flops[packed] = visible_flops(ds, T, NH, hs);
         for (int v = with_v1 ? 0 : 1; v < 2; v++) {
             const int reps = v == 0 ? 3 : (T >= 4096 ? 10 : 20);
-            ms[v][packed] = bench::time_ms([&] { versions[v].fn(out, lse, qkv, d_ds, B, T, NH, KVH, hs, true); }, 1, reps);
+            ms[v][packed] =
+                bench::time_ms([&] { versions[v].fn(out, lse, qkv, d_ds, B, T, NH, KVH, hs, NH, 0); }, 1, reps);
             const std::string what = std::string("  ") + versions[v].name + (packed ? " packed  " : " unpacked");
             bench::print_flops(what, ms[v][packed], flops[packed], 0);
         }

@@ -3,7 +3,8 @@
 //   nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -Xcompiler -fPIC -shared -DLLMC_ATTENTION_LIB -I. \
 //        dev/cuda/attention_lib.cu -o /tmp/libllmc_attention.so
 // version: 0 = attention_forward / attention_backward (what the trainer runs), 1 = the simple kernels,
-// 2 = the flash kernels. Every call returns 0, or 1 with the reason in llmc_attention_last_error().
+// 2 = the flash kernels. alibi: 0 or 1 (ALiBi over all n_head heads: alibi_n_head = n_head, head0 = 0).
+// Every call returns 0, or 1 with the reason in llmc_attention_last_error().
 // The kernels run on llmc_stream() (the per-thread default stream, which synchronises with PyTorch's
 // legacy default stream), and nothing here synchronises: time with events on the default stream.
 // Without -DLLMC_ATTENTION_LIB (as `make dev_cuda` builds every dev/cuda file) this is a small program
@@ -26,9 +27,10 @@ int llmc_attention_forward(void* out, void* lse, const void* qkv, const void* do
         float* l = (float*)lse;
         const floatX* x = (const floatX*)qkv;
         const int* ds = (const int*)doc_start;
-        if (version == 0) attention_forward(o, l, x, ds, B, T, n_head, n_kv_head, hs, alibi != 0);
-        else if (version == 1) attention_detail::forward_simple(o, l, x, ds, B, T, n_head, n_kv_head, hs, alibi != 0);
-        else if (version == 2) attention_detail::forward_flash(o, l, x, ds, B, T, n_head, n_kv_head, hs, alibi != 0);
+        const int nh = alibi ? n_head : 0;  // ALiBi over all n_head heads, or none
+        if (version == 0) attention_forward(o, l, x, ds, B, T, n_head, n_kv_head, hs, nh, 0);
+        else if (version == 1) attention_detail::forward_simple(o, l, x, ds, B, T, n_head, n_kv_head, hs, nh, 0);
+        else if (version == 2) attention_detail::forward_flash(o, l, x, ds, B, T, n_head, n_kv_head, hs, nh, 0);
         else LLMC_FAIL("llmc_attention_forward: version %d (0 = dispatch, 1 = simple, 2 = flash)", version);
         return 0;
     } catch (const std::exception& e) {
@@ -48,11 +50,10 @@ int llmc_attention_backward(void* dqkv, const void* dout, const void* qkv, const
         const floatX *dO = (const floatX*)dout, *x = (const floatX*)qkv, *o = (const floatX*)out;
         const float* l = (const float*)lse;
         const int* ds = (const int*)doc_start;
-        if (version == 0) attention_backward(d, dO, x, o, l, ds, B, T, n_head, n_kv_head, hs, alibi != 0);
-        else if (version == 1)
-            attention_detail::backward_simple(d, dO, x, o, l, ds, B, T, n_head, n_kv_head, hs, alibi != 0);
-        else if (version == 2)
-            attention_detail::backward_flash(d, dO, x, o, l, ds, B, T, n_head, n_kv_head, hs, alibi != 0);
+        const int nh = alibi ? n_head : 0;  // ALiBi over all n_head heads, or none
+        if (version == 0) attention_backward(d, dO, x, o, l, ds, B, T, n_head, n_kv_head, hs, nh, 0);
+        else if (version == 1) attention_detail::backward_simple(d, dO, x, o, l, ds, B, T, n_head, n_kv_head, hs, nh, 0);
+        else if (version == 2) attention_detail::backward_flash(d, dO, x, o, l, ds, B, T, n_head, n_kv_head, hs, nh, 0);
         else LLMC_FAIL("llmc_attention_backward: version %d (0 = dispatch, 1 = simple, 2 = flash)", version);
         return 0;
     } catch (const std::exception& e) {
@@ -98,8 +99,8 @@ int main() {
     cudaCheck(cudaMemcpy(qkv, qkv_h.data(), qkv_h.size() * sizeof(floatX), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(ds, ds_h.data(), T * sizeof(int), cudaMemcpyHostToDevice));
     cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
-    attention_forward(out, lse, qkv, ds, B, T, NH, KVH, hs, true);
-    attention_backward(dqkv, out, qkv, out, lse, ds, B, T, NH, KVH, hs, true);  // out as dout: any bf16 tensor
+    attention_forward(out, lse, qkv, ds, B, T, NH, KVH, hs, NH, 0);
+    attention_backward(dqkv, out, qkv, out, lse, ds, B, T, NH, KVH, hs, NH, 0);  // out as dout: any bf16 tensor
     bool ok = llmc_attention_forward(out2, lse2, qkv, ds, B, T, NH, KVH, hs, 1, 0) == 0 &&
               llmc_attention_backward(dqkv2, out, qkv, out, lse, ds, B, T, NH, KVH, hs, 1, 0) == 0 &&
               llmc_attention_sync() == 0;

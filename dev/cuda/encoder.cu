@@ -63,8 +63,8 @@ static bool validate(int B, int T, int C, int V) {
     const std::vector<float> dout = host_random(n * C, rng), dwte0 = host_random((size_t)V * C, rng, 0.5f),
                              dwpe0 = host_random((size_t)T * C, rng, 0.5f);
     std::vector<float> out(n * C), dwte = dwte0, dwpe = dwpe0;
-    cpu::encoder_forward<float>(out.data(), tokens.data(), ds.data(), wte.data(), wpe.data(), B, T, C);
-    cpu::encoder_backward<float>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), ds.data(), B, T, C);
+    cpu::encoder_forward<float>(out.data(), tokens.data(), ds.data(), wte.data(), wpe.data(), B, T, C, 0, V);
+    cpu::encoder_backward<float>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), ds.data(), B, T, C, 0, V);
 
     cuda_scratch_reserve(encoder_scratch_bytes(B, T, C));
     int *d_tokens = to_device(tokens), *d_ds = to_device(ds);
@@ -72,12 +72,12 @@ static bool validate(int B, int T, int C, int V) {
     floatX* d_out;
     cudaCheck(cudaMalloc(&d_out, n * C * sizeof(floatX)));
     cudaCheck(cudaMemset(d_out, 0xFF, n * C * sizeof(floatX)));  // NaN: unwritten outputs fail
-    encoder_forward(d_out, d_tokens, d_ds, d_wte, d_wpe, B, T, C);
+    encoder_forward(d_out, d_tokens, d_ds, d_wte, d_wpe, B, T, C, 0, V);
     const double e_out = max_row_rel_l2(to_host_bf16(d_out, n * C), out, C);
     std::vector<float> got_wte[2], got_wpe[2];
     for (int rep = 0; rep < 2; rep++) {
         floatX *d_dwte = to_device_bf16(dwte0), *d_dwpe = to_device_bf16(dwpe0);
-        encoder_backward(d_dwte, d_dwpe, d_dout, d_tokens, d_ds, B, T, C);
+        encoder_backward(d_dwte, d_dwpe, d_dout, d_tokens, d_ds, B, T, C, 0, V);
         got_wte[rep] = to_host_bf16(d_dwte, (size_t)V * C);
         got_wpe[rep] = to_host_bf16(d_dwpe, (size_t)T * C);
         cudaCheck(cudaFree(d_dwte));
@@ -115,13 +115,13 @@ static void run_bench(int B, int T, int C, int V, int Vp) {
     const double row = (double)C * sizeof(floatX), ids = 2.0 * n * sizeof(int);
     printf("B*T = %zu tokens (%zu distinct, %zu distinct positions), C = %d\n", n, distinct_tok, distinct_pos, C);
 
-    float ms = bench::time_ms([&] { encoder_forward(out, d_tokens, d_ds, wte, wpe, B, T, C); });
+    float ms = bench::time_ms([&] { encoder_forward(out, d_tokens, d_ds, wte, wpe, B, T, C, 0, Vp); });
     bench::print_bandwidth("  forward (wte + wpe)", ms, 3.0 * n * row + ids);
-    ms = bench::time_ms([&] { encoder_forward(out, d_tokens, d_ds, wte, nullptr, B, T, C); });
+    ms = bench::time_ms([&] { encoder_forward(out, d_tokens, d_ds, wte, nullptr, B, T, C, 0, Vp); });
     bench::print_bandwidth("  forward (wte only, ALiBi)", ms, 2.0 * n * row + ids);
-    ms = bench::time_ms([&] { encoder_backward(dwte, dwpe, dout, d_tokens, d_ds, B, T, C); });
+    ms = bench::time_ms([&] { encoder_backward(dwte, dwpe, dout, d_tokens, d_ds, B, T, C, 0, Vp); });
     bench::print_bandwidth("  backward (dwte + dwpe)", ms, n * row + 2.0 * (distinct_tok + distinct_pos) * row + ids);
-    ms = bench::time_ms([&] { encoder_backward(dwte, nullptr, dout, d_tokens, d_ds, B, T, C); });
+    ms = bench::time_ms([&] { encoder_backward(dwte, nullptr, dout, d_tokens, d_ds, B, T, C, 0, Vp); });
     bench::print_bandwidth("  backward (dwte only)", ms, n * row + 2.0 * distinct_tok * row + ids);
     // the sort alone (keys + cub radix sort of the token ids): the price of determinism
     {
@@ -130,7 +130,7 @@ static void run_bench(int B, int T, int C, int V, int Vp) {
         char* base = cuda_scratch<char>(s.total, "bench");
         ms = bench::time_ms([&] {
             encoder_keys_kernel<<<ceil_div((int)n, 256), 256, 0, llmc_stream()>>>(
-                (unsigned*)(base + s.keys_in), (int*)(base + s.vals_in), d_tokens, d_ds, T, (int)n, false);
+                (unsigned*)(base + s.keys_in), (int*)(base + s.vals_in), d_tokens, d_ds, T, (int)n, false, 0, Vp);
             size_t bytes = s.cub_bytes;
             cudaCheck(cub::DeviceRadixSort::SortPairs(base + s.cub, bytes, (unsigned*)(base + s.keys_in),
                                                       (unsigned*)(base + s.keys_out), (int*)(base + s.vals_in),

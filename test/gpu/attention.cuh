@@ -34,6 +34,9 @@ struct Case {
     float std;               // spread of q, k, v: larger gives sharper softmax rows
     bool arbitrary = false;  // doc_start[i] drawn in [i - 40, i] independently per i
     int first_pattern = 0;   // row b has pattern (b + first_pattern) % 3 (see make_doc_start)
+    // tensor-parallel head slice: the n_head local heads are the model's heads [head0, head0 + n_head) of
+    // alibi_heads (0: the local heads are the whole model, head0 0)
+    int alibi_heads = 0, head0 = 0;
 };
 
 // doc_start per row, by row pattern ((b + first_pattern) % 3):
@@ -108,9 +111,9 @@ inline void check_dqkv(const std::vector<float>& got, const std::vector<float>& 
     check_part("backward dv", columns(got, rows, row, k_end, row), columns(want, rows, row, k_end, row));
 }
 
-using ForwardFn = void (*)(floatX*, float*, const floatX*, const int*, int, int, int, int, int, bool);
+using ForwardFn = void (*)(floatX*, float*, const floatX*, const int*, int, int, int, int, int, int, int);
 using BackwardFn = void (*)(floatX*, const floatX*, const floatX*, const floatX*, const float*, const int*, int, int,
-                            int, int, int, bool);
+                            int, int, int, int, int);
 struct Impl {
     const char* name;
     ForwardFn forward;
@@ -119,8 +122,11 @@ struct Impl {
 
 inline void run_case(const Case& c, uint64_t seed) {
     INFO("case " << c.name << ": B=" << c.B << " T=" << c.T << " n_head=" << c.n_head << " n_kv_head=" << c.n_kv_head
-                 << " hs=" << c.hs << " alibi=" << c.alibi << " arbitrary doc_start=" << c.arbitrary);
+                 << " hs=" << c.hs << " alibi=" << c.alibi << " arbitrary doc_start=" << c.arbitrary
+                 << " alibi_heads=" << c.alibi_heads << " head0=" << c.head0);
     const int B = c.B, T = c.T, NH = c.n_head, KVH = c.n_kv_head, hs = c.hs;
+    // ALiBi over the NH heads or, for a head slice, the model's alibi_heads from head0; or none
+    const int alibi_nh = c.alibi ? (c.alibi_heads > 0 ? c.alibi_heads : NH) : 0, head0 = c.head0;
     const int row = (NH + 2 * KVH) * hs, C = NH * hs;
     const size_t BT = (size_t)B * T;
 
@@ -129,11 +135,12 @@ inline void run_case(const Case& c, uint64_t seed) {
     const std::vector<int> ds = make_doc_start(B, T, seed + 2, c.arbitrary, c.first_pattern);
 
     std::vector<float> out_ref(BT * C), lse_ref((size_t)B * NH * T);
-    cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, c.alibi);
+    cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi_nh,
+                                  head0);
     const std::vector<float> out_r = bf16_round(out_ref);
     std::vector<float> dqkv_ref(qkv.size());
     cpu::attention_backward<float>(dqkv_ref.data(), dout.data(), qkv.data(), out_r.data(), lse_ref.data(), ds.data(), B,
-                                   T, NH, KVH, hs, c.alibi);
+                                   T, NH, KVH, hs, alibi_nh, head0);
 
     DeviceBuffer<floatX> d_qkv(qkv.size()), d_dout(dout.size()), d_out_r(out_r.size());
     upload_bf16(d_qkv, qkv);
@@ -160,8 +167,8 @@ inline void run_case(const Case& c, uint64_t seed) {
         d_lse.poison();
         d_out2.poison();
         d_lse2.poison();
-        im.forward(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, c.alibi);
-        im.forward(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, c.alibi);
+        im.forward(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, head0);
+        im.forward(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, head0);
         outs.push_back(download_bf16(d_out));
         lses.push_back(download(d_lse));
         check_part("forward out", outs.back(), out_ref);
@@ -172,17 +179,17 @@ inline void run_case(const Case& c, uint64_t seed) {
         DeviceBuffer<floatX> d_dqkv(qkv.size()), d_dqkv2(qkv.size());
         d_dqkv.poison();
         d_dqkv2.poison();
-        im.backward(d_dqkv, d_dout, d_qkv, d_out_r, d_lse_ref, d_ds, B, T, NH, KVH, hs, c.alibi);
-        im.backward(d_dqkv2, d_dout, d_qkv, d_out_r, d_lse_ref, d_ds, B, T, NH, KVH, hs, c.alibi);
+        im.backward(d_dqkv, d_dout, d_qkv, d_out_r, d_lse_ref, d_ds, B, T, NH, KVH, hs, alibi_nh, head0);
+        im.backward(d_dqkv2, d_dout, d_qkv, d_out_r, d_lse_ref, d_ds, B, T, NH, KVH, hs, alibi_nh, head0);
         dqkvs.push_back(download_bf16(d_dqkv));
         check_dqkv(dqkvs.back(), dqkv_ref, (int)BT, NH, KVH, hs);
         CHECK_MESSAGE(same_bytes(d_dqkv, d_dqkv2), "backward dqkv differs between two runs");
 
         if (attention_detail::flash_supported(hs) && std::string(im.name) == "flash") {
             // the public op really is the flash kernel: the same bits as forward_flash / backward_flash
-            attention_detail::forward_flash(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, c.alibi);
+            attention_detail::forward_flash(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, head0);
             attention_detail::backward_flash(d_dqkv2, d_dout, d_qkv, d_out_r, d_lse_ref, d_ds, B, T, NH, KVH, hs,
-                                             c.alibi);
+                                             alibi_nh, head0);
             CHECK_MESSAGE(same_bytes(d_out, d_out2), "attention_forward is not the flash kernel for this hs");
             CHECK_MESSAGE(same_bytes(d_dqkv, d_dqkv2), "attention_backward is not the flash kernel for this hs");
         }
@@ -262,11 +269,32 @@ TEST_CASE("sanitizer: attention forward and backward, flash and simple, small sh
     for (const Case& c : cases) attention_test::run_case(c, seed += 10);
 }
 
+// Tensor parallelism: a rank runs a slice of the heads with its head0 and the model's head count for the
+// ALiBi slopes (alibi_n_head); the GPU slice against the CPU slice (same local qkv), both paths. The
+// slices: heads 2..5 of 6 (GQA 6/2 as one call: each query head with its own copy of its kv head),
+// heads 3..5 of 6 (a whole kv group), rank 3 of 4 of 8 heads / 2 kv heads (heads 6, 7, one kv head),
+// rank 1 of 2 of 12 heads / 12 kv heads (non power-of-two slopes: heads 6..11 take the interleaved ones).
+TEST_CASE("attention: tensor-parallel head slices (head0, alibi_n_head) vs the CPU twin, flash and simple") {
+    using attention_test::Case;
+    const Case cases[] = {
+        {"TP heads 2..5 of 6 (kv copies), hs 16", 2, 100, 4, 4, 16, true, 1.0f, false, 0, 6, 2},
+        {"TP heads 2..5 of 6 (kv copies), hs 64", 2, 100, 4, 4, 64, true, 1.0f, false, 0, 6, 2},
+        {"TP heads 3..5 of 6 (one kv group), hs 128", 2, 130, 3, 1, 128, true, 1.0f, false, 2, 6, 3},
+        {"TP rank 3 of 4: heads 6..7 of 8, one kv head, hs 64, packed", 2, 257, 2, 1, 64, true, 1.5f, false, 2, 8, 6},
+        {"TP rank 3 of 4: heads 6..7 of 8, one kv head, hs 32", 2, 257, 2, 1, 32, true, 1.5f, false, 0, 8, 6},
+        {"TP rank 1 of 2: heads 6..11 of 12, hs 64", 2, 61, 6, 6, 64, true, 1.0f, false, 0, 12, 6},
+        {"TP rank 1 of 2: heads 6..11 of 12, hs 8", 2, 61, 6, 6, 8, true, 1.0f, false, 0, 12, 6},
+        {"TP slice without ALiBi (head0 ignored), hs 64", 2, 100, 2, 1, 64, false, 1.0f, false, 0, 8, 6},
+    };
+    uint64_t seed = 7000;
+    for (const Case& c : cases) attention_test::run_case(c, seed += 10);
+}
+
 TEST_CASE("attention: flash and simple kernels agree at T = 8192 (packed, single-document, long documents)") {
     using namespace gpu_test;
     for (const int2 shape : {make_int2(64, 1), make_int2(128, 2)}) {  // (hs, n_kv_head): GQA 8 and 4
         const int hs = shape.x, B = 3, T = 8192, NH = 8, KVH = shape.y;
-        const bool alibi = true;
+        const int alibi_nh = NH;  // ALiBi over the NH heads
         INFO("hs " << hs << ", n_kv_head " << KVH);
         const int row = (NH + 2 * KVH) * hs, C = NH * hs;
         const size_t BT = (size_t)B * T;
@@ -285,13 +313,13 @@ TEST_CASE("attention: flash and simple kernels agree at T = 8192 (packed, single
         for (auto* p : {&out_f, &out_s, &dqkv_f, &dqkv_s}) p->poison();
         lse_f.poison();
         lse_s.poison();
-        attention_detail::forward_flash(out_f, lse_f, d_qkv, d_ds, B, T, NH, KVH, hs, alibi);
-        attention_detail::forward_simple(out_s, lse_s, d_qkv, d_ds, B, T, NH, KVH, hs, alibi);
+        attention_detail::forward_flash(out_f, lse_f, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
+        attention_detail::forward_simple(out_s, lse_s, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         attention_test::check_part("forward out, flash vs simple", download_bf16(out_f), download_bf16(out_s));
         CHECK_CLOSE("forward lse, flash vs simple", rel_max(download(lse_f), download(lse_s)), 1e-3);
         // both backwards on the flash forward's saved state
-        attention_detail::backward_flash(dqkv_f, d_dout, d_qkv, out_f, lse_f, d_ds, B, T, NH, KVH, hs, alibi);
-        attention_detail::backward_simple(dqkv_s, d_dout, d_qkv, out_f, lse_f, d_ds, B, T, NH, KVH, hs, alibi);
+        attention_detail::backward_flash(dqkv_f, d_dout, d_qkv, out_f, lse_f, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
+        attention_detail::backward_simple(dqkv_s, d_dout, d_qkv, out_f, lse_f, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         attention_test::check_dqkv(download_bf16(dqkv_f), download_bf16(dqkv_s), (int)BT, NH, KVH, hs);
     }
 }
@@ -302,14 +330,17 @@ TEST_CASE("attention: rejects unsupported shapes with a clear error") {
     gpu_test::DeviceBuffer<int> ds(4);
     cudaCheck(cudaMemset(ds.ptr, 0, 4 * sizeof(int)));
     // head size not a multiple of 8, head size above 128, n_kv_head not dividing n_head
-    CHECK_THROWS_AS(attention_forward(out, lse, qkv, ds, 1, 4, 2, 1, 12, false), LlmcError);
-    CHECK_THROWS_AS(attention_forward(out, lse, qkv, ds, 1, 4, 1, 1, 136, false), LlmcError);
-    CHECK_THROWS_AS(attention_forward(out, lse, qkv, ds, 1, 4, 3, 2, 16, false), LlmcError);
-    CHECK_THROWS_AS(attention_backward(dqkv, out, qkv, out, lse, ds, 1, 4, 2, 1, 12, false), LlmcError);
+    CHECK_THROWS_AS(attention_forward(out, lse, qkv, ds, 1, 4, 2, 1, 12, 0, 0), LlmcError);
+    CHECK_THROWS_AS(attention_forward(out, lse, qkv, ds, 1, 4, 1, 1, 136, 0, 0), LlmcError);
+    CHECK_THROWS_AS(attention_forward(out, lse, qkv, ds, 1, 4, 3, 2, 16, 0, 0), LlmcError);
+    CHECK_THROWS_AS(attention_backward(dqkv, out, qkv, out, lse, ds, 1, 4, 2, 1, 12, 0, 0), LlmcError);
     // the flash kernels only take hs 64 and 128; misaligned tensors are refused by both paths
-    CHECK_THROWS_AS(attention_detail::forward_flash(out, lse, qkv, ds, 1, 4, 2, 1, 32, false), LlmcError);
-    CHECK_THROWS_AS(attention_detail::backward_flash(dqkv, out, qkv, out, lse, ds, 1, 4, 2, 1, 32, false), LlmcError);
-    CHECK_THROWS_AS(attention_forward(out, lse, qkv.ptr + 1, ds, 1, 4, 1, 1, 64, false), LlmcError);
+    CHECK_THROWS_AS(attention_detail::forward_flash(out, lse, qkv, ds, 1, 4, 2, 1, 32, 0, 0), LlmcError);
+    CHECK_THROWS_AS(attention_detail::backward_flash(dqkv, out, qkv, out, lse, ds, 1, 4, 2, 1, 32, 0, 0), LlmcError);
+    CHECK_THROWS_AS(attention_forward(out, lse, qkv.ptr + 1, ds, 1, 4, 1, 1, 64, 0, 0), LlmcError);
+    // a head slice outside the model's ALiBi heads
+    CHECK_THROWS_AS(attention_forward(out, lse, qkv, ds, 1, 4, 2, 1, 64, 2, 1), LlmcError);
+    CHECK_THROWS_AS(attention_backward(dqkv, out, qkv, out, lse, ds, 1, 4, 2, 1, 64, 4, -1), LlmcError);
 }
 
 // Training size (B*T = 65536 tokens, GPT-2 small-like heads with GQA): runs, is deterministic, and
@@ -318,7 +349,7 @@ TEST_CASE("attention: rejects unsupported shapes with a clear error") {
 TEST_CASE("attention: training size, one packed and one single-document row vs the CPU, deterministic, timed") {
     using namespace gpu_test;
     const int B = 64, T = 1024, NH = 12, KVH = 4, hs = 64;
-    const bool alibi = true;
+    const int alibi_nh = NH;  // ALiBi over the NH heads
     const int row = (NH + 2 * KVH) * hs, C = NH * hs;
     const size_t BT = (size_t)B * T;
     std::vector<float> qkv(BT * row), dout(BT * C);
@@ -352,12 +383,12 @@ TEST_CASE("attention: training size, one packed and one single-document row vs t
         {"simple", attention_detail::forward_simple, attention_detail::backward_simple},
         {"flash (attention_forward / attention_backward)", attention_forward, attention_backward}};
     for (const attention_test::Impl& im : impls) {
-        im.forward(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, alibi);  // warm-up, and the second run
-        im.backward(d_dqkv2, d_dout, d_qkv, d_out2, d_lse2, d_ds, B, T, NH, KVH, hs, alibi);
+        im.forward(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);  // warm-up, and the second run
+        im.backward(d_dqkv2, d_dout, d_qkv, d_out2, d_lse2, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         cudaCheck(cudaEventRecord(e0, llmc_stream()));
-        im.forward(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, alibi);
+        im.forward(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         cudaCheck(cudaEventRecord(e1, llmc_stream()));
-        im.backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi);
+        im.backward(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         cudaCheck(cudaEventRecord(e2, llmc_stream()));
         cudaCheck(cudaEventSynchronize(e2));
         float fwd_ms = 0, bwd_ms = 0;
@@ -387,7 +418,7 @@ TEST_CASE("attention: training size, one packed and one single-document row vs t
         const std::vector<int> ds_b(ds.begin() + r0, ds.begin() + r0 + T);
         std::vector<float> out_ref((size_t)T * C), lse_ref((size_t)NH * T);
         cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv_b.data(), ds_b.data(), 1, T, NH, KVH, hs,
-                                      alibi);
+                                      alibi_nh, 0);
         const std::vector<float> out_b(out.begin() + r0 * C, out.begin() + (r0 + T) * C);
         const std::vector<float> lse_b(lse.begin() + (size_t)b * NH * T, lse.begin() + (size_t)(b + 1) * NH * T);
         attention_test::check_part("forward out", out_b, out_ref);
@@ -396,7 +427,7 @@ TEST_CASE("attention: training size, one packed and one single-document row vs t
         const std::vector<float> dout_b(dout.begin() + r0 * C, dout.begin() + (r0 + T) * C);
         std::vector<float> dqkv_ref((size_t)T * row);
         cpu::attention_backward<float>(dqkv_ref.data(), dout_b.data(), qkv_b.data(), out_b.data(), lse_b.data(),
-                                       ds_b.data(), 1, T, NH, KVH, hs, alibi);
+                                       ds_b.data(), 1, T, NH, KVH, hs, alibi_nh, 0);
         const std::vector<float> dqkv_b(dqkv.begin() + r0 * row, dqkv.begin() + (r0 + T) * row);
         attention_test::check_dqkv(dqkv_b, dqkv_ref, T, NH, KVH, hs);
     }

@@ -1,4 +1,5 @@
-// GPU fused_classifier (llmc/classifier.cuh) vs the CPU twin (llmc/cpu/classifier.h).
+// GPU fused_classifier (llmc/classifier.cuh) vs the CPU twin (llmc/cpu/classifier.h), and the
+// vocab-parallel ops (classifier_max, _sumexp, _target, _backward) vs theirs (at the end).
 //
 // Tolerances. losses (fp32): relative max <= 1e-4: both sides read the same bf16 logits; they differ
 // by the order of the fp32 sum of exp (tree vs sequential, ~sqrt(V) * 2^-24 relative: 2e-6 at
@@ -9,6 +10,7 @@
 // exactly 0; with dloss == 0 the logits must come back untouched.
 #pragma once
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <vector>
 #include "test/gpu/harness.cuh"
@@ -84,6 +86,153 @@ TEST_CASE("fused_classifier matches the CPU twin (ragged V, padded Vp, ignored t
     }
     // GPT-2's vocabulary: several loop trips per thread
     check_classifier(5, 50257, 50304, 1.0f / 5, 1400);
+}
+
+// ---- vocab-parallel cross-entropy: classifier_max / _sumexp / _target / _backward vs the CPU ops ----
+// The logits [N, Vp] are cut into `slices` rank slices of ld = Vp / slices columns, each its own device
+// buffer (offset 1: only 2-byte aligned, the scalar loads). Per slice, against the CPU ops on the same
+// bf16 values: the max and the target logit bitwise (exact in both); the sum of exp of every chunk of
+// CH columns (fp32, relative max <= LOSS_TOL), and bitwise equal to the GPU's sum of the same chunk
+// read from the whole unsplit row (the order depends on the chunk alone); the backward, given the same
+// global statistics on both sides: losses (relative max <= LOSS_TOL) and dlogits (bf16 checks), padding
+// columns and ignored rows exactly 0, logits untouched when dloss == 0. Outputs are poisoned first.
+inline void check_vocab_parallel(int N, int V, int Vp, int slices, int CH, float dloss, size_t offset,
+                                 uint64_t seed) {
+    CAPTURE(N);
+    CAPTURE(V);
+    CAPTURE(Vp);
+    CAPTURE(slices);
+    CAPTURE(CH);
+    CAPTURE(dloss);
+    CAPTURE(offset);
+    REQUIRE(Vp % slices == 0);
+    const int ld = Vp / slices, n_chunks = Vp / CH;
+    REQUIRE(ld % CH == 0);
+    std::vector<float> logits = random_vector((size_t)N * Vp, seed, 3.0f, 0.5f);
+    for (int n = 0; n < N; n++)
+        for (int v = V; v < Vp; v++) logits[(size_t)n * Vp + v] = 50.0f + v % 7;  // padding junk
+    logits = bf16_round(logits);
+    Rng rng(seed + 1);
+    std::vector<int> targets(N);
+    for (int n = 0; n < N; n++) {
+        targets[n] = (int)rng.below(V);
+        if (n % 7 == 3) targets[n] = -1;
+        if (n % 11 == 1) targets[n] = V - 1;
+        if (n % 13 == 2) targets[n] = 0;
+    }
+    DeviceBuffer<int> d_targets(N);
+    upload(d_targets, targets);
+    const DevBF16 d_full(logits);  // the unsplit rows (aligned)
+    auto n_real = [&](int k) { return std::max(0, std::min(ld, V - k * ld)); };
+
+    std::vector<std::vector<float>> local(slices);
+    std::vector<std::unique_ptr<DevBF16>> d_local;
+    std::vector<float> mx(N, -INFINITY), tgt(N, 0.0f);
+    for (int k = 0; k < slices; k++) {
+        INFO("slice " << k);
+        local[k].resize((size_t)N * ld);
+        for (int n = 0; n < N; n++) std::copy_n(&logits[(size_t)n * Vp + k * ld], ld, &local[k][(size_t)n * ld]);
+        d_local.push_back(std::make_unique<DevBF16>(local[k], offset));
+        std::vector<float> want_mx(N), want_tgt(N);
+        cpu::classifier_max<float>(want_mx.data(), local[k].data(), N, ld, n_real(k));
+        cpu::classifier_target<float>(want_tgt.data(), local[k].data(), targets.data(), N, ld, k * ld, n_real(k));
+        DeviceBuffer<float> d_mx(N), d_tgt(N);
+        d_mx.poison();
+        d_tgt.poison();
+        classifier_max(d_mx, d_local[k]->ptr(), N, ld, n_real(k));
+        classifier_target(d_tgt, d_local[k]->ptr(), d_targets, N, ld, k * ld, n_real(k));
+        CHECK_MESSAGE(same_bytes(download(d_mx), want_mx), "classifier_max differs from the CPU");
+        CHECK_MESSAGE(same_bytes(download(d_tgt), want_tgt), "classifier_target differs from the CPU");
+        for (int n = 0; n < N; n++) {
+            mx[n] = std::max(mx[n], want_mx[n]);
+            tgt[n] += want_tgt[n];
+        }
+    }
+    DeviceBuffer<float> d_gmx(N), d_gsum(N), d_gtgt(N);
+    upload(d_gmx, mx);
+    upload(d_gtgt, tgt);
+    std::vector<std::vector<float>> chunk(n_chunks);
+    for (int g = 0; g < n_chunks; g++) {
+        INFO("chunk " << g);
+        const int k = g * CH / ld, c0 = g * CH - k * ld, c1 = std::min(c0 + CH, n_real(k));
+        chunk[g].resize(N);
+        cpu::classifier_sumexp<float>(chunk[g].data(), local[k].data(), mx.data(), N, ld, c0, c1);
+        DeviceBuffer<float> d_sum(N), d_sum_full(N);
+        d_sum.poison();
+        d_sum_full.poison();
+        classifier_sumexp(d_sum, d_local[k]->ptr(), d_gmx, N, ld, c0, c1);
+        classifier_sumexp(d_sum_full, d_full.ptr(), d_gmx, N, Vp, k * ld + c0, k * ld + std::max(c0, c1));
+        const std::vector<float> got = download(d_sum);
+        CHECK_CLOSE("classifier_sumexp", rel_max(got, chunk[g]), LOSS_TOL);
+        CHECK_MESSAGE(same_bytes(got, download(d_sum_full)),
+                      "classifier_sumexp of a chunk differs between its slice and the unsplit row");
+    }
+    std::vector<float> sum(N);  // the chunk sums added in a fixed pairwise tree (as the CPU test)
+    std::function<float(int, int, int)> tree = [&](int n, int lo, int hi) -> float {
+        return hi - lo == 1 ? chunk[lo][n] : tree(n, lo, lo + (hi - lo) / 2) + tree(n, lo + (hi - lo) / 2, hi);
+    };
+    for (int n = 0; n < N; n++) sum[n] = tree(n, 0, n_chunks);
+    upload(d_gsum, sum);
+
+    for (int k = 0; k < slices; k++) {
+        INFO("slice " << k);
+        std::vector<float> want = local[k], want_losses(N);
+        cpu::classifier_backward<float>(want.data(), want_losses.data(), mx.data(), sum.data(), tgt.data(),
+                                        targets.data(), dloss, N, ld, k * ld, n_real(k));
+        DeviceBuffer<float> d_losses(N);
+        d_losses.poison();
+        classifier_backward(d_local[k]->ptr(), d_losses, d_gmx, d_gsum, d_gtgt, d_targets, dloss, N, ld, k * ld,
+                            n_real(k));
+        const std::vector<float> got_losses = download(d_losses), got = d_local[k]->get();
+        CHECK_CLOSE("classifier_backward losses", rel_max(got_losses, want_losses), LOSS_TOL);
+        for (int n = 0; n < N; n++)
+            if (targets[n] < 0) CHECK(got_losses[n] == 0.0f);
+        if (dloss == 0.0f) {
+            CHECK(std::memcmp(got.data(), local[k].data(), got.size() * sizeof(float)) == 0);  // untouched
+            continue;
+        }
+        size_t bad_zeros = 0, nonzero_ref = 0;
+        for (int n = 0; n < N; n++)
+            for (int v = 0; v < ld; v++) {
+                const bool zero = v >= n_real(k) || targets[n] < 0;
+                if (zero && got[(size_t)n * ld + v] != 0.0f) bad_zeros++;
+                nonzero_ref += !zero;
+            }
+        CHECK(bad_zeros == 0);  // padding columns and ignored rows are exactly 0
+        if (nonzero_ref > 0) check_bf16("classifier_backward dlogits", got, want);
+    }
+}
+
+TEST_CASE("vocab-parallel classifier ops match the CPU twins (1, 2, 4, 8 slices, padding-only slice, scalar path)") {
+    for (int N : {1, 37})
+        for (float dloss : {0.37f, 0.0f}) {
+            for (int slices : {1, 2, 4, 8}) {  // V 300 of 384: slice 7 of 8 is padding only
+                check_vocab_parallel(N, 300, 384, slices, 16, dloss, 0, 2000 + N + slices);
+                check_vocab_parallel(N, 300, 384, slices, 16, dloss, 1, 2100 + N + slices);  // 2-byte aligned
+            }
+            check_vocab_parallel(N, 90, 100, 2, 10, dloss, 0, 2200 + N);  // ld 50, chunks of 10: scalar loads
+        }
+    // GPT-2's vocabulary over 8 ranks (6288 columns each), chunks of 3144: several loop trips per lane
+    check_vocab_parallel(4, 50257, 50304, 8, 3144, 1.0f / 4, 0, 2300);
+    // all targets ignored: zero losses and gradients
+    {
+        const int N = 9, V = 300, ld = 96;  // slice 1 of 4 of V 300 / Vp 384
+        std::vector<float> logits = bf16_round(random_vector((size_t)N * ld, 2400, 3.0f, 0.5f));
+        const std::vector<int> targets(N, -1);
+        const std::vector<float> mx(N, 4.0f), sum(N, 30.0f), tgt(N, 0.0f);
+        const DevBF16 d_logits(logits);
+        DeviceBuffer<int> d_targets(N);
+        upload(d_targets, targets);
+        DeviceBuffer<float> d_mx(N), d_sum(N), d_tgt(N), d_losses(N);
+        upload(d_mx, mx);
+        upload(d_sum, sum);
+        upload(d_tgt, tgt);
+        d_losses.poison();
+        classifier_backward(d_logits.ptr(), d_losses, d_mx, d_sum, d_tgt, d_targets, 0.5f, N, ld, ld,
+                            std::min(ld, V - ld));
+        CHECK(same_bytes(download(d_losses), std::vector<float>(N, 0.0f)));
+        CHECK(same_bytes(d_logits.get(), std::vector<float>((size_t)N * ld, 0.0f)));
+    }
 }
 
 }  // namespace classifier_test

@@ -1,4 +1,6 @@
-// GPU encoder_forward / encoder_backward (llmc/encoder.cuh) vs the CPU twin (llmc/cpu/encoder.h).
+// GPU encoder_forward / encoder_backward (llmc/encoder.cuh) vs the CPU twin (llmc/cpu/encoder.h), the
+// whole vocabulary and vocab ranges (tensor parallel: a rank holds the wte rows [vocab_begin,
+// vocab_begin + vocab_count)).
 #pragma once
 #include <algorithm>
 #include <cstring>
@@ -75,7 +77,7 @@ TEST_CASE("encoder_forward: bitwise equal to the CPU twin rounded to bf16 (ragge
                 const std::vector<float> wpe = bf16_round(random_vector((size_t)T * C, 14 + C, 0.5f));
                 std::vector<float> want(n * C);
                 cpu::encoder_forward<float>(want.data(), tokens.data(), doc_start.data(), wte.data(),
-                                            with_wpe ? wpe.data() : nullptr, B, T, C);
+                                            with_wpe ? wpe.data() : nullptr, B, T, C, 0, V);
 
                 DeviceBuffer<int> d_tokens(n), d_ds(n);
                 upload(d_tokens, tokens);
@@ -83,7 +85,7 @@ TEST_CASE("encoder_forward: bitwise equal to the CPU twin rounded to bf16 (ragge
                 std::unique_ptr<DeviceBuffer<floatX>> d_wte(to_device_bf16(wte)), d_wpe(to_device_bf16(wpe));
                 DeviceBuffer<floatX> d_out(n * C);
                 d_out.poison();
-                encoder_forward(d_out, d_tokens, d_ds, *d_wte, with_wpe ? d_wpe->ptr : nullptr, B, T, C);
+                encoder_forward(d_out, d_tokens, d_ds, *d_wte, with_wpe ? d_wpe->ptr : nullptr, B, T, C, 0, V);
                 const std::vector<float> got = download_bf16(d_out);
                 // the GPU adds the same two bf16 values in fp32 and rounds once: exactly bf16(want)
                 const std::vector<float> want_bf16 = bf16_round(want);
@@ -108,7 +110,7 @@ inline void check_backward(const std::vector<int>& tokens, int V, int B, int T, 
     const std::vector<float> dwpe0 = bf16_round(random_vector((size_t)T * C, seed + 3, 0.5f));
     std::vector<float> want_wte = dwte0, want_wpe = dwpe0;
     cpu::encoder_backward<float>(want_wte.data(), with_wpe ? want_wpe.data() : nullptr, dout.data(), tokens.data(),
-                                 doc_start.data(), B, T, C);
+                                 doc_start.data(), B, T, C, 0, V);
 
     cuda_scratch_reserve(encoder_scratch_bytes(B, T, C));
     DeviceBuffer<int> d_tokens(n), d_ds(n);
@@ -116,7 +118,7 @@ inline void check_backward(const std::vector<int>& tokens, int V, int B, int T, 
     upload(d_ds, doc_start);
     std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout)), d_wte(to_device_bf16(dwte0)),
         d_wpe(to_device_bf16(dwpe0));
-    encoder_backward(*d_wte, with_wpe ? d_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C);
+    encoder_backward(*d_wte, with_wpe ? d_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, 0, V);
     const std::vector<float> got_wte = download_bf16(*d_wte), got_wpe = download_bf16(*d_wpe);
     CHECK_CLOSE("dwte (worst row)", max_row_rel_l2(got_wte, want_wte, C), BF16_TOL);
     // without wpe, dwpe must be untouched (want_wpe is still the prefill)
@@ -173,12 +175,120 @@ TEST_CASE("encoder_backward: bitwise deterministic (repeated tokens, wpe)") {
     std::vector<std::vector<floatX>> wte_runs, wpe_runs;
     for (int rep = 0; rep < 2; rep++) {
         std::unique_ptr<DeviceBuffer<floatX>> d_wte(to_device_bf16(dwte0)), d_wpe(to_device_bf16(dwpe0));
-        encoder_backward(*d_wte, *d_wpe, *d_dout, d_tokens, d_ds, B, T, C);
+        encoder_backward(*d_wte, *d_wpe, *d_dout, d_tokens, d_ds, B, T, C, 0, V);
         wte_runs.push_back(download(*d_wte));
         wpe_runs.push_back(download(*d_wpe));
     }
     CHECK(std::memcmp(wte_runs[0].data(), wte_runs[1].data(), wte_runs[0].size() * sizeof(floatX)) == 0);
     CHECK(std::memcmp(wpe_runs[0].data(), wpe_runs[1].data(), wpe_runs[0].size() * sizeof(floatX)) == 0);
+}
+
+// Vocab ranges, forward: every range's output is bitwise bf16 of the CPU twin's (the position term on
+// range 0 only), and the ranges' outputs summed in fp32 and rounded to bf16 are bitwise the full
+// vocabulary's output (out-of-range tokens give exact zeros).
+TEST_CASE("encoder_forward: vocab ranges (tensor parallel) vs the CPU twin; their sum is the full output") {
+    const int V = 97, B = 3, T = 100;
+    const std::vector<std::vector<int>> splits = {{0, 48, 97}, {0, 24, 48, 72, 97}, {0, 0, 96, 97}};
+    for (int C : {37, 768})
+        for (bool with_wpe : {true, false}) {
+            CAPTURE(C);
+            CAPTURE(with_wpe);
+            const size_t n = (size_t)B * T;
+            const std::vector<int> tokens = random_tokens(n, V, 51 + C);
+            const std::vector<int> doc_start = make_doc_start(B, T, 17, 52 + C);
+            const std::vector<float> wte = bf16_round(random_vector((size_t)V * C, 53 + C));
+            const std::vector<float> wpe = bf16_round(random_vector((size_t)T * C, 54 + C, 0.5f));
+            DeviceBuffer<int> d_tokens(n), d_ds(n);
+            upload(d_tokens, tokens);
+            upload(d_ds, doc_start);
+            std::unique_ptr<DeviceBuffer<floatX>> d_wte(to_device_bf16(wte)), d_wpe(to_device_bf16(wpe));
+            DeviceBuffer<floatX> d_full(n * C);
+            d_full.poison();
+            encoder_forward(d_full, d_tokens, d_ds, *d_wte, with_wpe ? d_wpe->ptr : nullptr, B, T, C, 0, V);
+            const std::vector<float> full = download_bf16(d_full);
+            for (const std::vector<int>& bounds : splits) {
+                CAPTURE(bounds.size() - 1);
+                std::vector<float> sum(n * C, 0.0f);
+                for (size_t k = 0; k + 1 < bounds.size(); k++) {
+                    CAPTURE(k);
+                    const int v0 = bounds[k], nv = bounds[k + 1] - bounds[k];
+                    const std::vector<float> rows(wte.begin() + (size_t)v0 * C, wte.begin() + (size_t)(v0 + nv) * C);
+                    const float* pe = with_wpe && k == 0 ? wpe.data() : nullptr;
+                    std::vector<float> want(n * C);
+                    cpu::encoder_forward<float>(want.data(), tokens.data(), doc_start.data(), rows.data(), pe, B, T, C,
+                                                v0, nv);
+                    std::unique_ptr<DeviceBuffer<floatX>> d_rows(to_device_bf16(rows));
+                    DeviceBuffer<floatX> d_out(n * C);
+                    d_out.poison();
+                    encoder_forward(d_out, d_tokens, d_ds, *d_rows, pe ? d_wpe->ptr : nullptr, B, T, C, v0, nv);
+                    const std::vector<float> got = download_bf16(d_out);
+                    CHECK(same_bytes(got, bf16_round(want)));
+                    for (size_t i = 0; i < sum.size(); i++) sum[i] += got[i];
+                }
+                CHECK_MESSAGE(same_bytes(bf16_round(sum), full), "the ranges' outputs do not sum to the full output");
+            }
+        }
+}
+
+// Vocab ranges, backward: the range's local dwte rows (prefilled) and dwpe (every token) vs the CPU
+// twin; rows no token of the range hits come back bit-identical to the prefill.
+inline void check_backward_range(const std::vector<int>& tokens, int B, int T, int C, bool with_wpe, int v0, int nv,
+                                 uint64_t seed) {
+    CAPTURE(B);
+    CAPTURE(T);
+    CAPTURE(C);
+    CAPTURE(with_wpe);
+    CAPTURE(v0);
+    CAPTURE(nv);
+    const size_t n = (size_t)B * T;
+    const std::vector<int> doc_start = make_doc_start(B, T, 50, seed);
+    const std::vector<float> dout = bf16_round(random_vector(n * C, seed + 1));
+    const std::vector<float> dwte0 = bf16_round(random_vector((size_t)nv * C, seed + 2, 0.5f));
+    const std::vector<float> dwpe0 = bf16_round(random_vector((size_t)T * C, seed + 3, 0.5f));
+    std::vector<float> want_wte = dwte0, want_wpe = dwpe0;
+    cpu::encoder_backward<float>(want_wte.data(), with_wpe ? want_wpe.data() : nullptr, dout.data(), tokens.data(),
+                                 doc_start.data(), B, T, C, v0, nv);
+    cuda_scratch_reserve(encoder_scratch_bytes(B, T, C));
+    DeviceBuffer<int> d_tokens(n), d_ds(n);
+    upload(d_tokens, tokens);
+    upload(d_ds, doc_start);
+    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout)), d_wte(to_device_bf16(dwte0)),
+        d_wpe(to_device_bf16(dwpe0));
+    encoder_backward(*d_wte, with_wpe ? d_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, v0, nv);
+    const std::vector<float> got_wte = download_bf16(*d_wte), got_wpe = download_bf16(*d_wpe);
+    if (nv > 0) CHECK_CLOSE("dwte rows of the range (worst row)", max_row_rel_l2(got_wte, want_wte, C), BF16_TOL);
+    CHECK_CLOSE("dwpe (worst row)", max_row_rel_l2(got_wpe, want_wpe, C), with_wpe ? BF16_TOL : 0.0);
+    std::vector<char> hit(nv, 0);
+    for (int t : tokens)
+        if (t >= v0 && t < v0 + nv) hit[t - v0] = 1;
+    size_t changed = 0;
+    for (int v = 0; v < nv; v++)
+        if (!hit[v]) changed += std::memcmp(&got_wte[(size_t)v * C], &dwte0[(size_t)v * C], C * sizeof(float)) != 0;
+    CHECK_MESSAGE(changed == 0, changed << " rows without a token of the range changed");
+}
+
+TEST_CASE("encoder_backward: vocab ranges (tensor parallel) accumulate like the CPU twin") {
+    const int V = 301;
+    for (int C : {37, 768}) {
+        for (auto bt : {std::pair<int, int>{1, 5}, std::pair<int, int>{4, 512}})
+            for (bool with_wpe : {true, false}) {
+                const int B = bt.first, T = bt.second;
+                const std::vector<int> tokens = random_tokens((size_t)B * T, V, 61 + C + T);
+                uint64_t seed = 62 + C + T;
+                for (const std::pair<int, int>& range : {std::pair<int, int>{0, 150}, std::pair<int, int>{150, 151},
+                                                         std::pair<int, int>{100, 1}, std::pair<int, int>{0, 0},
+                                                         std::pair<int, int>{V, 50}})
+                    check_backward_range(tokens, B, T, C, with_wpe, range.first, range.second, seed += 10);
+            }
+        // heavy repeats around the 64-entry chunks of the sorted list, cut by the range
+        const int B = 4, T = 512, n = B * T;
+        const std::vector<int> runs = run_tokens({1, 63, 64, 65, 128, 129, 200, 2}, n, 64);
+        const int n_tok = *std::max_element(runs.begin(), runs.end()) + 1;
+        check_backward_range(runs, B, T, C, true, 0, n_tok / 2, 65);
+        check_backward_range(runs, B, T, C, true, n_tok / 3, n_tok - n_tok / 3, 66);
+        check_backward_range(std::vector<int>(n, 5), B, T, C, true, 5, 1, 67);  // one run over all chunks
+        check_backward_range(std::vector<int>(n, 5), B, T, C, true, 6, 10, 68); // no token in range
+    }
 }
 
 }  // namespace encoder_test
