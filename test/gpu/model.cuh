@@ -383,14 +383,14 @@ TEST_CASE("model: --offload optimizer (AdamW on the host) trains bitwise as the 
         ref::gpt_get_state(r, p.data(), nullptr, nullptr);
         ref::gpt_free(r);
         std::vector<float> losses[2], master[2], m[2], v[2];
-        std::vector<gpu::floatX> bf16[2];
+        std::vector<__nv_bfloat16> bf16[2];
         for (int off = 0; off < 2; off++) {
             gpu::GPT g;
             g.offload = off ? gpu::OFFLOAD_OPTIMIZER : gpu::OFFLOAD_NONE;
             const size_t host0 = gpu::host_bytes_allocated();
             gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T, zero);
             const gpu::MemoryEstimate e = gpu::gpt_memory_estimate(convert_config<gpu::GPTConfig>(rc), B, T, zero,
-                                                                   nullptr, 0, 0, sizeof(gpu::floatX), g.offload);
+                                                                   nullptr, 0, 0, sizeof(__nv_bfloat16), g.offload);
             CHECK(e.host_arenas() == (double)(gpu::host_bytes_allocated() - host0));
             gpu::gpt_set_state(g, p.data(), zeros.data(), zeros.data());
             losses[off] = train_steps<gpu::GPT, gpu::OptimizerConfig>(
@@ -398,11 +398,11 @@ TEST_CASE("model: --offload optimizer (AdamW on the host) trains bitwise as the 
             for (auto* x : {&master[off], &m[off], &v[off]}) x->resize(g.n_params);
             gpu::gpt_get_state(g, master[off].data(), m[off].data(), v[off].data());
             bf16[off].resize(g.zero.params_elems());
-            cudaCheck(cudaMemcpy(bf16[off].data(), g.params, bf16[off].size() * sizeof(gpu::floatX), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(bf16[off].data(), g.params, bf16[off].size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
             gpu::gpt_free(g);
         }
         CHECK(memcmp(losses[1].data(), losses[0].data(), steps * sizeof(float)) == 0);
-        CHECK(memcmp(bf16[1].data(), bf16[0].data(), bf16[0].size() * sizeof(gpu::floatX)) == 0);
+        CHECK(memcmp(bf16[1].data(), bf16[0].data(), bf16[0].size() * sizeof(__nv_bfloat16)) == 0);
         auto tiny = [](float x) { return std::fabs(x) < FLT_MIN; };  // zero or denormal
         size_t moment_diffs = 0, bad_moments = 0, bad_master = 0;
         for (size_t i = 0; i < p.size(); i++) {
