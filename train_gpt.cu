@@ -72,6 +72,18 @@ static void* buffer_alloc(size_t bytes) {
     return p;
 }
 static void buffer_free(void* p) { free(p); }
+// the host arenas of --offload optimizer (llmc/memory.h): host memory like the buffers, counted apart
+static size_t& host_bytes_allocated() {
+    static size_t bytes = 0;
+    return bytes;
+}
+static void* host_buffer_alloc(size_t bytes) {
+    host_bytes_allocated() += bytes;
+    void* p = calloc(1, bytes);
+    LLMC_CHECK(p, "out of memory allocating %zu bytes of host memory", bytes);
+    return p;
+}
+static void host_buffer_free(void* p) { free(p); }
 static void buffer_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
 static void copy_to_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
@@ -136,6 +148,23 @@ static void* buffer_alloc(size_t bytes) {
     return p;
 }
 static void buffer_free(void* p) { cudaCheck(cudaFree(p)); }
+// the host arenas of --offload optimizer (llmc/memory.h): pinned host memory, so the copies between
+// them and the device run asynchronously at full bandwidth
+static size_t& host_bytes_allocated() {
+    static size_t bytes = 0;
+    return bytes;
+}
+static void* host_buffer_alloc(size_t bytes) {
+    host_bytes_allocated() += bytes;
+    void* p = nullptr;
+    cudaError_t err = cudaMallocHost(&p, std::max<size_t>(bytes, 1));
+    LLMC_CHECK(err == cudaSuccess, "out of pinned host memory allocating %zu bytes for --offload optimizer (%s): "
+               "shard the optimizer state over more ranks (--zero 1) or use --offload none", bytes,
+               cudaGetErrorString(err));
+    memset(p, 0, bytes);
+    return p;
+}
+static void host_buffer_free(void* p) { cudaCheck(cudaFreeHost(p)); }
 // what the device holds after a step, next to the plan: our buffers, and all that is in use on the
 // device (the buffers plus the op scratch, library workspaces and the CUDA context)
 static std::string measured_memory() {
@@ -196,6 +225,7 @@ static void backend_setup(int B, int T, int C, int n_head, int n_kv_head, int ma
 // Multi-process: the rank grid and collectives (llmc/comm.h), ZeRO sharding (llmc/zero.h).
 #include "llmc/zero.h"
 #include "llmc/memory.h"
+#include "llmc/offload.h"
 #include "llmc/pipeline.h"
 #include "llmc/tensor_parallel.h"
 
@@ -745,8 +775,10 @@ struct GPT {
     floatX* params = nullptr;    // stage 0-2: every segment (padded space); stage 3: this rank's shard
     floatX* grads = nullptr;     // leaf gradients of one micro-batch (padded space; stage 3: slots)
     float* grad_acc = nullptr;   // fp32 sum of the leaves over the step's global micro-batches
-    float* master = nullptr;     // fp32 master weights when params are not fp32 (the CUDA build)
+    float* master = nullptr;     // fp32 master weights when params are not fp32 (the CUDA build), or offloaded
     float *adam_m = nullptr, *adam_v = nullptr;
+    int offload = OFFLOAD_NONE;     // --offload optimizer: master, adam m/v in host arenas (llmc/offload.h)
+    float* grad_staging = nullptr;  // offload: host fp32 [state_elems], the gradients down, the params up
     floatX* comm_scratch = nullptr;  // reduce_scatter_add's receive buffer (dp > 1)
     SegmentSlots<floatX> param_slots, grad_slots;  // stage 3: gathered segments
     std::vector<UpdatePiece> update_pieces;         // what this rank's optimizer step updates
@@ -949,6 +981,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     if (!m.mem.plan_only) {  // the arenas: one allocation per kind, at the plan's size
         GPT plan;
         plan.mem.plan_only = true;
+        plan.offload = m.offload;
         gpt_allocate(plan, config, B, T, zero_stage, pipe, recompute, sp);
         m.mem.allocate_as(plan.mem);
     }
@@ -992,9 +1025,14 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     const size_t fx = m.elem_bytes;
     m.params = (floatX*)take(m, MEM_PARAMS, z.params_elems() * fx);
     m.grad_acc = (float*)take(m, MEM_GRADS, z.acc_elems() * sizeof(float));
-    if (m.elem_bytes != sizeof(float)) m.master = (float*)take(m, MEM_MASTER, z.state_elems() * sizeof(float));
-    m.adam_m = (float*)take(m, MEM_MOMENTS, z.state_elems() * sizeof(float));
-    m.adam_v = (float*)take(m, MEM_MOMENTS, z.state_elems() * sizeof(float));
+    // --offload optimizer: the master (the CPU build too: a host copy of its fp32 params), the
+    // moments and the gradient staging of what this rank updates go to the host arenas
+    const bool host_state = m.offload == OFFLOAD_OPTIMIZER;
+    if (m.elem_bytes != sizeof(float) || host_state)
+        m.master = (float*)take(m, host_state ? MEM_HOST_MASTER : MEM_MASTER, z.state_elems() * sizeof(float));
+    m.adam_m = (float*)take(m, host_state ? MEM_HOST_MOMENTS : MEM_MOMENTS, z.state_elems() * sizeof(float));
+    m.adam_v = (float*)take(m, host_state ? MEM_HOST_MOMENTS : MEM_MOMENTS, z.state_elems() * sizeof(float));
+    if (host_state) m.grad_staging = (float*)take(m, MEM_HOST_STAGING, z.state_elems() * sizeof(float));
     if (pp.has_head() || (pp.has_embedding() && pp.P > 1)) {
         const std::vector<SegmentSpec> all = segment_specs(config, m.local);
         m.head = zero_layout({all[0]}, count_params(m.local), zero_stage, dp.size, dp.rank);
@@ -1153,7 +1191,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
 // The memory guard: refuses, before anything big is allocated, a run whose buffers cannot fit,
 // with the numbers and what to change. On the CPU the buffers and the host staging share host memory.
 static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute,
-                              bool sp);
+                              bool sp, int offload);
 
 static void gpt_free(GPT& m) {
     m.mem.release();
@@ -1166,13 +1204,14 @@ static void gpt_free(GPT& m) {
 static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int zero_stage = 0,
                                           const PipelinePlan* pipe = nullptr, int recompute = 0, int plan_dp = 0,
                                           size_t elem_bytes = sizeof(floatX), int plan_tp = 0, bool sp = false,
-                                          int plan_ep = 0) {
+                                          int plan_ep = 0, int offload = OFFLOAD_NONE) {
     GPT plan;
     plan.mem.plan_only = true;
     plan.plan_dp = plan_dp;
     plan.plan_tp = plan_tp;
     plan.plan_ep = plan_ep;
     plan.elem_bytes = elem_bytes;
+    plan.offload = offload;
     gpt_allocate(plan, c, B, T, zero_stage, pipe, recompute, sp);
     MemoryEstimate e = MemoryEstimate::of(plan.mem);
     // host: init (params + zeros) or a loaded checkpoint (3 fp32 copies), the rounded upload copy,
@@ -1221,9 +1260,10 @@ static void gpt_set_state(GPT& m, const float* table_params, const float* table_
                              adam_v = table_to_local(m, table_v);
     std::vector<floatX> p = table_to_space<floatX>(z, z.params_sharded(), params.data());
     copy_to_buffer(m.params, p.data(), p.size() * sizeof(floatX));
-    if (m.master) copy_to_buffer(m.master, table_to_space<float>(z, z.state_sharded(), params.data()).data(), z.state_elems() * 4);
-    copy_to_buffer(m.adam_m, table_to_space<float>(z, z.state_sharded(), adam_m.data()).data(), z.state_elems() * 4);
-    copy_to_buffer(m.adam_v, table_to_space<float>(z, z.state_sharded(), adam_v.data()).data(), z.state_elems() * 4);
+    const bool host = m.offload == OFFLOAD_OPTIMIZER;  // the state in host arenas
+    if (m.master) state_copy_in(host, m.master, table_to_space<float>(z, z.state_sharded(), params.data()).data(), z.state_elems() * 4);
+    state_copy_in(host, m.adam_m, table_to_space<float>(z, z.state_sharded(), adam_m.data()).data(), z.state_elems() * 4);
+    state_copy_in(host, m.adam_v, table_to_space<float>(z, z.state_sharded(), adam_v.data()).data(), z.state_elems() * 4);
     if (m.head_params)  // the last stage's copy of the tied embedding
         copy_to_buffer(m.head_params, table_to_space<floatX>(m.head, false, params.data()).data(),
                        m.head.padded_total * sizeof(floatX));
@@ -1234,11 +1274,12 @@ static void gpt_set_state(GPT& m, const float* table_params, const float* table_
 static void gpt_own_state(const GPT& m, float* params, float* adam_m, float* adam_v) {
     const ZeroLayout& z = m.zero;
     std::vector<float> st_m(z.state_elems()), st_v(z.state_elems()), st_p;
-    copy_from_buffer(st_m.data(), m.adam_m, st_m.size() * 4);
-    copy_from_buffer(st_v.data(), m.adam_v, st_v.size() * 4);
+    const bool host = m.offload == OFFLOAD_OPTIMIZER;  // the state in host arenas
+    state_copy_out(host, st_m.data(), m.adam_m, st_m.size() * 4);
+    state_copy_out(host, st_v.data(), m.adam_v, st_v.size() * 4);
     if (m.master) {
         st_p.resize(z.state_elems());
-        copy_from_buffer(st_p.data(), m.master, st_p.size() * 4);
+        state_copy_out(host, st_p.data(), m.master, st_p.size() * 4);
     } else {
         std::vector<floatX> raw(z.params_elems());
         copy_from_buffer(raw.data(), m.params, raw.size() * sizeof(floatX));
@@ -2153,10 +2194,14 @@ static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int ste
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded
     const uint64_t step_seed = Rng(0xADA3ull ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull)).next_u64();
-    for (const UpdatePiece& u : m.update_pieces)
-        adamw_update(m.params + u.param_index, m.master ? m.master + u.state_index : nullptr, m.grad_acc + u.acc_index,
-                     m.adam_m + u.state_index, m.adam_v + u.state_index, u.n, lr, o.beta1, o.beta2, o.eps,
-                     u.decay ? o.weight_decay : 0.0f, scale, step + 1, step_seed + u.table_offset);
+    if (m.offload == OFFLOAD_OPTIMIZER)  // the same step on the CPU, the state in host memory (llmc/offload.h)
+        offload_adamw_step(m.update_pieces, m.params, m.grad_acc, m.master, m.adam_m, m.adam_v, m.grad_staging, lr,
+                           o.beta1, o.beta2, o.eps, o.weight_decay, scale, step + 1, step_seed);
+    else
+        for (const UpdatePiece& u : m.update_pieces)
+            adamw_update(m.params + u.param_index, m.master ? m.master + u.state_index : nullptr,
+                         m.grad_acc + u.acc_index, m.adam_m + u.state_index, m.adam_v + u.state_index, u.n, lr, o.beta1,
+                         o.beta2, o.eps, u.decay ? o.weight_decay : 0.0f, scale, step + 1, step_seed + u.table_offset);
     if (z.stage == 1 || z.stage == 2)
         for (int s = 0; s < (int)z.segs.size(); s++)
             if (seg_group(z, s).size > 1)
@@ -2307,42 +2352,80 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
 }
 
 
-// What a plan needs from the memory the buffers live in (on the CPU: with the host staging).
+// What a plan needs from the memory the buffers live in (on the CPU: with the host staging and the
+// host arenas, all one memory), and, apart from it, from host memory (the CUDA build: the pageable
+// staging and the pinned arenas of --offload optimizer).
 static double plan_need_bytes(const MemoryEstimate& e) {
 #ifdef LLMC_CPU
-    return e.buffers() + e.host;
+    return e.buffers() + e.host + e.host_arenas();
 #else
     return e.buffers();
 #endif
 }
-static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute,
-                              bool sp) {
-    const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &pipe, recompute, 0, sizeof(floatX), 0, sp);
-    std::string source;
-    const double avail = available_buffer_memory(source);
-    const double need = plan_need_bytes(e);
-#ifndef LLMC_CPU
-    std::string host_source;
-    const double host_avail = available_host_memory(host_source);
-    LLMC_CHECK(host_avail <= 0 || e.host <= host_avail,
-               "memory: the host-side staging needs %.2f GiB but %s is %.2f GiB; reduce the model size",
-               e.host / 1073741824.0, host_source.c_str(), host_avail / 1073741824.0);
-#endif
+static double plan_host_bytes(const MemoryEstimate& e) { return e.host + e.host_arenas(); }
+
+// The memory guard's verdict on a plan: returns, or throws with the numbers, the biggest part and
+// what to change, that first. one_memory: the buffers and the host side share one memory (the CPU
+// build: need plan_need_bytes <= avail); else the device buffers are compared with avail and the host
+// side with host_avail (<= 0: unknown, not checked).
+static void check_plan_fits(const MemoryEstimate& e, int B, int T, int offload, bool one_memory, double avail,
+                            const std::string& source, double host_avail, const std::string& host_source) {
     const double MiB = 1048576.0, GiB = 1073741824.0;
-    LLMC_CHECK(avail <= 0 || need <= avail,
-               "memory: this run needs %.2f GiB (params %.1f MiB, grads %.1f MiB, master %.1f MiB, Adam moments %.1f "
-               "MiB, activations %.1f MiB for B %d x T %d, host staging %.1f MiB) but %s is %.2f GiB. Activations grow "
-               "with B*T: lower -b (batch size) or -t (sequence length), and keep the tokens per step with "
-               "-d/--total_batch_tokens (gradient accumulation), or recompute activations (-r 1 or 2); or shard with "
-               "--zero / split with --pp or --tp (--sp), or shrink the "
-               "model (--n_layer, --n_embd, --vocab_size)",
-               need / GiB, e.params / MiB, e.grads / MiB, e.master / MiB, e.moments / MiB, e.activations / MiB, B, T,
+    const bool offloaded = offload == OFFLOAD_OPTIMIZER;
+    const std::string shard_state = "shard the optimizer state over more ranks with --zero 1 (each rank keeps only its "
+                                    "slice" + std::string(offloaded ? ", and offloads only that" : "") + ")";
+    if (!one_memory) {
+        const double host_need = plan_host_bytes(e);
+        LLMC_CHECK(host_avail <= 0 || host_need <= host_avail,
+                   "memory: the host side of this run needs %.2f GiB (staging for init and checkpoints %.1f MiB%s) but %s "
+                   "is %.2f GiB; %s, or shrink the model (--n_layer, --n_embd, --vocab_size)%s",
+                   host_need / GiB, e.host / MiB,
+                   offloaded ? strfmt(", --offload optimizer: master weights %.1f MiB, Adam moments %.1f MiB, gradient "
+                                      "staging %.1f MiB", e.host_master / MiB, e.host_moments / MiB,
+                                      e.host_staging / MiB).c_str() : "",
+                   host_source.c_str(), host_avail / GiB, shard_state.c_str(),
+                   offloaded ? "; or keep the optimizer state on the device (--offload none)" : "");
+    }
+    const double need = one_memory ? plan_need_bytes(e) : e.buffers();
+    if (avail <= 0 || need <= avail) return;
+    // the parts of what does not fit, the biggest first, each with what shrinks it
+    const double state = e.master + e.moments + (one_memory ? e.host_master + e.host_moments : 0.0);
+    const std::string acts = "activations grow with B*T: lower -b (batch size) or -t (sequence length), and keep the "
+                             "tokens per step with -d/--total_batch_tokens (gradient accumulation), or recompute "
+                             "activations (-r 1 or 2)";
+    const std::string opt = offloaded || one_memory ? shard_state
+                                                    : "--offload optimizer keeps the fp32 master weights and Adam moments "
+                                                      "in host memory and runs AdamW on the CPU (ZeRO-Offload), or " +
+                                                          shard_state;
+    std::vector<std::pair<double, std::string>> parts = {
+        {e.activations, "the activations (" + acts + ")"},
+        {state, "the optimizer state, master weights and Adam moments (" + opt + ")"},
+        {e.grads, "the gradients (--zero 2 shards the fp32 accumulators, --zero 3 the leaf gradients too; --pp splits "
+                  "the layers)"},
+        {e.params, "the parameters (--zero 3 shards them; --pp splits the layers)"}};
+    std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    LLMC_FAIL("memory: this run needs %.2f GiB (params %.1f MiB, grads %.1f MiB, master %.1f MiB, Adam moments %.1f "
+              "MiB, activations %.1f MiB for B %d x T %d%s) but %s is %.2f GiB. The biggest part is %s; next %s. "
+              "Or shard with --zero / split with --pp or --tp (--sp), or shrink the model (--n_layer, --n_embd, --vocab_size)",
+              need / GiB, (e.params) / MiB, e.grads / MiB, (e.master + (one_memory ? e.host_master : 0)) / MiB,
+              (e.moments + (one_memory ? e.host_moments : 0)) / MiB, e.activations / MiB, B, T,
+              one_memory ? strfmt(", host staging %.1f MiB%s", e.host / MiB,
+                                  offloaded ? strfmt(", offload gradient staging %.1f MiB", e.host_staging / MiB).c_str()
+                                            : "").c_str()
+                         : "",
+              source.c_str(), avail / GiB, parts[0].second.c_str(), parts[1].second.c_str());
+}
+static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, const PipelinePlan& pipe, int recompute,
+                              bool sp, int offload) {
+    const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &pipe, recompute, 0, sizeof(floatX), 0, sp, 0, offload);
+    std::string source, host_source;
+    const double avail = available_buffer_memory(source);
 #ifdef LLMC_CPU
-               e.host / MiB,
+    check_plan_fits(e, B, T, offload, true, avail, source, -1, host_source);
 #else
-               0.0,
+    const double host_avail = available_host_memory(host_source);
+    check_plan_fits(e, B, T, offload, false, avail, source, host_avail, host_source);
 #endif
-               source.c_str(), avail / GiB);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -2410,6 +2493,8 @@ static const Option OPTIONS[] = {
                        "gradients, 3 also parameters (gathered per block)"},
     {"recompute", "r", "0", "activation recomputation: 0 keep all, 1 recompute LayerNorm outputs and the FFN "
                             "activation, 2 recompute each block in the backward (same gradients)"},
+    {"offload", "", "none", "none | optimizer: the fp32 master weights and AdamW moments of what this rank updates in "
+                            "host memory, the AdamW step on the CPU (ZeRO-Offload; same results)"},
     {"plan", "", "0", "print the memory plan (every stage, -z and -r level) and whether it fits, then exit (a switch)"},
     {"plan_ranks", "", "", "--plan: plan for this many processes (default: the ones started)"},
     {"max_fit", "", "0", "--plan plus the largest -b and the largest dN model that fit, per -r level (a switch)"},
@@ -2610,6 +2695,7 @@ struct PlanInputs {
     GPTConfig config;
     int B = 1, T = 1, zero_stage = 0, recompute = 0, dp = 1, tp = 1, ep = 1;
     bool sp = false;
+    int offload = OFFLOAD_NONE;  // --offload
     PipelinePlan pipe;  // its stage is the rank's
     // --device: plan the CUDA build (bf16 params and activations, fp32 master) on a GPU of that
     // memory, from any machine; device_bytes 0: this build on this machine
@@ -2619,19 +2705,32 @@ struct PlanInputs {
     MemoryEstimate estimate(int zero, int stage, int r) const {
         PipelinePlan ps = pipe;
         ps.stage = stage;
-        return gpt_memory_estimate(config, B, T, zero, &ps, r, dp, elem_bytes, tp, sp, ep);
+        return gpt_memory_estimate(config, B, T, zero, &ps, r, dp, elem_bytes, tp, sp, ep, offload);
     }
     double need(const MemoryEstimate& e) const { return device_bytes > 0 ? e.buffers() : plan_need_bytes(e); }
+    // the host side when it is apart from the buffers (the CUDA build, or --device), with --offload
+    // optimizer (without it the plan is the device's alone); 0 where it is in need()
+    bool host_apart() const {
+#ifdef LLMC_CPU
+        return device_bytes > 0;
+#else
+        return true;
+#endif
+    }
+    double host_need(const MemoryEstimate& e) const {
+        return offload == OFFLOAD_OPTIMIZER && host_apart() ? plan_host_bytes(e) : 0.0;
+    }
 };
 
 // One rank's memory for every ZeRO stage (the current one marked): the plan of gpt_allocate.
 static void print_memory_plan(const PlanInputs& in) {
     MemoryEstimate mem[4];
     for (int z = 0; z < 4; z++) mem[z] = in.estimate(z, in.pipe.stage, in.recompute);
-    printf("memory per rank (MiB), dp %d%s%s%s, -r %d:  %10s %10s %10s %10s\n", in.dp,
+    printf("memory per rank (MiB), dp %d%s%s%s, -r %d%s:  %10s %10s %10s %10s\n", in.dp,
            in.tp > 1 ? (", tp " + std::to_string(in.tp) + (in.sp ? " + sp" : "")).c_str() : "",
            in.ep > 1 ? (", ep " + std::to_string(in.ep)).c_str() : "",
            in.pipe.P > 1 ? (", pipeline stage " + std::to_string(in.pipe.stage)).c_str() : "", in.recompute,
+           in.offload == OFFLOAD_OPTIMIZER ? ", --offload optimizer" : "",
            in.zero_stage == 0 ? "[-z 0]" : "-z 0", in.zero_stage == 1 ? "[-z 1]" : "-z 1",
            in.zero_stage == 2 ? "[-z 2]" : "-z 2", in.zero_stage == 3 ? "[-z 3]" : "-z 3");
     auto row = [&](const char* name, double MemoryEstimate::*field) {
@@ -2646,6 +2745,13 @@ static void print_memory_plan(const PlanInputs& in) {
     row("activations", &MemoryEstimate::activations);
     row("batch", &MemoryEstimate::batch);
     row("total", nullptr);
+    if (in.offload != OFFLOAD_OPTIMIZER) return;
+    row("host: master weights (fp32)", &MemoryEstimate::host_master);
+    row("host: adam moments (fp32)", &MemoryEstimate::host_moments);
+    row("host: gradient staging (fp32)", &MemoryEstimate::host_staging);
+    printf("  %-34s", "host total (offload arenas)");
+    for (int z = 0; z < 4; z++) printf(" %10.2f", mem[z].host_arenas() / 1048576.0);
+    printf("\n");
 }
 
 // The pipeline at start-up: per stage its virtual stages' blocks, parameters, FLOPs per micro-batch,
@@ -2692,26 +2798,52 @@ static void print_pipeline(const PlanInputs& in) {
 // (or LLMC_MEMORY_LIMIT), and with --max_fit the largest micro-batch and the largest dN-shaped model
 // that fit per -r level; nothing is allocated.
 static void print_plan(const PlanInputs& in, bool max_fit) {
-    std::string source = in.device_name;
+    std::string source = in.device_name, host_source = "host memory of the GPU machine: unknown, not checked";
     const double avail = in.device_bytes > 0 ? in.device_bytes : available_buffer_memory(source), GiB = 1073741824.0;
+    // --offload optimizer on the CUDA build: the host side is checked against this machine's host
+    // memory; with --device it is reported (the GPU machine's host memory is not known here)
+    const double host_avail = in.device_bytes > 0 ? -1 : available_host_memory(host_source);
     if (in.pipe.P > 1) print_pipeline(in);
     for (int s = 0; s < in.pipe.P; s++) {
         PlanInputs one = in;
         one.pipe.stage = s;
         print_memory_plan(one);
     }
-    auto worst = [&](const PlanInputs& p, int r) {  // the most any stage needs
-        double need = 0;
-        for (int s = 0; s < p.pipe.P; s++) need = std::max(need, p.need(p.estimate(p.zero_stage, s, r)));
+    // the most any stage needs; host: the most any stage needs of host memory apart (and of that, in
+    // the offload arenas)
+    auto worst = [&](const PlanInputs& p, int r, double* host = nullptr, double* arenas = nullptr) {
+        double need = 0, h = 0, a = 0;
+        for (int s = 0; s < p.pipe.P; s++) {
+            const MemoryEstimate e = p.estimate(p.zero_stage, s, r);
+            need = std::max(need, p.need(e));
+            if (p.host_need(e) > h) { h = p.host_need(e); a = e.host_arenas(); }
+        }
+        if (host) *host = h;
+        if (arenas) *arenas = a;
         return need;
     };
+    auto fits = [&](const PlanInputs& p, int r) {
+        double h = 0;
+        const double need = worst(p, r, &h);
+        return need <= avail && (host_avail <= 0 || h <= host_avail);
+    };
     const int procs = in.pipe.P * in.dp * in.tp;
-    printf("plan: %d process%s (pp %d x dp %d x tp %d%s), -z %d; available: %s %.2f GiB\n", procs, procs == 1 ? "" : "es",
-           in.pipe.P, in.dp, in.tp, in.sp ? " + sp" : "", in.zero_stage, source.c_str(), avail / GiB);
+    printf("plan: %d process%s (pp %d x dp %d x tp %d%s), -z %d%s; available: %s %.2f GiB\n", procs, procs == 1 ? "" : "es",
+           in.pipe.P, in.dp, in.tp, in.sp ? " + sp" : "", in.zero_stage,
+           in.offload == OFFLOAD_OPTIMIZER ? ", --offload optimizer" : "", source.c_str(), avail / GiB);
+    const bool host_line = in.offload == OFFLOAD_OPTIMIZER && in.host_apart();
+    if (host_line) {
+        if (host_avail > 0) printf("  host side: %s %.2f GiB\n", host_source.c_str(), host_avail / GiB);
+        else printf("  host side: %s\n", host_source.c_str());
+    }
     for (int r = 0; r <= 2; r++) {
-        const double need = worst(in, r);
-        printf("  -r %d: the largest stage needs %.3f GiB: %s\n", r, need / GiB,
-               avail <= 0 ? "(no limit known)" : need <= avail ? "fits" : "does NOT fit");
+        double host = 0, arenas = 0;
+        const double need = worst(in, r, &host, &arenas);
+        const bool ok = need <= avail && (host_avail <= 0 || host <= host_avail);
+        printf("  -r %d: the largest stage needs %.3f GiB%s: %s\n", r, need / GiB,
+               host_line ? strfmt(", and %.3f GiB of host memory per rank (offload arenas %.3f, staging for init and "
+                                  "checkpoints %.3f)", host / GiB, arenas / GiB, (host - arenas) / GiB).c_str() : "",
+               avail <= 0 ? "(no limit known)" : ok ? "fits" : "does NOT fit");
     }
     if (!max_fit || avail <= 0) return;
     for (int r = 0; r <= 2; r++) {
@@ -2719,7 +2851,7 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
         auto fits_b = [&](int b) {
             PlanInputs p = in;
             p.B = b;
-            try { return worst(p, r) <= avail; } catch (const LlmcError&) { return false; }
+            try { return fits(p, r); } catch (const LlmcError&) { return false; }
         };
         while (hi <= (1 << 20) && fits_b(hi)) { lo = hi; hi *= 2; }
         while (hi - lo > 1) { const int mid = (lo + hi) / 2; (fits_b(mid) ? lo : hi) = mid; }
@@ -2737,7 +2869,7 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
             try {
                 p.config.finalize();
                 p.pipe = pipeline_plan(p.config, p.B, p.T, in.pipe.P, in.pipe.V, in.pipe.M, in.pipe.kind, "", 0);
-                ok = worst(p, r) <= avail;
+                ok = fits(p, r);
             } catch (const LlmcError&) { ok = false; }
             if (!ok) break;
             best_n = n;
@@ -3133,12 +3265,14 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     const PipeKind pp_kind = parse_pipe_kind(args.str("pp_schedule"));
     const int pp_virtual = args.i("pp_virtual", 1, 1024);
     const int recompute = args.i("recompute", 0, 2);
+    const int offload = parse_offload(args.str("offload"));
     PlanInputs plan_inputs;  // the memory plan's inputs (the start-up tables, --plan)
     plan_inputs.config = config;
     plan_inputs.B = B;
     plan_inputs.T = T;
     plan_inputs.zero_stage = zero_stage;
     plan_inputs.recompute = recompute;
+    plan_inputs.offload = offload;
     if (planning) {
         // a plan for --plan_ranks processes (default: this run's), nothing allocated
         const int ranks = args.str("plan_ranks").empty() ? cm.world_size : args.i("plan_ranks", 1, 1 << 20);
@@ -3172,7 +3306,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     plan_inputs.sp = sp;
     plan_inputs.ep = ep;
     plan_inputs.pipe = pipe;
-    check_memory_fits(config, B, T, zero_stage, pipe, recompute, sp);  // before anything big is allocated
+    check_memory_fits(config, B, T, zero_stage, pipe, recompute, sp, offload);  // before anything big is allocated
 
     DataLoader train_loader(args.str("train"), B, T, dp.rank, world, true, seed, config.vocab_size, "--train");
     const int eot = train_loader.eot;
@@ -3190,6 +3324,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
 
     GPT model;
     if (tp > config.n_kv_head && tp % config.n_kv_head == 0) comm_make_kv_group(cm, tp / config.n_kv_head);
+    model.offload = offload;
     gpt_allocate(model, config, B, T, zero_stage, &pipe, recompute, sp);
     int start_step = 0;
     Rng sample_rng(seed ^ 0x5A5A5A5Aull);
@@ -3219,8 +3354,9 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
 #ifdef _OPENMP
         printf(", %d OpenMP threads", omp_get_max_threads());
 #endif
-        printf("\nlayout: %d rank%s (pp %d x dp %d x tp %d%s, ep %d), ZeRO stage %d, recompute -r %d, collectives: %s\n",
-               cm.world_size, cm.world_size > 1 ? "s" : "", n_stages, world, tp, sp ? " + sp" : "", ep, zero_stage, recompute,
+        printf("\nlayout: %d rank%s (pp %d x dp %d x tp %d%s, ep %d), ZeRO stage %d, recompute -r %d, offload %s, "
+               "collectives: %s\n", cm.world_size, cm.world_size > 1 ? "s" : "", n_stages, world, tp, sp ? " + sp" : "", ep,
+               zero_stage, recompute, offload_name(offload),
                comm_backend_name());
         printf("model: n_layer %d, n_embd %d, n_head %d, n_kv_head %d, ffn_hidden %d (%s), pos %s, vocab %d (padded %d)\n",
                config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
@@ -3324,9 +3460,15 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         backend_sync();
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (rank0 && step == start_step && cm.world_size > 1) print_comm_volume(model, grad_accum);
-        if (rank0 && step == start_step)
-            printf("memory after step %d, rank 0: %s (plan: %.2f MiB of buffers)\n", step + 1, measured_memory().c_str(),
-                   gpt_memory_estimate(config, B, T, zero_stage, &pipe, recompute, 0, sizeof(floatX), 0, sp).buffers() / 1048576.0);
+        if (rank0 && step == start_step) {
+            const MemoryEstimate e = gpt_memory_estimate(config, B, T, zero_stage, &pipe, recompute, 0, sizeof(floatX), 0, sp, 0, offload);
+            printf("memory after step %d, rank 0: %s (plan: %.2f MiB of buffers)", step + 1, measured_memory().c_str(),
+                   e.buffers() / 1048576.0);
+            if (offload == OFFLOAD_OPTIMIZER)
+                printf("; host arenas %.2f MiB (plan: %.2f MiB)", host_bytes_allocated() / 1048576.0,
+                       e.host_arenas() / 1048576.0);
+            printf("\n");
+        }
         // the pipeline's idle fraction per stage: time waiting in transfers over the step
         std::vector<double> idle;
         if (n_stages > 1) idle = host_gather_all<double>(cm.pp, pt.total_ms > 0 ? pt.wait_ms / pt.total_ms : 0.0);

@@ -76,8 +76,9 @@ inline AdamwArgs adamw_make_args(float lr, float beta1, float beta2, float eps, 
     return a;
 }
 
-// The 32 random bits of element i (see the header comment).
-__device__ inline uint32_t adamw_random_bits(uint64_t seed, size_t i) {
+// The 32 random bits of element i (see the header comment); the host's offloaded step
+// (llmc/offload.h) draws the same bits.
+__host__ __device__ inline uint32_t adamw_random_bits(uint64_t seed, size_t i) {
     const uint64_t x = seed + (uint64_t)i;
     return llmc_hash((uint32_t)x ^ llmc_hash((uint32_t)(x >> 32) ^ 0x9e3779b9u));
 }

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 #include <cuda_bf16.h>
@@ -73,17 +74,36 @@ inline T* cuda_scratch(size_t count, const char* who) {
 }
 
 // Stochastic rounding fp32 -> bf16 (unbiased in expectation): add uniform random bits below the
-// bf16 mantissa before truncating. random is a 32-bit hash of (seed, index).
-__device__ inline uint32_t llmc_hash(uint32_t x) {
+// bf16 mantissa before truncating. random is a 32-bit hash of (seed, index). Integer operations
+// only, so the host computes the same bits (--offload optimizer rounds on the CPU, llmc/offload.h).
+__host__ __device__ inline uint32_t llmc_hash(uint32_t x) {
     x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
     return x;
 }
-__device__ inline floatX stochastic_round_bf16(float x, uint32_t random) {
-    uint32_t bits = __float_as_uint(x);
+__host__ __device__ inline uint32_t llmc_float_bits(float x) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    return u;
+#endif
+}
+__host__ __device__ inline float llmc_bits_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float x;
+    memcpy(&x, &u, sizeof(x));
+    return x;
+#endif
+}
+__host__ __device__ inline floatX stochastic_round_bf16(float x, uint32_t random) {
+    uint32_t bits = llmc_float_bits(x);
     if ((bits & 0x7f800000u) == 0x7f800000u) return __float2bfloat16_rn(x);  // inf / nan unchanged
     bits += random & 0xffffu;
     bits &= 0xffff0000u;
-    return __float2bfloat16_rn(__uint_as_float(bits));
+    return __float2bfloat16_rn(llmc_bits_float(bits));
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -8,18 +8,31 @@
 // verifies allocated == planned, byte for byte). Every buffer is rounded up to BUFFER_ALIGN bytes,
 // which keeps each one aligned for the kernels' 16-byte vector loads.
 //
-// Depends on the backend's buffer_alloc / buffer_free (device memory in the CUDA build), so it is
-// included after them, like zero.h.
+// Device and host kinds. The MEM_HOST_* arenas hold what --offload optimizer moves to host memory
+// (llmc/offload.h): the fp32 master weights, the AdamW moments and the gradient staging buffer.
+// They come from host_buffer_alloc (pinned, cudaMallocHost, in the CUDA build; the CPU build's
+// "device" is host memory too, so there both kinds are plain host memory), the others from
+// buffer_alloc (device memory in the CUDA build). The plan reports the two sides apart: buffers()
+// is what the device holds, host_arenas() what the host holds for the optimizer.
+//
+// Depends on the backend's buffer_alloc / buffer_free and host_buffer_alloc / host_buffer_free, so
+// it is included after them, like zero.h.
 #ifndef LLMC_MEMORY_H
 #define LLMC_MEMORY_H
 #include <cstddef>
 #include "utils.h"
 
-enum MemKind { MEM_PARAMS = 0, MEM_GRADS, MEM_MASTER, MEM_MOMENTS, MEM_ACTIVATIONS, MEM_BATCH, MEM_KINDS };
+enum MemKind {
+    MEM_PARAMS = 0, MEM_GRADS, MEM_MASTER, MEM_MOMENTS, MEM_ACTIVATIONS, MEM_BATCH,  // device
+    MEM_HOST_MASTER, MEM_HOST_MOMENTS, MEM_HOST_STAGING,                             // host (--offload optimizer)
+    MEM_KINDS
+};
 inline const char* mem_kind_name(int k) {
-    static const char* names[] = {"params", "grads", "master", "moments", "activations", "batch"};
+    static const char* names[] = {"params", "grads", "master", "moments", "activations", "batch",
+                                  "host master", "host moments", "host staging"};
     return names[k];
 }
+inline bool mem_kind_is_host(int k) { return k >= MEM_HOST_MASTER; }
 constexpr size_t BUFFER_ALIGN = 256;
 
 struct MemoryArenas {
@@ -42,7 +55,7 @@ struct MemoryArenas {
     void allocate_as(const MemoryArenas& plan) {
         for (int k = 0; k < MEM_KINDS; k++) {
             size[k] = (size_t)plan.planned[k];
-            base[k] = size[k] ? (char*)buffer_alloc(size[k]) : nullptr;
+            base[k] = !size[k] ? nullptr : mem_kind_is_host(k) ? (char*)host_buffer_alloc(size[k]) : (char*)buffer_alloc(size[k]);
         }
     }
     void check_used() const {
@@ -51,18 +64,21 @@ struct MemoryArenas {
                        size[k], used[k]);
     }
     void release() {
-        for (char*& b : base) {
-            if (b) buffer_free(b);
-            b = nullptr;
+        for (int k = 0; k < MEM_KINDS; k++) {
+            if (base[k]) mem_kind_is_host(k) ? host_buffer_free(base[k]) : buffer_free(base[k]);
+            base[k] = nullptr;
         }
     }
 };
 
-// A plan by kind, in bytes, plus the host-side staging (init, checkpoint copies, batch vectors).
+// A plan by kind, in bytes: the device arenas, the host arenas (--offload optimizer), plus the
+// host-side staging in pageable memory (init, checkpoint copies, batch vectors).
 struct MemoryEstimate {
-    double params = 0, grads = 0, master = 0, moments = 0, activations = 0, batch = 0;
+    double params = 0, grads = 0, master = 0, moments = 0, activations = 0, batch = 0;  // device
+    double host_master = 0, host_moments = 0, host_staging = 0;                         // host arenas
     double host = 0;
     double buffers() const { return params + grads + master + moments + activations + batch; }
+    double host_arenas() const { return host_master + host_moments + host_staging; }
     static MemoryEstimate of(const MemoryArenas& a) {
         MemoryEstimate e;
         e.params = a.planned[MEM_PARAMS];
@@ -71,6 +87,9 @@ struct MemoryEstimate {
         e.moments = a.planned[MEM_MOMENTS];
         e.activations = a.planned[MEM_ACTIVATIONS];
         e.batch = a.planned[MEM_BATCH];
+        e.host_master = a.planned[MEM_HOST_MASTER];
+        e.host_moments = a.planned[MEM_HOST_MOMENTS];
+        e.host_staging = a.planned[MEM_HOST_STAGING];
         return e;
     }
 };

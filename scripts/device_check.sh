@@ -108,7 +108,8 @@ START=$(date +%s)
 # limit where none is given), so the plan shows which steps the budget would reach
 declare -A EST=([probe_prebuilt]=10 [build]=90 [test_gpu]=90 [memcheck]=30 [racecheck]=45 [train_d12]=45
                 [train_moe]=25 [bench_attention_torch]=110 [bench_attention_forward]=25
-                [bench_attention_backward]=25 [bench_matmul]=20 [train_z0]=8 [train_z1]=8 [train_z3]=8)
+                [bench_attention_backward]=25 [bench_matmul]=20 [train_z0]=8 [train_z1]=8 [train_z3]=8
+                [train_offload]=8)
 DRY_CLOCK=0
 now() { echo $(($(date +%s) + DRY_CLOCK)); }
 declare -a TABLE
@@ -266,6 +267,10 @@ done
 # same inputs), and the plan next to the measured device memory ("memory after step 1")
 run_step train_r2 15 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_r2" \
     -e d4 -b 8 -t 256 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 -r 2
+# optimizer offload (AdamW on the host, llmc/offload.h): the same losses as -z 0 above (the host step
+# reproduces the kernel's bits but for denormals), the host arenas next to their plan
+run_step train_offload 15 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_offload" \
+    -e d4 -b 8 -t 256 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 --offload optimizer
 for run in train_d12 train_moe; do
     [ -f "$WORK/$run/log.jsonl" ] && cp "$WORK/$run/log.jsonl" "$OUT/${run}_log.jsonl"
 done

@@ -13,6 +13,7 @@
 #   6. llm.c model files: export and import under np 2 -z 3, np 4 -z 1 and pp 2 = one process's bytes
 #   7. tensor parallel (+ sequence parallel) in the full dp x tp x pp grid, reshards across tp,
 #      bad tensor-parallel layouts
+#   8. --offload optimizer: np 2 -z 1/3 (dense, MoE), pp 2 and a resume that turns it on, bitwise
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -279,6 +280,32 @@ bad_tp 2 "tp 2 must divide the FFN width --ffn_hidden 53" $DENSE --n_head 2 --n_
 bad_tp 2 "give --tp > 1" $TPA --sp
 bad_tp 3 "not a multiple of pp \* tp" $TPA --tp 2
 bad_tp 4 "kv heads (--n_kv_head 3) must split evenly" $COMMON --n_embd 48 --n_head 12 --n_kv_head 3 --ffn_hidden 64 --tp 4
+
+# ---- 8. --offload optimizer (ZeRO-Offload): each rank's slice of the master weights and Adam
+# moments in host memory, AdamW on the CPU (the CPU build runs the same copies between its two
+# arenas): bitwise the runs above with the optimizer on the "device", np 2 -z 1 and -z 3 (dense,
+# MoE) and pp 2; a resume that switches the offload on; the host arenas as planned
+t0=$(date +%s)
+for case in "dense 1" "dense 3" "moe 3"; do
+    set -- $case; model=$1; z=$2
+    [ $model = dense ] && ARGS=$DENSE || ARGS=$MOE
+    out=$W/offload.$model.z$z
+    if run 2 "$out" $ARGS -d $((B * T * 2 * 2)) -x $STEPS -z $z --offload optimizer; then
+        same_run "$W/$model.ref2" "$out" $STEPS "$model np 2 -z $z --offload optimizer vs one process"
+        grep -q "host arenas \([0-9.]*\) MiB (plan: \1 MiB)" "$out.log" && pass || fail "$model -z $z offload: host arenas differ from the plan: $(grep 'host arenas' "$out.log")"
+    else
+        fail "$model np 2 -z $z --offload optimizer: rc $?"; tail -5 "$out.log"
+    fi
+done
+out=$W/offload.pp2
+run 2 "$out" $PPDENSE -d $((B * T * 4)) -x 6 --pp 2 --offload optimizer && same_run "$W/pp.dense.ref1" "$out" 6 "pp 2 --offload optimizer vs one process" ||
+    { fail "pp 2 --offload optimizer: rc $?"; tail -5 "$out.log"; }
+out=$W/offload.resume
+run 2 "$out" $DENSE -d $TOK -x $STEPS -n 4 -z 1 && rm "$out/ckpt_$(printf %09d $STEPS).bin" &&
+    run 2 "$out" $DENSE -d $TOK -x $STEPS -z 3 --offload optimizer -y latest &&
+    grep -q "resumed from .*ckpt_000000004.bin" "$out.log" && same_run "$W/full" "$out" $STEPS "resume np 2 -z 1 -> np 2 -z 3 --offload optimizer" 5 ||
+    { fail "resume np 2 -z 1 -> -z 3 --offload optimizer"; tail -3 "$out.log"; }
+echo "test_dist: offload (np 2 -z 1/3, MoE, pp 2, resume) done in $(( $(date +%s) - t0 )) s"
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]

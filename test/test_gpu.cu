@@ -70,9 +70,11 @@ using cpu::max_into;
 #include "../train_gpt.cu"
 #undef LLMC_CPU
 }  // namespace ref
-// zero.h and memory.h depend on the backend (floatX, the ops, buffer_alloc): each namespace gets its own copy
+// zero.h, memory.h and offload.h depend on the backend (floatX, the ops, buffer_alloc): each namespace
+// gets its own copy
 #undef LLMC_ZERO_H
 #undef LLMC_MEMORY_H
+#undef LLMC_OFFLOAD_H
 namespace gpu {
 #include "../train_gpt.cu"
 }  // namespace gpu

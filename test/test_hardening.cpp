@@ -287,8 +287,32 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
             gpt_allocate(m, c, B, T, 0, nullptr, recompute);
             const double allocated = (double)(buffer_bytes_allocated() - before);
             CHECK(e.buffers() == allocated);
+            CHECK(e.host_arenas() == 0);
             act[recompute] = e.activations;
             gpt_free(m);
+            // --offload optimizer: the master (here a host copy of the fp32 params), the moments and
+            // the gradient staging move to the host arenas; both sides are allocated as planned
+            for (int zero = 0; zero <= 3; zero += 3) {
+                CAPTURE(zero);
+                const MemoryEstimate d = gpt_memory_estimate(c, B, T, zero, nullptr, recompute);
+                const MemoryEstimate o = gpt_memory_estimate(c, B, T, zero, nullptr, recompute, 0, sizeof(floatX), 0,
+                                                             false, 0, OFFLOAD_OPTIMIZER);
+                GPT off;
+                off.offload = OFFLOAD_OPTIMIZER;
+                const size_t dev0 = buffer_bytes_allocated(), host0 = host_bytes_allocated();
+                gpt_allocate(off, c, B, T, zero, nullptr, recompute);
+                CHECK(o.buffers() == (double)(buffer_bytes_allocated() - dev0));
+                CHECK(o.host_arenas() == (double)(host_bytes_allocated() - host0));
+                const double state = 4.0 * off.zero.state_elems();  // bytes of one fp32 state buffer
+                CHECK(o.master == 0);
+                CHECK(o.moments == 0);
+                CHECK(o.host_master == state);
+                CHECK(o.host_moments == 2 * state);
+                CHECK(o.host_staging == state);
+                CHECK(o.buffers() == d.buffers() - d.moments);
+                CHECK(o.activations == d.activations);
+                gpt_free(off);
+            }
         }
         CHECK(act[2] < act[1]);  // -r 2 keeps less than -r 1, which keeps less than -r 0
         CHECK(act[1] < act[0]);
@@ -320,6 +344,81 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
     unsetenv("LLMC_MEMORY_LIMIT");
     CHECK(meminfo_available_bytes("/proc/meminfo") > 0);
     CHECK(meminfo_available_bytes("/nonexistent") < 0);
+}
+
+// the step records of a log without their timings (val and resume records whole)
+static std::vector<std::string> log_records(const std::string& path) {
+    std::vector<std::string> out;
+    for (const std::string& l : lines_of(path)) out.push_back(l.substr(0, l.find(",\"ms\":")));
+    return out;
+}
+
+TEST_CASE("hardening 8: --offload optimizer: bitwise the run without it, resumes across it, plan and refusal") {
+    Fixture fx;
+    const std::vector<std::string> off = {"--offload", "optimizer"};
+    const std::vector<std::string> moe = {"--n_expert", "4", "--moe_every", "2", "--expert_hidden", "48"};
+    // the same losses, gradient norms and checkpoint bytes, dense and MoE
+    for (int variant = 0; variant < 2; variant++) {
+        CAPTURE(variant);
+        const std::vector<std::string> extra = variant ? moe : std::vector<std::string>{};
+        const std::string a = "dev" + std::to_string(variant), b = "off" + std::to_string(variant);
+        REQUIRE(run_train(with(fx.args(a, 4), extra)) == 0);
+        std::string out;
+        REQUIRE(run_train_output(with(with(fx.args(b, 4), extra), off), out) == 0);
+        CHECK(out.find("offload optimizer") != std::string::npos);
+        CHECK(out.find("host: adam moments (fp32)") != std::string::npos);
+        for (const char* ck : {"/ckpt_000000002.bin", "/ckpt_000000004.bin"}) {
+            CAPTURE(ck);
+            CHECK(read_file(fx.dir + "/" + a + ck).size() > 1000);
+            CHECK(read_file(fx.dir + "/" + a + ck) == read_file(fx.dir + "/" + b + ck));
+        }
+        CHECK(log_records(fx.dir + "/" + a + "/log.jsonl") == log_records(fx.dir + "/" + b + "/log.jsonl"));
+    }
+    // resumes across: the checkpoint format is the same, the continuation bitwise the same
+    REQUIRE(run_train(with(fx.args("on_from_off", 4), {"--offload", "optimizer", "--resume", fx.dir + "/dev0/ckpt_000000002.bin"})) == 0);
+    REQUIRE(run_train(with(fx.args("off_from_on", 4), {"--resume", fx.dir + "/off0/ckpt_000000002.bin"})) == 0);
+    const std::string want = read_file(fx.dir + "/dev0/ckpt_000000004.bin");
+    CHECK(read_file(fx.dir + "/on_from_off/ckpt_000000004.bin") == want);
+    CHECK(read_file(fx.dir + "/off_from_on/ckpt_000000004.bin") == want);
+    fails_with(with(fx.args("bad", 1), {"--offload", "cpu"}), "--offload: expected none or optimizer, got 'cpu'");
+
+    // --plan: the host arenas in their own rows, the device's plan without the optimizer state
+    std::string out;
+    REQUIRE(run_train_output(with(fx.args("plan", 1), {"--plan", "--device", "h200", "--offload", "optimizer"}), out) == 0);
+    CHECK(out.find("--offload optimizer") != std::string::npos);
+    CHECK(out.find("host: master weights (fp32)") != std::string::npos);
+    CHECK(out.find("GiB of host memory per rank") != std::string::npos);
+    CHECK(out.find("host memory of the GPU machine: unknown, not checked") != std::string::npos);
+
+    // the refusal, on the CUDA build's plan (bf16 params, fp32 master: the optimizer state, 12 bytes
+    // per parameter, is the biggest part of a small batch): it names --offload optimizer, and with
+    // the offload the device side fits; the host side is checked on its own
+    GPTConfig c;
+    c.n_layer = 2; c.n_embd = 64; c.n_head = 4; c.n_kv_head = 2;
+    c.finalize();
+    const MemoryEstimate dev = gpt_memory_estimate(c, 1, 8, 0, nullptr, 0, 0, 2);
+    const MemoryEstimate host = gpt_memory_estimate(c, 1, 8, 0, nullptr, 0, 0, 2, 0, false, 0, OFFLOAD_OPTIMIZER);
+    CHECK(dev.master + dev.moments > std::max({dev.params, dev.grads, dev.activations}));
+    const double limit = 0.8 * dev.buffers();
+    CHECK_THROWS_WITH_AS(check_plan_fits(dev, 1, 8, OFFLOAD_NONE, false, limit, "the test's GPU", 1e12, "the test's host"),
+                         doctest::Contains("The biggest part is the optimizer state, master weights and Adam moments "
+                                           "(--offload optimizer keeps the fp32 master weights and Adam moments in host "
+                                           "memory"), LlmcError);
+    CHECK(host.buffers() < limit);
+    CHECK(host.host_arenas() == host.host_master + host.host_moments + host.host_staging);
+    CHECK(host.host_master == dev.master);
+    CHECK(host.host_moments == dev.moments);
+    CHECK_NOTHROW(check_plan_fits(host, 1, 8, OFFLOAD_OPTIMIZER, false, limit, "the test's GPU", 1e12, "the test's host"));
+    CHECK_THROWS_WITH_AS(check_plan_fits(host, 1, 8, OFFLOAD_OPTIMIZER, false, limit, "the test's GPU",
+                                         0.5 * host.host_arenas(), "the test's host"),
+                         doctest::Contains("memory: the host side of this run needs"), LlmcError);
+    CHECK_THROWS_WITH_AS(check_plan_fits(host, 1, 8, OFFLOAD_OPTIMIZER, false, limit, "the test's GPU",
+                                         0.5 * host.host_arenas(), "the test's host"),
+                         doctest::Contains("--offload none"), LlmcError);
+    // the CPU build (one memory): the activations of a big batch are the biggest part
+    CHECK_THROWS_WITH_AS(check_plan_fits(gpt_memory_estimate(c, 512, 64), 512, 64, OFFLOAD_NONE, true, 1048576.0,
+                                         "the test's memory", -1, ""),
+                         doctest::Contains("The biggest part is the activations (activations grow with B*T"), LlmcError);
 }
 
 TEST_CASE("hardening 11: prepare_text.py: val_frac range, unwritable out_dir, stale shards, short last shard") {

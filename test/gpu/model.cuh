@@ -10,6 +10,7 @@
 // Model internals (gradient buffer, routing buffers) are read only through gpu_grad / ref_grad and
 // gpu_routing / ref_routing below: their layout is the trainer's business.
 #pragma once
+#include <cfloat>
 #include <cstring>
 #include "test/gpu/moe.cuh"  // moe_test::compare_routing
 
@@ -362,5 +363,60 @@ TEST_CASE("model: activation recomputation (-r 1, -r 2) gives bitwise the -r 0 t
             CHECK(memcmp(params[level].data(), params[0].data(), params[0].size() * sizeof(float)) == 0);
             CHECK(act_bytes[level] < act_bytes[level - 1]);
         }
+    }
+}
+
+// --offload optimizer: the AdamW step on the host (llmc/offload.h: the CPU twin, then the kernel's
+// stochastic rounding, per piece over side streams) gives the device optimizer's training: the
+// same losses, bf16 params and master weights bit for bit, and the same moments except where a
+// value is denormal (the kernel's --use_fast_math flushes denormals to zero, the host keeps them).
+TEST_CASE("model: --offload optimizer (AdamW on the host) trains bitwise as the device optimizer on the GPU") {
+    using namespace gpu_test;
+    for (int zero = 0; zero <= 3; zero += 3) {
+        CAPTURE(zero);
+        ref::GPTConfig rc = model_test_config();
+        const int B = 4, T = 64, steps = 4;
+        ref::GPT r;
+        ref::gpt_allocate(r, rc, B, T);
+        ref::gpt_init_params(r, 9);
+        std::vector<float> p(r.n_params), zeros(r.n_params, 0.0f);
+        ref::gpt_get_state(r, p.data(), nullptr, nullptr);
+        ref::gpt_free(r);
+        std::vector<float> losses[2], master[2], m[2], v[2];
+        std::vector<__nv_bfloat16> bf16[2];
+        for (int off = 0; off < 2; off++) {
+            gpu::GPT g;
+            g.offload = off ? gpu::OFFLOAD_OPTIMIZER : gpu::OFFLOAD_NONE;
+            const size_t host0 = gpu::host_bytes_allocated();
+            gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T, zero);
+            const gpu::MemoryEstimate e = gpu::gpt_memory_estimate(convert_config<gpu::GPTConfig>(rc), B, T, zero,
+                                                                   nullptr, 0, 0, sizeof(__nv_bfloat16), 0, false, 0, g.offload);
+            CHECK(e.host_arenas() == (double)(gpu::host_bytes_allocated() - host0));
+            gpu::gpt_set_state(g, p.data(), zeros.data(), zeros.data());
+            losses[off] = train_steps<gpu::GPT, gpu::OptimizerConfig>(
+                g, gpu::gpt_forward, gpu::gpt_backward, gpu::gpt_zero_grad, gpu::gpt_update, B, T, steps);
+            for (auto* x : {&master[off], &m[off], &v[off]}) x->resize(g.n_params);
+            gpu::gpt_get_state(g, master[off].data(), m[off].data(), v[off].data());
+            bf16[off].resize(g.zero.params_elems());
+            cudaCheck(cudaMemcpy(bf16[off].data(), g.params, bf16[off].size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+            gpu::gpt_free(g);
+        }
+        CHECK(memcmp(losses[1].data(), losses[0].data(), steps * sizeof(float)) == 0);
+        CHECK(memcmp(bf16[1].data(), bf16[0].data(), bf16[0].size() * sizeof(__nv_bfloat16)) == 0);
+        auto tiny = [](float x) { return std::fabs(x) < FLT_MIN; };  // zero or denormal
+        size_t moment_diffs = 0, bad_moments = 0, bad_master = 0;
+        for (size_t i = 0; i < p.size(); i++) {
+            bool moments_differ = false;
+            for (auto* x : {&m, &v})
+                if (memcmp(&(*x)[0][i], &(*x)[1][i], 4) != 0) {
+                    moments_differ = true;
+                    bad_moments += !(tiny((*x)[0][i]) && tiny((*x)[1][i]));
+                }
+            moment_diffs += moments_differ;
+            bad_master += !moments_differ && memcmp(&master[0][i], &master[1][i], 4) != 0;
+        }
+        MESSAGE("zero " << zero << ": " << moment_diffs << " elements with a denormal moment on one side");
+        CHECK(bad_moments == 0);
+        CHECK(bad_master == 0);
     }
 }
