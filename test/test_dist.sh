@@ -13,6 +13,8 @@
 #   6. llm.c model files: export and import under np 2 -z 3, np 4 -z 1 and pp 2 = one process's bytes
 #   7. tensor parallel (+ sequence parallel) in the full dp x tp x pp grid, reshards across tp,
 #      bad tensor-parallel layouts
+#   8. tensor parallelism op by op (test/test_tp) under np 2 and 4: row- and column-parallel
+#      linears, vocab-parallel loss, attention activations and gradients vs the unsplit model
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -279,6 +281,21 @@ bad_tp 2 "tp 2 must divide the FFN width --ffn_hidden 53" $DENSE --n_head 2 --n_
 bad_tp 2 "give --tp > 1" $TPA --sp
 bad_tp 3 "not a multiple of pp \* tp" $TPA --tp 2
 bad_tp 4 "kv heads (--n_kv_head 3) must split evenly" $COMMON --n_embd 48 --n_head 12 --n_kv_head 3 --ffn_hidden 64 --tp 4
+
+# ---- 8. tensor parallelism op by op (test/test_tp.cpp): in each process the tensor-parallel model and
+# the unsplit one on the same random parameters: row_parallel_forward / column_parallel_dinp (with and
+# without --sp's scatter), the vocab-parallel loss (padded vocabulary), each rank's qkv / atty columns,
+# the gathered gradients. Bitwise where the kv heads split (np 2, and np 4 with 4 kv heads), 1e-6 where
+# two ranks share a kv head (np 4, n_kv_head 2). One line per check in $W/test_tp.np*.log
+TPBIN=$PWD/test/test_tp
+if [ -x "$TPBIN" ]; then
+    for np in 2 4; do
+        log=$W/test_tp.np$np.log
+        if timeout 120 $MPIRUN -np $np "$TPBIN" >"$log" 2>&1 && grep -q "^test_tp: np $np: [0-9]* checks, 0 failed" "$log"; then pass
+        else fail "test_tp np $np: $(grep -m 5 '^FAIL\|error' "$log")"; tail -3 "$log"; fi
+        grep "^test_tp: np" "$log"
+    done
+else fail "test/test_tp is not built (make test/test_tp)"; fi
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]

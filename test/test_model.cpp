@@ -328,8 +328,10 @@ TEST_CASE("multi-process: a build without MPI refuses to run as N copies; ZeRO s
                 for (const Segment& s : z.segs) CHECK(s.padded % (dp * NORM_CHUNK) == 0);
                 for (const UpdatePiece& u : zero_update_pieces(z, tensors))
                     for (size_t k = 0; k < u.n; k++) updated[u.table_offset + k]++;
-                for (const CheckpointRange& rg : own_table_ranges(z, r))
-                    for (size_t k = 0; k < rg.n; k++) written[rg.begin + k]++;
+                for (int s = 0; s < (int)z.segs.size(); s++) {  // the table elements rank r owns (checkpoints)
+                    const size_t lo = z.own_begin(s), hi = std::min(lo + z.shard_len(s), z.segs[s].len);
+                    for (size_t k = lo; k < hi; k++) written[z.segs[s].begin + k]++;
+                }
             }
             std::vector<int> in_tensor(count_params(table), 0);
             for (const ParamTensor& t : table) for (size_t k = 0; k < t.numel; k++) in_tensor[t.offset + k] = 1;

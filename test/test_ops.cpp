@@ -492,7 +492,7 @@ TEST_CASE_TEMPLATE("attention_forward: vs naive masked softmax (packed docs, GQA
             auto qkv = rand_vec<T>(r, (size_t)s.B * s.T * row, 0.1, 1.5);
             auto out = nan_vec<T>((size_t)s.B * s.T * s.nh * s.hs), lse = nan_vec<T>((size_t)s.B * s.nh * s.T);
             cpu::attention_forward<T>(out.data(), lse.data(), qkv.data(), ds.data(), s.B, s.T, s.nh, s.nkv, s.hs,
-                                      alibi != 0);
+                                      alibi ? s.nh : 0, 0);
             vector<double> rout, rlse;
             naive_attention(rout, rlse, to_d(qkv), ds, s.B, s.T, s.nh, s.nkv, s.hs, alibi != 0);
             const std::string op = std::string("attention_forward<") + tname<T>() + "> ";
@@ -519,13 +519,13 @@ TEST_CASE("attention_backward: vs finite differences (double), dqkv overwritten"
             vector<double> out(R.size()), lse((size_t)B * nh * T);
             auto loss = [&] {
                 cpu::attention_forward<double>(out.data(), lse.data(), qkv.data(), ds.data(), B, T, nh, nkv, hs,
-                                               alibi != 0);
+                                               alibi ? nh : 0, 0);
                 return dot(out, R);
             };
             loss();
             auto dqkv = nan_vec<double>(qkv.size());
             cpu::attention_backward<double>(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), ds.data(),
-                                            B, T, nh, nkv, hs, alibi != 0);
+                                            B, T, nh, nkv, hs, alibi ? nh : 0, 0);
             fd_check("attention_backward<double> dqkv", qkv, dqkv, loss);
         }
 }
@@ -559,9 +559,9 @@ TEST_CASE_TEMPLATE("attention: GQA equals MHA on explicitly repeated K/V heads (
             const size_t no = (size_t)BT * nh * hs, nl = (size_t)s.B * nh * s.T;
             auto out = nan_vec<T>(no), lse = nan_vec<T>(nl), out_r = nan_vec<T>(no), lse_r = nan_vec<T>(nl);
             cpu::attention_forward<T>(out.data(), lse.data(), qkv.data(), ds.data(), s.B, s.T, nh, nkv, hs,
-                                      alibi != 0);
+                                      alibi ? nh : 0, 0);
             cpu::attention_forward<T>(out_r.data(), lse_r.data(), rep.data(), ds.data(), s.B, s.T, nh, nh, hs,
-                                      alibi != 0);
+                                      alibi ? nh : 0, 0);
             const std::string op = std::string("attention<") + tname<T>() + "> GQA vs repeated-KV ";
             const double tight = std::is_same<T, float>::value ? 1e-6 : 1e-14;
             check_close(op + "out", out, out_r, tight);
@@ -569,9 +569,9 @@ TEST_CASE_TEMPLATE("attention: GQA equals MHA on explicitly repeated K/V heads (
             auto dout = rand_vec<T>(r, no);
             auto dq = nan_vec<T>(qkv.size()), dq_r = nan_vec<T>(rep.size());
             cpu::attention_backward<T>(dq.data(), dout.data(), qkv.data(), out.data(), lse.data(), ds.data(), s.B,
-                                       s.T, nh, nkv, hs, alibi != 0);
+                                       s.T, nh, nkv, hs, alibi ? nh : 0, 0);
             cpu::attention_backward<T>(dq_r.data(), dout.data(), rep.data(), out_r.data(), lse_r.data(), ds.data(),
-                                       s.B, s.T, nh, nh, hs, alibi != 0);
+                                       s.B, s.T, nh, nh, hs, alibi ? nh : 0, 0);
             vector<double> expect((size_t)BT * row, 0.0);  // dQ copied, dK/dV summed over each group
             for (int t = 0; t < BT; t++)
                 for (int h = 0; h < nh; h++)
@@ -597,7 +597,7 @@ TEST_CASE("attention: a packed row equals its documents run alone") {
         ds.erase(ds.begin(), ds.begin() + T);  // keep the row with EOTs
         auto qkv = rand_vec<double>(r, (size_t)T * row, 0.1, 1.5);
         vector<double> out((size_t)T * nh * hs), lse((size_t)nh * T);
-        cpu::attention_forward<double>(out.data(), lse.data(), qkv.data(), ds.data(), 1, T, nh, nkv, hs, alibi);
+        cpu::attention_forward<double>(out.data(), lse.data(), qkv.data(), ds.data(), 1, T, nh, nkv, hs, alibi ? nh : 0, 0);
         for (int start = 0; start < T;) {
             int end = start;
             while (end < T && ds[end] == start) end++;
@@ -608,7 +608,7 @@ TEST_CASE("attention: a packed row equals its documents run alone") {
             vector<int> sub_ds(L, 0);
             vector<double> so((size_t)L * nh * hs), sl((size_t)nh * L);
             cpu::attention_forward<double>(so.data(), sl.data(), sub_qkv.data(), sub_ds.data(), 1, L, nh, nkv, hs,
-                                           alibi);
+                                           alibi ? nh : 0, 0);
             check_close("attention_forward<double> packed document vs alone: out", so.data(),
                         out.data() + (size_t)start * nh * hs, so.size(), 1e-13);
             start = end;
@@ -687,7 +687,7 @@ TEST_CASE_TEMPLATE("encoder_forward: vs naive, learned positions indexed inside 
         CAPTURE(with_wpe);
         auto out = nan_vec<T>((size_t)B * T_ * C);
         cpu::encoder_forward<T>(out.data(), tokens.data(), ds.data(), wte.data(), with_wpe ? wpe.data() : nullptr,
-                                B, T_, C);
+                                B, T_, C, 0, V);
         vector<double> ref((size_t)B * T_ * C);
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T_; t++) {
@@ -722,13 +722,13 @@ TEST_CASE("encoder_backward: vs finite differences (double), dwte/dwpe accumulat
             auto loss = [&] {
                 vector<double> out((size_t)B * T_ * C);
                 cpu::encoder_forward<double>(out.data(), tokens.data(), ds.data(), wte.data(),
-                                             with_wpe ? wpe.data() : nullptr, B, T_, C);
+                                             with_wpe ? wpe.data() : nullptr, B, T_, C, 0, V);
                 return dot(out, R);
             };
             auto dwte0 = rand_vec<double>(r, wte.size()), dwpe0 = rand_vec<double>(r, wpe.size());
             auto dwte = dwte0, dwpe = dwpe0;
             cpu::encoder_backward<double>(dwte.data(), with_wpe ? dwpe.data() : nullptr, R.data(), tokens.data(),
-                                          ds.data(), B, T_, C);
+                                          ds.data(), B, T_, C, 0, V);
             fd_check("encoder_backward<double> dwte (minus prefill)", wte, sub(dwte, dwte0), loss);
             if (with_wpe)
                 fd_check("encoder_backward<double> dwpe (minus prefill)", wpe, sub(dwpe, dwpe0), loss);
@@ -990,7 +990,7 @@ TEST_CASE("thread-count independence: gemm, matmul_forward/backward, layernorm_b
              dwpe0 = rand_vec<float>(r, (size_t)T_ * C);
         same_across_thread_counts<float>("encoder_backward (dwte, dwpe)", [&] {
             auto dwte = dwte0, dwpe = dwpe0;
-            cpu::encoder_backward<float>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), ds.data(), B, T_, C);
+            cpu::encoder_backward<float>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), ds.data(), B, T_, C, 0, V);
             return vector<vector<float>>{dwte, dwpe};
         });
     }
@@ -1001,16 +1001,16 @@ TEST_CASE("thread-count independence: gemm, matmul_forward/backward, layernorm_b
             auto ds = make_doc_start(B, T_, r);
             auto qkv = rand_vec<float>(r, (size_t)B * T_ * row), dout = rand_vec<float>(r, (size_t)B * T_ * nh * hs);
             vector<float> out(dout.size()), lse((size_t)B * nh * T_);
-            cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), ds.data(), B, T_, nh, nkv, hs, alibi);
+            cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), ds.data(), B, T_, nh, nkv, hs, alibi ? nh : 0, 0);
             same_across_thread_counts<float>("attention_forward (out, lse)", [&] {
                 vector<float> o(out.size()), l(lse.size());
-                cpu::attention_forward<float>(o.data(), l.data(), qkv.data(), ds.data(), B, T_, nh, nkv, hs, alibi);
+                cpu::attention_forward<float>(o.data(), l.data(), qkv.data(), ds.data(), B, T_, nh, nkv, hs, alibi ? nh : 0, 0);
                 return vector<vector<float>>{o, l};
             });
             same_across_thread_counts<float>("attention_backward (dqkv)", [&] {
                 vector<float> dqkv(qkv.size());
                 cpu::attention_backward<float>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
-                                               ds.data(), B, T_, nh, nkv, hs, alibi);
+                                               ds.data(), B, T_, nh, nkv, hs, alibi ? nh : 0, 0);
                 return vector<vector<float>>{dqkv};
             });
         }
