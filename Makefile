@@ -90,12 +90,16 @@ TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/te
 test/test_cpu: $(TEST_SOURCES) test/test_util.h train_gpt.cu $(HEADERS)
 	$(CXX) $(CXXFLAGS) $(TEST_SOURCES) -o $@
 
+# tensor parallelism op by op vs the unsplit model, under mpirun (test/test_dist.sh section 8)
+test/test_tp: test/test_tp.cpp train_gpt.cu $(HEADERS)
+	$(CXX) $(CXXFLAGS) $(MPI_CFLAGS) -DLLMC_CPU -DLLMC_NO_MAIN test/test_tp.cpp $(MPI_LIBS) -o $@
+
 # multi-process tests of train_gpt_cpu under mpirun (needs the MPI build)
-test_dist: train_gpt_cpu
+test_dist: train_gpt_cpu test/test_tp
 	bash test/test_dist.sh
 
 test:
-	$(MAKE) -j2 test/test_cpu train_gpt_cpu cuda_targets test/fuzz_readers dev/bin/forward_logits $(TOOLS_STAMP)
+	$(MAKE) -j2 test/test_cpu test/test_tp train_gpt_cpu cuda_targets test/fuzz_readers dev/bin/forward_logits $(TOOLS_STAMP)
 	OMP_NUM_THREADS=2 ./test/test_cpu
 	bash test/test_dist.sh
 	TOOLS_PYTHON=$(TOOLS_PYTHON) bash test/test_python.sh
@@ -127,7 +131,7 @@ fuzz: test/fuzz_readers train_gpt_cpu
 	if [ $$rc -ne 0 ] && [ "$(FUZZ_CHECKPOINT_STRICT)" = 1 ]; then exit $$rc; fi
 
 clean:
-	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_gpu test/fuzz_readers dev/cuda/bin dev/bin .prebuilt
+	rm -rf train_gpt train_gpt_cpu test/test_cpu test/test_tp test/test_gpu test/fuzz_readers dev/cuda/bin dev/bin .prebuilt
 
 include scripts/reference.mk
 include scripts/tools.mk

@@ -14,6 +14,8 @@
 #   7. tensor parallel (+ sequence parallel) in the full dp x tp x pp grid, reshards across tp,
 #      bad tensor-parallel layouts
 #   8. --offload optimizer: np 2 -z 1/3 (dense, MoE), pp 2 and a resume that turns it on, bitwise
+#   9. tensor parallelism op by op (test/test_tp) under np 2 and 4: row- and column-parallel
+#      linears, vocab-parallel loss, attention activations and gradients vs the unsplit model
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -306,6 +308,21 @@ run 2 "$out" $DENSE -d $TOK -x $STEPS -n 4 -z 1 && rm "$out/ckpt_$(printf %09d $
     grep -q "resumed from .*ckpt_000000004.bin" "$out.log" && same_run "$W/full" "$out" $STEPS "resume np 2 -z 1 -> np 2 -z 3 --offload optimizer" 5 ||
     { fail "resume np 2 -z 1 -> -z 3 --offload optimizer"; tail -3 "$out.log"; }
 echo "test_dist: offload (np 2 -z 1/3, MoE, pp 2, resume) done in $(( $(date +%s) - t0 )) s"
+
+# ---- 9. tensor parallelism op by op (test/test_tp.cpp): in each process the tensor-parallel model and
+# the unsplit one on the same random parameters: row_parallel_forward / column_parallel_dinp (with and
+# without --sp's scatter), the vocab-parallel loss (padded vocabulary), each rank's qkv / atty columns,
+# the gathered gradients. Bitwise where the kv heads split (np 2, and np 4 with 4 kv heads), 1e-6 where
+# two ranks share a kv head (np 4, n_kv_head 2). One line per check in $W/test_tp.np*.log
+TPBIN=$PWD/test/test_tp
+if [ -x "$TPBIN" ]; then
+    for np in 2 4; do
+        log=$W/test_tp.np$np.log
+        if timeout 120 $MPIRUN -np $np "$TPBIN" >"$log" 2>&1 && grep -q "^test_tp: np $np: [0-9]* checks, 0 failed" "$log"; then pass
+        else fail "test_tp np $np: $(grep -m 5 '^FAIL\|error' "$log")"; tail -3 "$log"; fi
+        grep "^test_tp: np" "$log"
+    done
+else fail "test/test_tp is not built (make test/test_tp)"; fi
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]

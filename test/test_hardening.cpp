@@ -317,6 +317,85 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
         CHECK(act[2] < act[1]);  // -r 2 keeps less than -r 1, which keeps less than -r 0
         CHECK(act[1] < act[0]);
     }
+    // tensor-parallel layouts: a real allocation with tp > 1 needs MPI, so here only the plan (the
+    // dry run of gpt_allocate for rank 0 of a tp group, plan_tp), for tp 1, 2, 4 with and without
+    // --sp, dense and MoE, every -r; it must succeed and be consistent: the same as
+    // gpt_memory_estimate's, params and moments per rank = the split tensors / tp + the replicated
+    // ones (LayerNorms, row-parallel biases, the router) up to alignment and segment padding, so tp 2
+    // about halves tp 1; --sp keeps fewer activations than no --sp
+    for (int moe = 0; moe < 2; moe++) {
+        CAPTURE(moe);
+        GPTConfig c;
+        c.n_layer = 4; c.n_embd = 256; c.n_head = 8; c.n_kv_head = 4; c.ffn_hidden = 512; c.max_seq_len = 64;
+        if (moe) { c.n_expert = 4; c.moe_every = 2; c.expert_hidden = 256; }
+        c.finalize();
+        const int B = 4, T = 64;
+        double split = 0, replicated = 0, n_tensors = 0;  // table elements
+        for (const ParamTensor& t : build_param_table(c)) {
+            auto has = [&](const char* part) { return t.name.find(part) != std::string::npos; };
+            const bool is_split = t.name == "wte" || has(".attn.qkv.") || has(".attn.proj.w") || has(".mlp.fc.") ||
+                                  has(".mlp.proj.w") || has(".moe.fc.") || has(".moe.proj.w");
+            (is_split ? split : replicated) += (double)t.numel;
+            n_tensors++;
+        }
+        REQUIRE(replicated > 0);
+        // per tensor up to 7 alignment elements, per segment (embedding, blocks, final LN) up to 2047
+        const double slack = 8 * n_tensors + (double)NORM_CHUNK * (c.n_layer + 2);
+        for (int recompute = 0; recompute <= 2; recompute++) {
+            CAPTURE(recompute);
+            double params[5] = {}, act[5][2] = {};
+            for (int tp : {1, 2, 4})
+                for (int sp = 0; sp <= (tp > 1 ? 1 : 0); sp++) {
+                    CAPTURE(tp);
+                    CAPTURE(sp);
+                    GPT plan;
+                    plan.mem.plan_only = true;
+                    plan.plan_tp = tp;
+                    const size_t before = buffer_bytes_allocated();
+                    REQUIRE_NOTHROW(gpt_allocate(plan, c, B, T, 0, nullptr, recompute, sp == 1));
+                    CHECK(buffer_bytes_allocated() == before);  // a dry run: nothing allocated
+                    CHECK(plan.ls.tp == tp);
+                    CHECK(plan.ls.sp == (sp == 1));
+                    const MemoryEstimate e = MemoryEstimate::of(plan.mem);
+                    CHECK(e.buffers() == gpt_memory_estimate(c, B, T, 0, nullptr, recompute, 0, sizeof(floatX), tp, sp == 1).buffers());
+                    const double ideal = split / tp + replicated, p = e.params / sizeof(floatX), mom = e.moments / 8;
+                    CHECK(p >= ideal);
+                    CHECK(p <= ideal + slack);
+                    CHECK(mom >= ideal);  // fp32 m and v of the same elements
+                    CHECK(mom <= ideal + slack);
+                    CHECK(e.grads >= e.params);  // leaves + fp32 accumulators
+                    params[tp] = p;
+                    act[tp][sp] = e.activations;
+                    // every ZeRO stage over 2 data-parallel ranks, and the CUDA build's plan (bf16, one leaf per rank)
+                    for (int zero = 0; zero <= 3; zero++) {
+                        CAPTURE(zero);
+                        CHECK_NOTHROW(gpt_memory_estimate(c, B, T, zero, nullptr, recompute, 2, sizeof(floatX), tp, sp == 1));
+                        CHECK_NOTHROW(gpt_memory_estimate(c, B, T, zero, nullptr, recompute, 2, 2, tp, sp == 1));
+                    }
+                }
+            // tp 2 holds about half of tp 1's parameters: half, plus half of the replicated share
+            CHECK(params[2] >= params[1] / 2 - slack);
+            CHECK(params[2] <= params[1] / 2 + replicated / 2 + slack);
+            CHECK(params[4] < params[2]);
+            for (int tp : {2, 4}) {
+                CAPTURE(tp);
+                CHECK(act[tp][1] <= act[tp][0]);  // --sp: the residual stream and LayerNorms hold B*T/tp tokens
+                CHECK(act[tp][0] < act[1][0]);    // the split heads and hidden units
+            }
+            CHECK(act[4][1] < act[2][1]);
+            if (recompute == 0)
+                MESSAGE(strfmt("%s plan per rank, -r 0: params %.0f / %.0f / %.0f elements at tp 1 / 2 / 4 (replicated "
+                               "%.0f); activations MiB tp 1 %.2f, tp 2 %.2f (sp %.2f), tp 4 %.2f (sp %.2f)",
+                               moe ? "MoE" : "dense", params[1], params[2], params[4], replicated, act[1][0] / 1048576,
+                               act[2][0] / 1048576, act[2][1] / 1048576, act[4][0] / 1048576, act[4][1] / 1048576));
+        }
+        // layouts the model cannot split: refused by the dry run, naming the flag
+        CHECK_THROWS_WITH_AS(gpt_memory_estimate(c, B, T, 0, nullptr, 0, 0, sizeof(floatX), 3),
+                             doctest::Contains("--tp 3 must divide --n_head 8"), LlmcError);
+        CHECK_THROWS_WITH_AS(gpt_memory_estimate(c, 1, 3, 0, nullptr, 0, 0, sizeof(floatX), 2, true),
+                             doctest::Contains("--sp: the B*T = 3 tokens of a micro-batch must split evenly over --tp 2"),
+                             LlmcError);
+    }
     Fixture fx;
     setenv("LLMC_MEMORY_LIMIT", "64M", 1);
     fails_with(with(fx.args("mem", 1), {"-b", "37000", "-t", "64", "-d", "0"}), "memory: this run needs");
@@ -337,6 +416,10 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
     CHECK(out.find("plan: 4 processes (pp 2 x dp 2 x tp 1)") != std::string::npos);
     CHECK(out.find("pipeline: 2 stages") != std::string::npos);
     CHECK(out.find("-r 2: the largest micro-batch that fits is -b") != std::string::npos);
+    // a tensor-parallel plan from one process: 4 ranks as dp 2 x tp 2 with --sp
+    CHECK(run_train_output(with(fx.args("plan", 1), {"--plan", "--plan_ranks", "4", "--tp", "2", "--sp"}), out) == 0);
+    CHECK(out.find("plan: 4 processes (pp 1 x dp 2 x tp 2 + sp)") != std::string::npos);
+    CHECK(out.find("memory per rank (MiB), dp 2, tp 2 + sp") != std::string::npos);
     // --device: the CUDA build's plan (bf16 + fp32 master) against that GPU, from this machine
     CHECK(run_train_output(with(fx.args("plan", 1), {"--plan", "--device", "h200"}), out) == 0);
     CHECK(out.find("available: an H200 (CUDA build, bf16) 139.80 GiB") != std::string::npos);
