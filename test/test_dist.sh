@@ -16,6 +16,7 @@
 #   8. --offload optimizer: np 2 -z 1/3 (dense, MoE), pp 2 and a resume that turns it on, bitwise
 #   9. tensor parallelism op by op (test/test_tp) under np 2 and 4: row- and column-parallel
 #      linears, vocab-parallel loss, attention activations and gradients vs the unsplit model
+#  10. expert parallel: --ep 2/4, both routing groups, -z 1/3, pp 2, tp 2, reshards, bad layouts
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -323,6 +324,50 @@ if [ -x "$TPBIN" ]; then
         grep "^test_tp: np" "$log"
     done
 else fail "test/test_tp is not built (make test/test_tp)"; fi
+
+# ---- 10. expert parallel: --ep 2 and 4 with dp 4, both routing groups, MoE every 1 and 2 blocks,
+# -z 1 and -z 3, with pp 2 and with tp: bitwise one process (each owner folds one leaf per source
+# rank in global micro-batch order). The all-to-alls are sized at start-up: the host bytes (the only
+# way a size could be asked for at run time) equal the run without --ep, and the measured bytes the theory.
+t0=$(date +%s)
+EPMOE="$COMMON --n_layer 4 --n_expert 4 --expert_hidden 32 --capacity_factor 1.5"
+TOKEP=$((B * T * 4 * 2))
+for grouping in batch position; do
+    for every in 1 2; do
+        ARGS="$EPMOE --moe_every $every --moe_group $grouping"
+        ref=$W/ep.ref.$grouping.$every
+        run 1 "$ref" $ARGS -d $TOKEP -x 4 || { fail "ep reference $grouping every $every"; continue; }
+        run 4 "$ref.np4" $ARGS -d $TOKEP -x 4 -z 1 || fail "ep 1 np 4 $grouping"
+        for case in "4 2 -z 1" "4 4 -z 3" "4 2 -z 3 --pp 2" "8 2 -z 1 --tp 2 --sp"; do
+            set -- $case; np=$1 ep=$2; shift 2
+            [ $every = 1 ] && [ $np = 8 ] && continue  # keep the np 8 case to one model
+            out=$W/ep.$grouping.$every.np$np.ep$ep.$(echo "$*" | tr -d ' -')
+            if run $np "$out" $ARGS -d $TOKEP -x 4 --ep $ep "$@"; then
+                same_run "$ref" "$out" 4 "ep $ep $grouping every $every $* vs one process"
+                comm_theory "$out" "ep $ep $grouping $*"
+                if [ "$np $*" = "4 -z 1" ]; then  # the same layout without --ep: the same host bytes
+                    h_ep=$(grep -o "host (scalars) [0-9]*" "$out.log"); h1=$(grep -o "host (scalars) [0-9]*" "$ref.np4.log")
+                    [ -n "$h_ep" ] && [ "$h_ep" = "$h1" ] && pass || fail "ep $ep: host bytes $h_ep vs $h1 without --ep"
+                fi
+            else fail "ep $ep $grouping every $every $*: rc $?"; tail -5 "$out.log"; fi
+        done
+    done
+done
+# reshard resumes across ep: 2 -> 1 and 1 -> 4 (np 4, dp 4)
+ARGS="$EPMOE --moe_every 2"
+run 4 "$W/ep.full" $ARGS -d $TOKEP -x 6 || fail "ep uninterrupted run"
+for case in "2 1" "1 4"; do
+    set -- $case
+    out=$W/ep.resume.$1.$2
+    run 4 "$out" $ARGS -d $TOKEP -x 6 -n 3 --ep $1 && rm "$out/ckpt_$(printf %09d 6).bin" &&
+        run 4 "$out" $ARGS -d $TOKEP -x 6 --ep $2 -y latest &&
+        grep -q "resumed from .*ckpt_000000003.bin" "$out.log" && same_run "$W/ep.full" "$out" 6 "resume ep $1 -> ep $2" 4 ||
+        { fail "resume ep $1 -> ep $2"; tail -3 "$out.log"; }
+done
+bad_tp 4 "ep 3 must divide the 4 data-parallel ranks" $ARGS --ep 3
+bad_tp 2 "ep 2 must divide --n_expert 3" $MOE --ep 2
+bad_tp 2 "the model has no experts" $DENSE --ep 2
+echo "test_dist: expert-parallel matrix done in $(( $(date +%s) - t0 )) s"
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]

@@ -47,8 +47,14 @@ constexpr double TOL_STEP_LR = 1e-6;      // relative
 //     to every score of a softmax row), so both implementations push pure rounding noise (~1e-11)
 //     through Adam (update ~ lr * g / eps) and drift independently by up to ~6e-7; observed error up
 //     to 3.5e-5 of the tensor's max. It gets its own bound; the q and v slices use the tight one.
-// Skipping weight decay on one tensor changes it by ~sum(lr) * wd = 1.2e-4 of its max: 4x the bound.
-constexpr double TOL_FINAL_PARAM = 3e-5;
+//   - The engine sums in canonical chunks (llmc/tensor_parallel.h: the row-parallel inputs, the
+//     vocabulary, the column-parallel outputs in the backward, in a fixed tree), PyTorch sequentially:
+//     two float32 computations with different summation orders. Where an element's Adam moment
+//     nearly cancels (gradients of alternating sign), its update keeps their rounding differences:
+//     observed up to 6.8e-5 (ref_b, h0.mlp.proj.w; 1.2e-5 with the sequential sums), so 1e-4.
+// (A skipped weight decay on one tensor, ~sum(lr) * wd = 1.2e-4 of its max, would pass this bound:
+// the decay flags are checked by test_moe's parameter-table case, AdamW's decay term by test_ops'.)
+constexpr double TOL_FINAL_PARAM = 1e-4;
 constexpr double TOL_FINAL_KBIAS = 1e-4;  // the key-bias slice of attn.qkv.b (zero exact gradient)
 
 // ------------------------------------------------------------------------------------------------
