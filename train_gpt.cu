@@ -3542,14 +3542,20 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         gpt_export_llmc(model, export_llmc, export_dtype == "bf16");
         if (rank0) printf("wrote %s (llm.c GPT-2 model, %s)\n", export_llmc.c_str(), export_dtype.c_str());
     }
-    if (world > 1 && !model.zero.params_sharded()) {  // replicated params must be bitwise the same everywhere
-        std::vector<floatX> p(model.zero.params_elems());
+    if (world > 1 && !model.zero.params_sharded()) {
+        // replicated params must be bitwise the same on every rank that holds them: the dense
+        // segments on the dp group, the experts on the expert-dp group
+        const ZeroLayout& z = model.zero;
+        std::vector<floatX> p(z.params_elems());
         copy_from_buffer(p.data(), model.params, p.size() * sizeof(floatX));
-        const uint64_t h = ckpt_hash_bytes((const unsigned char*)p.data(), p.size() * sizeof(floatX));
-        for (uint64_t other : host_gather_all<uint64_t>(dp, h))
-            LLMC_CHECK(other == h, "rank %d: parameters differ between ranks at the end (hash %016llx vs %016llx)",
-                       dp.rank, (unsigned long long)h, (unsigned long long)other);
-        if (rank0) printf("params identical on all %d ranks (hash %016llx)\n", world, (unsigned long long)h);
+        uint64_t h[2] = {0, 0};
+        for (const Segment& seg : z.segs)
+            h[seg.expert] += ckpt_hash_bytes((const unsigned char*)(p.data() + seg.padded_offset), seg.padded * sizeof(floatX));
+        for (int e = 0; e < 2; e++)
+            for (uint64_t other : host_gather_all<uint64_t>(e ? cm.edp : dp, h[e]))
+                LLMC_CHECK(other == h[e], "rank %d: %s parameters differ between ranks at the end (hash %016llx vs %016llx)",
+                           dp.rank, e ? "expert" : "dense", (unsigned long long)h[e], (unsigned long long)other);
+        if (rank0) printf("params identical on all %d ranks (hash %016llx; experts on the ranks that hold them)\n", world, (unsigned long long)h[0]);
     }
     gpt_free(model);
     return 0;

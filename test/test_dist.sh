@@ -330,7 +330,7 @@ else fail "test/test_tp is not built (make test/test_tp)"; fi
 # rank in global micro-batch order). The all-to-alls are sized at start-up: the host bytes (the only
 # way a size could be asked for at run time) equal the run without --ep, and the measured bytes the theory.
 t0=$(date +%s)
-EPMOE="$COMMON --n_layer 4 --n_expert 4 --expert_hidden 32 --capacity_factor 1.5"
+EPMOE="$COMMON --n_layer 4 --n_embd 32 --n_head 4 --n_kv_head 2 --ffn_hidden 64 --n_expert 4 --expert_hidden 32 --capacity_factor 1.5"
 TOKEP=$((B * T * 4 * 2))
 for grouping in batch position; do
     for every in 1 2; do
