@@ -766,6 +766,7 @@ struct GPT {
     std::vector<TablePiece> pieces;                 // local elements -> table elements
     std::vector<CheckpointRange> table_padding;     // table padding this rank reports (zeros; tp > 1)
     ChunkSplit split_attn, split_ffn, split_expert, split_vocab, split_tokens;  // canonical reductions
+    bool canonical = true;  // the CPU build's canonical chunks (llmc/tensor_parallel.h); a GPU plan: one per rank
     size_t n_params = 0;     // elements of the parameter table (with alignment padding): checkpoints
     size_t param_count = 0;  // the model's parameters (what is reported and counted for FLOPs)
     PipelinePlan pipe;       // this rank's pipeline stage and its chunks
@@ -1000,6 +1001,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
                "--sp: the B*T = %lld tokens of a micro-batch must split evenly over --tp %d ranks", (long long)B * T, tp.size);
     // the canonical chunks of the CPU build make tensor parallelism bitwise (llmc/tensor_parallel.h)
     const bool canonical = m.elem_bytes == sizeof(float) && sizeof(floatX) == sizeof(float);
+    m.canonical = canonical;
     m.split_attn = chunk_split(config.n_kv_head, tp.size, tp.rank, canonical);
     m.split_ffn = chunk_split(config.ffn_hidden, tp.size, tp.rank, canonical);
     m.split_expert = chunk_split(config.expert_hidden, tp.size, tp.rank, canonical);
@@ -1597,7 +1599,9 @@ static std::vector<SplitRange> fc_leaf_rows(const GPT& m, int j, bool moe) {
 static void layernorm_weight_grads(GPT& m, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
                                    const float* mean, const float* rstd) {
     const int C = m.config.n_embd;
-    const ChunkSplit& split = m.split_tokens;
+    // the canonical token chunks of this micro-batch (B*T may be below the allocated maximum)
+    const ChunkSplit split = m.ls.sp ? chunk_split((long)m.B * m.T, m.ls.tp, m.ls.rank, m.canonical)
+                                     : chunk_split((long)m.B * m.T, 1, 0, m.canonical);
     const size_t per = (size_t)stream_rows(m) / split.count;
     auto leaf = [&](int g, floatX* dst) {
         const size_t t0 = (g - split.first) * per;
@@ -2082,6 +2086,8 @@ static P2POp pipe_transfer(GPT& m, const PipeAction& a) {
 static float gpt_forward(GPT& m, const int* inputs, const int* targets, const int* doc_start, int B, int T,
                          float dloss_scale = 0.0f) {
     LLMC_CHECK(B <= m.max_B && T <= m.max_T, "batch %dx%d exceeds the allocated %dx%d", B, T, m.max_B, m.max_T);
+    LLMC_CHECK(!m.ls.sp || ((int64_t)B * T) % m.ls.tp == 0, "--sp: a forward of %dx%d tokens does not split over --tp %d",
+               B, T, m.ls.tp);
     m.B = B;
     m.T = T;
     m.batches = {MicroBatch{inputs, targets, doc_start}};
