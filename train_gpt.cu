@@ -997,6 +997,8 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     config.check_batch(B, T, dp.size);
     LLMC_CHECK(recompute >= 0 && recompute <= 2, "-r/--recompute: expected 0, 1 or 2, got %d", recompute);
     m.ls = local_shape(config, tp.size, tp.rank, sp, ep.size, ep.rank);
+    LLMC_CHECK(m.mem.plan_only || tp.size <= config.n_kv_head || comm_world().tp_kv.size == tp.size / config.n_kv_head,
+               "internal: the tp ranks sharing a kv head have no group (comm_make_kv_group)");
     LLMC_CHECK(!m.ls.sp || ((int64_t)B * T) % tp.size == 0,
                "--sp: the B*T = %lld tokens of a micro-batch must split evenly over --tp %d ranks", (long long)B * T, tp.size);
     // the canonical chunks of the CPU build make tensor parallelism bitwise (llmc/tensor_parallel.h)
