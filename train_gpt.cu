@@ -1538,6 +1538,10 @@ static bool covers(const std::vector<SplitRange>& ranges, size_t n) {
 // W [E, OC, K], bias [E, OC]). scatter (--sp): this rank keeps its rows of the sum.
 static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const floatX* W, const floatX* bias, int n_batch,
                                  int rows, int K, int OC, const ChunkSplit& split, bool scatter) {
+    if (!m.canonical && tp_group().size == 1) {  // the GPU build on one tp rank: one matmul, bias fused in
+        matmul_forward_batched(out, inp, W, bias, n_batch, rows, K, OC);
+        return;
+    }
     const size_t per = (size_t)K / split.count, n = (size_t)n_batch * rows * OC;
     auto leaf = [&](int g, floatX* dst) {
         const std::vector<SplitRange> r = {{(g - split.first) * per, per}};
@@ -1656,6 +1660,28 @@ static void release_all_slots(GPT& m) {
 // once, so that logits never wait for a later backward: dlogits -> the head's weight gradient
 // (folded into head_acc) and the gradient at the final LayerNorm's output -> through the final
 // LayerNorm (its weight gradients folded too) into the slot's d_stream.
+// The vocab-parallel softmax cross-entropy over the rank's logits columns (n_real of them real):
+// the max over every rank's columns, the sum of exponentials over canonical vocabulary chunks, the
+// target's logit from the rank that holds it; then the losses (every rank the same) and, with a
+// loss scale, the rank's dlogits in place.
+static void vocab_parallel_loss(GPT& m, const ChunkSlot& s, float dloss, int n_real) {
+    const LocalShape& ls = m.ls;
+    const int BT = m.B * m.T, Vl = ls.vocab;
+    const ChunkSplit one{ls.rank, 1, ls.tp, Vl, ls.tp == 1};
+    tp_sum(tp_group(), one, m.tpf, m.ce_max, BT, true,
+           [&](int, float* dst) { classifier_max(dst, m.logits, BT, Vl, n_real); }, tp_max_f, tp_copy_f);
+    const ChunkSplit& split = m.split_vocab;
+    const int per = Vl / split.count;
+    tp_sum(tp_group(), split, m.tpf, m.ce_sum, BT, true, [&](int g, float* dst) {
+        const int c0 = (g - split.first) * per;
+        classifier_sumexp(dst, m.logits, m.ce_max, BT, Vl, std::min(c0, n_real), std::min(c0 + per, n_real));
+    }, tp_add_f, tp_copy_f);
+    tp_sum(tp_group(), one, m.tpf, m.ce_target, BT, true,
+           [&](int, float* dst) { classifier_target(dst, m.logits, s.targets, BT, Vl, ls.vocab0, n_real); }, tp_add_f,
+           tp_copy_f);
+    classifier_backward(m.logits, m.losses, m.ce_max, m.ce_sum, m.ce_target, s.targets, dloss, BT, Vl, ls.vocab0, n_real);
+}
+
 static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
@@ -1669,21 +1695,8 @@ static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         int n_valid = 0;
         for (int i = 0; i < BT; i++) n_valid += s.host_targets[i] >= 0;
         const float dloss = n_valid > 0 ? m.dloss_scale / n_valid : 0.0f;
-        // vocab-parallel softmax: the max over every rank's columns, the sum of exponentials over
-        // canonical vocabulary chunks, the target's logit from the rank that holds it
-        const ChunkSplit one{ls.rank, 1, ls.tp, Vl, ls.tp == 1};
-        tp_sum(tp_group(), one, m.tpf, m.ce_max, BT, true,
-               [&](int, float* dst) { classifier_max(dst, m.logits, BT, Vl, n_real); }, tp_max_f, tp_copy_f);
-        const ChunkSplit& split = m.split_vocab;
-        const int per = Vl / split.count;
-        tp_sum(tp_group(), split, m.tpf, m.ce_sum, BT, true, [&](int g, float* dst) {
-            const int c0 = (g - split.first) * per;
-            classifier_sumexp(dst, m.logits, m.ce_max, BT, Vl, std::min(c0, n_real), std::min(c0 + per, n_real));
-        }, tp_add_f, tp_copy_f);
-        tp_sum(tp_group(), one, m.tpf, m.ce_target, BT, true,
-               [&](int, float* dst) { classifier_target(dst, m.logits, s.targets, BT, Vl, ls.vocab0, n_real); }, tp_add_f,
-               tp_copy_f);
-        classifier_backward(m.logits, m.losses, m.ce_max, m.ce_sum, m.ce_target, s.targets, dloss, BT, Vl, ls.vocab0, n_real);
+        if (!m.canonical && ls.tp == 1) fused_classifier(m.logits, m.losses, s.targets, dloss, BT, c.vocab_size, Vl);
+        else vocab_parallel_loss(m, s, dloss, n_real);  // (the GPU build on one tp rank: the fused kernel, one pass)
         copy_from_buffer(m.host_losses.data(), m.losses, BT * sizeof(float));
         double sum = 0;  // summed on the host in token order: deterministic
         for (int i = 0; i < BT; i++) sum += m.host_losses[i];
