@@ -1667,7 +1667,7 @@ static void release_all_slots(GPT& m) {
 static void vocab_parallel_loss(GPT& m, const ChunkSlot& s, float dloss, int n_real) {
     const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, Vl = ls.vocab;
-    const ChunkSplit one{ls.rank, 1, ls.tp, Vl, ls.tp == 1};
+    const ChunkSplit one = rank_leaf(tp_group());
     tp_sum(tp_group(), one, m.tpf, m.ce_max, BT, true,
            [&](int, float* dst) { classifier_max(dst, m.logits, BT, Vl, n_real); }, tp_max_f, tp_copy_f);
     const ChunkSplit& split = m.split_vocab;
@@ -1845,7 +1845,7 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
         // vocab-parallel embedding: each rank adds its vocabulary rows (zeros for the others'
         // tokens, tp rank 0 the positions), the tp group sums (exact: one non-zero term per part)
         params_needed(m, embedding);
-        const ChunkSplit one{m.ls.rank, 1, m.ls.tp, (long)C, m.ls.tp == 1};
+        const ChunkSplit one = rank_leaf(tp_group());
         tp_sum(tp_group(), one, m.tpx, s.input, (size_t)B * T * C, !m.ls.sp, [&](int, floatX* dst) {
             encoder_forward(dst, s.inputs, s.doc_start, m.p.wte, m.ls.rank == 0 ? m.p.wpe : (const floatX*)nullptr, B, T, C,
                             m.ls.vocab0, m.ls.vocab);
@@ -1899,7 +1899,6 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
             matmul_backward_batched((floatX*)nullptr, dw.fcw + at, dw.fcb + at, d.d_fch + rows * 2 * He,
                                     a.expert_in + rows * C, (const floatX*)nullptr, ls.n_expert, cap, C, 2 * He);
         }
-        (void)E;
         moe_router_backward((floatX*)nullptr, dw.routerw, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1),
                             (const floatX*)nullptr, BT, C, E);
     } else {
@@ -1925,7 +1924,7 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
         // its query heads read; the sharing ranks add them (not bitwise the one-process sum, which adds
         // every query head's contribution in one attention backward)
         const size_t q = (size_t)ls.n_head * ls.hs, kv = 2 * (size_t)ls.n_kv_head * ls.hs;
-        const ChunkSplit one{comm_world().tp_kv.rank, 1, comm_world().tp_kv.size, (long)kv, false};
+        const ChunkSplit one = rank_leaf(comm_world().tp_kv);
         auto in_place = [](int, floatX*) {};
         tp_sum(comm_world().tp_kv, one, m.tpx, dw.qkvw + q * C, kv * C, true, in_place, tp_add, tp_copy);
         tp_sum(comm_world().tp_kv, one, m.tpx, dw.qkvb + q, kv, true, in_place, tp_add, tp_copy);

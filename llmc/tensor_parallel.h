@@ -69,6 +69,16 @@ inline ChunkSplit chunk_split(long units, int tp, int tp_rank, bool canonical) {
     return s;
 }
 
+// The rank's part as one leaf: for sums whose result does not depend on the order (a maximum, a
+// sum with one non-zero term per element) or that are not canonical anyway.
+inline ChunkSplit rank_leaf(const CommGroup& g) {
+    ChunkSplit s;
+    s.first = g.rank;
+    s.chunks = g.size;
+    s.canonical = g.size == 1;
+    return s;
+}
+
 // Scratch of one element type for the reductions: subtree temporaries, the partial of a
 // reduce-scatter and the receive buffer, each `capacity` elements.
 template <typename T>
