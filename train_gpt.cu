@@ -65,24 +65,20 @@ static size_t& buffer_bytes_allocated() {
     static size_t bytes = 0;
     return bytes;
 }
-static void* buffer_alloc(size_t bytes) {
-    buffer_bytes_allocated() += bytes;
-    void* p = calloc(1, bytes);
-    LLMC_CHECK(p, "out of memory allocating %zu bytes", bytes);
-    return p;
-}
-static void buffer_free(void* p) { free(p); }
 // the host arenas of --offload optimizer (llmc/memory.h): host memory like the buffers, counted apart
 static size_t& host_bytes_allocated() {
     static size_t bytes = 0;
     return bytes;
 }
-static void* host_buffer_alloc(size_t bytes) {
-    host_bytes_allocated() += bytes;
+static void* counted_calloc(size_t& counter, size_t bytes) {
+    counter += bytes;
     void* p = calloc(1, bytes);
-    LLMC_CHECK(p, "out of memory allocating %zu bytes of host memory", bytes);
+    LLMC_CHECK(p, "out of memory allocating %zu bytes", bytes);
     return p;
 }
+static void* buffer_alloc(size_t bytes) { return counted_calloc(buffer_bytes_allocated(), bytes); }
+static void buffer_free(void* p) { free(p); }
+static void* host_buffer_alloc(size_t bytes) { return counted_calloc(host_bytes_allocated(), bytes); }
 static void host_buffer_free(void* p) { free(p); }
 static void buffer_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
 static void copy_to_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
@@ -1409,10 +1405,16 @@ static const CommGroup& seg_group(const ZeroLayout& z, int s) {
     return z.segs[s].expert ? comm_world().edp : comm_world().dp;
 }
 // the local segments of model segment seg: a block's, and its experts' in an MoE layer
-static std::vector<int> local_segments(const GPT& m, int seg) {
-    std::vector<int> out = {m.seg_local[seg]};
+struct LocalSegments {
+    int s[2] = {-1, -1}, n = 0;
+    const int* begin() const { return s; }
+    const int* end() const { return s + n; }
+};
+static LocalSegments local_segments(const GPT& m, int seg) {
+    LocalSegments out;
+    out.s[out.n++] = m.seg_local[seg];
     const int l = segment_layer(seg, m.config.n_layer);
-    if (seg >= 1 && seg <= m.config.n_layer && m.config.is_moe(l)) out.push_back(m.seg_local[m.config.n_layer + 2 + l]);
+    if (seg >= 1 && seg <= m.config.n_layer && m.config.is_moe(l)) out.s[out.n++] = m.seg_local[m.config.n_layer + 2 + l];
     return out;
 }
 static void params_needed(GPT& m, int seg) {
@@ -1513,8 +1515,19 @@ static floatX* sp_gather_from(GPT& m, floatX* full, const floatX* local) {
 struct SplitRange {
     size_t at, n;
 };
+// a leaf's ranges (at most three: qkv's Q, K and V rows), without a heap allocation in the step
+struct SplitRanges {
+    SplitRange r[3] = {};
+    int n = 0;
+    SplitRanges(std::initializer_list<SplitRange> list) {
+        LLMC_CHECK(list.size() <= 3, "internal: a leaf of %zu ranges", list.size());
+        for (const SplitRange& x : list) r[n++] = x;
+    }
+    const SplitRange* begin() const { return r; }
+    const SplitRange* end() const { return r + n; }
+};
 // columns `ranges` of src [rows, ld], side by side into dst [rows, their total]; returns the total
-static size_t gather_columns(floatX* dst, const floatX* src, size_t rows, size_t ld, const std::vector<SplitRange>& ranges) {
+static size_t gather_columns(floatX* dst, const floatX* src, size_t rows, size_t ld, const SplitRanges& ranges) {
     size_t w = 0, at = 0;
     for (const SplitRange& r : ranges) w += r.n;
     for (const SplitRange& r : ranges) {
@@ -1523,7 +1536,7 @@ static size_t gather_columns(floatX* dst, const floatX* src, size_t rows, size_t
     }
     return w;
 }
-static bool covers(const std::vector<SplitRange>& ranges, size_t n) {
+static bool covers(const SplitRanges& ranges, size_t n) {
     size_t at = 0;
     for (const SplitRange& r : ranges) {
         if (r.at != at) return false;
@@ -1544,7 +1557,7 @@ static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const f
     }
     const size_t per = (size_t)K / split.count, n = (size_t)n_batch * rows * OC;
     auto leaf = [&](int g, floatX* dst) {
-        const std::vector<SplitRange> r = {{(g - split.first) * per, per}};
+        const SplitRanges r = {{(g - split.first) * per, per}};
         const floatX *a = inp, *b = W;
         if (!covers(r, K)) {
             gather_columns(m.tp_copy_a, inp, (size_t)n_batch * rows, K, r);
@@ -1567,7 +1580,7 @@ static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const
                                  int OC, const ChunkSplit& split, const Ranges& ranges, bool scatter) {
     const size_t n = (size_t)n_batch * rows * C;
     auto leaf = [&](int g, floatX* dst) {
-        const std::vector<SplitRange> r = ranges(g - split.first);
+        const SplitRanges r = ranges(g - split.first);
         if (covers(r, OC)) {
             matmul_backward_batched(dst, (floatX*)nullptr, (floatX*)nullptr, dout, (const floatX*)nullptr, W, n_batch, rows, C, OC);
             return;
@@ -1587,13 +1600,13 @@ static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const
 }
 // the output rows of leaf j of the attention's qkv (its query heads' rows, then its kv heads' K
 // and V rows), of the FFN's fc (SwiGLU: the leaf's units of W1 and of W3), of the vocabulary
-static std::vector<SplitRange> qkv_leaf_rows(const GPT& m, int j) {
+static SplitRanges qkv_leaf_rows(const GPT& m, int j) {
     const LocalShape& s = m.ls;
     const size_t q = (size_t)s.n_head / m.split_attn.count * s.hs, kv = (size_t)s.n_kv_head / m.split_attn.count * s.hs;
     const size_t q_all = (size_t)s.n_head * s.hs, kv_all = (size_t)s.n_kv_head * s.hs;
     return {{j * q, q}, {q_all + j * kv, kv}, {q_all + kv_all + j * kv, kv}};
 }
-static std::vector<SplitRange> fc_leaf_rows(const GPT& m, int j, bool moe) {
+static SplitRanges fc_leaf_rows(const GPT& m, int j, bool moe) {
     const ChunkSplit& split = moe ? m.split_expert : m.split_ffn;
     const size_t all = moe ? m.ls.expert_hidden : m.ls.ffn, per = all / split.count;
     if (!moe && m.config.mlp != MLP_SWIGLU) return {{j * per, per}};
@@ -1710,7 +1723,7 @@ static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         reduce_scatter_add(comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
         const size_t per = (size_t)Vl / m.split_vocab.count;
         column_parallel_dinp(m, m.d_ln, m.logits, wte, 1, BT, C, Vl, m.split_vocab,
-                             [&](int j) { return std::vector<SplitRange>{{j * per, per}}; }, ls.sp);
+                             [&](int j) { return SplitRanges{{j * per, per}}; }, ls.sp);
         const int final_ln = c.n_layer + 1;
         grads_needed(m, final_ln);
         buffer_zero(s.d_stream, (size_t)rows * C * sizeof(floatX));
