@@ -30,7 +30,7 @@
 
 namespace {
 
-using Ranges = std::vector<SplitRange>;
+using Ranges = SplitRanges;
 constexpr double REL_TOL = 1e-6;
 constexpr int B = 2, T = 8;            // B*T = 16 tokens: divisible by tp 2 and 4 (--sp), 8 canonical token chunks
 constexpr float LOSS_SCALE = 0.75f;
