@@ -89,12 +89,17 @@ static void copy_buffer_2d(void* dst, size_t dst_pitch, const void* src, size_t 
     for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dst_pitch, (const char*)src + r * src_pitch, width_bytes);
 }
 static void backend_sync() {}
-static void backend_setup(int, int, int, int, int, int, int, int, int) {}
+// the ops' scratch and the matmul workspace: the CPU ops need none (their arena is empty)
+static void backend_bind_scratch(void*, size_t) {}
+// the SM count that the plan of a GPU's op scratch assumes (llmc/op_scratch.h): the GPUs of --plan
+// --device (H100 / H200 SXM) have 132
+static int plan_sm_count() { return 132; }
 // memory the run's buffers can use: host memory (MemAvailable), for the memory guard
 static double available_buffer_memory(std::string& source) { return available_host_memory(source); }
 // what the process holds after a step, next to the plan: the buffers (all of them allocated up
 // front) and the peak resident set (buffers + host staging + libraries)
-static std::string measured_memory() {
+static double device_bytes_in_use() { return (double)buffer_bytes_allocated(); }
+static std::string measured_memory(double) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return strfmt("buffers %.2f MiB, process peak RSS %.2f MiB", buffer_bytes_allocated() / 1048576.0,
@@ -161,13 +166,21 @@ static void* host_buffer_alloc(size_t bytes) {
     return p;
 }
 static void host_buffer_free(void* p) { cudaCheck(cudaFreeHost(p)); }
-// what the device holds after a step, next to the plan: our buffers, and all that is in use on the
-// device (the buffers plus the op scratch, library workspaces and the CUDA context)
-static std::string measured_memory() {
+static double device_bytes_in_use() {
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    return strfmt("buffers %.2f MiB, device memory in use %.2f MiB of %.2f MiB", buffer_bytes_allocated() / 1048576.0,
-                  (total_b - free_b) / 1048576.0, total_b / 1048576.0);
+    return (double)(total_b - free_b);
+}
+// what the device holds after a step, next to the plan: our buffers (the arenas), all that is in
+// use on the device (with the CUDA context and the libraries' own), and how much that grew since
+// before the model was allocated (in_use_before): what the plan is to be compared with
+static std::string measured_memory(double in_use_before) {
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    const double in_use = (double)(total_b - free_b);
+    return strfmt("buffers %.2f MiB, device memory in use %.2f MiB of %.2f MiB, grown by %.2f MiB since before the "
+                  "model was allocated", buffer_bytes_allocated() / 1048576.0, in_use / 1048576.0, total_b / 1048576.0,
+                  (in_use - in_use_before) / 1048576.0);
 }
 // free GPU memory now (cudaMemGetInfo), for the memory guard (LLMC_MEMORY_LIMIT overrides it)
 static double available_buffer_memory(std::string& source) {
@@ -199,28 +212,21 @@ static void backend_sync() { cudaCheck(cudaStreamSynchronize(llmc_stream())); }
 // kernels are queued: the host clock sees their time only after a sync, which would cost the overlap
 // of host and device; the pipeline is timed (with syncs) only for --pp_trace
 static constexpr bool host_timing_is_exact = false;
-// Start-up, before the first step: the cuBLASLt handle and workspace, and one scratch arena big
-// enough for every op at the largest batch (max_linear_out: the widest linear layer with a bias;
-// MoE: expert_rows tokens per expert, experts of hidden size expert_hidden).
-static void backend_setup(int B, int T, int C, int n_head, int n_kv_head, int max_linear_out, int n_expert,
-                          int expert_rows, int expert_hidden) {
-    matmul_setup();
-    const int BT = B * T;
-    size_t need = std::max({encoder_scratch_bytes(B, T, C), layernorm_scratch_bytes(BT, C),
-                            matmul_scratch_bytes(BT, max_linear_out),
-                            attention_scratch_bytes(B, T, n_head, n_kv_head, C / n_head), global_norm_scratch_bytes(),
-                            adamw_scratch_bytes()});
-    if (n_expert > 0)
-        need = std::max({need, moe_scratch_bytes(B, T, C, n_expert),
-                         matmul_batched_scratch_bytes(n_expert, expert_rows, 2 * expert_hidden),
-                         matmul_batched_scratch_bytes(n_expert, expert_rows, C)});
-    cuda_scratch_reserve(need);
+// The ops' scratch (cuda_scratch) and the cuBLASLt workspace from the model's MEM_SCRATCH arena
+// (llmc/op_scratch.h: the workspace first, then the scratch); nullptr: the ops' own again.
+static void backend_bind_scratch(void* arena, size_t bytes) {
+    matmul_bind_workspace(arena);
+    if (arena) matmul_setup();  // the handle (a workspace is bound: nothing is allocated)
+    cuda_scratch_bind(arena ? (char*)arena + MATMUL_WORKSPACE_BYTES : nullptr,
+                      arena ? bytes - MATMUL_WORKSPACE_BYTES : 0);
 }
+static int plan_sm_count() { return layernorm_detail::sm_count(); }
 #endif
 
 // Multi-process: the rank grid and collectives (llmc/comm.h), ZeRO sharding (llmc/zero.h).
 #include "llmc/zero.h"
 #include "llmc/memory.h"
+#include "llmc/op_scratch.h"
 #include "llmc/offload.h"
 #include "llmc/pipeline.h"
 #include "llmc/tensor_parallel.h"
@@ -813,6 +819,8 @@ struct GPT {
     floatX* ln_full[2] = {};        // [B*T, C] --sp: a block's LN1 and LN2 outputs, gathered (ln_gathered)
     float *ce_max = nullptr, *ce_sum = nullptr, *ce_target = nullptr;  // [B*T] vocab-parallel softmax
     int plan_tp = 0, plan_ep = 0;   // planning only: the tensor- and expert-parallel ranks to plan for
+    void* op_scratch = nullptr;     // the CUDA ops' scratch and the cuBLASLt workspace (MEM_SCRATCH)
+    size_t op_scratch_bytes = 0;
     std::vector<float> host_losses;
     double activation_bytes = 0;
 
@@ -830,6 +838,11 @@ static void* take(GPT& m, MemKind kind, size_t bytes) {
     void* p = m.mem.take(kind, bytes);
     if (kind == MEM_ACTIVATIONS) m.activation_bytes = m.mem.planned[MEM_ACTIVATIONS];
     return p;
+}
+// The CUDA ops take their scratch and the matmul workspace from the model that runs them (a test
+// may keep several models): bound where a model's forward, backward or update starts.
+static void bind_op_scratch(const GPT& m) {
+    if (m.op_scratch) backend_bind_scratch(m.op_scratch, m.op_scratch_bytes);
 }
 static floatX* take_act(GPT& m, size_t n) { return (floatX*)take(m, MEM_ACTIVATIONS, n * m.elem_bytes); }
 static float* take_stats(GPT& m, size_t n) { return (float*)take(m, MEM_ACTIVATIONS, n * sizeof(float)); }
@@ -1010,10 +1023,6 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     m.recompute = recompute;
     m.pipe = pipe ? *pipe : single_stage_plan(config);
     const PipelinePlan& pp = m.pipe;
-    if (!m.mem.plan_only)
-        backend_setup(B, T, config.n_embd, config.n_head, config.n_kv_head,
-                      std::max({config.n_embd, config.qkv_channels(), config.fc_channels()}), config.n_expert,
-                      config.n_expert > 0 ? config.moe_capacity(B, T) : 0, config.expert_hidden);
     m.table = build_param_table(config);
     m.local = local_param_table(config, m.table, m.ls, m.pieces);
     m.n_params = count_params(m.table);
@@ -1185,7 +1194,17 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
         m.tp_copy_a = take_act(m, std::max(BT * wide, expert_rows * 2 * He));
         m.tp_copy_b = take_act(m, std::max(C * wide, E * 2 * He * C));
     }
+    // the CUDA ops' scratch and the cuBLASLt workspace for the rank's shapes (llmc/op_scratch.h),
+    // wherever the plan is the CUDA build's (bf16); the CPU ops need none
+    if (m.elem_bytes == 2) {
+        const int widest_biased = std::max({(int)C, ls.qkv(), ls.fc(config.mlp)});
+        m.op_scratch_bytes = MATMUL_WORKSPACE_BYTES +
+                             op_scratch_bytes(B, T, (int)C, ls.n_head, widest_biased, (int)E,
+                                              E > 0 ? config.moe_capacity(B, T) : 0, (int)He, plan_sm_count());
+        m.op_scratch = take(m, MEM_SCRATCH, m.op_scratch_bytes);
+    }
     m.mem.check_used();  // allocated == planned, byte for byte
+    if (!m.mem.plan_only) bind_op_scratch(m);
 }
 
 // The memory guard: refuses, before anything big is allocated, a run whose buffers cannot fit,
@@ -1194,6 +1213,7 @@ static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, 
                               bool sp, int offload);
 
 static void gpt_free(GPT& m) {
+    backend_bind_scratch(nullptr, 0);  // the arena goes with the model
     m.mem.release();
     m = GPT();
 }
@@ -2113,6 +2133,7 @@ static P2POp pipe_transfer(GPT& m, const PipeAction& a) {
 static float gpt_forward(GPT& m, const int* inputs, const int* targets, const int* doc_start, int B, int T,
                          float dloss_scale = 0.0f) {
     LLMC_CHECK(B <= m.max_B && T <= m.max_T, "batch %dx%d exceeds the allocated %dx%d", B, T, m.max_B, m.max_T);
+    bind_op_scratch(m);
     LLMC_CHECK(!m.ls.sp || ((int64_t)B * T) % m.ls.tp == 0, "--sp: a forward of %dx%d tokens does not split over --tp %d",
                B, T, m.ls.tp);
     m.B = B;
@@ -2146,6 +2167,7 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
 static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batches, int B, int T, float dloss_scale,
                                    bool measure, std::vector<PipeEvent>* trace) {
     LLMC_CHECK((int)batches.size() == m.pipe.M, "internal: %zu micro-batches for a schedule of %d", batches.size(), m.pipe.M);
+    bind_op_scratch(m);
     m.B = B;
     m.T = T;
     m.batches = batches;
@@ -2211,6 +2233,7 @@ struct OptimizerConfig {
 // of the whole model's gradient, every stage's (collective over the world).
 static float gpt_grad_norm(GPT& m) {
     const ZeroLayout& z = m.zero;
+    bind_op_scratch(m);
     tied_embedding_sum(m);
     if (!z.acc_sharded())
         for (int s = 0; s < (int)z.segs.size(); s++)
@@ -2223,6 +2246,7 @@ static float gpt_grad_norm(GPT& m) {
 // last pipeline stage gets the tied embedding's new weights. step is 0-based.
 static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int step, float norm) {
     const ZeroLayout& z = m.zero;
+    bind_op_scratch(m);
     float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded
@@ -2435,13 +2459,15 @@ static void check_plan_fits(const MemoryEstimate& e, int B, int T, int offload, 
         {state, "the optimizer state, master weights and Adam moments (" + opt + ")"},
         {e.grads, "the gradients (--zero 2 shards the fp32 accumulators, --zero 3 the leaf gradients too; --pp splits "
                   "the layers)"},
-        {e.params, "the parameters (--zero 3 shards them; --pp splits the layers)"}};
+        {e.params, "the parameters (--zero 3 shards them; --pp splits the layers)"},
+        {e.scratch, "the op scratch and the cuBLASLt workspace (32 MiB plus the largest op's partial sums, which grow "
+                    "with B*T)"}};
     std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     LLMC_FAIL("memory: this run needs %.2f GiB (params %.1f MiB, grads %.1f MiB, master %.1f MiB, Adam moments %.1f "
-              "MiB, activations %.1f MiB for B %d x T %d%s) but %s is %.2f GiB. The biggest part is %s; next %s. "
+              "MiB, activations %.1f MiB for B %d x T %d, op scratch %.1f MiB%s) but %s is %.2f GiB. The biggest part is %s; next %s. "
               "Or shard with --zero / split with --pp or --tp (--sp), or shrink the model (--n_layer, --n_embd, --vocab_size)",
               need / GiB, (e.params) / MiB, e.grads / MiB, (e.master + (one_memory ? e.host_master : 0)) / MiB,
-              (e.moments + (one_memory ? e.host_moments : 0)) / MiB, e.activations / MiB, B, T,
+              (e.moments + (one_memory ? e.host_moments : 0)) / MiB, e.activations / MiB, B, T, e.scratch / MiB,
               one_memory ? strfmt(", host staging %.1f MiB%s", e.host / MiB,
                                   offloaded ? strfmt(", offload gradient staging %.1f MiB", e.host_staging / MiB).c_str()
                                             : "").c_str()
@@ -2510,7 +2536,7 @@ static const Option OPTIONS[] = {
     {"sample_len", "g", "256", "tokens per sample"},
     {"temperature", "", "1.0", "sampling temperature"},
     {"top_k", "", "0", "sample from the k most likely tokens (0: all)"},
-    {"ckpt_every", "n", "0", "write a checkpoint every N steps (0: only at the end)"},
+    {"ckpt_every", "n", "0", "write a checkpoint every N steps and at the end (0: only at the end; -1: never)"},
     {"resume", "y", "", "checkpoint to resume from: a file, or 'latest' (newest in out_dir; default: none)"},
     {"init_from", "", "", "start from the weights of an llm.c GPT-2 model file (the config is the file's; fresh "
                           "optimizer state; default: none)"},
@@ -2777,6 +2803,7 @@ static void print_memory_plan(const PlanInputs& in) {
     row("adam moments (fp32)", &MemoryEstimate::moments);
     row("activations", &MemoryEstimate::activations);
     row("batch", &MemoryEstimate::batch);
+    row("op scratch + cuBLASLt workspace", &MemoryEstimate::scratch);
     row("total", nullptr);
     if (in.offload != OFFLOAD_OPTIMIZER) return;
     row("host: master weights (fp32)", &MemoryEstimate::host_master);
@@ -3221,7 +3248,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     const int sample_every = args.i("sample_every", 0), sample_len = args.i("sample_len", 0), top_k = args.i("top_k", 0);
     const float temperature = args.f("temperature");
     LLMC_CHECK(temperature >= 0, "--temperature: must be >= 0, got %g", temperature);
-    const int ckpt_every = args.i("ckpt_every", 0);
+    const int ckpt_every = args.i("ckpt_every", -1);
     const std::string out_dir = args.str("out_dir");
     // out_dir ownership (llmc/run_dir.h): one trainer at a time, and a fresh run does not mix with
     // an earlier run's checkpoints. Rank 0 alone creates the directory and holds the lock.
@@ -3358,6 +3385,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     GPT model;
     if (tp > config.n_kv_head && tp % config.n_kv_head == 0) comm_make_kv_group(cm, tp / config.n_kv_head);
     model.offload = offload;
+    const double in_use_before_model = device_bytes_in_use();
     gpt_allocate(model, config, B, T, zero_stage, &pipe, recompute, sp);
     int start_step = 0;
     Rng sample_rng(seed ^ 0x5A5A5A5Aull);
@@ -3495,7 +3523,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         if (rank0 && step == start_step && cm.world_size > 1) print_comm_volume(model, grad_accum);
         if (rank0 && step == start_step) {
             const MemoryEstimate e = gpt_memory_estimate(config, B, T, zero_stage, &pipe, recompute, 0, sizeof(floatX), 0, sp, 0, offload);
-            printf("memory after step %d, rank 0: %s (plan: %.2f MiB of buffers)", step + 1, measured_memory().c_str(),
+            printf("memory after step %d, rank 0: %s (plan: %.2f MiB of buffers)", step + 1, measured_memory(in_use_before_model).c_str(),
                    e.buffers() / 1048576.0);
             if (offload == OFFLOAD_OPTIMIZER)
                 printf("; host arenas %.2f MiB (plan: %.2f MiB)", host_bytes_allocated() / 1048576.0,
@@ -3565,7 +3593,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         }
         if ((sample_every > 0 && (step + 1) % sample_every == 0) || (last && sample_len > 0))
             print_sample(model, sample_len, temperature, top_k, tokenizer, sample_rng);
-        if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || last) {
+        if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || (last && ckpt_every >= 0)) {
             // not in the middle of a bad streak: --resume latest should land before the trouble began
             if (bad_in_a_row == 0) save(step + 1);
             else printf("checkpoint at step %d not written: the step was skipped as non-finite\n", step + 1);

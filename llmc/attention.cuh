@@ -73,7 +73,7 @@
 // construction), only the work they skip is tighter when it is.
 //
 // Scratch (cuda_scratch): attention_forward none; attention_backward B * n_head * T floats (D), both
-// paths: attention_scratch_bytes(B, T, n_head, n_kv_head, hs).
+// paths: attention_scratch_bytes(B, T, n_head) (llmc/op_scratch.h).
 // Shared memory (dynamic): flash forward 5 tiles of 64 x (hs + 8) bf16 (45 KB at hs 64, 85 KB at 128),
 // flash dQ and dK/dV 6 tiles (54 KB, 102 KB; dK/dV + 1.5 KB static); simple forward
 // 32(hs+4) + 32 hs + 16 hs floats (41.5 KB at hs = 128), simple dQ and dK/dV 2 * 32(hs+4) + 2 * 16 hs
@@ -84,12 +84,8 @@
 #include <cmath>
 #include <cstdint>
 #include "llmc/cuda_common.cuh"
+#include "llmc/op_scratch.h"  // attention_scratch_bytes
 
-inline size_t attention_scratch_bytes(int B, int T, int n_head, int n_kv_head, int hs) {
-    (void)n_kv_head;
-    (void)hs;
-    return (size_t)B * n_head * T * sizeof(float);  // D = dO.O of attention_backward
-}
 
 namespace attention_detail {
 
@@ -1160,7 +1156,7 @@ inline void attention_forward(floatX* out, float* lse, const floatX* qkv, const 
 }
 
 // dqkv [B, T, (n_head + 2 n_kv_head) hs] overwritten; dout, out [B, T, n_head*hs]; lse [B, n_head, T]
-// as saved by attention_forward. Scratch: attention_scratch_bytes(...).
+// as saved by attention_forward. Scratch: attention_scratch_bytes(B, T, n_head).
 inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                                const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs,
                                int alibi_n_head, int head0) {

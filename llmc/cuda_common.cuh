@@ -46,29 +46,40 @@ inline void with_pow2(int x, F&& f) {
     }
 }
 
-// Scratch arena: reserved once (cuda_scratch_reserve at start-up, sized for the largest op), then
-// handed out by ops that need temporary space (partial sums of deterministic reductions). An op
-// asking for more than was reserved fails with a clear message instead of allocating.
+// Scratch arena: handed out by ops that need temporary space (the partial sums of deterministic
+// reductions; sizes in llmc/op_scratch.h). An op asking for more than the arena holds fails with a
+// clear message instead of allocating. The trainer binds a part of its memory plan (the MEM_SCRATCH
+// arena, llmc/memory.h) with cuda_scratch_bind; tests and benchmarks reserve their own with
+// cuda_scratch_reserve (grown on demand, owned here), which binding nullptr returns to.
 struct CudaScratch {
-    char* base = nullptr;
+    char* base = nullptr;  // the bound arena
     size_t bytes = 0;
+    char* owned = nullptr;  // cuda_scratch_reserve's
+    size_t owned_bytes = 0;
 };
 inline CudaScratch& cuda_scratch_arena() {
     static CudaScratch s;
     return s;
 }
+inline void cuda_scratch_bind(void* base, size_t bytes) {
+    CudaScratch& s = cuda_scratch_arena();
+    s.base = base ? (char*)base : s.owned;
+    s.bytes = base ? bytes : s.owned_bytes;
+}
 inline void cuda_scratch_reserve(size_t bytes) {
     CudaScratch& s = cuda_scratch_arena();
-    if (bytes <= s.bytes) return;
-    if (s.base) cudaCheck(cudaFree(s.base));
-    cudaCheck(cudaMalloc(&s.base, bytes));
-    s.bytes = bytes;
+    if (bytes > s.owned_bytes) {
+        if (s.owned) cudaCheck(cudaFree(s.owned));
+        cudaCheck(cudaMalloc(&s.owned, bytes));
+        s.owned_bytes = bytes;
+    }
+    cuda_scratch_bind(nullptr, 0);
 }
 // The arena is shared: a pointer is valid until the next op asks for scratch.
 template <typename T>
 inline T* cuda_scratch(size_t count, const char* who) {
     CudaScratch& s = cuda_scratch_arena();
-    LLMC_CHECK(count * sizeof(T) <= s.bytes, "%s needs %zu bytes of scratch, %zu were reserved (cuda_scratch_reserve)",
+    LLMC_CHECK(count * sizeof(T) <= s.bytes, "%s needs %zu bytes of scratch, the arena holds %zu (llmc/op_scratch.h)",
                who, count * sizeof(T), s.bytes);
     return (T*)s.base;
 }

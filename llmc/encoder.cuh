@@ -34,16 +34,17 @@
 //
 // Scratch (cuda_scratch, encoder_scratch_bytes(B, T, C)): with n = B*T, four int arrays of n (sort
 //   keys and values, in and out), 2*C floats per chunk (ceil(n/64) chunks) and cub's temporary
-//   storage (about n*8 bytes + a small histogram). At B*T = 65536, C = 768: ~8 MB.
+//   storage (about 8n bytes + the lookback; bounded by 12n + 64 KiB, llmc/op_scratch.h, and checked
+//   at each call). At B*T = 65536, C = 768: ~8 MB.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 #include "cuda_common.cuh"
+#include "op_scratch.h"  // CHUNK and the scratch layout (encoder_scratch_bytes)
 
 namespace encoder_detail {
 
-constexpr int CHUNK = 64;        // sorted entries per block in the backward
 constexpr int UNROLL = 4;        // dout rows loaded together (loads in flight per thread)
 constexpr int MAX_THREADS = 128; // channel threads per backward block (C wider: more blocks in y)
 constexpr unsigned SKIP = 0xffffffffu;  // sort key of a token outside the vocab range (sorts last)
@@ -214,34 +215,6 @@ inline int position_bits(int T) {  // bits of the largest position, T - 1 (at le
     return bits;
 }
 
-inline size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
-
-// the scratch layout of encoder_backward
-struct Scratch {
-    size_t keys_in, keys_out, vals_in, vals_out, partials, cub, cub_bytes, total;
-};
-inline Scratch scratch_layout(int B, int T, int C) {
-    const size_t n = (size_t)B * T;
-    const size_t n_chunks = (n + CHUNK - 1) / CHUNK;
-    Scratch s;
-    size_t a = 0, b = 0;  // cub's needs for the two sorts (32 key bits for tokens, fewer for positions)
-    cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, a, (const unsigned*)nullptr, (unsigned*)nullptr,
-                                              (const int*)nullptr, (int*)nullptr, (int)n, 0, 32, llmc_stream()));
-    cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, b, (const unsigned*)nullptr, (unsigned*)nullptr,
-                                              (const int*)nullptr, (int*)nullptr, (int)n, 0, position_bits(T),
-                                              llmc_stream()));
-    s.cub_bytes = std::max(a, b);
-    const size_t ints = align256(n * sizeof(int));
-    s.keys_in = 0;
-    s.keys_out = ints;
-    s.vals_in = 2 * ints;
-    s.vals_out = 3 * ints;
-    s.partials = 4 * ints;
-    s.cub = s.partials + align256(n_chunks * 2 * C * sizeof(float));
-    s.total = s.cub + align256(s.cub_bytes);
-    return s;
-}
-
 // dwte or dwpe += dout rows grouped by key (local token rows of the tokens in the vocab range, or
 // positions in the document when by_position)
 inline void grouped_row_sum(floatX* grad, const floatX* dout, const int* tokens, const int* doc_start, int B, int T,
@@ -258,9 +231,15 @@ inline void grouped_row_sum(floatX* grad, const floatX* dout, const int* tokens,
     encoder_keys_kernel<<<ceil_div(n, 256), 256, 0, llmc_stream()>>>(keys_in, vals_in, tokens, doc_start, T, n,
                                                                      by_position, vocab_begin, vocab_count);
     cudaCheckLaunch();
-    size_t cub_bytes = s.cub_bytes;
-    cudaCheck(cub::DeviceRadixSort::SortPairs(base + s.cub, cub_bytes, keys_in, keys_out, vals_in, vals_out, n, 0,
-                                              by_position ? position_bits(T) : 32, llmc_stream()));
+    // cub's own need for this sort, within the bound the plan reserved (llmc/op_scratch.h)
+    const int key_bits = by_position ? position_bits(T) : 32;
+    size_t cub_bytes = 0;
+    cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, (const unsigned*)nullptr, (unsigned*)nullptr,
+                                              (const int*)nullptr, (int*)nullptr, n, 0, key_bits, llmc_stream()));
+    LLMC_CHECK(cub_bytes <= s.cub_bytes, "internal: encoder_backward: cub's radix sort of %d pairs needs %zu bytes, more "
+               "than the %zu of cub_sort_bytes_bound (llmc/op_scratch.h)", n, cub_bytes, s.cub_bytes);
+    cudaCheck(cub::DeviceRadixSort::SortPairs(base + s.cub, cub_bytes, keys_in, keys_out, vals_in, vals_out, n, 0, key_bits,
+                                              llmc_stream()));
     cudaCheckLaunch();
 
     const bool vec = C % 8 == 0 && aligned16(grad) && aligned16(dout);
@@ -281,9 +260,6 @@ inline void grouped_row_sum(floatX* grad, const floatX* dout, const int* tokens,
 }
 
 }  // namespace encoder_detail
-
-// bytes of cuda_scratch that encoder_backward needs (encoder_forward needs none)
-inline size_t encoder_scratch_bytes(int B, int T, int C) { return encoder_detail::scratch_layout(B, T, C).total; }
 
 // out [B*T, C] overwritten; tokens, doc_start [B*T]; wte [vocab_count, C] (the global rows
 // [vocab_begin, vocab_begin + vocab_count)); wpe [max_T, C] or nullptr

@@ -37,14 +37,12 @@
 #include <algorithm>
 #include <cstdint>
 #include "cuda_common.cuh"
+#include "op_scratch.h"  // GN_MAX_BLOCKS, global_norm_scratch_bytes
 
 constexpr int GN_THREADS = 256;        // pass 1 block size
-constexpr int GN_MAX_BLOCKS = 528;     // pass 1 grid cap: 4 blocks on each of the H200's 132 SMs, all resident
 constexpr int GN_UNROLL = 4;           // 16-byte loads in flight per thread
 constexpr int GN_FINISH_THREADS = 1024;
 static_assert(GN_MAX_BLOCKS <= GN_FINISH_THREADS, "pass 2 has one thread per partial");
-
-inline size_t global_norm_scratch_bytes() { return (GN_MAX_BLOCKS + 1) * sizeof(double); }
 
 // Sum of x over the block, returned to thread 0 (fixed order: shuffle tree in each warp, then the
 // warp sums in warp order by the same tree in warp 0). blockDim.x a multiple of 32, <= 1024.

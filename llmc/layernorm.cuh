@@ -28,11 +28,12 @@
 //            atomics, so the result is bitwise reproducible.
 //
 // Scratch: layernorm_forward / fused: none; layernorm_backward: G * 2 * C floats,
-//   layernorm_scratch_bytes(N, C) (G <= 132 SMs x a few blocks: ~4 MB at C = 768).
+//   bounded by layernorm_scratch_bytes(N, C) (llmc/op_scratch.h: G <= 16 blocks per SM: 13 MB at C = 768).
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include "cuda_common.cuh"
+#include "op_scratch.h"  // layernorm_scratch_bytes: the backward's scratch bound
 
 namespace layernorm_detail {
 
@@ -349,16 +350,9 @@ inline void forward_launch(floatX* residual, floatX* out, float* mean, float* rs
 
 }  // namespace layernorm_detail
 
-// bytes of cuda_scratch that layernorm_backward needs for N rows of C channels (the forwards need none)
-inline size_t layernorm_scratch_bytes(int N, int C) {
-    using namespace layernorm_detail;
-    // the launch picks the 16-byte path when C % 8 == 0 and the pointers are aligned, else the scalar
-    // one (which supports C <= 4096): size for whichever can happen
-    int blocks = 0;
-    if (C % 8 == 0 && C <= 4 * 8 * BWD_MAX_X) blocks = std::max(blocks, backward_grid(N, C, true).blocks);
-    if (C <= 4096) blocks = std::max(blocks, backward_grid(N, C, false).blocks);
-    return (size_t)blocks * 2 * C * sizeof(float);
-}
+// bytes of cuda_scratch that layernorm_backward may take for N rows of C channels on this GPU (the
+// forwards take none): the plan's bound (llmc/op_scratch.h), which the backward checks
+inline size_t layernorm_scratch_bytes(int N, int C) { return layernorm_scratch_bytes(N, C, layernorm_detail::sm_count()); }
 
 // out [N, C] overwritten, mean, rstd [N] (fp32) overwritten
 inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
@@ -397,6 +391,8 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
     const bool vec = C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
     const BackwardGrid g = backward_grid(N, C, vec);
     const Shape& s = g.shape;
+    LLMC_CHECK((size_t)g.blocks * 2 * C * sizeof(float) <= layernorm_scratch_bytes(N, C),
+               "internal: layernorm_backward's grid of %d blocks exceeds the bound of llmc/op_scratch.h", g.blocks);
     float* partials = cuda_scratch<float>((size_t)g.blocks * 2 * C, "layernorm_backward");
     const dim3 block(s.x, s.y);
     cudaStream_t st = llmc_stream();

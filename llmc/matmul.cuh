@@ -33,13 +33,13 @@
 // have been reported to break the epilogue), so the trainer must place every bias at a 16-byte
 // aligned offset (rounding each parameter tensor's offset up to a multiple of 8 elements does it).
 //
-// Setup and caching. One cuBLASLt handle and one 32 MiB workspace (plenty for Hopper's split-K and
-// stream-K kernels), created by matmul_setup() (idempotent; the trainer calls it at start-up so that
-// no allocation happens inside a step; the ops call it lazily otherwise) and freed by
-// matmul_teardown(). The matmul descriptor, the three layouts and the heuristic's algorithm are
-// cached per (product, shape, alignments) in a small std::map: the FIRST call of each shape creates
-// them and queries the heuristic (host-side work, no allocation); every later call only sets the
-// bias pointer and launches.
+// Setup and caching. One cuBLASLt handle, created by matmul_setup() (idempotent; the ops call it),
+// and one 32 MiB workspace (MATMUL_WORKSPACE_BYTES, llmc/op_scratch.h): the trainer binds one from
+// its memory plan (matmul_bind_workspace), so no allocation happens inside a step; without one,
+// matmul_setup allocates its own. matmul_teardown() frees them. The matmul descriptor, the three
+// layouts and the heuristic's algorithm are cached per (product, shape, alignments) in a small
+// std::map: the FIRST call of each shape creates them and queries the heuristic (host-side work, no
+// allocation); every later call only sets the bias pointer and launches.
 //
 // Determinism. cuBLAS is bitwise reproducible run to run for a fixed algorithm on the same GPU, and
 // the cached algorithm is fixed per shape. We restrict split-K to reductions in fp32
@@ -63,6 +63,7 @@
 #include <tuple>
 #include <cublasLt.h>
 #include "cuda_common.cuh"
+#include "op_scratch.h"  // MATMUL_WORKSPACE_BYTES, the dbias chunk rows and scratch sizes
 
 inline void matmul_cublas_check(cublasStatus_t status, const char* file, int line) {
     if (status != CUBLAS_STATUS_SUCCESS)
@@ -72,13 +73,6 @@ inline void matmul_cublas_check(cublasStatus_t status, const char* file, int lin
 #define cublasCheck(status) matmul_cublas_check((status), __FILE__, __LINE__)
 #endif
 
-constexpr int MATMUL_DBIAS_ROWS_PER_CHUNK = 256;
-constexpr size_t MATMUL_WORKSPACE_BYTES = 32ull << 20;
-
-// scratch the matmul family takes from cuda_scratch for a shape (only the dbias column sum needs any)
-inline size_t matmul_scratch_bytes(int BT, int OC) {
-    return (size_t)ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK) * OC * sizeof(float);
-}
 
 // ------------------------------------------------------------------------------------------------
 // dbias kernels
@@ -211,7 +205,8 @@ struct GemmPlan {
 
 struct State {
     cublasLtHandle_t handle = nullptr;
-    void* workspace = nullptr;
+    void* workspace = nullptr;        // the bound one: the trainer's (matmul_bind_workspace) or owned
+    void* owned_workspace = nullptr;  // matmul_setup's, when nothing else is bound
     std::map<GemmKey, GemmPlan> plans;
 };
 inline State& state() {
@@ -223,9 +218,16 @@ inline State& state() {
 
 inline void matmul_setup() {
     matmul_detail::State& s = matmul_detail::state();
-    if (s.handle) return;
-    cublasCheck(cublasLtCreate(&s.handle));
-    cudaCheck(cudaMalloc(&s.workspace, MATMUL_WORKSPACE_BYTES));
+    if (!s.handle) cublasCheck(cublasLtCreate(&s.handle));
+    if (s.workspace) return;
+    if (!s.owned_workspace) cudaCheck(cudaMalloc(&s.owned_workspace, MATMUL_WORKSPACE_BYTES));
+    s.workspace = s.owned_workspace;
+}
+// The workspace the matmuls use from now on: MATMUL_WORKSPACE_BYTES of the caller's memory (the
+// trainer's memory plan), or nullptr for matmul_setup's own.
+inline void matmul_bind_workspace(void* workspace) {
+    matmul_detail::State& s = matmul_detail::state();
+    s.workspace = workspace ? workspace : s.owned_workspace;
 }
 
 inline void matmul_teardown() {
@@ -239,8 +241,8 @@ inline void matmul_teardown() {
         cublasCheck(cublasLtMatmulDescDestroy(kv.second.desc));
     }
     s.plans.clear();
-    cudaCheck(cudaFree(s.workspace));
-    s.workspace = nullptr;
+    if (s.owned_workspace) cudaCheck(cudaFree(s.owned_workspace));
+    s.workspace = s.owned_workspace = nullptr;
     cublasCheck(cublasLtDestroy(s.handle));
     s.handle = nullptr;
 }
@@ -418,10 +420,6 @@ inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const 
 // (matmul_batched_scratch_bytes); the forward and the backward without dbias need none.
 // The batched plans live in their own cache (released at program exit; matmul_teardown leaves them,
 // they hold no device memory and stay valid for a new handle).
-
-inline size_t matmul_batched_scratch_bytes(int n_batch, int BT, int OC) {
-    return (size_t)n_batch * ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK) * OC * sizeof(float);
-}
 
 // out[r, o] = bias[r / BT, o] for the n_rows = n_batch * BT rows (the forward's fallback bias path)
 __global__ void matmul_bias_fill_batched_kernel(floatX* __restrict__ out, const floatX* __restrict__ bias, size_t n_rows,

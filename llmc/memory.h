@@ -8,6 +8,10 @@
 // verifies allocated == planned, byte for byte). Every buffer is rounded up to BUFFER_ALIGN bytes,
 // which keeps each one aligned for the kernels' 16-byte vector loads.
 //
+// MEM_SCRATCH is the CUDA ops' scratch arena and the cuBLASLt workspace (llmc/op_scratch.h gives
+// their sizes as host arithmetic, so a CPU machine plans them for a GPU too); the CPU build's ops
+// need none.
+//
 // Device and host kinds. The MEM_HOST_* arenas hold what --offload optimizer moves to host memory
 // (llmc/offload.h): the fp32 master weights, the AdamW moments and the gradient staging buffer.
 // They come from host_buffer_alloc (pinned, cudaMallocHost, in the CUDA build; the CPU build's
@@ -23,12 +27,12 @@
 #include "utils.h"
 
 enum MemKind {
-    MEM_PARAMS = 0, MEM_GRADS, MEM_MASTER, MEM_MOMENTS, MEM_ACTIVATIONS, MEM_BATCH,  // device
+    MEM_PARAMS = 0, MEM_GRADS, MEM_MASTER, MEM_MOMENTS, MEM_ACTIVATIONS, MEM_BATCH, MEM_SCRATCH,  // device
     MEM_HOST_MASTER, MEM_HOST_MOMENTS, MEM_HOST_STAGING,                             // host (--offload optimizer)
     MEM_KINDS
 };
 inline const char* mem_kind_name(int k) {
-    static const char* names[] = {"params", "grads", "master", "moments", "activations", "batch",
+    static const char* names[] = {"params", "grads", "master", "moments", "activations", "batch", "op scratch",
                                   "host master", "host moments", "host staging"};
     return names[k];
 }
@@ -74,10 +78,10 @@ struct MemoryArenas {
 // A plan by kind, in bytes: the device arenas, the host arenas (--offload optimizer), plus the
 // host-side staging in pageable memory (init, checkpoint copies, batch vectors).
 struct MemoryEstimate {
-    double params = 0, grads = 0, master = 0, moments = 0, activations = 0, batch = 0;  // device
-    double host_master = 0, host_moments = 0, host_staging = 0;                         // host arenas
+    double params = 0, grads = 0, master = 0, moments = 0, activations = 0, batch = 0, scratch = 0;  // device
+    double host_master = 0, host_moments = 0, host_staging = 0;                                      // host arenas
     double host = 0;
-    double buffers() const { return params + grads + master + moments + activations + batch; }
+    double buffers() const { return params + grads + master + moments + activations + batch + scratch; }
     double host_arenas() const { return host_master + host_moments + host_staging; }
     static MemoryEstimate of(const MemoryArenas& a) {
         MemoryEstimate e;
@@ -87,6 +91,7 @@ struct MemoryEstimate {
         e.moments = a.planned[MEM_MOMENTS];
         e.activations = a.planned[MEM_ACTIVATIONS];
         e.batch = a.planned[MEM_BATCH];
+        e.scratch = a.planned[MEM_SCRATCH];
         e.host_master = a.planned[MEM_HOST_MASTER];
         e.host_moments = a.planned[MEM_HOST_MOMENTS];
         e.host_staging = a.planned[MEM_HOST_STAGING];

@@ -41,16 +41,17 @@
 //      memory; a thread owns E/8 experts x 4 channels and sums its chunk in token order); stage 2: a
 //      thread per (e, c) adds the chunk partials in chunk order to drouter_w.
 //
-// Scratch (cuda_scratch; moe_scratch_bytes(B, T, C, E) is the largest of these; n = B*T):
+// Scratch (cuda_scratch; moe_scratch_bytes(B, T, C, E) in llmc/op_scratch.h is the largest; n = B*T):
 //   moe_select            (1024 + 2) * E + 2 * E * ceil(n / 256) ints
 //   moe_router_backward   n * E + ceil(n / 2048) * E * C floats
 //   the others            none
-// (the batched expert matmuls' dbias needs matmul_batched_scratch_bytes(E, cap, OC), llmc/matmul.cuh)
+// (the batched expert matmuls' dbias needs matmul_batched_scratch_bytes(E, cap, OC), llmc/op_scratch.h)
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 #include "cuda_common.cuh"
+#include "op_scratch.h"  // RW_TOKENS, SEL_RUN, SEL_CHUNK and the scratch sizes
 #include "cpu/moe.h"
 
 namespace moe_detail {
@@ -63,12 +64,9 @@ constexpr int ROUTER_KC = 32;         // channels of Wr and x in shared memory a
 constexpr int ROUTER_RT = 8;          // tokens of one lane group (forward)
 constexpr int ROUTER_MAX_EXPERTS = 128;
 constexpr int RB_RT = 4;              // tokens of one warp (backward, dx)
-constexpr int RW_TOKENS = 2048;       // tokens of one drouter_w stage-1 chunk
 constexpr int RW_SUB = 32;            // tokens staged in shared memory at a time
 constexpr int RW_COLS = 128;          // channels of one drouter_w stage-1 block (32 lanes x 4)
 constexpr int HIST_TOKENS = 1024;     // tokens of one histogram block
-constexpr int SEL_RUN = 8;            // consecutive tokens a thread classifies in the compaction
-constexpr int SEL_CHUNK = 32 * SEL_RUN;  // tokens of one compaction chunk (32 runs x 8 experts per block)
 
 using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
 
@@ -693,27 +691,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_dw_finish_kernel(floatX* _
     drouter_w[idx] = __float2bfloat16_rn(__bfloat162float(drouter_w[idx]) + s);
 }
 
-// ------------------------------------------------------------------------------------------------
-// scratch layout
-
-inline size_t align_up(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
-
-inline size_t select_scratch_bytes(int n, int E) {
-    const size_t nchunks = (size_t)ceil_div(n, SEL_CHUNK);
-    return align_up((size_t)4 * E * 256 * sizeof(int)) + align_up((size_t)E * sizeof(uint32_t)) +
-           align_up((size_t)E * sizeof(int)) + 2 * align_up(nchunks * E * sizeof(int));
-}
-inline size_t router_backward_scratch_bytes(int n, int C, int E) {
-    return align_up((size_t)n * E * sizeof(float)) + (size_t)ceil_div(n, RW_TOKENS) * E * C * sizeof(float);
-}
-
 }  // namespace moe_detail
-
-// scratch the MoE ops take from cuda_scratch at this shape (the largest single op; n = B*T)
-inline size_t moe_scratch_bytes(int B, int T, int C, int E) {
-    const int n = B * T;
-    return std::max(moe_detail::select_scratch_bytes(n, E), moe_detail::router_backward_scratch_bytes(n, C, E));
-}
 
 // scores [n, E] (fp32, overwritten) = softmax over experts of x [n, C] . router_w [E, C]^T
 inline void moe_router_forward(float* scores, const floatX* x, const floatX* router_w, int n, int C, int E) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU check in ONE call on a bare H200 machine (nvcc 13, PyTorch, compute-sanitizer; no
-# MPI, no doctest, no internet), essential steps first, in under 6 minutes of device time.
+# MPI, no doctest, no internet), essential steps first, in under 7 minutes of device time.
 #
 #   on the CPU machine:  scripts/device_check.sh --prepare     (prints the carry list)
 #                        DRY_RUN=1 scripts/device_check.sh     (every step's command, budget, output)
@@ -13,7 +13,8 @@
 #   3. compute-sanitizer memcheck and racecheck on test_gpu -tc='sanitizer*' (small shapes of the
 #      attention, MoE and layernorm kernels)
 #   4. a short training run (d12, 32 x 1024 tokens per step, 30 steps; --val_batches computed from
-#      the val shard's size) and a short MoE run; checkpoints under /tmp, never under $OUT
+#      the val shard's size) and a short MoE run; checkpoints under /tmp, never under $OUT; then the
+#      memory plan vs the device memory a run takes, for d12, d24 and the largest --max_fit model at -r 2
 #   5. benchmarks, each under its own timeout: dev/cuda attention forward / backward, then
 #      scripts/bench_attention.py --quick (FlexAttention and SDPA, trimmed grid), then matmul and the
 #      other dev/cuda benchmarks
@@ -38,8 +39,10 @@
 #     they go); bench_attention.py --quick gets the rest, ~45 s by these estimates, which reaches its
 #     first problems only (~15 s of torch.compile per shape; it prints each problem as it finishes);
 #     matmul and the other benchmarks only if the earlier steps were faster than estimated
-#   total: essential part (1-4) ~250 s with .prebuilt (~325 s rebuilding), everything <= BUDGET = 345 s
-#   < 6 minutes.
+#   memory plan runs: d24 ~30 s, the largest --max_fit model at -r 2 ~90 s (init and upload of ~7 B
+#     parameters, two steps)
+#   total: essential part (1-4) ~370 s with .prebuilt (~450 s rebuilding), everything <= BUDGET = 400 s
+#   < 7 minutes.
 # Budgets are hard: every step runs under `timeout` clipped to what is left of BUDGET.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,7 +88,7 @@ if [ "${1:-}" = "--prepare" ]; then
     [ "$total" -lt $((64 * 1024 * 1024)) ] || { echo "too large to carry"; exit 1; }
     echo
     echo "carry: $CARRY"
-    echo "call:  scripts/device_check.sh   (timeout_s 420; the script keeps itself within BUDGET=345 s)"
+    echo "call:  scripts/device_check.sh   (timeout_s 460; the script keeps itself within BUDGET=400 s)"
     exit 0
 fi
 
@@ -94,7 +97,7 @@ fi
 
 DRY_RUN=${DRY_RUN:-0}
 OUT=${OUT:-out/device_check}
-BUDGET=${BUDGET:-345}
+BUDGET=${BUDGET:-400}
 WORK=/tmp/device_check  # full step logs and the training runs' out_dir: outside $OUT
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
@@ -109,7 +112,7 @@ START=$(date +%s)
 declare -A EST=([probe_prebuilt]=10 [build]=90 [test_gpu]=90 [memcheck]=30 [racecheck]=45 [train_d12]=45
                 [train_moe]=25 [bench_attention_torch]=110 [bench_attention_forward]=25
                 [bench_attention_backward]=25 [bench_matmul]=20 [train_z0]=8 [train_z1]=8 [train_z3]=8
-                [train_offload]=8)
+                [train_offload]=8 [mem_d24]=30 [mem_maxfit_r2]=90)
 DRY_CLOCK=0
 now() { echo $(($(date +%s) + DRY_CLOCK)); }
 declare -a TABLE
@@ -178,6 +181,7 @@ note_train() {
     grep -E "val loss" "$1" | tail -1 | sed -E 's/.*(val loss [0-9.]+).*/\1/'
 }
 note_bench_attention() { grep -E "PASS|MISS|VALIDATION|all validations" "$1" | sed -E 's/ +/ /g' | paste -sd';'; }
+note_mem() { grep -E "^memory after step 1" "$1" | sed -E 's/.*grown by ([0-9.]+) MiB.*plan: ([0-9.]+) MiB.*/grown \1 MiB, plan \2 MiB/'; }
 note_bench() { grep -ciE "mismatch|fail" "$1" | sed 's/^/mismatch lines: /'; }
 
 # ------------------------------------------------------------------------------------------------
@@ -257,6 +261,19 @@ avail_moe=$(val_batches_of "${DATA}_val_000.bin" 16 $T)
 run_step train_moe 60 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val "${DATA}_val_*.bin" \
     --val_batches $((avail_moe < 2 ? avail_moe : 2)) --out_dir "$WORK/train_moe" -e d8 --n_expert 8 --moe_every 2 \
     --capacity_factor 1.25 -b 16 -t $T --max_steps 20 --warmup 5 --val_every 10 --sample_len 0
+# the memory plan next to what the device gave out ("memory after step 1": grown by X MiB since before
+# the model, plan Y MiB): d12 from train_d12 above, d24, and the largest dN model that --max_fit finds
+# at -r 2 in this GPU's free memory (-b 8 -t 1024; no checkpoint: the largest is ~80 GB of fp32 state)
+run_step mem_d24 45 note_mem "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/mem_d24" \
+    -e d24 -b 8 -t $T --max_steps 2 --warmup 1 --sample_len 0 --ckpt_every -1
+MAXFIT_N=12
+if [ "$DRY_RUN" != 1 ]; then
+    MAXFIT_N=$("$TRAIN" --plan --max_fit -e d12 -b 8 -t $T 2>/dev/null |
+               sed -nE 's/.*-r 2: .*largest dN model at -b 8 is d([0-9]+).*/\1/p' | head -1)
+    say "--max_fit at -r 2 on this GPU: d${MAXFIT_N:-?}"
+fi
+[ -n "$MAXFIT_N" ] && run_step mem_maxfit_r2 120 note_mem "$TRAIN" --train "${DATA}_train_*.bin" --val '' \
+    --out_dir "$WORK/mem_maxfit_r2" -e "d$MAXFIT_N" -b 8 -t $T -r 2 --max_steps 2 --warmup 1 --sample_len 0 --ckpt_every -1
 # ZeRO code paths on one GPU (no MPI on the device machine: one rank, so -z only changes buffer
 # layouts and the update pieces): 6 steps each with -z 0, 1 and 3; the losses must be the same
 for zs in 0 1 3; do
@@ -296,6 +313,10 @@ for name in matmul moe layernorm classifier adamw encoder swiglu gelu global_nor
     echo
     echo "== training (step lines)"
     grep -hE "^step +(1|10|15|20|30)/|val loss|tok/s \| MFU" "$WORK"/train_d12.log "$WORK"/train_moe.log 2>/dev/null | head -20
+    echo "== memory: plan vs device memory grown since before the model (dev/cuda/RESULTS.md)"
+    for run in train_d12 mem_d24 mem_maxfit_r2; do
+        printf '%-16s %s\n' "$run" "$(grep -hE '^memory after step 1' "$WORK/$run.log" 2>/dev/null | head -1)"
+    done
     echo "== attention vs PyTorch"
     grep -hE "TFLOP/s|PASS|MISS|MISMATCH" "$WORK/bench_attention_torch.log" 2>/dev/null | head -40
     echo "== summary ($(($(now) - START)) s of $BUDGET s$([ "$DRY_RUN" = 1 ] && echo ', DRY RUN: estimated'))"

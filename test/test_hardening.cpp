@@ -474,14 +474,21 @@ TEST_CASE("hardening 8: --offload optimizer: bitwise the run without it, resumes
     CHECK(out.find("host memory of the GPU machine: unknown, not checked") != std::string::npos);
 
     // the refusal, on the CUDA build's plan (bf16 params, fp32 master: the optimizer state, 12 bytes
-    // per parameter, is the biggest part of a small batch): it names --offload optimizer, and with
-    // the offload the device side fits; the host side is checked on its own
+    // per parameter, is the biggest part of a small batch of a model large enough for it to outweigh
+    // the fixed 32 MiB cuBLASLt workspace): it names --offload optimizer, and with the offload the
+    // device side fits; the host side is checked on its own
     GPTConfig c;
-    c.n_layer = 2; c.n_embd = 64; c.n_head = 4; c.n_kv_head = 2;
+    c.n_layer = 4; c.n_embd = 512; c.n_head = 8; c.n_kv_head = 4;
     c.finalize();
     const MemoryEstimate dev = gpt_memory_estimate(c, 1, 8, 0, nullptr, 0, 0, 2);
     const MemoryEstimate host = gpt_memory_estimate(c, 1, 8, 0, nullptr, 0, 0, 2, 0, false, 0, OFFLOAD_OPTIMIZER);
-    CHECK(dev.master + dev.moments > std::max({dev.params, dev.grads, dev.activations}));
+    CHECK(dev.master + dev.moments > std::max({dev.params, dev.grads, dev.activations, dev.scratch}));
+    // the bf16 plan has the GPU's op scratch and cuBLASLt workspace (llmc/op_scratch.h, the H200's 132
+    // SMs), the CPU build's none
+    const int widest_biased = std::max({c.n_embd, c.qkv_channels(), c.fc_channels()});
+    const size_t op_bytes = op_scratch_bytes(1, 8, c.n_embd, c.n_head, widest_biased, 0, 0, 0, 132);
+    CHECK(dev.scratch == (double)((MATMUL_WORKSPACE_BYTES + op_bytes + BUFFER_ALIGN - 1) / BUFFER_ALIGN * BUFFER_ALIGN));
+    CHECK(gpt_memory_estimate(c, 1, 8).scratch == 0);
     const double limit = 0.8 * dev.buffers();
     CHECK_THROWS_WITH_AS(check_plan_fits(dev, 1, 8, OFFLOAD_NONE, false, limit, "the test's GPU", 1e12, "the test's host"),
                          doctest::Contains("The biggest part is the optimizer state, master weights and Adam moments "

@@ -81,7 +81,7 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
     float* d_lse = to_device(lse);
     int* d_ds = to_device(ds);
     floatX *d_dqkv = dev_alloc<floatX>(qkv.size()), *d_dqkv2 = dev_alloc<floatX>(qkv.size());
-    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
+    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
     const int q_end = NH * hs, k_end = (NH + KVH) * hs;
     bool ok = true;
     for (const Version& v : versions) {
@@ -111,7 +111,7 @@ static void run_bench(int hs, int T, int ratio, bool with_v1) {
     floatX *qkv = alloc_random(BT * row, 1 + hs + T, 2.0f), *dout = alloc_random(BT * C, 7 + hs + T, 1.0f);
     floatX *dqkv = dev_alloc<floatX>(BT * row), *out = dev_alloc<floatX>(BT * C);
     float* lse = dev_alloc<float>(BT * NH);
-    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
+    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
     double flops[2];
     float ms[2][2] = {};
     for (int packed = 0; packed < 2; packed++) {

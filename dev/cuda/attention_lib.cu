@@ -45,7 +45,7 @@ int llmc_attention_backward(void* dqkv, const void* dout, const void* qkv, const
                             const void* doc_start, int B, int T, int n_head, int n_kv_head, int hs, int alibi,
                             int version) {
     try {
-        cuda_scratch_reserve(attention_scratch_bytes(B, T, n_head, n_kv_head, hs));
+        cuda_scratch_reserve(attention_scratch_bytes(B, T, n_head));
         floatX* d = (floatX*)dqkv;
         const floatX *dO = (const floatX*)dout, *x = (const floatX*)qkv, *o = (const floatX*)out;
         const float* l = (const float*)lse;
@@ -98,7 +98,7 @@ int main() {
     cudaCheck(cudaMalloc(&ds, T * sizeof(int)));
     cudaCheck(cudaMemcpy(qkv, qkv_h.data(), qkv_h.size() * sizeof(floatX), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(ds, ds_h.data(), T * sizeof(int), cudaMemcpyHostToDevice));
-    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
+    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
     attention_forward(out, lse, qkv, ds, B, T, NH, KVH, hs, NH, 0);
     attention_backward(dqkv, out, qkv, out, lse, ds, B, T, NH, KVH, hs, NH, 0);  // out as dout: any bf16 tensor
     bool ok = llmc_attention_forward(out2, lse2, qkv, ds, B, T, NH, KVH, hs, 1, 0) == 0 &&

@@ -150,7 +150,7 @@ inline void run_case(const Case& c, uint64_t seed) {
     upload(d_ds, ds);
     DeviceBuffer<float> d_lse_ref(lse_ref.size());
     upload(d_lse_ref, lse_ref);
-    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
+    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
 
     // the public ops (flash for hs 64 / 128), and the simple kernels called directly where they are not
     // what the public ops run
@@ -307,7 +307,7 @@ TEST_CASE("attention: flash and simple kernels agree at T = 8192 (packed, single
         upload_bf16(d_dout, dout);
         DeviceBuffer<int> d_ds(ds.size());
         upload(d_ds, ds);
-        cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
+        cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
         DeviceBuffer<floatX> out_f(BT * C), out_s(BT * C), dqkv_f(qkv.size()), dqkv_s(qkv.size());
         DeviceBuffer<float> lse_f((size_t)B * NH * T), lse_s((size_t)B * NH * T);
         for (auto* p : {&out_f, &out_s, &dqkv_f, &dqkv_s}) p->poison();
@@ -370,7 +370,7 @@ TEST_CASE("attention: training size, one packed and one single-document row vs t
     d_lse2.poison();
     d_dqkv.poison();
     d_dqkv2.poison();
-    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH, KVH, hs));
+    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
 
     cudaEvent_t e0, e1, e2;
     cudaCheck(cudaEventCreate(&e0));

@@ -420,3 +420,47 @@ TEST_CASE("model: --offload optimizer (AdamW on the host) trains bitwise as the 
         CHECK(bad_master == 0);
     }
 }
+
+// The memory plan is what the device gives out: the growth of the device memory in use
+// (cudaMemGetInfo) from before gpt_allocate to after two training steps, i.e. the arenas plus
+// whatever a library or the driver allocates on the way (cudaMalloc's 2 MiB granularity, kernels'
+// local memory), within 5% of the plan's buffers, dense and MoE, at -r 0 and -r 2. The model is
+// large enough (~0.4-0.6 GiB) that the granularity alone stays below 1%.
+TEST_CASE("model: the device memory a training step uses is the plan's within 5% (-r 0 and -r 2, dense and MoE)") {
+    using namespace gpu_test;
+    for (int moe = 0; moe < 2; moe++)
+        for (int level = 0; level <= 2; level += 2) {
+            CAPTURE(moe);
+            CAPTURE(level);
+            ref::GPTConfig rc = model_test_config();
+            rc.n_layer = 4;
+            rc.n_embd = 512;
+            rc.n_head = 8;
+            rc.n_kv_head = 4;
+            rc.max_seq_len = 512;
+            rc.ffn_hidden = 0;
+            if (moe) { rc.n_expert = 4; rc.moe_every = 2; rc.expert_hidden = 0; }
+            rc.finalize();
+            const gpu::GPTConfig gc = convert_config<gpu::GPTConfig>(rc);
+            const int B = 8, T = 512;
+            auto in_use = [] {
+                size_t free_b = 0, total_b = 0;
+                cudaCheck(cudaDeviceSynchronize());
+                cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+                return (double)(total_b - free_b);
+            };
+            const double before = in_use();
+            gpu::GPT g;
+            gpu::gpt_allocate(g, gc, B, T, 0, nullptr, level);
+            gpu::gpt_init_params(g, 5);
+            train_steps<gpu::GPT, gpu::OptimizerConfig>(g, gpu::gpt_forward, gpu::gpt_backward, gpu::gpt_zero_grad,
+                                                        gpu::gpt_update, B, T, 2);
+            const double used = in_use() - before;
+            const double plan = gpu::gpt_memory_estimate(gc, B, T, 0, nullptr, level).buffers();
+            gpu::gpt_free(g);
+            MESSAGE("moe " << moe << ", -r " << level << ": plan " << plan / 1048576.0 << " MiB, device memory grew by "
+                           << used / 1048576.0 << " MiB (" << 100.0 * (used - plan) / plan << "%)");
+            CHECK(plan > 300.0 * 1048576.0);  // large enough for the granularity not to matter
+            CHECK(std::fabs(used - plan) <= 0.05 * plan);
+        }
+}

@@ -1,0 +1,127 @@
+// The CUDA ops' device scratch and the cuBLASLt workspace, as host arithmetic.
+//
+// Some CUDA ops need temporary device memory: the partial sums of their deterministic two-stage
+// reductions, the buffers of a radix sort. They take it from one scratch arena (cuda_scratch,
+// llmc/cuda_common.cuh), and cuBLASLt takes one workspace. The memory plan (llmc/memory.h, kind
+// MEM_SCRATCH) counts both, in the CUDA build and in the CPU build's `--plan --device h200`, so
+// their sizes are host arithmetic here, from the shapes and the GPU's SM count; the ops' headers
+// take their scratch layouts from these functions.
+//
+// Two needs depend on what only the GPU knows, and are bounds here that the op checks when it runs:
+// the layernorm backward's grid follows an occupancy query, and cub's radix sort sizes its own
+// temporaries. Everything else is exact.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include "utils.h"
+
+// ------------------------------------------------------------------------------------------------
+// matmul (llmc/matmul.cuh): the dbias column sum's stage-1 partials, one fp32 row per 256-row chunk
+
+constexpr int MATMUL_DBIAS_ROWS_PER_CHUNK = 256;
+// cuBLASLt's workspace: plenty for Hopper's split-K and stream-K kernels (the heuristic is asked for
+// algorithms within it, so the choice of algorithm does not depend on free memory)
+constexpr size_t MATMUL_WORKSPACE_BYTES = 32ull << 20;
+
+inline size_t matmul_scratch_bytes(int BT, int OC) {
+    return (size_t)ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK) * OC * sizeof(float);
+}
+// the batched form (one dbias per batch; row chunks never cross a batch)
+inline size_t matmul_batched_scratch_bytes(int n_batch, int BT, int OC) {
+    return (size_t)n_batch * ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK) * OC * sizeof(float);
+}
+
+// ------------------------------------------------------------------------------------------------
+// attention (llmc/attention.cuh): the backward's D = rowsum(dO * O), one float per (query, head)
+
+inline size_t attention_scratch_bytes(int B, int T, int n_head) { return (size_t)B * n_head * T * sizeof(float); }
+
+// ------------------------------------------------------------------------------------------------
+// global norm (llmc/global_norm.cuh): pass 1's partials in double, and the total
+
+constexpr int GN_MAX_BLOCKS = 528;  // pass 1 grid cap: 4 blocks on each of the H200's 132 SMs, all resident
+inline size_t global_norm_scratch_bytes() { return (GN_MAX_BLOCKS + 1) * sizeof(double); }
+
+// ------------------------------------------------------------------------------------------------
+// layernorm (llmc/layernorm.cuh): the backward's per-block partial [2][C] rows. Its grid is one
+// resident wave (SMs x the occupancy query's blocks per SM), at most one block per row. A backward
+// block has more than 128 threads (row_shape: x * y > BWD_THREADS / 2 = 128), and an SM holds at most
+// 2048 threads (Hopper, Ampere), so at most 16 blocks per SM: the bound.
+
+constexpr int LAYERNORM_MAX_BWD_BLOCKS_PER_SM = 16;
+inline size_t layernorm_scratch_bytes(int N, int C, int sm_count) {
+    const size_t blocks = std::min<size_t>(std::max(N, 1), (size_t)sm_count * LAYERNORM_MAX_BWD_BLOCKS_PER_SM);
+    return blocks * 2 * C * sizeof(float);
+}
+
+// ------------------------------------------------------------------------------------------------
+// encoder (llmc/encoder.cuh): the backward sorts (key, row) pairs (four int arrays of n = B*T), sums
+// runs of CHUNK sorted rows into 2*C-float partials, and gives cub its temporaries. cub's onesweep
+// radix sort of n 4-byte keys with 4-byte values takes: a second keys and values buffer (8n), the
+// lookback (one 256-digit counter row per tile of >= 256 items: <= 4n + 1 KiB), the bins and counters
+// (<= 32 passes x 257 ints) and six 256-byte alignments: below 12n + 64 KiB, which the op checks.
+
+namespace encoder_detail {
+constexpr int CHUNK = 64;  // sorted entries per block in the backward
+inline size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
+inline size_t cub_sort_bytes_bound(size_t n) { return 12 * n + (64 << 10); }
+struct Scratch {  // byte offsets into the arena
+    size_t keys_in, keys_out, vals_in, vals_out, partials, cub, cub_bytes, total;
+};
+inline Scratch scratch_layout(int B, int T, int C) {
+    const size_t n = (size_t)B * T, n_chunks = (n + CHUNK - 1) / CHUNK, ints = align256(n * sizeof(int));
+    Scratch s;
+    s.keys_in = 0;
+    s.keys_out = ints;
+    s.vals_in = 2 * ints;
+    s.vals_out = 3 * ints;
+    s.partials = 4 * ints;
+    s.cub = s.partials + align256(n_chunks * 2 * C * sizeof(float));
+    s.cub_bytes = cub_sort_bytes_bound(n);
+    s.total = s.cub + align256(s.cub_bytes);
+    return s;
+}
+}  // namespace encoder_detail
+inline size_t encoder_scratch_bytes(int B, int T, int C) { return encoder_detail::scratch_layout(B, T, C).total; }
+
+// ------------------------------------------------------------------------------------------------
+// mixture of experts (llmc/moe.cuh): the selection's histograms and compaction offsets, the router
+// backward's dlogits and drouter_w chunk partials (n = B*T tokens, E experts)
+
+namespace moe_detail {
+constexpr int RW_TOKENS = 2048;          // tokens of one drouter_w stage-1 chunk
+constexpr int SEL_RUN = 8;               // consecutive tokens a thread classifies in the compaction
+constexpr int SEL_CHUNK = 32 * SEL_RUN;  // tokens of one compaction chunk (32 runs x 8 experts per block)
+inline size_t align_up(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+inline size_t select_scratch_bytes(int n, int E) {
+    const size_t nchunks = (size_t)ceil_div(n, SEL_CHUNK);
+    return align_up((size_t)4 * E * 256 * sizeof(int)) + align_up((size_t)E * sizeof(uint32_t)) +
+           align_up((size_t)E * sizeof(int)) + 2 * align_up(nchunks * E * sizeof(int));
+}
+inline size_t router_backward_scratch_bytes(int n, int C, int E) {
+    return align_up((size_t)n * E * sizeof(float)) + (size_t)ceil_div(n, RW_TOKENS) * E * C * sizeof(float);
+}
+}  // namespace moe_detail
+// the largest single MoE op at this shape
+inline size_t moe_scratch_bytes(int B, int T, int C, int E) {
+    const int n = B * T;
+    return std::max(moe_detail::select_scratch_bytes(n, E), moe_detail::router_backward_scratch_bytes(n, C, E));
+}
+
+// ------------------------------------------------------------------------------------------------
+// The model's arena: the largest op of a rank's step. The shapes are the rank's (tensor parallel:
+// its heads and widths): B x T tokens of C channels, n_head local query heads, max_linear_out the
+// widest linear layer with a bias; MoE: n_expert experts, expert_rows (capacity) tokens each, of
+// hidden width expert_hidden. sm_count: the GPU's (132 on the H100 / H200 SXM).
+inline size_t op_scratch_bytes(int B, int T, int C, int n_head, int max_linear_out, int n_expert, int expert_rows,
+                               int expert_hidden, int sm_count) {
+    const int BT = B * T;
+    size_t need = std::max({encoder_scratch_bytes(B, T, C), layernorm_scratch_bytes(BT, C, sm_count),
+                            matmul_scratch_bytes(BT, max_linear_out), attention_scratch_bytes(B, T, n_head),
+                            global_norm_scratch_bytes()});
+    if (n_expert > 0)
+        need = std::max({need, moe_scratch_bytes(B, T, C, n_expert),
+                         matmul_batched_scratch_bytes(n_expert, expert_rows, 2 * expert_hidden),
+                         matmul_batched_scratch_bytes(n_expert, expert_rows, C)});
+    return need;
+}
