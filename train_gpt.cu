@@ -785,6 +785,9 @@ struct GPT {
     floatX* comm_scratch = nullptr;  // reduce_scatter_add's receive buffer (dp > 1)
     SegmentSlots<floatX> param_slots, grad_slots;  // stage 3: gathered segments
     std::vector<UpdatePiece> update_pieces;         // what this rank's optimizer step updates
+    std::vector<std::vector<int>> early_pieces;     // --offload: per local segment, update pieces to download early
+    std::vector<int> ready_count;                   // per local segment: grads_ready calls in this pipeline step
+    bool count_ready = false;                       // in a pipeline step with --offload: count them
     AccRanges norm_skip;                            // tensor-parallel replicas' gradients (not counted here)
     ModelTensors p, g;  // pointers into params and grads (stage 3: into the slots, while gathered)
     // The tied lm head (on the last stage) and its gradient. Its gradient is summed over the step in
@@ -1074,6 +1077,18 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     std::vector<TensorRange> tensors;
     for (const ParamTensor& t : m.local) tensors.push_back({t.offset, t.numel, t.decay});
     m.update_pieces = table_update_pieces(zero_update_pieces(z, tensors), m.pieces);
+    // --offload optimizer: the pieces whose gradient download can start at their segment's last
+    // grads_ready of a step (llmc/offload.h): not the embedding's (the tied head adds to it after
+    // the backward), not a segment that -z 0 replicates (the all-gather before the norm completes it)
+    m.early_pieces.assign(z.segs.size(), {});
+    m.ready_count.assign(z.segs.size(), 0);
+    for (int k = 0; k < (int)m.update_pieces.size() && m.offload == OFFLOAD_OPTIMIZER; k++)
+        for (int s = 0; s < (int)z.segs.size(); s++) {
+            const size_t at = m.update_pieces[k].acc_index, own = z.acc_own(s);
+            if (at < own || at >= own + z.shard_len(s)) continue;
+            if (z.segs[s].id != 0 && (z.stage >= 1 || (z.segs[s].expert ? edp : dp).size == 1)) m.early_pieces[s].push_back(k);
+            break;
+        }
     m.table_padding = tp_table_padding(m, pp);
     for (int s = 0; s < (int)z.segs.size(); s++) {  // replicas: the grad norm counts them on their owner
         const Segment& seg = z.segs[s];
@@ -1475,6 +1490,9 @@ static void grads_ready(GPT& m, int seg) {
         const floatX* leaf = z.params_sharded() ? m.grad_slots.find(s) : m.grads + z.segs[s].leaf_offset;
         reduce_scatter_add(seg_group(z, s), m.grad_acc + z.acc_own(s), leaf, z.shard_len(s), m.comm_scratch,
                            z.segs[s].n_leaves);
+        // the step's last micro-batch of this segment: its gradient is final, its download can start
+        if (m.count_ready && ++m.ready_count[s] == (int)m.batches.size() && !m.early_pieces[s].empty())
+            offload_download_early(m.update_pieces, m.early_pieces[s], m.grad_acc, m.grad_staging);
         if (z.params_sharded()) {
             m.grad_slots.release(s);
             point_segment(m.g, m.config, m.local, z.segs[s], nullptr);
@@ -2184,7 +2202,13 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     pm.release = [&](int mb, int c) { release_slot(m, c, mb); };
     pm.transfer = [&](const PipeAction& a) { return pipe_transfer(m, a); };
     pm.sync = backend_sync;
-    return pipeline_execute(m.pipe.schedule[m.pipe.stage], comm_world().pp, pm, measure, trace);
+    // --offload optimizer: each segment's gradient download starts at its last grads_ready
+    std::fill(m.ready_count.begin(), m.ready_count.end(), 0);
+    m.count_ready = m.offload == OFFLOAD_OPTIMIZER && dloss_scale != 0.0f;
+    offload_early_reset(m.update_pieces.size());
+    const PipeTimes times = pipeline_execute(m.pipe.schedule[m.pipe.stage], comm_world().pp, pm, measure, trace);
+    m.count_ready = false;
+    return times;
 }
 
 static void gpt_zero_grad(GPT& m) {

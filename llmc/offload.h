@@ -16,13 +16,18 @@
 //      engines of the two directions run at once), into params at param_index;
 //   4. the main stream waits for the last upload (the -z 1/2 all-gathers and the next step follow).
 // So the download of pieces k+1.., the CPU step of piece k and the upload of piece k-1 overlap.
+// And the downloads start earlier where they can: a segment's accumulated gradient is final after
+// the step's last micro-batch has been reduced into it (grads_ready in train_gpt.cu), so there its
+// pieces are queued at once (offload_download_early), under the backward of the segments before it;
+// step 1 then only waits for them. Not the embedding's (the tied lm head's gradient is added to it
+// after the backward), nor a segment that ZeRO stage 0 replicates over several ranks (its other
+// ranks' parts arrive with the all-gather before the norm).
 //
-// What could overlap too and does not (yet): (a) a segment's gradient is final after the last
-// micro-batch's reduce (grads_ready), so its download could run under the backward of the
-// segments before it; the CPU step itself cannot start before the global norm (the clipping scale)
-// is known without changing the math; (b) ZeRO-Offload's one-step delayed parameter update runs the
-// CPU step under the next step's forward and backward, i.e. trains on one-step-stale weights: other
-// math, so not here; (c) at -z 3 a segment's upload could feed the next forward's gather directly.
+// What could overlap too and does not (yet): (a) the CPU step itself cannot start before the global
+// norm (the clipping scale) is known without changing the math; (b) ZeRO-Offload's one-step delayed
+// parameter update runs the CPU step under the next step's forward and backward, i.e. trains on
+// one-step-stale weights: other math, so not here; (c) at -z 3 a segment's upload could feed the
+// next forward's gather directly.
 //
 // Exactness. The CPU build runs this same orchestration with both arenas in host memory: the copies
 // are memcpy, the rounding of fp32 params is the identity, and a host copy of the fp32 params is
@@ -74,6 +79,8 @@ inline void state_copy_out(bool on_host, void* dst, const void* src, size_t byte
 // The copies of one offloaded step: device -> host of the gradients, host -> device of the params.
 #ifdef LLMC_CPU
 struct OffloadCopies {  // the "device" is host memory: plain copies, nothing to wait for
+    void prepare(size_t) {}
+    void after_main_stream(bool) {}
     void begin(size_t) {}
     void download(size_t, void* host, const void* dev, size_t bytes) { memcpy(host, dev, bytes); }
     void wait_download(size_t) {}
@@ -85,7 +92,7 @@ struct OffloadCopies {  // two side streams (one per copy direction) and an even
     cudaStream_t down = nullptr, up = nullptr;
     cudaEvent_t grads_final = nullptr, uploaded = nullptr;
     std::vector<cudaEvent_t> downloaded;
-    void begin(size_t pieces) {
+    void prepare(size_t pieces) {
         if (!down) {
             cudaCheck(cudaStreamCreateWithFlags(&down, cudaStreamNonBlocking));
             cudaCheck(cudaStreamCreateWithFlags(&up, cudaStreamNonBlocking));
@@ -97,13 +104,20 @@ struct OffloadCopies {  // two side streams (one per copy direction) and an even
             cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
             downloaded.push_back(e);
         }
-        // the side streams start after everything queued on the main stream: the gradients are
-        // final there, and the main stream waited for the previous step's uploads (finish), so the
-        // staging buffer is free again
+    }
+    // the side streams go on after everything queued on the main stream so far: the gradients are
+    // final there, and the main stream waited for the previous step's uploads (finish), so the
+    // staging buffer is free again
+    void after_main_stream(bool both) {
         cudaCheck(cudaEventRecord(grads_final, llmc_stream()));
         cudaCheck(cudaStreamWaitEvent(down, grads_final, 0));
-        cudaCheck(cudaStreamWaitEvent(up, grads_final, 0));
+        if (both) cudaCheck(cudaStreamWaitEvent(up, grads_final, 0));
     }
+    void begin(size_t pieces) {
+        prepare(pieces);
+        after_main_stream(true);
+    }
+
     void download(size_t k, void* host, const void* dev, size_t bytes) {
         cudaCheck(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, down));
         cudaCheck(cudaEventRecord(downloaded[k], down));
@@ -121,6 +135,25 @@ struct OffloadCopies {  // two side streams (one per copy direction) and an even
 inline OffloadCopies& offload_copies() {
     static OffloadCopies c;  // the streams and events live as long as the process
     return c;
+}
+// early[k]: piece k's gradient download is queued already (offload_download_early)
+inline std::vector<char>& offload_early() {
+    static std::vector<char> early;
+    return early;
+}
+// At the start of a step: no download is queued.
+inline void offload_early_reset(size_t pieces) { offload_early().assign(pieces, 0); }
+// Queues the downloads of these pieces (indices into the step's pieces) now: their gradients are final.
+inline void offload_download_early(const std::vector<UpdatePiece>& pieces, const std::vector<int>& which,
+                                   const float* grad_acc, float* staging) {
+    OffloadCopies& copies = offload_copies();
+    std::vector<char>& early = offload_early();
+    copies.prepare(pieces.size());
+    copies.after_main_stream(false);  // the uploads keep waiting for the whole step (begin)
+    for (int k : which) {
+        copies.download(k, staging + pieces[k].state_index, grad_acc + pieces[k].acc_index, pieces[k].n * sizeof(float));
+        early[k] = 1;
+    }
 }
 
 // The params' value of a new fp32 master value, element i of a piece whose seed is
@@ -141,9 +174,12 @@ inline void offload_adamw_step(const std::vector<UpdatePiece>& pieces, floatX* p
                                float beta2, float eps, float weight_decay, float grad_scale, int t, uint64_t step_seed) {
     static_assert(sizeof(floatX) <= sizeof(float), "the rounded params are written over their fp32 gradients");
     OffloadCopies& copies = offload_copies();
+    std::vector<char>& early = offload_early();
+    early.resize(pieces.size(), 0);
     copies.begin(pieces.size());
     for (size_t k = 0; k < pieces.size(); k++)
-        copies.download(k, staging + pieces[k].state_index, grad_acc + pieces[k].acc_index, pieces[k].n * sizeof(float));
+        if (!early[k])
+            copies.download(k, staging + pieces[k].state_index, grad_acc + pieces[k].acc_index, pieces[k].n * sizeof(float));
     for (size_t k = 0; k < pieces.size(); k++) {
         const UpdatePiece& u = pieces[k];
         copies.wait_download(k);
@@ -159,5 +195,6 @@ inline void offload_adamw_step(const std::vector<UpdatePiece>& pieces, floatX* p
         copies.upload(params + u.param_index, out, n * sizeof(floatX));
     }
     copies.finish();
+    offload_early_reset(pieces.size());
 }
 #endif  // LLMC_OFFLOAD_H
