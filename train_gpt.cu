@@ -1233,6 +1233,12 @@ static void gpt_free(GPT& m) {
     m = GPT();
 }
 
+// The elements per array of the host staging of gpt_set_state and gpt_write_state: a chunk, or a
+// small model's size (verify_checkpoint reads at most 3x this many words at a time: 12 bytes each).
+static size_t staging_cap(const GPT& m) {
+    return std::min(staging_elems(), std::max({m.n_params, m.zero.max_padded, m.head.max_padded}));
+}
+
 // What gpt_allocate takes for (config, B, T, ZeRO stage, pipeline stage, -r, dp), without
 // allocating: the memory guard compares it with the machine before the run starts, the start-up
 // tables and --plan print it.
@@ -1249,10 +1255,13 @@ static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int 
     plan.offload = offload;
     gpt_allocate(plan, c, B, T, zero_stage, pipe, recompute, sp);
     MemoryEstimate e = MemoryEstimate::of(plan.mem);
-    // host: init (params + zeros) or a loaded checkpoint (3 fp32 copies), the rounded upload copy,
-    // the checkpoint save copies (3 fp32), batch vectors of the step's micro-batches, per-token losses
-    const double n = (double)plan.n_params, f = sizeof(float), fx = (double)elem_bytes, BT = (double)B * T;
-    e.host = 3 * n * f + n * fx + 3 * n * f + (3.0 * plan.pipe.M + 1) * BT * sizeof(int);
+    // host (pageable) staging: init, checkpoint loads and saves stream the state through one chunk
+    // per array (gpt_set_state, gpt_write_state: params, adam m, adam v in fp32 and the params'
+    // type; verify_checkpoint reads at most as many bytes), not the table; plus the batch vectors of
+    // the step's micro-batches and the per-token losses. Not counted: --init_from and --export_llmc
+    // (llm.c's GPT-2 files, at most 1.5B parameters) stage the whole table (a few fp32 copies).
+    const double chunk = (double)staging_cap(plan), f = sizeof(float), fx = (double)elem_bytes, BT = (double)B * T;
+    e.host = chunk * (3 * f + fx) + (3.0 * plan.pipe.M + 1) * BT * sizeof(int);
     return e;
 }
 
@@ -1265,43 +1274,83 @@ static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int 
     LLMC_FAIL("table offset %zu is not in this stage's parameters", table_offset);
 }
 
-// Model state in fp32 host memory, in the table's layout (init, checkpoints, tests) <-> wherever
-// this rank keeps it. With master weights the fp32 values live in the master and params hold their
-// rounding. Segment padding stays zero.
-template <typename T>
-static std::vector<T> table_to_space(const ZeroLayout& z, bool shard, const float* table_values) {
-    std::vector<T> out(shard ? z.shard_total : z.padded_total, (T)0.0f);
-    for (int s = 0; s < (int)z.segs.size(); s++) {
-        const Segment& seg = z.segs[s];
-        const size_t lo = shard ? z.own_begin(s) : 0, hi = shard ? lo + z.shard_len(s) : seg.padded;
-        for (size_t rel = lo; rel < std::min(hi, seg.len); rel++)
-            out[shard ? z.shard_index(s, rel) : z.padded_index(s, rel)] = (T)table_values[seg.begin + rel];
-    }
-    return out;
+// Model state, in the table's layout (init, checkpoints, llm.c files, tests) <-> wherever this rank
+// keeps it. With master weights the fp32 values live in the master and params hold their rounding.
+// Segment padding stays zero. Both directions stream: the state passes through host staging of at
+// most staging_elems() elements per array (llmc/checkpoint.h), never the whole table.
+
+// A source of model state: fills table elements [begin, begin + n) of the params, Adam m and Adam v
+// (arrays of n floats; m and v are null where the caller keeps no moments). The init, a checkpoint
+// file and whole-table arrays are sources.
+#include <functional>  // std::function (StateSource)
+using StateSource = std::function<void(size_t begin, size_t n, float* params, float* adam_m, float* adam_v)>;
+
+// where segment-relative element rel of segment s lives in the params and the master/moment buffers
+static size_t params_index(const ZeroLayout& z, int s, size_t rel) {
+    return z.params_sharded() ? z.shard_index(s, rel) : z.padded_index(s, rel);
+}
+static size_t state_index(const ZeroLayout& z, int s, size_t rel) {
+    return z.state_sharded() ? z.shard_index(s, rel) : z.padded_index(s, rel);
 }
 
-// The table's values -> the local table's (tensor parallel: this rank's slices; else a copy).
-static std::vector<float> table_to_local(const GPT& m, const float* table_values) {
-    std::vector<float> out(count_params(m.local), 0.0f);
-    for (const TablePiece& p : m.pieces) std::copy(table_values + p.global, table_values + p.global + p.len, out.begin() + p.local);
-    return out;
-}
-
-// Every rank passes the whole state (the same arrays, in the table's layout); each keeps what its
-// layout holds.
-static void gpt_set_state(GPT& m, const float* table_params, const float* table_m, const float* table_v) {
-    const ZeroLayout& z = m.zero;
-    const std::vector<float> params = table_to_local(m, table_params), adam_m = table_to_local(m, table_m),
-                             adam_v = table_to_local(m, table_v);
-    std::vector<floatX> p = table_to_space<floatX>(z, z.params_sharded(), params.data());
-    copy_to_buffer(m.params, p.data(), p.size() * sizeof(floatX));
+// Fills this rank's buffers from a source (not collective): per segment, the part its params
+// hold (-z 3: the rank's slice; else the whole segment) and inside it the part its master and
+// moments hold (-z 1..3: the slice), then the last stage's copy of the tied embedding (pp > 1). A
+// chunk of local elements maps to table runs (tensor parallel: the rank's rows and columns; the
+// local alignment padding between tensors is no one's and stays zero, as the segment padding).
+static void gpt_set_state(GPT& m, const StateSource& src) {
+    const size_t cap = staging_cap(m);
+    std::vector<float> p(cap), mm(cap), v(cap);
+    std::vector<floatX> px(cap);
     const bool host = m.offload == OFFLOAD_OPTIMIZER;  // the state in host arenas
-    if (m.master) state_copy_in(host, m.master, table_to_space<float>(z, z.state_sharded(), params.data()).data(), z.state_elems() * 4);
-    state_copy_in(host, m.adam_m, table_to_space<float>(z, z.state_sharded(), adam_m.data()).data(), z.state_elems() * 4);
-    state_copy_in(host, m.adam_v, table_to_space<float>(z, z.state_sharded(), adam_v.data()).data(), z.state_elems() * 4);
-    if (m.head_params)  // the last stage's copy of the tied embedding
-        copy_to_buffer(m.head_params, table_to_space<floatX>(m.head, false, params.data()).data(),
-                       m.head.padded_total * sizeof(floatX));
+    // one layout's segments: params of rel [lo, hi) into `params`; with_state: master and moments too
+    auto load = [&](const ZeroLayout& z, floatX* params, bool params_sharded, bool with_state) {
+        for (int s = 0; s < (int)z.segs.size(); s++) {
+            const Segment& seg = z.segs[s];
+            const size_t lo = params_sharded ? z.own_begin(s) : 0, hi = params_sharded ? lo + z.shard_len(s) : seg.padded;
+            const size_t st_lo = z.state_sharded() ? z.own_begin(s) : 0;
+            const size_t st_hi = !with_state ? st_lo : z.state_sharded() ? st_lo + z.shard_len(s) : seg.padded;
+            for (size_t a = lo; a < hi; a += cap) {
+                const size_t n = std::min(cap, hi - a), real = a < seg.len ? std::min(n, seg.len - a) : 0;
+                std::fill(p.begin(), p.begin() + n, 0.0f);
+                std::fill(mm.begin(), mm.begin() + n, 0.0f);
+                std::fill(v.begin(), v.begin() + n, 0.0f);
+                // the chunk's table runs, cut where the moments' part begins and ends
+                if (real > 0)
+                    for_each_table_run(m.pieces, seg.begin + a, real, [&](size_t local, size_t global, size_t len, bool) {
+                        for (size_t rel = local - seg.begin, end = rel + len; rel < end;) {
+                            const bool state = rel >= st_lo && rel < st_hi;
+                            const size_t stop = std::min(end, state ? st_hi : rel < st_lo ? st_lo : end);
+                            const size_t at = rel - a;
+                            src(global + (rel - (local - seg.begin)), stop - rel, p.data() + at,
+                                state ? mm.data() + at : nullptr, state ? v.data() + at : nullptr);
+                            rel = stop;
+                        }
+                    });
+#pragma omp parallel for schedule(static)
+                for (size_t k = 0; k < n; k++) px[k] = (floatX)p[k];
+                copy_to_buffer(params + (params_sharded ? z.shard_index(s, a) : z.padded_index(s, a)), px.data(),
+                               n * sizeof(floatX));
+                const size_t c0 = std::max(a, st_lo), c1 = std::min(a + n, st_hi);  // the moments' part of the chunk
+                if (c0 >= c1) continue;
+                const size_t at = state_index(z, s, c0), bytes = (c1 - c0) * sizeof(float);
+                if (m.master) state_copy_in(host, m.master + at, p.data() + (c0 - a), bytes);
+                state_copy_in(host, m.adam_m + at, mm.data() + (c0 - a), bytes);
+                state_copy_in(host, m.adam_v + at, v.data() + (c0 - a), bytes);
+            }
+        }
+    };
+    load(m.zero, m.params, m.zero.params_sharded(), true);
+    if (m.head_params) load(m.head, m.head_params, false, false);  // the last stage's copy of the tied embedding
+}
+
+// The whole state in the table's layout, the same arrays on every rank (tests, llm.c files).
+static void gpt_set_state(GPT& m, const float* table_params, const float* table_m, const float* table_v) {
+    gpt_set_state(m, [&](size_t begin, size_t n, float* p, float* mm, float* v) {
+        std::copy(table_params + begin, table_params + begin + n, p);
+        if (mm) std::copy(table_m + begin, table_m + begin + n, mm);
+        if (v) std::copy(table_v + begin, table_v + begin + n, v);
+    });
 }
 
 // This rank's own slice of every segment (the shard space, z.shard_total elements each): fp32
@@ -1330,6 +1379,23 @@ static void gpt_own_state(const GPT& m, float* params, float* adam_m, float* ada
         }
 }
 
+// calls f(rel, table, n) for this rank's own runs among the segment-relative elements [a, b) of its
+// slice of segment s: the table's elements (not padding) that this rank reports, a tensor-parallel
+// replica by its owner only
+template <typename F>
+static void for_each_own_run(const GPT& m, int s, size_t a, size_t b, const F& f) {
+    const Segment& seg = m.zero.segs[s];
+    b = std::min(b, seg.len);
+    if (a >= b) return;
+    for_each_table_run(m.pieces, seg.begin + a, b - a, [&](size_t local, size_t global, size_t n, bool owner) {
+        if (owner) f(local - seg.begin, global, n);
+    });
+}
+// the segment-relative range of this rank's own slice of segment s
+static std::pair<size_t, size_t> own_slice(const ZeroLayout& z, int s) {
+    return {z.own_begin(s), z.own_begin(s) + z.shard_len(s)};
+}
+
 // This rank's own slices (what it writes to a checkpoint, what a gather collects): the table ranges
 // they cover and their values, from a shard-space array. A tensor-parallel replica is reported by
 // its owner only; tp_table_padding's zeros are reported too, so every table element is someone's.
@@ -1339,14 +1405,11 @@ static void own_table_slices(const GPT& m, const float* shard_values, std::vecto
     ranges.clear();
     values.clear();
     for (int s = 0; s < (int)z.segs.size(); s++) {
-        const Segment& seg = z.segs[s];
-        const size_t lo = z.own_begin(s), hi = std::min(lo + z.shard_len(s), seg.len);
-        if (lo >= hi) continue;
-        for_each_table_run(m.pieces, seg.begin + lo, hi - lo, [&](size_t local, size_t global, size_t n, bool owner) {
-            if (!owner) return;
+        const auto [lo, hi] = own_slice(z, s);
+        for_each_own_run(m, s, lo, hi, [&](size_t rel, size_t global, size_t n) {
             if (!ranges.empty() && ranges.back().begin + ranges.back().n == global) ranges.back().n += n;
             else ranges.push_back({global, n});
-            const float* v = shard_values + z.shard_index(s, local - seg.begin);
+            const float* v = shard_values + z.shard_index(s, rel);
             values.insert(values.end(), v, v + n);
         });
     }
@@ -1354,6 +1417,48 @@ static void own_table_slices(const GPT& m, const float* shard_values, std::vecto
         ranges.push_back(pad);
         values.insert(values.end(), pad.n, 0.0f);
     }
+}
+
+// This rank's part of a checkpoint being written (out, llmc/checkpoint.h), streamed: its own slices
+// chunk by chunk, copied out of the buffers (fp32 params from the master, or the params themselves;
+// the moments) into host staging, checked finite (a diverged state is never written: a later
+// --resume would continue from it), each owned table run written at its place in the file. Host
+// memory: one chunk per array.
+static void gpt_write_state(const GPT& m, CheckpointWriter& out, int step) {
+    const ZeroLayout& z = m.zero;
+    const size_t cap = staging_cap(m);
+    std::vector<float> st[3];
+    for (auto& a : st) a.resize(cap);
+    std::vector<floatX> raw(m.master ? 0 : cap);
+    const bool host = m.offload == OFFLOAD_OPTIMIZER;  // the state in host arenas
+    for (int s = 0; s < (int)z.segs.size(); s++) {
+        const auto [lo, hi] = own_slice(z, s);
+        for (size_t a = lo; a < std::min(hi, z.segs[s].len); a += cap) {
+            const size_t n = std::min(cap, hi - a), at = state_index(z, s, a), bytes = n * sizeof(float);
+            if (m.master) {
+                state_copy_out(host, st[0].data(), m.master + at, bytes);
+            } else {
+                copy_from_buffer(raw.data(), m.params + params_index(z, s, a), n * sizeof(floatX));
+                std::copy(raw.begin(), raw.begin() + n, st[0].begin());
+            }
+            state_copy_out(host, st[1].data(), m.adam_m + at, bytes);
+            state_copy_out(host, st[2].data(), m.adam_v + at, bytes);
+            for (int k = 0; k < 3; k++) {
+                const size_t bad = first_non_finite(st[k].data(), n);
+                if (bad == n) continue;
+                out.abandon();
+                LLMC_FAIL("step %d: refusing to write %s: a %s is %g (the model state is not finite: the run diverged); "
+                          "resume from an earlier checkpoint with a lower --lr", step, out.path.c_str(),
+                          k == 0 ? "parameter" : k == 1 ? "Adam m" : "Adam v", st[k][bad]);
+            }
+            for_each_own_run(m, s, a, a + n, [&](size_t rel, size_t global, size_t len) {
+                for (int k = 0; k < 3; k++) out.write_range(k, global, len, st[k].data() + (rel - a));
+            });
+        }
+    }
+    const float zeros[8] = {};  // tp_table_padding: a tensor's alignment gap, under 8 elements
+    for (const CheckpointRange& pad : m.table_padding)
+        for (int k = 0; k < 3; k++) out.write_range(k, pad.begin, pad.n, zeros);
 }
 
 // Every rank's own slices (shard space) -> the whole table, on every rank of the world (collective):
@@ -1415,19 +1520,31 @@ static void gather_to_table(const GPT& m, const float* own_shard, float* table_o
     return out;
 }
 
+// The init (normal(0, init_std), ones, zeros by tensor; docs/ARCHITECTURE.md): table element i of a
+// normal tensor is normal_at(seed, i) (llmc/rand.h), a value that depends only on (seed, i), so each
+// rank computes just the parts it holds, in parallel, and every layout starts from the same bits.
+// The wte rows past vocab_size (padding to a multiple of 128) start at zero: no token uses them, so
+// their gradient is zero and AdamW (zero update, decay of zero) keeps them at zero. Moments: zero.
 static void gpt_init_params(GPT& m, uint64_t seed) {
-    Rng rng(seed);
-    std::vector<float> p(m.n_params), zeros(m.n_params, 0.0f);
-    for (const ParamTensor& t : m.table)
-        for (size_t i = 0; i < t.numel; i++)
-            p[t.offset + i] = t.init == ParamTensor::NORMAL ? rng.normal(0.0f, t.init_std)
-                              : t.init == ParamTensor::ONES  ? 1.0f : 0.0f;
-    // the wte rows past vocab_size (padding to a multiple of 128) start at zero: no token uses them,
-    // so their gradient is zero and AdamW (zero update, decay of zero) keeps them at zero
-    const ParamTensor& wte = m.table[0];
-    std::fill(p.begin() + wte.offset + (size_t)m.config.vocab_size * m.config.n_embd,
-              p.begin() + wte.offset + wte.numel, 0.0f);
-    gpt_set_state(m, p.data(), zeros.data(), zeros.data());
+    const std::vector<ParamTensor>& table = m.table;
+    const size_t wte_used = (size_t)m.config.vocab_size * m.config.n_embd;  // table[0] is wte
+    gpt_set_state(m, [&](size_t begin, size_t n, float* p, float* mm, float* v) {
+        std::fill(p, p + n, 0.0f);  // the alignment gaps between tensors, the unused wte rows
+        if (mm) std::fill(mm, mm + n, 0.0f);
+        if (v) std::fill(v, v + n, 0.0f);
+        // the tensors that overlap [begin, begin + n): from the first one ending after begin
+        size_t k = std::upper_bound(table.begin(), table.end(), begin,
+                                    [](size_t b, const ParamTensor& t) { return b < t.offset + t.numel; }) - table.begin();
+        for (; k < table.size() && table[k].offset < begin + n; k++) {
+            const ParamTensor& t = table[k];
+            const size_t lo = std::max(begin, t.offset), hi = std::min(begin + n, t.offset + (k == 0 ? wte_used : t.numel));
+            if (t.init == ParamTensor::ONES) std::fill(p + (lo - begin), p + std::max(lo, hi) - begin, 1.0f);
+            if (t.init != ParamTensor::NORMAL) continue;
+            const float std = t.init_std;
+#pragma omp parallel for schedule(static) if (hi > lo + 16384)
+            for (size_t i = lo; i < hi; i++) p[i - begin] = normal_at(seed, i, 0.0f, std);
+        }
+    });
 }
 
 // ZeRO glue for the model code (llmc/zero.h), by model segment id. At stages 0-2 the parameters are
@@ -3129,8 +3246,8 @@ static std::string checkpoint_path(const std::string& out_dir, int step) {
     return out_dir + "/ckpt_" + std::to_string(1000000000 + step).substr(1) + ".bin";
 }
 
-// The newest checkpoint in out_dir that loads and verifies, by the step stored inside; the ones
-// that do not are skipped with a warning. Every rank reads the files; they must agree.
+// The newest checkpoint in out_dir that verifies, by the step stored inside; the ones that do not
+// are skipped with a warning. Collective: verify_checkpoint's verdict is the same on every rank.
 static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck) {
     std::vector<std::pair<int64_t, std::string>> found;
     for (const std::string& f : glob_files(out_dir + "/ckpt_*.bin")) {
@@ -3140,14 +3257,12 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     }
     std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
     for (auto& [step, path] : found) {
-        bool ok = true;
         try {
-            ck = load_checkpoint(path);
+            ck = verify_checkpoint(comm_world().world, path);
+            return path;
         } catch (const LlmcError& e) {
-            ok = false;
             if (comm_world().world_rank == 0) fprintf(stderr, "warning: skipping %s\n", e.what());
         }
-        if (all_ranks_agree(comm_world().world, ok)) return path;
     }
     LLMC_FAIL("--resume latest: no checkpoint in %s loads (looked for ckpt_*.bin)", out_dir.c_str());
 }
@@ -3288,12 +3403,13 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     LLMC_CHECK(args.str("init_from").empty() || args.str("resume").empty(),
                "--init_from %s and --resume %s: give one (a resumed run has its weights)", args.str("init_from").c_str(),
                args.str("resume").c_str());
-    // resume: the checkpoint's config wins over defaults, and must agree with explicit flags
+    // resume: the checkpoint's config wins over defaults, and must agree with explicit flags. The
+    // file is verified now (every rank a share of it); its arrays are read after the allocation.
     Checkpoint ck;
     std::string resume = args.str("resume");
     if (!resume.empty()) {
         if (resume == "latest") resume = latest_checkpoint(out_dir, ck);
-        else ck = load_checkpoint(resume);
+        else ck = verify_checkpoint(cm.world, resume);
         for (auto& [name, field] : config_fields(config)) {
             int64_t stored = ck.get_int(std::string("config.") + name, resume);
             const std::string n = name;
@@ -3414,15 +3530,19 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     int start_step = 0;
     Rng sample_rng(seed ^ 0x5A5A5A5Aull);
     if (!resume.empty()) {
-        LLMC_CHECK(ck.params.size() == model.n_params, "%s: checkpoint holds %zu parameters, the config needs %zu",
-                   resume.c_str(), ck.params.size(), model.n_params);
-        gpt_set_state(model, ck.params.data(), ck.adam_m.data(), ck.adam_v.data());
+        LLMC_CHECK(ck.n_params == model.n_params, "%s: checkpoint holds %llu parameters, the config needs %zu",
+                   resume.c_str(), (unsigned long long)ck.n_params, model.n_params);
+        const CheckpointFile file(resume, ck);  // each rank reads the table ranges it holds
+        gpt_set_state(model, [&](size_t begin, size_t n, float* p, float* m, float* v) {
+            file.read(0, begin, n, p);
+            if (m) file.read(1, begin, n, m);
+            if (v) file.read(2, begin, n, v);
+        });
         start_step = (int)ck.get_int("step", resume);
         train_loader.reset({ck.get_int("loader.epoch", resume), ck.get_int("loader.shard", resume),
                             ck.get_int("loader.batch", resume)});
         sample_rng.state = (uint64_t)ck.get_int("rng.sample", resume);
         if (rank0) printf("resumed from %s at step %d\n", resume.c_str(), start_step);
-        ck = Checkpoint();  // the arrays are in the model now
     } else {
         if (!init_from.empty()) {
             gpt_load_llmc(model, init_file, init_from);
@@ -3470,7 +3590,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     if (rank0) log.open_for_run(out_dir + "/log.jsonl", resume.empty() ? -1 : start_step);
     std::vector<int> in((size_t)B * T), tgt((size_t)B * T), ds((size_t)B * T);
 
-    // collective: every rank writes the table ranges of its own slices, rank 0 the header last
+    // collective: every rank writes the table ranges of its own slices, streamed, rank 0 the header last
     auto save = [&](int step) {
         Checkpoint out;
         for (auto& [name, field] : config_fields(config)) out.set_int(std::string("config.") + name, *field);
@@ -3484,23 +3604,10 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         out.set_int("loader.shard", train_loader.state.shard);
         out.set_int("loader.batch", train_loader.state.batch);
         out.set_int("rng.sample", (int64_t)sample_rng.state);
-        const ZeroLayout& z = model.zero;
-        std::vector<float> own[3];
-        for (auto& v : own) v.resize(z.shard_total);
-        gpt_own_state(model, own[0].data(), own[1].data(), own[2].data());
-        std::string path = checkpoint_path(out_dir, step);
-        // never write a diverged state: a later --resume would continue from it (each rank checks its slices)
-        for (int a = 0; a < 3; a++) {
-            const char* name = a == 0 ? "parameter" : a == 1 ? "Adam m" : "Adam v";
-            size_t bad = first_non_finite(own[a].data(), own[a].size());
-            LLMC_CHECK(bad == own[a].size(),
-                       "step %d: refusing to write %s: a %s is %g (the model state is not finite: the run diverged); "
-                       "resume from an earlier checkpoint with a lower --lr", step, path.c_str(), name, own[a][bad]);
-        }
-        std::vector<CheckpointRange> ranges;
-        std::vector<float> vals[3];
-        for (int a = 0; a < 3; a++) own_table_slices(model, own[a].data(), ranges, vals[a]);
-        save_checkpoint_parts(cm.world, path, out, model.n_params, ranges, vals[0].data(), vals[1].data(), vals[2].data());
+        const std::string path = checkpoint_path(out_dir, step);
+        CheckpointWriter writer(cm.world, path, out, model.n_params);
+        gpt_write_state(model, writer, step);  // refuses a non-finite state (each rank checks its slices)
+        writer.finish();
         if (rank0) printf("saved %s\n", path.c_str());
     };
 
@@ -3631,11 +3738,17 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         // replicated params must be bitwise the same on every rank that holds them: the dense
         // segments on the dp group, the experts on the expert-dp group
         const ZeroLayout& z = model.zero;
-        std::vector<floatX> p(z.params_elems());
-        copy_from_buffer(p.data(), model.params, p.size() * sizeof(floatX));
+        std::vector<floatX> p(staging_cap(model));  // each segment's hash streams through one chunk
         uint64_t h[2] = {0, 0};
-        for (const Segment& seg : z.segs)
-            h[seg.expert] += ckpt_hash_bytes((const unsigned char*)(p.data() + seg.padded_offset), seg.padded * sizeof(floatX));
+        for (const Segment& seg : z.segs) {
+            uint64_t seg_hash = ckpt_hash_bytes(nullptr, 0);
+            for (size_t a = 0; a < seg.padded; a += p.size()) {
+                const size_t n = std::min(p.size(), seg.padded - a);
+                copy_from_buffer(p.data(), model.params + seg.padded_offset + a, n * sizeof(floatX));
+                seg_hash = ckpt_hash_bytes((const unsigned char*)p.data(), n * sizeof(floatX), seg_hash);
+            }
+            h[seg.expert] += seg_hash;
+        }
         for (int e = 0; e < 2; e++)
             for (uint64_t other : host_gather_all<uint64_t>(e ? cm.edp : dp, h[e]))
                 LLMC_CHECK(other == h[e], "rank %d: %s parameters differ between ranks at the end (hash %016llx vs %016llx)",

@@ -14,7 +14,7 @@
 int main(int argc, char** argv) {
     try {
         LLMC_CHECK(argc == 4, "usage: forward_logits CHECKPOINT TOKENS OUT");
-        Checkpoint ck = load_checkpoint(argv[1]);
+        const Checkpoint ck = verify_checkpoint(CommGroup{}, argv[1]);
         GPTConfig c;
         for (auto& [name, field] : config_fields(c)) *field = (int)ck.get_int(std::string("config.") + name, argv[1]);
         c.capacity_factor = (float)ck.get_float("config.capacity_factor", argv[1]);
@@ -29,9 +29,10 @@ int main(int argc, char** argv) {
         for (int t : tokens) LLMC_CHECK(t >= 0 && t < c.vocab_size, "%s: token %d is outside [0, %d)", argv[2], t, c.vocab_size);
         GPT m;
         gpt_allocate(m, c, 1, T);
-        LLMC_CHECK(ck.params.size() == m.n_params, "%s: %zu parameters, the config needs %zu", argv[1], ck.params.size(),
-                   m.n_params);
-        gpt_set_state(m, ck.params.data(), ck.adam_m.data(), ck.adam_v.data());
+        LLMC_CHECK(ck.n_params == m.n_params, "%s: %llu parameters, the config needs %zu", argv[1],
+                   (unsigned long long)ck.n_params, m.n_params);
+        const CheckpointFile file(argv[1], ck);  // streamed: the parameters the model holds
+        gpt_set_state(m, [&](size_t begin, size_t n, float* p, float*, float*) { file.read(0, begin, n, p); });
         std::vector<int> doc_start(T, 0);
         gpt_forward(m, tokens.data(), nullptr, doc_start.data(), 1, T);
         std::vector<float> logits((size_t)T * c.padded_vocab_size), out;

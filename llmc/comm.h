@@ -408,13 +408,6 @@ inline std::vector<T> host_gather_all(const CommGroup& g, const T& value) {
     return out;
 }
 
-// true on every rank iff flag is true on every rank (collective decisions: resume candidates)
-inline bool all_ranks_agree(const CommGroup& g, bool flag) {
-    for (int f : host_gather_all<int>(g, flag ? 1 : 0))
-        if (!f) return false;
-    return true;
-}
-
 inline void barrier(const CommGroup& g) {
     if (g.size == 1) return;
 #ifdef LLMC_NCCL

@@ -8,7 +8,9 @@
 //                                                             and tokenizer files of both formats
 //                                                             (load_tokenizer_file + decode)
 //   fuzz_readers checkpoint FILE [--trials N] [--seed S]    mutations of the valid checkpoint
-//                                                             FILE through load_checkpoint(path)
+//                                                             FILE through load_checkpoint(path):
+//                                                             verify_checkpoint (the verify pass,
+//                                                             one process) + CheckpointFile reads
 //   fuzz_readers make_shard FILE                            writes a valid shard (for make fuzz)
 //
 // Every trial runs in a forked child with an alarm, so one trial's crash or hang is counted and

@@ -5,7 +5,9 @@
 # losses and gradient norms equal.
 #   1. matrix: np 1..4 x --zero 0..3, a dense and an MoE model (parameter counts not divisible
 #      by 3 or 4), 8 steps of 2 micro-batches per rank, vs one process with np x 2 micro-batches
-#   2. resume with the same layout, and resharded resumes 4 -> 2, 2 -> 4, 3 -> 1, -z 3 -> 0
+#   2. resume with the same layout, and resharded resumes 4 -> 2, 2 -> 4, 3 -> 1, -z 3 -> 0; the
+#      same with a tiny host staging chunk (streamed init, verify, load, save); a corrupt newest
+#      checkpoint refused on every rank, skipped by --resume latest
 #   3. faults: one rank SIGKILLed while writing a checkpoint (no loadable checkpoint appears;
 #      --resume latest takes the previous one), one rank killed mid-run, one rank's error
 #   4. bad layouts refused with one clear message
@@ -103,6 +105,28 @@ for case in "2 0 2 0" "4 1 2 2" "2 2 4 0" "3 0 1 0" "2 3 2 0" "1 0 1 0"; do
         grep -q "resumed from .*ckpt_000000004.bin" "$out.log" && same_run "$ref" "$out" $STEPS "resume np $1 z$2 -> np $3 z$4" 5 ||
         { fail "resume np $1 z$2 -> np $3 z$4"; tail -3 "$out.log"; }
 done
+
+# streamed state: LLMC_STAGING_ELEMS=300 cuts every segment into many chunks for the init, the
+# checkpoint verify pass, loads and saves; the bytes are those of the default chunk, across reshards
+for case in "4 1 2 3" "2 0 3 2"; do
+    set -- $case
+    out=$W/chunked.$1.$2.$3.$4; tok=$((B * T * 12)); ref=$W/full12; [ -d $ref ] || run 1 "$ref" $DENSE -d $tok -x $STEPS
+    LLMC_STAGING_ELEMS=300 run $1 "$out" $DENSE -d $tok -x $STEPS -n 4 -z $2 && same_run "$ref" "$out" $STEPS "chunked np $1 z$2" &&
+        rm "$out/ckpt_$(printf %09d $STEPS).bin" && LLMC_STAGING_ELEMS=300 run $3 "$out" $DENSE -d $tok -x $STEPS -z $4 -y latest &&
+        grep -q "resumed from .*ckpt_000000004.bin" "$out.log" && same_run "$ref" "$out" $STEPS "chunked resume np $1 z$2 -> np $3 z$4" 5 ||
+        { fail "chunked resume np $1 z$2 -> np $3 z$4"; tail -3 "$out.log"; }
+done
+# a corrupt newest checkpoint: every rank refuses an explicit --resume of it (one message naming
+# the file), and --resume latest on 3 ranks (each verifying a third) skips it and takes the previous
+out=$W/corrupt; cp -r "$W/resume.2.0.2.0" "$out"
+python3 -c "import sys; b=bytearray(open(sys.argv[1],'rb').read()); b[-9]^=16; open(sys.argv[1],'wb').write(b)" "$out/ckpt_000000008.bin"
+run 2 "$out" $DENSE -d $TOK -x $STEPS -y "$out/ckpt_000000008.bin"; rc=$?
+if [ $rc -ne 0 ] && grep -q "ckpt_000000008.bin: checksum mismatch" "$out.log"; then pass; else fail "corrupt checkpoint resumed: rc $rc"; tail -3 "$out.log"; fi
+tok=$((B * T * 12)); run 3 "$out" $DENSE -d $tok -x $STEPS -y latest; rc=$?
+if [ $rc -ne 0 ] && grep -q "skipping .*ckpt_000000008.bin: checksum mismatch" "$out.log" && grep -q "ckpt_000000004.bin: checkpoint was trained with --total_batch_tokens" "$out.log"; then pass
+else fail "latest with a corrupt newest checkpoint: rc $rc"; tail -3 "$out.log"; fi
+run 2 "$out" $DENSE -d $TOK -x $STEPS -z 3 -y latest && grep -q "resumed from .*ckpt_000000004.bin" "$out.log" &&
+    same_run "$W/full" "$out" $STEPS "resume past a corrupt checkpoint" 5 || { fail "resume past a corrupt checkpoint"; tail -3 "$out.log"; }
 
 # ---- 3. faults
 # a rank dies while writing a checkpoint: the job fails, no checkpoint of that step loads, and

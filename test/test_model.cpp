@@ -226,7 +226,7 @@ TEST_CASE("checkpoints: round trip, and resume continues bitwise-identically") {
         CHECK(text == l_full[step]);
     }
     // round trip of the file format itself
-    Checkpoint ck = load_checkpoint(fx.dir + "/full/run/ckpt_000000010.bin");
+    CheckpointContents ck = load_checkpoint(fx.dir + "/full/run/ckpt_000000010.bin");
     CHECK(ck.get_int("step", "") == 10);
     CHECK(ck.get_int("config.n_kv_head", "") == 2);
     save_checkpoint(fx.dir + "/copy.bin", ck, ck.params.data(), ck.adam_m.data(), ck.adam_v.data(), ck.params.size());
@@ -238,6 +238,180 @@ TEST_CASE("checkpoints: round trip, and resume continues bitwise-identically") {
     b.push_back("latest");
     REQUIRE(run_train(b) == 0);
     CHECK(file_exists(fx.dir + "/full/run/ckpt_000000012.bin"));
+}
+
+TEST_CASE("init: normal_at is Rng's stream indexed; an element's init depends only on (seed, table index)") {
+    for (uint64_t seed : {0ull, 1ull, 1337ull, 0xFFFFFFFFFFFFFFFFull}) {
+        CAPTURE(seed);
+        Rng r(seed), q(seed);
+        for (uint64_t k = 0; k < 1000; k++) REQUIRE(splitmix64_at(seed, k) == q.next_u64());
+        for (uint64_t i = 0; i < 1000; i++) REQUIRE(normal_at(seed, i, 0.5f, 0.02f) == r.normal(0.5f, 0.02f));
+    }
+    // the model's init: every element from its table index alone; ones, zeros, the wte padding rows
+    GPTConfig c = small_config(MLP_SWIGLU, POS_ALIBI);
+    GPT m;
+    gpt_allocate(m, c, 1, 8);
+    gpt_init_params(m, 42);
+    std::vector<float> p(m.n_params, -1.0f), mm(m.n_params, -1.0f), v(m.n_params, -1.0f);
+    gpt_get_state(m, p.data(), mm.data(), v.data());
+    std::vector<int> seen(m.n_params, 0);
+    double sum = 0, sq = 0;
+    size_t normals = 0;
+    for (const ParamTensor& t : m.table) {
+        CAPTURE(t.name);
+        const size_t used = t.name == "wte" ? (size_t)c.vocab_size * c.n_embd : t.numel;
+        for (size_t i = 0; i < t.numel; i++) {
+            const size_t at = t.offset + i;
+            seen[at] = 1;
+            const float expect = i >= used ? 0.0f
+                                 : t.init == ParamTensor::NORMAL ? normal_at(42, at, 0.0f, t.init_std)
+                                 : t.init == ParamTensor::ONES   ? 1.0f : 0.0f;
+            REQUIRE(p[at] == expect);
+            if (t.init == ParamTensor::NORMAL && t.init_std == 0.02f && i < used) {
+                sum += p[at];
+                sq += (double)p[at] * p[at];
+                normals++;
+            }
+        }
+    }
+    for (size_t i = 0; i < m.n_params; i++) {
+        if (!seen[i]) REQUIRE(p[i] == 0.0f);  // the alignment gaps
+        REQUIRE(mm[i] == 0.0f);
+        REQUIRE(v[i] == 0.0f);
+    }
+    const double mean = sum / normals, sd = std::sqrt(sq / normals - mean * mean);
+    CHECK(std::fabs(mean) < 1e-3);
+    CHECK(std::fabs(sd - 0.02) < 5e-4);
+    // another seed gives other values; the same seed the same ones, whatever the staging chunk
+    std::vector<float> p2(m.n_params);
+    setenv("LLMC_STAGING_ELEMS", "37", 1);
+    gpt_init_params(m, 42);
+    unsetenv("LLMC_STAGING_ELEMS");
+    gpt_get_state(m, p2.data(), nullptr, nullptr);
+    CHECK(p2 == p);
+    gpt_init_params(m, 43);
+    gpt_get_state(m, p2.data(), nullptr, nullptr);
+    CHECK(p2 != p);
+    gpt_free(m);
+}
+
+TEST_CASE("streamed state: gpt_set_state / checkpoint saves and loads in chunks that split segments") {
+    // every ZeRO stage (one process: its shards are the whole segments) and --offload optimizer: a
+    // state set through a tiny staging chunk comes back exactly, the padding zero
+    GPTConfig c = small_config(MLP_GELU, POS_LEARNED);
+    for (int zero = 0; zero <= 3; zero++)
+        for (int offload : {OFFLOAD_NONE, OFFLOAD_OPTIMIZER}) {
+            CAPTURE(zero);
+            CAPTURE(offload);
+            GPT m;
+            m.offload = offload;
+            gpt_allocate(m, c, 1, 8, zero);
+            std::vector<float> a[3], b[3];
+            Rng r(zero * 2 + offload);
+            for (int k = 0; k < 3; k++) {
+                a[k].resize(m.n_params);
+                b[k].assign(m.n_params, -1.0f);
+                for (float& x : a[k]) x = k == 2 ? r.uniform() : r.normal(0.0f, 1.0f);
+            }
+            setenv("LLMC_STAGING_ELEMS", "53", 1);
+            gpt_set_state(m, a[0].data(), a[1].data(), a[2].data());
+            unsetenv("LLMC_STAGING_ELEMS");
+            gpt_get_state(m, b[0].data(), b[1].data(), b[2].data());
+            for (int k = 0; k < 3; k++) CHECK(a[k] == b[k]);
+            const size_t state = m.zero.state_elems();
+            std::vector<float> st(state);
+            state_copy_out(offload == OFFLOAD_OPTIMIZER, st.data(), m.adam_m, state * 4);
+            for (const Segment& s : m.zero.segs)  // one process: shard space == padded space
+                for (size_t rel = s.len; rel < s.padded; rel++) REQUIRE(st[s.padded_offset + rel] == 0.0f);
+            gpt_free(m);
+        }
+
+    // training runs whose init, checkpoint loads and saves go through a chunk of 100 elements give
+    // the bytes of the default chunk, and resume from each other bitwise
+    TrainFixture fx;
+    REQUIRE(run_train(fx.args("big", 8)) == 0);
+    setenv("LLMC_STAGING_ELEMS", "100", 1);
+    REQUIRE(run_train(fx.args("small", 8)) == 0);
+    const std::string full = read_file(fx.dir + "/big/run/ckpt_000000008.bin");
+    CHECK(read_file(fx.dir + "/small/run/ckpt_000000008.bin") == full);
+    std::vector<std::string> a = fx.args("resumed", 8);
+    a.insert(a.end(), {"--resume", fx.dir + "/big/run/ckpt_000000004.bin"});
+    REQUIRE(run_train(a) == 0);
+    unsetenv("LLMC_STAGING_ELEMS");
+    CHECK(read_file(fx.dir + "/resumed/run/ckpt_000000008.bin") == full);
+    // an explicit offload resume of the chunked checkpoint: the same bytes again
+    std::vector<std::string> b = fx.args("offload", 8);
+    b.insert(b.end(), {"--resume", fx.dir + "/small/run/ckpt_000000004.bin", "--offload", "optimizer"});
+    REQUIRE(run_train(b) == 0);
+    CHECK(read_file(fx.dir + "/offload/run/ckpt_000000008.bin") == full);
+}
+
+TEST_CASE("checkpoint verify pass: corrupt, non-finite and negative-moment files are refused by name; latest skips them") {
+    TrainFixture fx;
+    REQUIRE(run_train(fx.args("run", 8)) == 0);
+    const std::string dir = fx.dir + "/run/run", newest = dir + "/ckpt_000000008.bin";
+    const std::string good = read_file(newest);
+    const CheckpointContents ck = load_checkpoint(newest);
+    const Checkpoint header = verify_checkpoint(CommGroup{}, newest);
+    CHECK(header.n_params == ck.params.size());
+    CHECK(header.get_int("step", newest) == 8);
+    auto refused = [&](const std::string& path, const char* needle) {
+        CAPTURE(needle);
+        CHECK_THROWS_WITH_AS(verify_checkpoint(CommGroup{}, path), doctest::Contains(needle), LlmcError);
+        CHECK_THROWS_WITH_AS(load_checkpoint(path), doctest::Contains(needle), LlmcError);
+    };
+    // one flipped bit in the data: the checksum
+    std::string bytes = good;
+    bytes[bytes.size() - 7] ^= 4;
+    std::ofstream(fx.dir + "/flip.bin", std::ios::binary) << bytes;
+    refused(fx.dir + "/flip.bin", "checksum mismatch");
+    // a correctly hashed file with a NaN parameter, a negative second moment
+    std::vector<float> p = ck.params, v = ck.adam_v;
+    p[5] = NAN;
+    save_checkpoint(fx.dir + "/nan.bin", ck, p.data(), ck.adam_m.data(), ck.adam_v.data(), ck.n_params);
+    refused(fx.dir + "/nan.bin", "params[5] is nan");
+    v[ck.n_params - 1] = -1.0f;
+    save_checkpoint(fx.dir + "/neg.bin", ck, ck.params.data(), ck.adam_m.data(), v.data(), ck.n_params);
+    refused(fx.dir + "/neg.bin", strfmt("adam v[%llu] is -1", (unsigned long long)ck.n_params - 1).c_str());
+    // the newest checkpoint corrupt: an explicit --resume refuses it, naming it; --resume latest
+    // takes the one before and continues to the uninterrupted run's bytes
+    std::ofstream(newest, std::ios::binary) << bytes;
+    std::vector<std::string> a = fx.args("run", 8);
+    a.insert(a.end(), {"--resume", newest});
+    CHECK_THROWS_WITH_AS(run_train(a), doctest::Contains((newest + ": checksum mismatch").c_str()), LlmcError);
+    a.back() = "latest";
+    REQUIRE(run_train(a) == 0);
+    CHECK(read_file(newest) == good);
+}
+
+TEST_CASE("the memory plan's host staging is a chunk, not the table") {
+    // d12 and d24 (85M and 325M parameters, each more than a chunk): the same host staging, one
+    // chunk per array (3 fp32 + the params' type) plus the batch vectors
+    auto host = [](int n_layer, int n_embd, int zero, int dp) {
+        GPTConfig c;
+        c.n_layer = n_layer; c.n_embd = n_embd; c.n_head = n_embd / 64; c.n_kv_head = c.n_head; c.vocab_size = 50257;
+        c.max_seq_len = 1024;
+        c.finalize();
+        return gpt_memory_estimate(c, 1, 64, zero, nullptr, 0, dp, 2).host;
+    };
+    const double batch = 4.0 * 64 * sizeof(int), chunk = (double)STAGING_ELEMS * (3 * 4 + 2);
+    CHECK(host(12, 768, 0, 1) == chunk + batch);
+    CHECK(host(24, 1024, 0, 1) == chunk + batch);
+    CHECK(host(24, 1024, 3, 8) == chunk + batch);
+    // a 70B shape at -z 3 over 8 ranks: the same; the test knob shrinks it; a tiny model: its size
+    GPTConfig big;
+    big.n_layer = 80; big.n_embd = 8192; big.n_head = 64; big.n_kv_head = 8; big.ffn_hidden = 28672; big.vocab_size = 50257;
+    big.finalize();
+    CHECK(gpt_memory_estimate(big, 1, 64, 3, nullptr, 0, 8, 2).host == chunk + batch);
+    setenv("LLMC_STAGING_ELEMS", "1000", 1);
+    CHECK(gpt_memory_estimate(big, 1, 64, 3, nullptr, 0, 8, 2).host == 1000.0 * 14 + batch);
+    unsetenv("LLMC_STAGING_ELEMS");
+    GPTConfig tiny = small_config(MLP_SWIGLU, POS_ALIBI);
+    GPT m;
+    gpt_allocate(m, tiny, 1, 64);
+    CHECK(gpt_memory_estimate(tiny, 1, 64).host == (double)staging_cap(m) * (3 * 4 + sizeof(floatX)) + batch);
+    CHECK(staging_cap(m) < STAGING_ELEMS);
+    gpt_free(m);
 }
 
 TEST_CASE("bad input: each a clear error") {
