@@ -17,6 +17,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -1282,7 +1283,6 @@ static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, int 
 // A source of model state: fills table elements [begin, begin + n) of the params, Adam m and Adam v
 // (arrays of n floats; m and v are null where the caller keeps no moments). The init, a checkpoint
 // file and whole-table arrays are sources.
-#include <functional>  // std::function (StateSource)
 using StateSource = std::function<void(size_t begin, size_t n, float* params, float* adam_m, float* adam_v)>;
 
 // where segment-relative element rel of segment s lives in the params and the master/moment buffers
