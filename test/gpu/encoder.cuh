@@ -292,3 +292,18 @@ TEST_CASE("encoder_backward: vocab ranges (tensor parallel) accumulate like the 
 }
 
 }  // namespace encoder_test
+
+// The memory plan bounds cub's radix-sort temporaries by 12n + 64 KiB (llmc/op_scratch.h, from cub's
+// onesweep allocation list); cub's own answer on this GPU must stay within it for the sort the
+// encoder backward runs (n pairs, 32 key bits for tokens, fewer for positions).
+TEST_CASE("encoder_backward: cub's sort temporaries are within the plan's bound (llmc/op_scratch.h)") {
+    for (int n : {1, 100, 4096, 8192, 65536, 1 << 20, 1 << 22})
+        for (int bits : {1, 10, 12, 32}) {
+            size_t bytes = 0;
+            cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, bytes, (const unsigned*)nullptr, (unsigned*)nullptr,
+                                                      (const int*)nullptr, (int*)nullptr, n, 0, bits, llmc_stream()));
+            CAPTURE(n);
+            CAPTURE(bits);
+            CHECK(bytes <= encoder_detail::cub_sort_bytes_bound((size_t)n));
+        }
+}

@@ -193,3 +193,21 @@ TEST_CASE("layernorm_backward is bitwise deterministic") {
 }
 
 }  // namespace layernorm_test
+
+// The memory plan reserves layernorm_scratch_bytes(N, C, SMs) (llmc/op_scratch.h, host arithmetic: at
+// most 16 blocks per SM); the backward's real grid comes from the occupancy query: it must stay
+// within the bound on this GPU, for both paths and every width the kernels take.
+TEST_CASE("layernorm_backward: its grid's scratch is within the plan's bound (llmc/op_scratch.h)") {
+    using namespace layernorm_detail;
+    for (int C : {8, 37, 64, 256, 768, 1024, 2048, 4096, 8192, 16384})
+        for (int N : {1, 7, 1000, 4096, 65536, 1 << 20})
+            for (bool vec : {false, true}) {
+                if (vec ? (C % 8 != 0 || C > 4 * 8 * BWD_MAX_X) : C > 4096) continue;
+                CAPTURE(C);
+                CAPTURE(N);
+                CAPTURE(vec);
+                const BackwardGrid g = backward_grid(N, C, vec);
+                CHECK(g.shape.x * g.shape.y > 128);  // the bound's premise
+                CHECK((size_t)g.blocks * 2 * C * sizeof(float) <= layernorm_scratch_bytes(N, C, sm_count()));
+            }
+}
