@@ -178,7 +178,7 @@ static double device_bytes_in_use() {
 static std::string measured_memory(double in_use_before) {
     size_t free_b = 0, total_b = 0;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    const double in_use = (double)(total_b - free_b);
+    const double in_use = device_bytes_in_use();
     return strfmt("buffers %.2f MiB, device memory in use %.2f MiB of %.2f MiB, grown by %.2f MiB since before the "
                   "model was allocated", buffer_bytes_allocated() / 1048576.0, in_use / 1048576.0, total_b / 1048576.0,
                   (in_use - in_use_before) / 1048576.0);

@@ -36,7 +36,7 @@
 // floats): one element per thread per iteration, the same per-element code, so the two paths give
 // bitwise-identical results.
 //
-// Scratch: none (adamw_scratch_bytes() == 0).
+// Scratch: none.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -44,8 +44,6 @@
 #include "cuda_common.cuh"
 
 constexpr int ADAMW_THREADS = 256;
-
-inline size_t adamw_scratch_bytes() { return 0; }
 
 // Everything the kernel needs per launch, the derived constants computed once on the host.
 struct AdamwArgs {
