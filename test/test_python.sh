@@ -6,6 +6,7 @@
 #   2. plot.py: one run and several runs on one figure; a log without the tokens field
 #   3. prepare_text.py --tokenizer bpe: a BPE trained on English + Bengali text, shards with its eot,
 #      tokenizer.json + tokenizer.bin; the trainer finds tokenizer.bin and prints valid UTF-8 samples
+#   4. prepare_text.py --sep percent|blank on CRLF text
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${TOOLS_PYTHON:-python3}
@@ -134,6 +135,27 @@ refused "--vocab_size with the byte tokenizer" "--vocab_size is for --tokenizer 
     "$PY" dev/data/prepare_text.py "$W/corpus.txt" --sep blank --vocab_size 300 --out_dir "$W/x"
 refused "a stale tokenizer is refused" "shard or tokenizer file(s)" \
     "$PY" dev/data/prepare_text.py "$W/corpus.txt" --sep blank --out_dir "$W/bpe" --name other
+
+# ---- 4. document separators in CRLF (Windows) text: 2 files x 3000 documents = 6000 documents,
+# each keeping its inner CRLF
+"$PY" - "$W/crlf" <<'EOF'
+import os, sys
+os.makedirs(sys.argv[1])
+for k in range(2):
+    docs = [b"doc %d %d, line one\r\nline two" % (k, i) for i in range(3000)]
+    open(f"{sys.argv[1]}/percent{k}.txt", "wb").write(b"".join(d + b"\r\n%\r\n" for d in docs))
+    open(f"{sys.argv[1]}/blank{k}.txt", "wb").write(b"".join(d + b"\r\n \r\n\r\n" for d in docs))
+EOF
+for sep in percent blank; do
+    "$PY" dev/data/prepare_text.py "$W/crlf/${sep}0.txt" "$W/crlf/${sep}1.txt" --sep $sep --val_frac 0.5 \
+        --out_dir "$W/crlf/$sep" >"$W/crlf.$sep.log" 2>&1
+    check "CRLF text, --sep $sep: 6000 documents of their own bytes" "$PY" -c "
+import re, sys
+s = open(sys.argv[1]).read()
+n = [int(x) for m in re.findall(r'(\d+) documents, (\d+) tokens', s) for x in m]
+want = sum(len(b'doc %d %d, line one\r\nline two' % (k, i)) + 1 for k in range(2) for i in range(3000))  # + EOT
+assert len(n) == 4 and n[0] + n[2] == 6000 and n[1] + n[3] == want, (s, want)" "$W/crlf.$sep.log"
+done
 
 echo "test_python: $checks passed, $fails failed"
 [ $fails -eq 0 ]

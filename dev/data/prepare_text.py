@@ -18,6 +18,7 @@ Documents come from text files or directories (all regular files inside, recursi
 fortune's .dat index files and symlinks), split by --sep:
   percent   a line holding only '%' separates documents (fortune files)
   blank     one or more blank lines separate documents
+(lines end with \n or \r\n)
   file      each file is one document
 Documents are shuffled with --seed, --val_frac of them go to the val split.
 
@@ -119,11 +120,11 @@ def list_files(inputs):
 def split_documents(data, sep):
     if sep == "file":
         docs = [data]
-    elif sep == "percent":
-        docs = re.split(rb"(?:^|\n)%[ \t]*(?:\n|$)", data)
+    elif sep == "percent":  # a line ends with \n or \r\n (Windows files); a document keeps its own bytes
+        docs = re.split(rb"(?:^|\r?\n)%[ \t]*(?:\r?\n|$)", data)
     else:  # blank
-        docs = re.split(rb"\n[ \t]*\n+", data)
-    return [d.strip(b"\n") for d in docs if d.strip()]
+        docs = re.split(rb"\r?\n(?:[ \t]*\r?\n)+", data)
+    return [d.strip(b"\r\n") for d in docs if d.strip()]
 
 
 def byte_level_alphabet():
