@@ -2267,7 +2267,13 @@ static P2POp pipe_transfer(GPT& m, const PipeAction& a) {
 // stage). Without targets it stops at the logits (the last stage's m.logits).
 static float gpt_forward(GPT& m, const int* inputs, const int* targets, const int* doc_start, int B, int T,
                          float dloss_scale = 0.0f) {
-    LLMC_CHECK(B <= m.max_B && T <= m.max_T, "batch %dx%d exceeds the allocated %dx%d", B, T, m.max_B, m.max_T);
+    // a forward's buffers hold max_B x max_T tokens in any shape (the sampler's one long row); the
+    // experts' capacity depends on the shape, so an MoE model keeps to max_B and max_T
+    LLMC_CHECK((int64_t)B * T <= (int64_t)m.max_B * m.max_T &&
+                   (m.config.pos != POS_LEARNED || T <= m.config.max_seq_len) &&
+                   (m.config.n_expert == 0 || (B <= m.max_B && T <= m.max_T)),
+               "internal: a forward of %dx%d tokens does not fit the buffers of %dx%d (or the position table)", B, T,
+               m.max_B, m.max_T);
     bind_op_scratch(m);
     LLMC_CHECK(!m.ls.sp || ((int64_t)B * T) % m.ls.tp == 0, "--sp: a forward of %dx%d tokens does not split over --tp %d",
                B, T, m.ls.tp);
@@ -2486,8 +2492,10 @@ static MoeStats gpt_moe_stats(const GPT& m) {
     return st;
 }
 
-// Generates n_tokens after the prompt (temperature, top-k; top_k <= 0 means all), feeding at most
-// the last max_T tokens; an EOT starts a new document, as in training. MoE models sample `rows` independent sequences
+// Generates n_tokens after the prompt (temperature, top-k; top_k <= 0 means all), feeding the last
+// max(max_seq_len, max_T) tokens (the model's context; ALiBi may train past max_seq_len), at most the
+// tokens one training micro-batch's buffers hold (max_B x max_T) over the rows; an EOT starts a new
+// document, as in training. MoE models sample `rows` independent sequences
 // side by side so the routing groups look as in training (the B tokens of a position, or the
 // B x length tokens of the batch); a dense model needs one row. Returns row 0. Collective: every
 // stage runs its part of each forward; the last stage's logits go to every rank, which all draw
@@ -2506,10 +2514,11 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
     // rows * T divide, left-padded with end-of-text (a new document: attention ignores the padding)
     int unit = 1;  // the smallest T with rows * T a multiple of tp
     while (m.ls.sp && ((int64_t)rows * unit) % tp != 0) unit++;
+    const int max_ctx = (int)std::min<int64_t>(std::max(m.config.max_seq_len, m.max_T), (int64_t)m.max_B * m.max_T / rows);
     for (int i = 0; i < n_tokens; i++) {
         const int len = (int)seqs[0].size();  // all rows have the same length
-        int T = ceil_div(std::min(len, m.max_T), unit) * unit;
-        if (T > m.max_T) T -= unit;
+        int T = ceil_div(std::min(len, max_ctx), unit) * unit;
+        if (T > max_ctx) T -= unit;
         const int n_ctx = std::min(len, T);
         ctx.resize((size_t)rows * T);
         ctx_start.resize((size_t)rows * T);

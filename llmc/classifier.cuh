@@ -1,14 +1,15 @@
 // Fused softmax + cross-entropy + dlogits on the GPU: the twin of llmc/cpu/classifier.h.
 //   over the real vocabulary (the first V of Vp padded columns) of row n, target t = targets[n]:
-//   lse = log sum_v exp(x_v)   (fp32)     losses[n] = lse - x_t   (0 when t == -1)
+//   lse = log sum_v exp(x_v)   (the sum in double)   losses[n] = lse - x_t   (0 when t == -1)
 //   when dloss != 0, the row is overwritten in place with dlogits:
 //   dx_v = d * (exp(x_v - lse) - [v == t]) for v < V, 0 for the padded columns; d = dloss (0 if t == -1)
 //   so the probabilities are never stored.
 //
 // Parallel decomposition: one block per row. A thread owns the 16-byte vectors (8 columns) c, c +
 // blockDim.x, ... of the row (single columns when Vp % 8 != 0 or the buffer is not 16-byte
-// aligned). Pass 1 keeps an online (max, sum of exp relative to that max) per thread in fp32 over
-// the first V columns, UNROLL vectors loaded at a time; the block combines these pairs (warp
+// aligned). Pass 1 keeps an online (max, sum of exp relative to that max) per thread over the
+// first V columns (the max fp32, the sum in double, as in the CPU twin: in fp32 the many tiny
+// terms of a peaked distribution would fall below half an ulp of a thread's running sum), UNROLL vectors loaded at a time; the block combines these pairs (warp
 // butterfly, then the warps in order: fixed, so deterministic, and every thread gets the same lse).
 // Pass 2 re-reads the row (a block's row was read a moment ago: up to ~100 KB per row and at most
 // 2 x 132 rows in flight, so it is served from the 50 MB L2) and writes the dlogits. The target
@@ -18,7 +19,8 @@
 // ---- Vocab-parallel cross-entropy (tensor parallelism): classifier_max, _sumexp, _target, _backward ----
 // The twins of the CPU ops of the same names (llmc/cpu/classifier.h has the math and how the caller
 // reduces between them). A rank holds ld columns of each logits row (global columns v0 .. v0 + ld), the
-// first n_real of them real tokens; the statistics are fp32 arrays of N. bf16 logits, fp32 math.
+// first n_real of them real tokens; the statistics are fp32 arrays of N. bf16 logits, fp32 math, except
+// the sums of exponentials (double, rounded once) and the loss ((max - x_t) + log(sum) in double).
 // Parallel decomposition: one warp per row (8 rows per block of 256 threads), except classifier_target
 // (one thread per row). A lane owns the 8-column groups lane, lane + 32, ... of the row's column range
 // (relative to its start) and visits them in increasing order, loading UNROLL groups ahead (16-byte loads
@@ -40,10 +42,10 @@ using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_co
 
 // (m, s) <- the pair for the union of two sets of logits, each given as (max, sum exp(x - max));
 // an empty set is (-inf, 0). Symmetric, so a butterfly gives every lane the same bits.
-__device__ inline void combine(float& m, float& s, float m2, float s2) {
+__device__ inline void combine(float& m, double& s, float m2, double s2) {
     const float mm = fmaxf(m, m2);
-    const float a = m == -INFINITY ? 0.0f : s * expf(m - mm);
-    const float b = m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mm);
+    const double a = m == -INFINITY ? 0.0 : s * (double)expf(m - mm);
+    const double b = m2 == -INFINITY ? 0.0 : s2 * (double)expf(m2 - mm);
     m = mm;
     s = a + b;
 }
@@ -54,14 +56,16 @@ template <int VEC, int UNROLL>
 __global__ void __launch_bounds__(MAX_THREADS, UNROLL == 1 ? 4 : 2)
     fused_classifier_kernel(floatX* logits, float* __restrict__ losses, const int* __restrict__ targets,
                             float dloss, int V, int Vp) {
-    __shared__ float warp_m[32], warp_s[32];
+    __shared__ float warp_m[32];
+    __shared__ double warp_s[32];
     floatX* x = logits + (size_t)blockIdx.x * Vp;
     const int tgt = targets[blockIdx.x];
     const float x_tgt = (threadIdx.x == 0 && tgt >= 0) ? __bfloat162float(x[tgt]) : 0.0f;
     const int step = VEC * blockDim.x;  // columns between a thread's consecutive vectors
 
     // pass 1: online max and sum of exp over this thread's columns < V
-    float m = -INFINITY, s = 0.0f;
+    float m = -INFINITY;
+    double s = 0.0;
     for (int c0 = VEC * threadIdx.x; c0 < V; c0 += UNROLL * step) {
         Packed<VEC> raw[UNROLL];
 #pragma unroll
@@ -77,7 +81,7 @@ __global__ void __launch_bounds__(MAX_THREADS, UNROLL == 1 ? 4 : 2)
             for (int i = 0; i < VEC; i++)
                 if (c + i < V) mx = fmaxf(mx, f[i]);
         }
-        s *= expf(m - mx);  // rescale to the new max (exp(-inf) = 0 for the empty start)
+        s *= (double)expf(m - mx);  // rescale to the new max (exp(-inf) = 0 for the empty start)
         m = mx;
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
@@ -92,7 +96,8 @@ __global__ void __launch_bounds__(MAX_THREADS, UNROLL == 1 ? 4 : 2)
     // block reduction of (m, s): butterfly in each warp, then the warps in order
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+        const double s2 = __shfl_xor_sync(0xffffffffu, s, o);
         combine(m, s, m2, s2);
     }
     if (threadIdx.x % 32 == 0) {
@@ -101,10 +106,10 @@ __global__ void __launch_bounds__(MAX_THREADS, UNROLL == 1 ? 4 : 2)
     }
     __syncthreads();  // also: every thread has read its logits (and thread 0 the target) from here on
     m = -INFINITY;
-    s = 0.0f;
+    s = 0.0;
     for (int w = 0; w < (int)blockDim.x / 32; w++) combine(m, s, warp_m[w], warp_s[w]);
-    const float lse = m + logf(s);
-    if (threadIdx.x == 0) losses[blockIdx.x] = tgt >= 0 ? lse - x_tgt : 0.0f;
+    const float lse = m + (float)log(s);
+    if (threadIdx.x == 0) losses[blockIdx.x] = tgt >= 0 ? (float)(((double)m - x_tgt) + log(s)) : 0.0f;
     if (dloss == 0.0f) return;
 
     // pass 2: dlogits in place (padded columns 0)
@@ -178,7 +183,7 @@ __device__ inline float warp_tree_max(float x) {
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_down_sync(0xffffffffu, x, o));
     return x;  // lane 0 holds the result
 }
-__device__ inline float warp_tree_sum(float x) {
+__device__ inline double warp_tree_sum(double x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
     return x;  // lane 0 holds the result
@@ -220,7 +225,7 @@ __global__ void __launch_bounds__(TP_WARPS * 32)
     if (n >= N) return;  // warp-uniform
     const floatX* x = logits + (size_t)n * ld;
     const float m = mx[n];
-    float s = 0.0f;
+    double s = 0.0;  // double: see fused_classifier_kernel
     for (int g0 = c0 + 8 * lane; g0 < c1; g0 += TP_UNROLL * 256) {
         float f[TP_UNROLL][8];
 #pragma unroll
@@ -238,7 +243,7 @@ __global__ void __launch_bounds__(TP_WARPS * 32)
                 if (g0 + u * 256 + i < c1) s += expf(f[u][i] - m);
     }
     s = warp_tree_sum(s);
-    if (lane == 0) sum[n] = s;
+    if (lane == 0) sum[n] = (float)s;
 }
 
 __global__ void classifier_target_kernel(float* __restrict__ tgt, const floatX* __restrict__ logits,
@@ -259,7 +264,7 @@ __global__ void __launch_bounds__(TP_WARPS * 32)
     if (n >= N) return;  // warp-uniform
     const int target = targets[n];
     const float lse = mx[n] + logf(sum[n]);
-    if (lane == 0) losses[n] = target < 0 ? 0.0f : lse - tgt[n];
+    if (lane == 0) losses[n] = target < 0 ? 0.0f : (float)(((double)mx[n] - tgt[n]) + log((double)sum[n]));
     if (dloss == 0.0f) return;
     const float d = target < 0 ? 0.0f : dloss;
     const int t = target < 0 ? -1 : target - v0;

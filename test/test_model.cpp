@@ -72,6 +72,43 @@ TEST_CASE("packing: the losses of a packed row equal its documents run one by on
     }
 }
 
+TEST_CASE("sampling: the context is the model's max_seq_len, not the training -t") {
+    // trained with B x T = 4 x 8 (32 tokens a micro-batch), max_seq_len 24: greedy sampling from a
+    // 6-token prompt for 30 tokens must equal greedy decoding with the last 24 tokens as context,
+    // which (the check below) differs from decoding with the last 8
+    GPTConfig c = small_config(MLP_GELU, POS_LEARNED, 4, 4);
+    c.max_seq_len = 24;
+    c.finalize();
+    const int n_new = 30, eot = 256;
+    GPT m, full;
+    gpt_allocate(m, c, 4, 8);
+    gpt_allocate(full, c, 1, c.max_seq_len);
+    for (GPT* g : {&m, &full}) {  // weights 10x the init's, so that the attention's reach matters
+        gpt_init_params(*g, 11);
+        for (size_t i = 0; i < g->zero.params_elems(); i++) g->params[i] *= 10.0f;
+    }
+    const std::vector<int> prompt = {17, 99, 3, 200, 45, 120};
+    Rng rng(5);
+    const std::vector<int> got = gpt_sample(m, prompt, n_new, 1.0f, 1, eot, rng);
+    auto greedy = [&](int ctx_len) {
+        std::vector<int> seq = prompt;
+        for (int i = 0; i < n_new; i++) {
+            const int T = std::min((int)seq.size(), ctx_len);
+            std::vector<int> ctx(seq.end() - T, seq.end()), ds(T);
+            compute_doc_start(ds.data(), ctx.data(), T, eot);
+            gpt_forward(full, ctx.data(), nullptr, ds.data(), 1, T);
+            std::vector<float> logits(full.ls.vocab);
+            copy_from_buffer(logits.data(), full.logits + (size_t)(T - 1) * full.ls.vocab, logits.size() * sizeof(float));
+            seq.push_back((int)(std::max_element(logits.begin(), logits.begin() + c.vocab_size) - logits.begin()));
+        }
+        return std::vector<int>(seq.begin() + prompt.size(), seq.end());
+    };
+    CHECK(got == greedy(c.max_seq_len));
+    CHECK_MESSAGE(greedy(8) != greedy(c.max_seq_len), "the prompt does not tell the two contexts apart");
+    gpt_free(m);
+    gpt_free(full);
+}
+
 TEST_CASE("a d2 model overfits a single batch") {
     Args args;
     const char* argv[] = {"x", "-e", "d2"};

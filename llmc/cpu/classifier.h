@@ -2,12 +2,21 @@
 // columns). Targets equal to -1 are ignored. losses[n] gets the per-token loss (0 when ignored);
 // when dloss != 0 the logits are overwritten in place with dloss * (softmax - onehot) (padded and
 // ignored positions get 0), so the probabilities are never stored separately.
+// Precision: the sum of exponentials is accumulated in double (at least) and the loss computed as
+// (max - x_t) + log(sum) in double. In fp32, on a peaked distribution over a GPT-2-sized vocabulary
+// most terms exp(x - max) fall below half an ulp of a running sum near 1 and are dropped: a loss
+// biased low by ~1e-5 relative and a first gradient ~3e-4 off. In double they are kept.
 // (Tensor parallelism splits this over the vocabulary: the four classifier_* ops below.)
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 namespace cpu {
+
+// the accumulator of a sum of exponentials: double for float (and bf16) values, else T
+template <typename T>
+using Wide = std::conditional_t<(sizeof(T) < sizeof(double)), double, T>;
 
 template <typename T>
 void fused_classifier(T* logits, T* losses, const int* targets, T dloss, int N, int V, int Vp) {
@@ -17,10 +26,10 @@ void fused_classifier(T* logits, T* losses, const int* targets, T dloss, int N, 
         const int tgt = targets[n];
         T mx = -INFINITY;
         for (int v = 0; v < V; v++) mx = std::max(mx, x[v]);
-        T sum = 0;
+        Wide<T> sum = 0;
         for (int v = 0; v < V; v++) sum += std::exp(x[v] - mx);
-        const T lse = mx + std::log(sum);
-        losses[n] = tgt < 0 ? T(0) : lse - x[tgt];
+        const T lse = mx + (T)std::log(sum);
+        losses[n] = tgt < 0 ? T(0) : (T)(((Wide<T>)mx - x[tgt]) + std::log(sum));
         if (dloss != T(0)) {
             const T d = tgt < 0 ? T(0) : dloss;
             for (int v = 0; v < V; v++) x[v] = d * (std::exp(x[v] - lse) - (v == tgt ? T(1) : T(0)));
@@ -44,8 +53,9 @@ void fused_classifier(T* logits, T* losses, const int* targets, T dloss, int N, 
 //      one non-zero term)
 //   4. classifier_backward  losses (every rank the same) and, when dloss != 0, the rank's dlogits in
 //      place (its padding columns 0).
-// Statistics (mx, sum, tgt, losses) are fp32 in both builds; one row per thread here, rows
-// independent, so the results do not depend on the thread count.
+// Statistics (mx, sum, tgt, losses) are fp32 in both builds; a chunk's sum is accumulated in double
+// and rounded once, the loss is (M - x_t) + log S in double (why: fused_classifier). One row per
+// thread here, rows independent, so the results do not depend on the thread count.
 
 // mx[n] = max of row n over columns [0, n_cols) (-INFINITY when n_cols == 0)
 template <typename T>
@@ -59,16 +69,16 @@ void classifier_max(float* mx, const T* logits, int N, int ld, int n_cols) {
     }
 }
 
-// sum[n] = sum over columns [c0, c1) of row n of exp(x - mx[n]), in increasing column order (0 when
-// c1 <= c0)
+// sum[n] = sum over columns [c0, c1) of row n of exp(x - mx[n]), in increasing column order in double,
+// rounded once (0 when c1 <= c0)
 template <typename T>
 void classifier_sumexp(float* sum, const T* logits, const float* mx, int N, int ld, int c0, int c1) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const T* x = logits + (size_t)n * ld;
-        float s = 0.0f;
+        double s = 0.0;
         for (int v = c0; v < c1; v++) s += std::exp((float)x[v] - mx[n]);
-        sum[n] = s;
+        sum[n] = (float)s;
     }
 }
 
@@ -83,8 +93,8 @@ void classifier_target(float* tgt, const T* logits, const int* targets, int N, i
     }
 }
 
-// mx, sum, tgt: the global statistics (after the reductions). losses[n] = lse - tgt[n] (0 for ignored
-// targets), lse = mx + log(sum). When dloss != 0 the logits are overwritten with the dlogits of the
+// mx, sum, tgt: the global statistics (after the reductions). losses[n] = (mx - tgt[n]) + log(sum) in
+// double (0 for ignored targets), lse = mx + log(sum). When dloss != 0 the logits are overwritten with the dlogits of the
 // rank's columns: d (exp(x - lse) - onehot) for columns [0, n_real), onehot at targets[n] - v0 when
 // that is one of them, d = dloss (0 for ignored targets); 0 for the padding columns [n_real, ld).
 template <typename T>
@@ -93,7 +103,7 @@ void classifier_backward(T* logits, float* losses, const float* mx, const float*
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float lse = mx[n] + std::log(sum[n]);
-        losses[n] = targets[n] < 0 ? 0.0f : lse - tgt[n];
+        losses[n] = targets[n] < 0 ? 0.0f : (float)(((double)mx[n] - tgt[n]) + std::log((double)sum[n]));
         if (dloss == 0.0f) continue;
         T* x = logits + (size_t)n * ld;
         const float d = targets[n] < 0 ? 0.0f : dloss;
