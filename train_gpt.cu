@@ -3590,6 +3590,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
                grad_accum, (long long)total_batch);
         if (n_stages > 1) print_pipeline(plan_inputs);
         print_memory_plan(plan_inputs);
+        print_data_memory(train_loader, have_val ? &val_loader : nullptr);
         printf("train: %zu shard(s)%s, val: %s\n", train_loader.shards.size(),
                first_shard.llmc_format ? " (llm.c GPT-2 format)" : "", have_val ? "yes" : "no");
         printf("tokenizer: %s\n", tokenizer.source.c_str());

@@ -42,16 +42,3 @@ struct Rng {
         return box_muller(a, next_u64(), mean, std);
     }
 };
-
-// Fisher-Yates shuffle of [0, n) with a fresh generator, so a permutation depends only on its seed.
-#include <vector>
-inline std::vector<int64_t> random_permutation(int64_t n, uint64_t seed) {
-    std::vector<int64_t> p(n);
-    for (int64_t i = 0; i < n; i++) p[i] = i;
-    Rng rng(seed);
-    for (int64_t i = n - 1; i > 0; i--) {
-        int64_t j = (int64_t)rng.below((uint64_t)i + 1);
-        int64_t t = p[i]; p[i] = p[j]; p[j] = t;
-    }
-    return p;
-}

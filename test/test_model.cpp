@@ -191,6 +191,151 @@ TEST_CASE("data loader: doc_start, epochs, rank slices, exact resume") {
     CHECK(got == expect_in);
 }
 
+// The loader before shards were mapped, kept as the reference for the token stream: the whole
+// shard read into ints, the row order a Fisher-Yates shuffle of the shard's rows at its first batch.
+struct WholeShardLoader {
+    std::vector<ShardInfo> shards;
+    int B, T, rank, world;
+    bool shuffle;
+    uint64_t seed;
+    int eot;
+    LoaderState state;
+    int64_t loaded_epoch = -1, loaded_shard = -1;
+    std::vector<int> tokens;
+    std::vector<int64_t> row_order;
+
+    WholeShardLoader(const DataLoader& like, int rank_, int world_)
+        : shards(like.shards), B(like.B), T(like.T), rank(rank_), world(world_), shuffle(like.shuffle),
+          seed(like.seed), eot(like.eot) {}
+    int64_t batches_in_shard(int64_t s) const { return (int64_t)((shards[s].num_tokens - 1) / T) / (int64_t)B; }
+    void load(int64_t epoch, int64_t shard) {
+        if (shard != loaded_shard) {
+            const ShardInfo& s = shards[shard];
+            FILE* f = fopen(s.path.c_str(), "rb");
+            REQUIRE(f);
+            fseek(f, s.header_bytes, SEEK_SET);
+            tokens.assign(s.num_tokens, 0);
+            for (int& t : tokens) REQUIRE(fread(&t, 1, s.token_bytes, f) == s.token_bytes);  // little-endian host
+            fclose(f);
+        }
+        if (shard != loaded_shard || epoch != loaded_epoch) {
+            const int64_t n = (int64_t)(shards[shard].num_tokens - 1) / T;
+            row_order.resize(n);
+            for (int64_t i = 0; i < n; i++) row_order[i] = i;
+            if (shuffle) {
+                Rng rng(seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(epoch + 1)) ^ ((uint64_t)shard << 32));
+                for (int64_t i = n - 1; i > 0; i--) std::swap(row_order[i], row_order[rng.below((uint64_t)i + 1)]);
+            }
+        }
+        loaded_epoch = epoch;
+        loaded_shard = shard;
+    }
+    void next_batch(int* inputs, int* targets, int* doc_start) {
+        for (int r = 0; r < world; r++) {
+            if (state.batch >= batches_in_shard(state.shard)) {
+                state.batch = 0;
+                if (++state.shard == (int64_t)shards.size()) { state.shard = 0; state.epoch++; }
+            }
+            if (r == rank) {
+                load(state.epoch, state.shard);
+                for (int b = 0; b < B; b++) {
+                    const int* src = tokens.data() + row_order[state.batch * B + b] * T;
+                    for (int t = 0; t < T; t++) {
+                        inputs[b * T + t] = src[t];
+                        targets[b * T + t] = src[t + 1];
+                    }
+                    compute_doc_start(doc_start + b * T, inputs + b * T, T, eot);
+                }
+            }
+            state.batch++;
+        }
+    }
+};
+
+TEST_CASE("data loader: the mapped shards serve the whole-shard reader's stream, byte for byte") {
+    const std::string dir = make_temp_dir();
+    // widths 2 and 4, row counts that do not divide into batches, a shard's last tokens in no row
+    write_shard(dir + "/s_000.bin", synthetic_tokens(1000, 1), 257, 256, 2);
+    write_shard(dir + "/s_001.bin", synthetic_tokens(1537, 2), 257, 256, 4);
+    write_shard(dir + "/s_002.bin", synthetic_tokens(700, 3), 257, 256, 2);
+    const int B = 3, T = 16;
+    for (bool shuffle : {false, true}) {
+        for (int world : {1, 3}) {
+            for (int rank = 0; rank < world; rank++) {
+                CAPTURE(shuffle);
+                CAPTURE(world);
+                CAPTURE(rank);
+                DataLoader dl(dir + "/s_*.bin", B, T, rank, world, shuffle, 42, 257, "--train");
+                WholeShardLoader ref(dl, rank, world);
+                const int64_t calls = (20 + 32 + 14) * 3 / world + 1;  // 3 epochs of micro-batches, into the 4th
+                std::vector<int> in(B * T), tgt(B * T), ds(B * T), want_in(B * T), want_tgt(B * T), want_ds(B * T);
+                int differ = 0;
+                LoaderState mid;
+                for (int64_t k = 0; k < calls; k++) {
+                    if (k == calls / 2) mid = dl.state;
+                    dl.next_batch(in.data(), tgt.data(), ds.data());
+                    ref.next_batch(want_in.data(), want_tgt.data(), want_ds.data());
+                    differ += in != want_in || tgt != want_tgt || ds != want_ds;
+                    // a shard's row order is complete before its first batch: no switch builds one
+                    if (shuffle && dl.state.batch == dl.batches_in_shard(dl.state.shard)) CHECK(dl.ahead.work_left() == 0);
+                }
+                CHECK(differ == 0);
+                CHECK(dl.state.epoch == 3);
+                // a reset to a position mid-shard (a resume) serves the same stream from there
+                dl.reset(mid);
+                ref.state = mid;
+                differ = 0;
+                for (int64_t k = calls / 2; k < calls; k++) {
+                    dl.next_batch(in.data(), tgt.data(), ds.data());
+                    ref.next_batch(want_in.data(), want_tgt.data(), want_ds.data());
+                    differ += in != want_in || tgt != want_tgt || ds != want_ds;
+                }
+                CHECK(differ == 0);
+            }
+        }
+    }
+    // the loader's host memory: two row orders of the largest shard, none unshuffled
+    DataLoader dl(dir + "/s_*.bin", B, T, 0, 1, true, 42, 257, "--train");
+    CHECK(dl.host_bytes() == 2 * (1536 / T) * sizeof(int64_t));
+    CHECK(DataLoader(dir + "/s_*.bin", B, T, 0, 1, false, 42, 257, "--val").host_bytes() == 0);
+}
+
+TEST_CASE("data loader: a bad token id stops the batch that holds it, naming the shard and the position") {
+    const std::string dir = make_temp_dir();
+    const int B = 2, T = 16;
+    auto served_before_error = [&](const std::string& path, const char* needle) {
+        DataLoader dl(path, B, T, 0, 1, false, 1, 257, "--train");
+        std::vector<int> in(B * T), tgt(B * T), ds(B * T);
+        int served = 0;
+        try {
+            for (; served < 1000; served++) dl.next_batch(in.data(), tgt.data(), ds.data());
+        } catch (const LlmcError& e) {
+            CHECK(std::string(e.what()).find(needle) != std::string::npos);
+            CAPTURE(e.what());
+        }
+        return served;
+    };
+    // token 777 is in row 48 only (tokens 768..784: the last target of row 47 is 768), the first
+    // row of micro-batch 24: 24 micro-batches are served, the 25th stops
+    std::vector<int> toks = synthetic_tokens(3000, 1);
+    toks[777] = 300;
+    write_shard(dir + "/a_000.bin", toks, 257, 256, 2);
+    CHECK(served_before_error(dir + "/a_*.bin", "a_000.bin: token 777 has id 300, but the model's vocab_size is 257") == 24);
+    // in 4-byte shards, ids past 2^31 too; as a target only: the last token of row 47 (its target 15)
+    toks[777] = synthetic_tokens(3000, 1)[777];
+    toks[768] = (int)0x80000001u;
+    write_shard(dir + "/b_000.bin", toks, 257, 256, 4);
+    CHECK(served_before_error(dir + "/b_*.bin", "b_000.bin: token 768 has id 2147483649, but the model's vocab_size is 257") == 23);
+    // a shard that changed between start-up and its mapping is refused, not read past its end
+    write_shard(dir + "/c_000.bin", synthetic_tokens(3000, 1));
+    DataLoader dl(dir + "/c_*.bin", B, T, 0, 1, true, 1, 257, "--train");
+    write_shard(dir + "/c_000.bin", synthetic_tokens(2000, 1), 257, 256, 2, "LLMCSHRD", 3000);
+    std::vector<int> in(B * T), tgt(B * T), ds(B * T);
+    CHECK_THROWS_WITH_AS(dl.next_batch(in.data(), tgt.data(), ds.data()),
+                         doctest::Contains("c_000.bin: the shard changed since start-up: it is 4064 bytes, its header said 6064"),
+                         LlmcError);
+}
+
 TEST_CASE("learning-rate schedules") {
     LRSchedule s;
     s.lr_max = 1.0f; s.final_frac = 0.1f; s.warmup = 10; s.max_steps = 110;
@@ -470,10 +615,12 @@ TEST_CASE("bad input: each a clear error") {
     write_shard(d + "/trunc_000.bin", synthetic_tokens(3000, 1), 257, 256, 2, "LLMCSHRD", 4000);
     fails_with(with(base, {"--train", d + "/trunc_*.bin"}), "truncated: header says 4000 tokens");
 
+    // ids are checked in the rows served (the position named: "data loader: a bad token id ..."):
+    // a bad one in every row, so the first micro-batch stops
     std::vector<int> big = synthetic_tokens(3000, 1);
-    big[1234] = 300;
+    for (size_t i = 5; i < big.size(); i += 16) big[i] = 300;
     write_shard(d + "/vocab_000.bin", big, 257);
-    fails_with(with(base, {"--train", d + "/vocab_*.bin"}), "token 1234 has id 300, but the model's vocab_size is 257");
+    fails_with(with(base, {"--train", d + "/vocab_*.bin"}), "has id 300, but the model's vocab_size is 257");
     write_shard(d + "/vocab2_000.bin", synthetic_tokens(3000, 1), 50257, 256);
     fails_with(with(base, {"--train", d + "/vocab2_*.bin"}), "shard vocab_size 50257 is larger than the model's vocab_size 257");
 
