@@ -3,7 +3,7 @@
 //
 //   fuzz_readers shard [--trials N] [--seed S]              shards (ours and llm.c's) through
 //                                                             DataLoader (header, size check,
-//                                                             token load, batches)
+//                                                             mapping, batches and their ids)
 //   fuzz_readers formats [--trials N] [--seed S]            llm.c model files (read_llmc_model)
 //                                                             and tokenizer files of both formats
 //                                                             (load_tokenizer_file + decode)
