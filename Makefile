@@ -38,10 +38,30 @@ NCCL_LIBS   := -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -Xlinker -rpath=$(NCCL_HO
 endif
 # nvcc passes -pthread / -Wl flags to the host compiler
 NVCC_MPI_LIBS := $(patsubst -Wl%,-Xlinker %,$(filter-out -pthread,$(MPI_LIBS)))
+# The CUDA flags of the last build (a stamp rewritten only when they change): a binary built with other
+# flags (GPU_ARCH, USE_MPI, NCCL_HOME, ...) is rebuilt, never shipped as if it were this build
+BUILD_FLAGS := dev/cuda/bin/.build_flags
+CUDA_FLAGS_NOW := $(NVCC) $(NVCCFLAGS) | $(MPI_CFLAGS) $(MPI_LIBS) | $(NCCL_CFLAGS) $(NCCL_LIBS)
+ifneq ($(NVCC),)
+ifneq ($(shell cat $(BUILD_FLAGS) 2>/dev/null),$(strip $(CUDA_FLAGS_NOW)))
+$(shell mkdir -p dev/cuda/bin && echo '$(strip $(CUDA_FLAGS_NOW))' > $(BUILD_FLAGS))
+endif
+endif
+# a trainer's nvcc with ptxas' report of every kernel, checked against dev/cuda/kernel_resources.txt
+# (registers, spills: scripts/kernel_resources.sh); ptxas' other output (warnings) is shown as usual
+define nvcc_checked
+@mkdir -p dev/cuda/bin
+@echo "$(1)"
+@$(1) --resource-usage 2> dev/cuda/bin/$(notdir $@).ptxas; rc=$$?; \
+	grep -vE '^ptxas info|^    [0-9]+ bytes stack frame' dev/cuda/bin/$(notdir $@).ptxas >&2; \
+	[ $$rc = 0 ] || exit $$rc
+@bash scripts/kernel_resources.sh dev/cuda/bin/$(notdir $@).ptxas
+endef
 # doctest's header: the system one, or a copy in .deps/ (the GPU machine has none; see
 # scripts/device_check.sh --prepare)
 DOCTEST_INC := $(if $(wildcard .deps/doctest/doctest.h),-I.deps,)
 
+.DELETE_ON_ERROR:
 .PHONY: all test test_gpu test_dist dev_cuda cuda_targets clean reference fuzz
 all: train_gpt_cpu train_gpt
 
@@ -54,27 +74,27 @@ ifeq ($(NVCC),)
 train_gpt test/test_gpu dev_cuda dev/cuda/bin/libllmc_attention.so:
 	@echo "$@: nvcc not found (install the CUDA toolkit or set NVCC=/path/to/nvcc); skipping the GPU build"
 else
-train_gpt: train_gpt.cu $(HEADERS)
-	$(NVCC) $(NVCCFLAGS) $(MPI_CFLAGS) $(NCCL_CFLAGS) train_gpt.cu $(CUDA_LIBS) $(NCCL_LIBS) $(NVCC_MPI_LIBS) -o $@
-	@echo "train_gpt: $(if $(NCCL_CFLAGS),with NCCL + MPI (multi-GPU),single GPU ($(if $(MPI_CFLAGS),no NCCL found,no MPI found)))"
+train_gpt: train_gpt.cu $(HEADERS) $(BUILD_FLAGS) dev/cuda/kernel_resources.txt
+	$(call nvcc_checked,$(NVCC) $(NVCCFLAGS) $(MPI_CFLAGS) $(NCCL_CFLAGS) train_gpt.cu $(CUDA_LIBS) $(NCCL_LIBS) $(NVCC_MPI_LIBS) -o $@)
+	@echo "train_gpt: $(if $(NCCL_CFLAGS),with NCCL + MPI (multi-GPU),single GPU ($(if $(MPI_CFLAGS),MPI without NCCL: one rank only; NCCL_HOME=/path/to/nccl for more,no MPI found)))"
 
 # GPU tests: every op vs its CPU twin, the CUDA trainer vs the CPU trainer (needs a GPU to run)
-test/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)
+test/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS) $(BUILD_FLAGS)
 	$(NVCC) $(NVCCFLAGS) $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
 
 # kernel benchmarks: dev/cuda/<name>.cu -> dev/cuda/bin/<name>
-dev/cuda/bin/%: dev/cuda/%.cu dev/cuda/common.cuh $(HEADERS)
+dev/cuda/bin/%: dev/cuda/%.cu dev/cuda/common.cuh $(HEADERS) $(BUILD_FLAGS)
 	@mkdir -p dev/cuda/bin
 	$(NVCC) $(NVCCFLAGS) $< $(CUDA_LIBS) -o $@
 dev_cuda: $(DEV_CUDA_BINS)
 
 # the single-GPU trainer as the GPU machine builds it (no MPI, no NCCL): compile check only
-dev/cuda/bin/train_gpt_single: train_gpt.cu $(HEADERS)
+dev/cuda/bin/train_gpt_single: train_gpt.cu $(HEADERS) $(BUILD_FLAGS) dev/cuda/kernel_resources.txt
 	@mkdir -p dev/cuda/bin
-	$(NVCC) $(NVCCFLAGS) train_gpt.cu $(CUDA_LIBS) -o $@
+	$(call nvcc_checked,$(NVCC) $(NVCCFLAGS) train_gpt.cu $(CUDA_LIBS) -o $@)
 
 # the attention ops as a shared library for scripts/bench_attention.py (ctypes; --lib PATH)
-dev/cuda/bin/libllmc_attention.so: dev/cuda/attention_lib.cu $(HEADERS)
+dev/cuda/bin/libllmc_attention.so: dev/cuda/attention_lib.cu $(HEADERS) $(BUILD_FLAGS)
 	@mkdir -p dev/cuda/bin
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -shared -DLLMC_ATTENTION_LIB $< -o $@
 endif

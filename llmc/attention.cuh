@@ -943,6 +943,8 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
     __shared__ float lse_s[2][FA_TILE], dlt_s[2][FA_TILE];
     __shared__ int ds_s[2][FA_TILE];  // doc_start of the tile's queries (0 past the end: masked by i < T)
     __shared__ int i_last_s;
+    __shared__ float slope_s[2];  // the step's ALiBi slope (x log2 e), written with its tiles: no
+                                  // registers held across the step for the head's slope (HS 128 spilled)
 
     const int b = blockIdx.z, kh = blockIdx.y;
     const int j0 = blockIdx.x * FA_TILE;  // the first key tiles see the most queries: scheduled first
@@ -983,6 +985,7 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
         } else {
             cp_async_4(&ds_s[buf][t], ds + ic + (ok ? t : 0), ok);
         }
+        if (tid == FA_THREADS - 1) slope_s[buf] = alibi_n_head > 0 ? alibi_slope_f(head0 + h, alibi_n_head) * LOG2E : 0.f;
     };
     load_step(0, 0);
     cp_async_commit();
@@ -995,10 +998,10 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
     __syncthreads();
 
     for (int u = 0; u < n_steps; u++) {
-        const int buf = u & 1, h = kh * group + u / n_qt, ic = j0 + (u % n_qt) * FA_TILE;
+        const int buf = u & 1, ic = j0 + (u % n_qt) * FA_TILE;
         if (u + 1 < n_steps) load_step(u + 1, buf ^ 1);
         cp_async_commit();
-        const float slope_log2 = alibi_n_head > 0 ? alibi_slope_f(head0 + h, alibi_n_head) * LOG2E : 0.f;
+        const float slope_log2 = slope_s[buf];
         const floatX* qt = q_s + buf * TILE;
         const floatX* dot = do_s + buf * TILE;
 #pragma unroll 1

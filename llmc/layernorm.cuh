@@ -140,13 +140,19 @@ __global__ void __launch_bounds__(FWD_MAX_X)
 // Rows [blockIdx.x * rows_per_block, + rows_per_block) of the backward; partials [gridDim.x][2][C].
 // Dynamic shared memory: 2 * blockDim.x * K * VEC floats when blockDim.y > 1 (the fold), else none.
 // A thread keeps w, dweight and dbias partials in fp32 (3 K VEC registers) and the row's dout, inp
-// and old dinp packed as bf16 while the row sums are formed.
-template <int VEC, int K>
+// and old dinp packed as bf16 while the row sums are formed. DINP false: dinp is null and only the
+// partials are formed (the zero-bubble pipeline's weight-gradient half); a template parameter, not a
+// run-time test, so that the full backward keeps its register count (a run-time `if (dinp)` costs
+// the 16-byte path 16-17 registers: 64 -> 80 at K 1, 104 -> 121 at K 2, and a block per SM).
+template <int VEC, int K, bool DINP>
 __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
     layernorm_backward_kernel(floatX* __restrict__ dinp, float* __restrict__ partials, const floatX* __restrict__ dout,
                               const floatX* __restrict__ inp, const floatX* __restrict__ weight,
                               const float* __restrict__ mean, const float* __restrict__ rstd, int N, int C,
                               int rows_per_block) {
+    // K 4 (the widest rows) cannot keep the packed row and the weights in registers beside the fp32
+    // partials (176 > 128 registers at VEC 8: it spilled): there each pass reads them (from L1/L2)
+    constexpr bool KEEP_ROW = K < 4;
     extern __shared__ float fold[];
     const int row_begin = blockIdx.x * rows_per_block;
     const int row_end = min(N, row_begin + rows_per_block);
@@ -154,7 +160,7 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int c = VEC * (threadIdx.x + k * blockDim.x);
-        if (c < C && dinp) load_bf16<VEC>(w[k], weight + c);  // weight serves dinp only
+        if (DINP && KEEP_ROW && c < C) load_bf16<VEC>(w[k], weight + c);  // weight serves dinp only
 #pragma unroll
         for (int i = 0; i < VEC; i++) dw[k][i] = db[k][i] = 0.0f;
     }
@@ -170,9 +176,10 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
         for (int k = 0; k < K; k++) {
             const int c = VEC * (threadIdx.x + k * blockDim.x);
             if (row_ok && c < C) {
+                if (DINP && !KEEP_ROW) load_bf16<VEC>(w[k], weight + c);
                 pd[k] = load_packed<VEC>(dout + off + c);
                 px[k] = load_packed<VEC>(inp + off + c);
-                if (dinp) pold[k] = load_packed<VEC>(dinp + off + c);  // issued before the barriers, used after
+                if (DINP && KEEP_ROW) pold[k] = load_packed<VEC>(dinp + off + c);  // issued before the barriers
                 float d[VEC], x[VEC];
                 unpack<VEC>(d, pd[k]);
                 unpack<VEC>(x, px[k]);
@@ -190,18 +197,24 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
         for (int k = 0; k < K; k++) {
             const int c = VEC * (threadIdx.x + k * blockDim.x);
             if (row_ok && c < C) {
+                if (!KEEP_ROW) {
+                    if (DINP) load_bf16<VEC>(w[k], weight + c);
+                    pd[k] = load_packed<VEC>(dout + off + c);
+                    px[k] = load_packed<VEC>(inp + off + c);
+                    if (DINP) pold[k] = load_packed<VEC>(dinp + off + c);
+                }
                 float d[VEC], x[VEC], old[VEC];
                 unpack<VEC>(d, pd[k]);
                 unpack<VEC>(x, px[k]);
-                if (dinp) unpack<VEC>(old, pold[k]);
+                if (DINP) unpack<VEC>(old, pold[k]);
 #pragma unroll
                 for (int i = 0; i < VEC; i++) {
                     const float xh = (x[i] - m) * s;
-                    if (dinp) old[i] += s * (d[i] * w[k][i] - mg - xh * mgx);
+                    if (DINP) old[i] += s * (d[i] * w[k][i] - mg - xh * mgx);
                     dw[k][i] += d[i] * xh;
                     db[k][i] += d[i];
                 }
-                if (dinp) store_bf16<VEC>(dinp + off + c, old);
+                if (DINP) store_bf16<VEC>(dinp + off + c, old);
             }
         }
     }
@@ -296,14 +309,19 @@ inline int sm_count() {
     return n;
 }
 
-inline const void* backward_kernel_for(const Shape& s) {  // (for the occupancy query)
+// The backward kernel for a shape (launched, and queried for its occupancy)
+template <bool DINP>
+inline const void* backward_kernel_for(const Shape& s) {
     const void* kernel = nullptr;
     with_pow2<1, 4>(s.k, [&](auto k) {
         constexpr int K = decltype(k)::value;
-        kernel = s.vec == 8 ? (const void*)layernorm_backward_kernel<8, K>
-                            : (const void*)layernorm_backward_kernel<1, K>;
+        kernel = s.vec == 8 ? (const void*)layernorm_backward_kernel<8, K, DINP>
+                            : (const void*)layernorm_backward_kernel<1, K, DINP>;
     });
     return kernel;
+}
+inline const void* backward_kernel_for(const Shape& s, bool dinp) {
+    return dinp ? backward_kernel_for<true>(s) : backward_kernel_for<false>(s);
 }
 
 // The backward's fixed partition: G blocks of rows_per_block rows (one resident wave).
@@ -312,13 +330,13 @@ struct BackwardGrid {
     size_t smem;
     int blocks, rows_per_block;
 };
-inline BackwardGrid backward_grid(int N, int C, bool vec) {
+inline BackwardGrid backward_grid(int N, int C, bool vec, bool dinp = true) {
     BackwardGrid g;
     g.shape = row_shape(C, vec, BWD_THREADS, vec ? BWD_MAX_X : 1024);
     const Shape& s = g.shape;
     g.smem = s.y > 1 ? 2 * (size_t)s.x * s.k * s.vec * sizeof(float) : 0;
     int per_sm = 0;
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, backward_kernel_for(s), s.x * s.y, g.smem));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, backward_kernel_for(s, dinp), s.x * s.y, g.smem));
     const int groups = std::max(1, ceil_div(N, s.y));  // blocks with at least one row each
     const int blocks = std::min(groups, sm_count() * std::max(1, per_sm));
     g.rows_per_block = ceil_div(std::max(N, 1), blocks);
@@ -389,22 +407,16 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
     using namespace layernorm_detail;
     if (N == 0 || C == 0) return;
     const bool vec = C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
-    const BackwardGrid g = backward_grid(N, C, vec);
+    const BackwardGrid g = backward_grid(N, C, vec, dinp != nullptr);
     const Shape& s = g.shape;
     LLMC_CHECK((size_t)g.blocks * 2 * C * sizeof(float) <= layernorm_scratch_bytes(N, C),
                "internal: layernorm_backward's grid of %d blocks exceeds the bound of llmc/op_scratch.h", g.blocks);
     float* partials = cuda_scratch<float>((size_t)g.blocks * 2 * C, "layernorm_backward");
-    const dim3 block(s.x, s.y);
-    cudaStream_t st = llmc_stream();
-    with_pow2<1, 4>(s.k, [&](auto k) {
-        constexpr int K = decltype(k)::value;
-        if (s.vec == 8)
-            layernorm_backward_kernel<8, K><<<g.blocks, block, g.smem, st>>>(dinp, partials, dout, inp, weight, mean,
-                                                                             rstd, N, C, g.rows_per_block);
-        else
-            layernorm_backward_kernel<1, K><<<g.blocks, block, g.smem, st>>>(dinp, partials, dout, inp, weight, mean,
-                                                                             rstd, N, C, g.rows_per_block);
-    });
+    using Kernel = void (*)(floatX*, float*, const floatX*, const floatX*, const floatX*, const float*, const float*,
+                            int, int, int);
+    const Kernel kernel = (Kernel)backward_kernel_for(s, dinp != nullptr);
+    kernel<<<g.blocks, dim3(s.x, s.y), g.smem, llmc_stream()>>>(dinp, partials, dout, inp, weight, mean, rstd, N, C,
+                                                                g.rows_per_block);
     cudaCheckLaunch();
     if (!dweight) return;  // the input gradient alone (the zero-bubble pipeline's B)
     layernorm_param_grad_kernel<<<dim3(ceil_div(C, 32), 2), dim3(32, 32), 0, llmc_stream()>>>(dweight, dbias, partials,

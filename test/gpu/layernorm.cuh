@@ -201,13 +201,15 @@ TEST_CASE("layernorm_backward: its grid's scratch is within the plan's bound (ll
     using namespace layernorm_detail;
     for (int C : {8, 37, 64, 256, 768, 1024, 2048, 4096, 8192, 16384})
         for (int N : {1, 7, 1000, 4096, 65536, 1 << 20})
-            for (bool vec : {false, true}) {
-                if (vec ? (C % 8 != 0 || C > 4 * 8 * BWD_MAX_X) : C > 4096) continue;
-                CAPTURE(C);
-                CAPTURE(N);
-                CAPTURE(vec);
-                const BackwardGrid g = backward_grid(N, C, vec);
-                CHECK(g.shape.x * g.shape.y > 128);  // the bound's premise
-                CHECK((size_t)g.blocks * 2 * C * sizeof(float) <= layernorm_scratch_bytes(N, C, sm_count()));
-            }
+            for (bool vec : {false, true})
+                for (bool dinp : {true, false}) {  // the full backward and the weight-gradient half
+                    if (vec ? (C % 8 != 0 || C > 4 * 8 * BWD_MAX_X) : C > 4096) continue;
+                    CAPTURE(C);
+                    CAPTURE(N);
+                    CAPTURE(vec);
+                    CAPTURE(dinp);
+                    const BackwardGrid g = backward_grid(N, C, vec, dinp);
+                    CHECK(g.shape.x * g.shape.y > 128);  // the bound's premise
+                    CHECK((size_t)g.blocks * 2 * C * sizeof(float) <= layernorm_scratch_bytes(N, C, sm_count()));
+                }
 }
