@@ -103,7 +103,7 @@ test_gpu: test/test_gpu
 	./test/test_gpu
 
 # every CUDA target; in CI (no GPU) this is the compile check
-cuda_targets: train_gpt test/test_gpu dev_cuda $(if $(NVCC),$(if $(MPI_CFLAGS),dev/cuda/bin/train_gpt_single))
+cuda_targets: train_gpt test/test_gpu dev_cuda $(if $(NVCC),dev/cuda/bin/libllmc_attention.so $(if $(MPI_CFLAGS),dev/cuda/bin/train_gpt_single))
 
 TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp test/test_moe.cpp \
                 test/test_hardening.cpp test/test_pipeline.cpp test/test_interop.cpp
@@ -124,6 +124,7 @@ test:
 	bash test/test_dist.sh
 	TOOLS_PYTHON=$(TOOLS_PYTHON) bash test/test_python.sh
 	./test/test_gpu
+	bash test/test_device_check.sh
 	$(MAKE) fuzz
 	@echo "make test: all CPU tests passed, fuzzing clean, CUDA targets compile"
 

@@ -2628,10 +2628,15 @@ static void check_memory_fits(const GPTConfig& c, int B, int T, int zero_stage, 
                               bool sp, int offload) {
     const MemoryEstimate e = gpt_memory_estimate(c, B, T, zero_stage, &pipe, recompute, 0, sizeof(floatX), 0, sp, 0, offload);
     std::string source, host_source;
-    const double avail = available_buffer_memory(source);
+    double avail = available_buffer_memory(source);
 #ifdef LLMC_CPU
     check_plan_fits(e, B, T, offload, true, avail, source, -1, host_source);
 #else
+    const Comm& w = comm_world();
+    if (avail > 0) {
+        avail -= device_headroom_bytes(w.dp.size, w.pp.size, w.tp.size, w.ep.size);
+        source += " less " + device_headroom_text(w.dp.size, w.pp.size, w.tp.size, w.ep.size);
+    }
     const double host_avail = available_host_memory(host_source);
     check_plan_fits(e, B, T, offload, false, avail, source, host_avail, host_source);
 #endif
@@ -3009,7 +3014,10 @@ static void print_pipeline(const PlanInputs& in) {
 // that fit per -r level; nothing is allocated.
 static void print_plan(const PlanInputs& in, bool max_fit) {
     std::string source = in.device_name, host_source = "host memory of the GPU machine: unknown, not checked";
-    const double avail = in.device_bytes > 0 ? in.device_bytes : available_buffer_memory(source), GiB = 1073741824.0;
+    double avail = in.device_bytes > 0 ? in.device_bytes : available_buffer_memory(source);
+    const double GiB = 1073741824.0;
+    const bool headroom = in.elem_bytes == 2 && avail > 0;  // a GPU's plan (the CUDA build, or --device)
+    if (headroom) avail -= device_headroom_bytes(in.dp, in.pipe.P, in.tp, in.ep);
     // --offload optimizer on the CUDA build: the host side is checked against this machine's host
     // memory; with --device it is reported (the GPU machine's host memory is not known here)
     const double host_avail = in.device_bytes > 0 ? -1 : available_host_memory(host_source);
@@ -3041,6 +3049,7 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
     printf("plan: %d process%s (pp %d x dp %d x tp %d%s), -z %d%s; available: %s %.2f GiB\n", procs, procs == 1 ? "" : "es",
            in.pipe.P, in.dp, in.tp, in.sp ? " + sp" : "", in.zero_stage,
            in.offload == OFFLOAD_OPTIMIZER ? ", --offload optimizer" : "", source.c_str(), avail / GiB);
+    if (headroom) printf("  available is after %s\n", device_headroom_text(in.dp, in.pipe.P, in.tp, in.ep).c_str());
     const bool host_line = in.offload == OFFLOAD_OPTIMIZER && in.host_apart();
     if (host_line) {
         if (host_avail > 0) printf("  host side: %s %.2f GiB\n", host_source.c_str(), host_avail / GiB);
@@ -3498,8 +3507,8 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         plan_inputs.pipe = pipeline_plan(config, B, T, n_stages, pp_virtual, plan_m, pp_kind, args.str("pp_layers"), 0);
         const std::string device = args.str("device");
         if (!device.empty()) {
-            // what cudaMemGetInfo reports on the device; the buffers must fit it (the op scratch and
-            // the cuBLASLt workspace, a few hundred MiB, are not in the plan yet)
+            // the free memory cudaMemGetInfo reports on that GPU (after the CUDA context); the plan's
+            // buffers and the headroom (llmc/op_scratch.h) must fit it
             LLMC_CHECK(device == "h200" || device == "h100", "--device: expected h200 or h100, got '%s'", device.c_str());
             plan_inputs.elem_bytes = 2;
             plan_inputs.device_bytes = (device == "h200" ? 139.8 : 79.1) * 1073741824.0;

@@ -40,7 +40,9 @@
 #endif
 #ifdef LLMC_NCCL
 #include <nccl.h>
-#include "cuda_common.cuh"
+#endif
+#if !defined(LLMC_CPU) && defined(LLMC_MPI)
+#include "cuda_common.cuh"  // the CUDA build under mpirun: each rank picks its GPU in comm_init
 #endif
 
 // what the byte counters are kept by
@@ -137,6 +139,29 @@ inline Comm& comm_init(int* argc, char*** argv) {
     mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &c.world_rank));
     mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &c.world_size));
     c.world.mpi = MPI_COMM_WORLD;
+#if !defined(LLMC_CPU) && !defined(LLMC_NCCL)
+    // a CUDA build with MPI but without NCCL would hand device pointers to MPI (which a build of MPI
+    // without CUDA support dereferences on the host): one rank only
+    LLMC_CHECK(c.world_size == 1,
+               "this CUDA build has MPI but no NCCL, so it cannot run as %d ranks: install NCCL (e.g. apt-get "
+               "install libnccl-dev, or pip install nvidia-nccl-cu12) and rebuild with make train_gpt "
+               "NCCL_HOME=/path/with/include/nccl.h+lib/libnccl.so, or run one process",
+               c.world_size);
+#endif
+#ifndef LLMC_CPU
+    if (c.world_size > 1) {
+        // one GPU per process, chosen from the node-local rank before anything touches a device (the
+        // first CUDA call of a process makes its context on the current device: GPU 0 for every rank)
+        MPI_Comm node;
+        mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c.world_rank, MPI_INFO_NULL, &node));
+        int local_rank = 0, n_dev = 0;
+        mpiCheck(MPI_Comm_rank(node, &local_rank));
+        MPI_Comm_free(&node);
+        cudaCheck(cudaGetDeviceCount(&n_dev));
+        LLMC_CHECK(n_dev > 0, "rank %d sees no GPU", c.world_rank);
+        cudaCheck(cudaSetDevice(local_rank % n_dev));
+    }
+#endif
 #else
     (void)argc;
     (void)argv;
@@ -197,16 +222,7 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1, int ep = 1) {
 #endif
 #ifdef LLMC_NCCL
     if (c.world_size > 1) {
-        int n_dev = 0;
-        cudaCheck(cudaGetDeviceCount(&n_dev));
-        LLMC_CHECK(n_dev > 0, "rank %d sees no GPU", c.world_rank);
-        // one GPU per process: ranks on a node take consecutive devices
-        MPI_Comm node;
-        mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c.world_rank, MPI_INFO_NULL, &node));
-        int local_rank = 0;
-        mpiCheck(MPI_Comm_rank(node, &local_rank));
-        MPI_Comm_free(&node);
-        cudaCheck(cudaSetDevice(local_rank % n_dev));
+        // (the process's GPU was chosen in comm_init)
         for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.ep, &c.edp})
             if (g->size > 1) nccl_group_init(*g);
         cudaCheck(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));

@@ -330,13 +330,13 @@ struct BackwardGrid {
     size_t smem;
     int blocks, rows_per_block;
 };
-inline BackwardGrid backward_grid(int N, int C, bool vec, bool dinp = true) {
+inline BackwardGrid backward_grid(int N, int C, bool vec) {
     BackwardGrid g;
     g.shape = row_shape(C, vec, BWD_THREADS, vec ? BWD_MAX_X : 1024);
     const Shape& s = g.shape;
     g.smem = s.y > 1 ? 2 * (size_t)s.x * s.k * s.vec * sizeof(float) : 0;
     int per_sm = 0;
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, backward_kernel_for(s, dinp), s.x * s.y, g.smem));
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, backward_kernel_for(s, true), s.x * s.y, g.smem));
     const int groups = std::max(1, ceil_div(N, s.y));  // blocks with at least one row each
     const int blocks = std::min(groups, sm_count() * std::max(1, per_sm));
     g.rows_per_block = ceil_div(std::max(N, 1), blocks);
@@ -407,7 +407,9 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
     using namespace layernorm_detail;
     if (N == 0 || C == 0) return;
     const bool vec = C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(weight);
-    const BackwardGrid g = backward_grid(N, C, vec, dinp != nullptr);
+    // one grid for both halves (the full kernel's occupancy): the weight-gradient half alone must sum
+    // its partials exactly as the full backward does (a layout moves bytes, not math)
+    const BackwardGrid g = backward_grid(N, C, vec);
     const Shape& s = g.shape;
     LLMC_CHECK((size_t)g.blocks * 2 * C * sizeof(float) <= layernorm_scratch_bytes(N, C),
                "internal: layernorm_backward's grid of %d blocks exceeds the bound of llmc/op_scratch.h", g.blocks);

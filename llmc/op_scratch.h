@@ -125,3 +125,33 @@ inline size_t op_scratch_bytes(int B, int T, int C, int n_head, int max_linear_o
                          matmul_batched_scratch_bytes(n_expert, expert_rows, C)});
     return need;
 }
+
+// ------------------------------------------------------------------------------------------------
+// Headroom: what a CUDA rank's device memory holds beyond the plan's buffers that no plan can count
+// exactly, kept free by the memory guard, --plan --device and --max_fit (and printed with them):
+//   modules   CUDA loads a kernel's module at its first launch (lazy loading, the default), and
+//             cuBLASLt its kernels and its handle's state: an allowance of 512 MiB
+//   NCCL      each communicator of more than one rank holds its channels' buffers (NCCL_BUFFSIZE,
+//             4 MiB by default, per channel, peer and protocol) and its proxy state: 256 MiB each
+// The CUDA context is not in it: it exists before the free memory is read (cudaMemGetInfo), and the
+// --device figures (h200, h100) are that free memory. The device check prints what a run really grew
+// by next to its plan ("memory after step 1"), the evidence these allowances are checked against.
+constexpr double HEADROOM_MODULES_BYTES = 512.0 * 1048576.0;
+constexpr double HEADROOM_NCCL_COMM_BYTES = 256.0 * 1048576.0;
+
+// the NCCL communicators of a rank of the grid pp x dp x tp (ep experts groups inside dp): the dp,
+// pp, tp, expert and expert-data-parallel groups that have more than one rank (the kv-head group of
+// --tp > n_kv_head is small and counted in the tp allowance)
+inline int nccl_communicators(int dp, int pp, int tp, int ep) {
+    return (dp > 1) + (pp > 1) + (tp > 1) + (ep > 1) + (ep > 1 && dp / ep > 1);
+}
+inline double device_headroom_bytes(int dp, int pp, int tp, int ep) {
+    return HEADROOM_MODULES_BYTES + nccl_communicators(dp, pp, tp, ep) * HEADROOM_NCCL_COMM_BYTES;
+}
+inline std::string device_headroom_text(int dp, int pp, int tp, int ep) {
+    const int n = nccl_communicators(dp, pp, tp, ep);
+    return strfmt("%.2f GiB kept free for what the plan cannot count (lazily loaded modules and cuBLASLt %.0f MiB%s)",
+                  device_headroom_bytes(dp, pp, tp, ep) / 1073741824.0, HEADROOM_MODULES_BYTES / 1048576.0,
+                  n > 0 ? strfmt(", NCCL %d communicator%s x %.0f MiB", n, n == 1 ? "" : "s",
+                                 HEADROOM_NCCL_COMM_BYTES / 1048576.0).c_str() : "");
+}

@@ -1,62 +1,70 @@
 #!/usr/bin/env bash
 # The whole GPU check in ONE call on a bare H200 machine (nvcc 13, PyTorch, compute-sanitizer; no
-# MPI, no doctest, no internet), essential steps first, in under 7 minutes of device time.
+# MPI, no NCCL package, no doctest, no internet), most valuable steps first.
 #
-#   on the CPU machine:  scripts/device_check.sh --prepare     (prints the carry list)
-#                        DRY_RUN=1 scripts/device_check.sh     (every step's command, budget, output)
-#   on the GPU machine:  scripts/device_check.sh               (carrying what --prepare printed)
+#   on the CPU machine:  scripts/device_check.sh --prepare     (builds and prints the carry list)
+#                        DRY_RUN=1 scripts/device_check.sh     (the plan: every step, its budget, the sums)
+#   on the GPU machine:  scripts/device_check.sh               (carrying what --prepare printed;
+#                        run timeout_s 480; ESSENTIAL_ONLY=1 for a second try: <= 330 s)
 #
-# Steps, in priority order (a step that cannot start inside the budget is reported as skipped):
-#   1. binaries: the ones --prepare built for sm_90 (.prebuilt/, checked against a hash of the
-#      sources and probed on a few small kernels); if they are stale or fail to start, make -j16
+# Steps in order of value. Each step's budget is its hard timeout (`timeout`), so the essential part
+# (1-6) ends within the sum of its budgets, <= 330 s with the carried binaries (DRY_RUN=1 checks it):
+# a failed or cut first call leaves time for a second in the same 15-minute window.
+#   1. binaries: the single-GPU build --prepare made (no MPI, no NCCL: neither exists there), probed
+#      for loading only (dynamic libraries resolve, `--help` / `--list-test-cases` exit 0); rebuilt
+#      with make -j16 only when one does not load, never because of a test result
 #   2. test_gpu: every kernel vs its CPU twin, the CUDA trainer vs the CPU trainer
-#   3. compute-sanitizer memcheck and racecheck on test_gpu -tc='sanitizer*' (small shapes of the
-#      attention, MoE and layernorm kernels)
-#   4. a short training run (d12, 32 x 1024 tokens per step, 30 steps; --val_batches computed from
-#      the val shard's size) and a short MoE run; checkpoints under /tmp, never under $OUT; then the
-#      memory plan vs the device memory a run takes, for d12, d24 and the largest --max_fit model at -r 2
-#   5. benchmarks, each under its own timeout: dev/cuda attention forward / backward, then
-#      scripts/bench_attention.py --quick (FlexAttention and SDPA, trimmed grid), then matmul and the
-#      other dev/cuda benchmarks
-#   6. the summary table, printed last
+#   3. compute-sanitizer memcheck and racecheck on test_gpu -tc='sanitizer*' (small shapes of every
+#      kernel family: attention incl. tensor-parallel head slices, layernorm, MoE, the classifier and
+#      its vocab-parallel ops, the encoder's vocab ranges, grad_accumulate, global norms, AdamW)
+#   4. a short d12 run (20 steps of 32 x 1024 tokens, one evaluation, a sample, a checkpoint under
+#      /tmp) and a short MoE run
+#   5. the layouts one GPU can run: -z 0 / 1 / 3, -r 2 and --offload optimizer on a d4 (6 steps
+#      each: the losses must agree)
+#   6. the dev/cuda attention forward / backward and matmul benchmarks (validation, then timings)
+#   then, optional, while the budget lasts (BUDGET, default 450 s):
+#   7. the memory plan next to the device memory a d24 run takes; bench_attention.py --quick
+#      (FlexAttention and SDPA, torch.compile per shape)
+#   8. the memory-limit run: the largest dN model --max_fit finds at -r 2 (~7e9 parameters
+#      initialised and uploaded: the riskiest and slowest step), then the other dev/cuda benchmarks
+#   9. the summary table, printed last
 # $OUT (default out/device_check) gets ONE combined log (device_check.log, every step's output,
-# each capped at 640 KiB: head and tail), summary.txt and the training runs' log.jsonl files:
-# at most 5 files, each well under 16 MiB. Full step logs stay in /tmp/device_check.
+# head and tail of each, at most LOG_TOTAL_CAP in all), summary.txt and the training runs'
+# log.jsonl files: at most 5 files, each under 16 MiB. Full step logs stay in /tmp/device_check.
+# Results go to dev/cuda/RESULTS.md (date, commit, the summary).
 #
-# Device-time estimate (script only; the machine's cold start and the transfers come on top):
-#   prebuilt binaries: info + hash + probe ~15 s (the probe is 2 small test cases). make -j16
-#     instead: measured on the 2-core CPU machine, test/test_gpu alone takes 88 s of nvcc (one TU:
-#     two copies of the trainer and every test) and train_gpt + all of dev/cuda + the attention
-#     library 85 s with -j2; with -j16 the targets build side by side, so ~90 s (the longest TU),
-#     i.e. carrying .prebuilt saves ~75 s
-#   test_gpu ~90 s: GPU work is milliseconds; the time is the CPU references, the largest being
-#     attention backward at T = 4096 (one thread per (row, kv head): 2-4 threads) ~20-40 s, the
-#     model tests' CPU trainer steps ~10 s, and host-side random data ~10 s
-#   memcheck ~30 s, racecheck ~45 s (small shapes; sanitizer start-up ~10 s each on a large binary)
-#   training ~45 s (start-up ~10 s, 30 steps at ~0.1-0.3 s, 2 evaluations, 64-token sample, a
-#     1.5 GB checkpoint written to /tmp) + MoE run ~25 s
-#   dev/cuda attention forward, backward: 25 + 25 s (cut by their timeouts if longer: they print as
-#     they go); bench_attention.py --quick gets the rest, ~45 s by these estimates, which reaches its
-#     first problems only (~15 s of torch.compile per shape; it prints each problem as it finishes);
-#     matmul and the other benchmarks only if the earlier steps were faster than estimated
-#   memory plan runs: d24 ~30 s, the largest --max_fit model at -r 2 ~90 s (init and upload of ~7 B
-#     parameters, two steps)
-#   total: essential part (1-4) ~370 s with .prebuilt (~450 s rebuilding), everything <= BUDGET = 400 s
-#   < 7 minutes.
-# Budgets are hard: every step runs under `timeout` clipped to what is left of BUDGET.
+# Device-time estimates (EST below; the cold start and the transfers come on top): the binaries'
+# probe ~5 s; make -j16 instead ~90 s (the longest TU, test_gpu, ~90 s of nvcc); test_gpu ~70 s
+# (GPU work is milliseconds: the time is the CPU references, OpenMP on 16 cores); memcheck ~25 s,
+# racecheck ~35 s (small shapes; ~10 s of sanitizer start-up each); d12 ~35 s (start-up, 20 steps
+# at 0.1-0.3 s, evaluation, sample, a 1.5 GB checkpoint) + MoE ~15 s; the five d4 runs ~6 s each;
+# the three benchmarks ~10 s each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PREBUILT=.prebuilt
 DATA_DIR=data/fortunes
 CARRY='[".deps", "data/fortunes", ".prebuilt"]'
-LOG_CAP=$((640 * 1024))  # bytes of one step's output in the combined log (head + tail)
-MAX_STEPS_IN_LOG=20      # steps this script can run (with every bench): 20 x 640 KiB = 12.5 MiB < 16 MiB
+ESSENTIAL_LIMIT=330                   # seconds: the sum of the essential steps' budgets may not exceed it
+LOG_CAP=$((512 * 1024))               # bytes of one step's output in the combined log (head + tail)
+LOG_TOTAL_CAP=$((15 * 1024 * 1024))   # bytes of the combined log in all (what comes back: < 16 MiB a file)
 
-# the sources the binaries are built from: a stale prebuilt binary is never used
-sources_hash() {
-    cat Makefile train_gpt.cu llmc/*.h llmc/*.cuh llmc/cpu/*.h test/test_gpu.cu test/gpu/*.cuh \
-        dev/cuda/*.cu dev/cuda/*.cuh | sha1sum | cut -d' ' -f1
+# the carried binaries: name in $PREBUILT <- what make builds (the trainer is the single-GPU build)
+PREBUILT_FROM=("train_gpt:dev/cuda/bin/train_gpt_single" "test_gpu:test/test_gpu"
+               "libllmc_attention.so:dev/cuda/bin/libllmc_attention.so")
+MAKE_TARGETS="dev/cuda/bin/train_gpt_single test/test_gpu dev_cuda dev/cuda/bin/libllmc_attention.so"
+
+# the carried binaries' dynamic dependencies that the GPU machine cannot satisfy (it has no MPI and
+# no NCCL library of its own): prints the offending NEEDED entries, fails if there is one
+check_no_mpi_nccl() {  # files...
+    local f bad=0
+    for f in "$@"; do
+        if readelf -d "$f" 2>/dev/null | grep -E 'NEEDED.*(libmpi|libnccl|libopen-)'; then
+            echo "$f: needs MPI or NCCL, which the GPU machine does not have"
+            bad=1
+        fi
+    done
+    return $bad
 }
 
 # ------------------------------------------------------------------------------------------------
@@ -66,29 +74,39 @@ if [ "${1:-}" = "--prepare" ]; then
     set -e
     mkdir -p .deps/doctest
     cp /usr/include/doctest/doctest.h .deps/doctest/
-    [ -f "$DATA_DIR/fortunes_val_000.bin" ] ||
-        python3 dev/data/prepare_text.py /usr/share/games/fortunes --sep percent --out_dir "$DATA_DIR"
+    if [ ! -f "$DATA_DIR/fortunes_val_000.bin" ]; then
+        if [ -d /usr/share/games/fortunes ]; then
+            python3 dev/data/prepare_text.py /usr/share/games/fortunes --sep percent --out_dir "$DATA_DIR"
+        else
+            echo "no /usr/share/games/fortunes (apt-get install fortunes): the device makes shards from Python's sources"
+        fi
+    fi
     if [ "${PREPARE_NO_BUILD:-0}" != 1 ]; then
-        echo "building the sm_90 binaries (make, as many jobs as cores)..."
-        make -j"$(nproc)" GPU_ARCH=sm_90 train_gpt test/test_gpu dev_cuda dev/cuda/bin/libllmc_attention.so
+        echo "building the sm_90 binaries (make rebuilds whatever was built with other flags)..."
+        # shellcheck disable=SC2086
+        make -j"$(nproc)" GPU_ARCH=sm_90 $MAKE_TARGETS
         rm -rf "$PREBUILT"
         mkdir -p "$PREBUILT/bin"
-        cp train_gpt test/test_gpu "$PREBUILT/"
-        cp dev/cuda/bin/libllmc_attention.so "$PREBUILT/"
-        for b in dev/cuda/bin/*; do [ "$(basename "$b")" = libllmc_attention.so ] || cp "$b" "$PREBUILT/bin/"; done
+        for pair in "${PREBUILT_FROM[@]}"; do cp "${pair#*:}" "$PREBUILT/${pair%%:*}"; done
+        for b in dev/cuda/bin/*; do
+            case "$(basename "$b")" in libllmc_attention.so | train_gpt_single | *.ptxas | .*) ;; *) cp "$b" "$PREBUILT/bin/" ;; esac
+        done
         # strip the host symbols (the device code is untouched): the carry limit is 64 MiB
-        strip "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT"/bin/* 2>/dev/null || true
-        sources_hash > "$PREBUILT/SOURCES.sha1"
+        strip "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT"/bin/*
+        check_no_mpi_nccl "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT/libllmc_attention.so" "$PREBUILT"/bin/*
         git rev-parse --short HEAD > "$PREBUILT/COMMIT" 2>/dev/null || true
     fi
     echo
-    du -sh .deps "$DATA_DIR" "$PREBUILT" 2>/dev/null
-    total=$(du -scb .deps "$DATA_DIR" "$PREBUILT" 2>/dev/null | tail -1 | cut -f1)
+    carried=()
+    for d in .deps "$DATA_DIR" "$PREBUILT"; do [ -e "$d" ] && carried+=("$d"); done
+    du -sh "${carried[@]}"
+    total=$(du -scb "${carried[@]}" | tail -1 | cut -f1)
     echo "carry total: $((total / 1024 / 1024)) MiB (limit 64 MiB)"
     [ "$total" -lt $((64 * 1024 * 1024)) ] || { echo "too large to carry"; exit 1; }
     echo
     echo "carry: $CARRY"
-    echo "call:  scripts/device_check.sh   (timeout_s 460; the script keeps itself within BUDGET=400 s)"
+    echo "call:  scripts/device_check.sh   (timeout_s 480; the script keeps itself within BUDGET=450 s;"
+    echo "       a second try: ESSENTIAL_ONLY=1 scripts/device_check.sh, timeout_s 360)"
     exit 0
 fi
 
@@ -96,8 +114,10 @@ fi
 # the run (DRY_RUN=1: on the CPU machine, print the plan; GPU steps are not executed)
 
 DRY_RUN=${DRY_RUN:-0}
+ESSENTIAL_ONLY=${ESSENTIAL_ONLY:-0}
 OUT=${OUT:-out/device_check}
-BUDGET=${BUDGET:-400}
+BUDGET=${BUDGET:-450}
+[ "$ESSENTIAL_ONLY" = 1 ] && BUDGET=$ESSENTIAL_LIMIT
 WORK=/tmp/device_check  # full step logs and the training runs' out_dir: outside $OUT
 rm -rf "$WORK"
 mkdir -p "$OUT" "$WORK"
@@ -108,52 +128,62 @@ export PATH=/usr/local/cuda/bin:$PATH
 export LLMC_REQUIRE_GPU=1  # test_gpu fails (instead of skipping) when it sees no GPU
 START=$(date +%s)
 # the dry run has no real durations: its clock advances by each step's estimate (EST, seconds; the
-# limit where none is given), so the plan shows which steps the budget would reach
-declare -A EST=([probe_prebuilt]=10 [build]=90 [test_gpu]=90 [memcheck]=30 [racecheck]=45 [train_d12]=45
-                [train_moe]=25 [bench_attention_torch]=110 [bench_attention_forward]=25
-                [bench_attention_backward]=25 [bench_matmul]=20 [train_z0]=8 [train_z1]=8 [train_z3]=8
-                [train_offload]=8 [mem_d24]=30 [mem_maxfit_r2]=90)
+# budget where none is given), so the plan shows which steps the budget would reach
+declare -A EST=([probe]=5 [build]=90 [test_gpu]=70 [memcheck]=25 [racecheck]=35 [train_d12]=35 [train_moe]=15
+                [train_z0]=6 [train_z1]=6 [train_z3]=6 [train_r2]=6 [train_offload]=6
+                [bench_attention_forward]=10 [bench_attention_backward]=10 [bench_matmul]=10
+                [mem_d24]=25 [bench_attention_torch]=90 [maxfit_query]=3 [mem_maxfit_r2]=90)
 DRY_CLOCK=0
+PHASE=essential
+ESSENTIAL_BUDGET_SUM=0
 now() { echo $(($(date +%s) + DRY_CLOCK)); }
 declare -a TABLE
 say() { echo "$*" | tee -a "$LOG"; }
 [ "$DRY_RUN" = 1 ] && say "=== DRY RUN: commands are printed, not executed (GPU steps stubbed) ==="
 
-# the step's output into the combined log: whole if small, else its head and tail
+# the step's output into the combined log: whole if small, else its head and tail; never past
+# LOG_TOTAL_CAP in all, however many steps there are
 append_capped() {  # file
-    local size
+    local size used cap
     size=$(stat -c %s "$1")
-    if [ "$size" -le "$LOG_CAP" ]; then
+    used=$(stat -c %s "$LOG")
+    cap=$((LOG_TOTAL_CAP - used - 4096))
+    [ "$cap" -gt "$LOG_CAP" ] && cap=$LOG_CAP
+    if [ "$cap" -le 0 ]; then
+        printf '[... step log not copied: the combined log is full; full log in %s on the device ...]\n' "$1" >> "$LOG"
+    elif [ "$size" -le "$cap" ]; then
         cat "$1" >> "$LOG"
     else
-        head -c $((LOG_CAP / 2)) "$1" >> "$LOG"
-        printf '\n[... %d bytes cut: full log in %s on the device ...]\n' $((size - LOG_CAP)) "$1" >> "$LOG"
-        tail -c $((LOG_CAP / 2)) "$1" >> "$LOG"
+        head -c $((cap / 2)) "$1" >> "$LOG"
+        printf '\n[... %d bytes cut: full log in %s on the device ...]\n' $((size - cap)) "$1" >> "$LOG"
+        tail -c $((cap / 2)) "$1" >> "$LOG"
     fi
 }
 
-# run_step NAME BUDGET_S NOTE_FN COMMAND...: runs COMMAND under timeout (clipped to what is left of
-# BUDGET), its output to $WORK/NAME.log and, capped, the combined log; one row of the table.
-# NOTE_FN (or -) extracts the numbers for the table from the step's log.
+# run_step NAME BUDGET_S NOTE_FN COMMAND...: runs COMMAND under timeout (its budget, clipped to what
+# is left of BUDGET), its output to $WORK/NAME.log and, capped, the combined log; one row of the
+# table. NOTE_FN (or -) extracts the numbers for the table from the step's log. Every command's
+# stdout and stderr go to the step's log: nothing is hidden.
 run_step() {
     local name=$1 limit=$2 note_fn=$3
     shift 3
     local step_log="$WORK/$name.log" t0 left rc dt note=""
+    [ "$PHASE" = essential ] && ESSENTIAL_BUDGET_SUM=$((ESSENTIAL_BUDGET_SUM + limit))
     t0=$(now)
     left=$((BUDGET - (t0 - START)))
-    if [ "$left" -lt 15 ]; then
-        TABLE+=("$(printf '%-24s %-10s %5s %5ss  %s' "$name" skipped - "$limit" "out of time budget")")
-        say "=== $name: skipped (${left}s of the budget left)"
+    if [ "$left" -lt 10 ] || { [ "$PHASE" != essential ] && [ "$ESSENTIAL_ONLY" = 1 ]; }; then
+        TABLE+=("$(printf '%-26s %-10s %5s %5ss  %s' "$name" skipped - "$limit" "$PHASE; ${left}s of the budget left")")
+        say "=== $name: skipped ($PHASE, ${left}s of the budget left)"
         return 1
     fi
     [ "$limit" -gt "$left" ] && limit=$left
     say ""
-    say "=== $name (timeout ${limit}s; output: $LOG section '$name', full: $step_log)"
+    say "=== $name ($PHASE, budget ${limit}s, starts at $((t0 - START))s; output: $LOG section '$name', full: $step_log)"
     say "\$ $*"
     if [ "$DRY_RUN" = 1 ]; then
-        local est=${EST[$name]:-15}
+        local est=${EST[$name]:-$limit}
         [ "$est" -gt "$limit" ] && est=$limit
-        echo "DRY RUN: not executed (starts at ~$((t0 - START)) s, estimate ${est} s)" > "$step_log"
+        echo "DRY RUN: not executed (estimate ${est} s of its ${limit} s)" > "$step_log"
         DRY_CLOCK=$((DRY_CLOCK + est))
         rc=0
     else
@@ -163,13 +193,13 @@ run_step() {
     dt=$(($(now) - t0))
     append_capped "$step_log"
     tail -n 4 "$step_log"
-    [ "$note_fn" != - ] && [ "$DRY_RUN" != 1 ] && note=$($note_fn "$step_log" 2>/dev/null | head -c 150)
+    [ "$note_fn" != - ] && [ "$DRY_RUN" != 1 ] && note=$($note_fn "$step_log" 2>&1 | head -c 150)
     local status=ok
     [ "$rc" -ne 0 ] && status="FAIL:$rc"
     [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && status="TIMEOUT"
     [ "$DRY_RUN" = 1 ] && status="dry-run"
     say "=== $name: $status in ${dt}s"
-    TABLE+=("$(printf '%-24s %-10s %4ss %5ss  %s' "$name" "$status" "$dt" "$limit" "$note")")
+    TABLE+=("$(printf '%-26s %-10s %4ss %5ss  %s' "$name" "$status" "$dt" "$limit" "$note")")
     return "$rc"
 }
 
@@ -183,6 +213,7 @@ note_train() {
 note_bench_attention() { grep -E "PASS|MISS|VALIDATION|all validations" "$1" | sed -E 's/ +/ /g' | paste -sd';'; }
 note_mem() { grep -E "^memory after step 1" "$1" | sed -E 's/.*grown by ([0-9.]+) MiB.*plan: ([0-9.]+) MiB.*/grown \1 MiB, plan \2 MiB/'; }
 note_bench() { grep -ciE "mismatch|fail" "$1" | sed 's/^/mismatch lines: /'; }
+note_probe() { grep -E "^probe:" "$1" | tail -1; }
 
 # ------------------------------------------------------------------------------------------------
 # 0. the machine
@@ -196,40 +227,60 @@ else
 fi
 
 # ------------------------------------------------------------------------------------------------
-# 1. binaries: prebuilt (if fresh and they start) or built here
+# 1. binaries: the carried ones if they load, else built here
 
-TRAIN=./train_gpt TEST=./test/test_gpu BENCH_DIR=dev/cuda/bin LIB=dev/cuda/bin/libllmc_attention.so
-PROBE_TC='sanitizer: layernorm*,sanitizer: attention*'  # a few small kernels, flash ones included
-use_prebuilt=0
-if [ -f "$PREBUILT/SOURCES.sha1" ] && [ "$(cat "$PREBUILT/SOURCES.sha1")" = "$(sources_hash)" ]; then
-    use_prebuilt=1
-    say "prebuilt binaries in $PREBUILT match the sources"
-else
-    say "no prebuilt binaries for these sources: building"
-fi
-if [ "$use_prebuilt" = 1 ]; then
-    if run_step probe_prebuilt 60 note_doctest "$PREBUILT/test_gpu" -tc="$PROBE_TC"; then
+# every carried binary loads: its libraries resolve (if only the CUDA libraries' folder is missing
+# from the loader's path, it is added), the trainer answers --help, test_gpu lists its test cases
+probe_binaries() {  # dir
+    local dir=$1 f missing
+    [ -f "$dir/train_gpt" ] && [ -f "$dir/test_gpu" ] || { echo "probe: no binaries in $dir"; return 1; }
+    for f in "$dir/train_gpt" "$dir/test_gpu" "$dir/libllmc_attention.so" "$dir"/bin/*; do
+        [ -e "$f" ] || continue
+        missing=$(ldd "$f" 2>&1 | grep -E "not found|not a dynamic" || true)
+        if [ -n "$missing" ]; then echo "probe: $f: $missing"; return 1; fi
+    done
+    check_no_mpi_nccl "$dir/train_gpt" "$dir/test_gpu" || return 1
+    "$dir/train_gpt" --help > /dev/null || { echo "probe: $dir/train_gpt --help failed"; return 1; }
+    "$dir/test_gpu" --list-test-cases > /dev/null || { echo "probe: $dir/test_gpu --list-test-cases failed"; return 1; }
+    echo "probe: every binary in $dir loads"
+}
+cuda_lib_path() {
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+             "$(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null)"; do
+        [ -d "$d" ] && printf '%s:' "$d"
+    done
+}
+
+TRAIN=dev/cuda/bin/train_gpt_single TEST=./test/test_gpu BENCH_DIR=dev/cuda/bin LIB=dev/cuda/bin/libllmc_attention.so
+if [ -d "$PREBUILT" ] || [ "$DRY_RUN" = 1 ]; then
+    if [ "$DRY_RUN" != 1 ] && ! probe_binaries "$PREBUILT" > /dev/null 2>&1; then
+        export LD_LIBRARY_PATH="$(cuda_lib_path)${LD_LIBRARY_PATH:-}"
+        say "the carried binaries do not all load as they are: retrying with LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    fi
+    if run_step probe 15 note_probe probe_binaries "$PREBUILT"; then
         TRAIN=$PREBUILT/train_gpt TEST=$PREBUILT/test_gpu BENCH_DIR=$PREBUILT/bin LIB=$PREBUILT/libllmc_attention.so
-    else
-        say "the prebuilt test_gpu did not start or failed its probe: rebuilding"
-        use_prebuilt=0
+        PREBUILT_OK=1
     fi
 fi
-if [ "$use_prebuilt" = 0 ]; then
+if [ "${PREBUILT_OK:-0}" != 1 ]; then
+    say "no carried binaries that load: building them here (not part of the essential budget)"
     # without the doctest header test_gpu cannot build: say so instead of failing obscurely
     [ -f .deps/doctest/doctest.h ] || [ -f /usr/include/doctest/doctest.h ] ||
         say "WARNING: no doctest header (.deps/doctest/doctest.h): carry .deps (scripts/device_check.sh --prepare)"
-    run_step build 240 - make -j16 GPU_ARCH=sm_90 NVCC=nvcc train_gpt test/test_gpu dev_cuda \
-        dev/cuda/bin/libllmc_attention.so
+    PHASE=build
+    # shellcheck disable=SC2086
+    run_step build 150 - make -j16 GPU_ARCH=sm_90 NVCC=nvcc USE_MPI=0 $MAKE_TARGETS
+    PHASE=essential
 fi
 
 # ------------------------------------------------------------------------------------------------
 # 2. all GPU tests, 3. sanitizers on small shapes
 
-run_step test_gpu 180 note_doctest "$TEST"
-run_step memcheck 60 note_sanitizer compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+run_step test_gpu 90 note_doctest "$TEST"
+run_step memcheck 30 note_sanitizer compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
     "$TEST" -tc='sanitizer*'
-run_step racecheck 75 note_sanitizer compute-sanitizer --tool racecheck --error-exitcode 9 --print-limit 20 \
+run_step racecheck 40 note_sanitizer compute-sanitizer --tool racecheck --error-exitcode 9 --print-limit 20 \
     "$TEST" -tc='sanitizer*'
 
 # ------------------------------------------------------------------------------------------------
@@ -247,81 +298,100 @@ fi
 # (num_tokens: uint64 at byte 16 of the 64-byte header)
 val_batches_of() {  # shard B T
     local n
-    n=$(od -An -t u8 -j 16 -N 8 "$1" | tr -d ' ')
+    n=$(od -An -t u8 -j 16 -N 8 "$1" 2>/dev/null | tr -d ' ')
+    [ -n "$n" ] || n=1
     echo $((((n - 1) / $3) / $2))
 }
 avail=$(val_batches_of "${DATA}_val_000.bin" $B $T)
-VALB=$((avail < 4 ? avail : 4))
+VALB=$((avail < 2 ? avail : 2))
 say "val shard ${DATA}_val_000.bin: $avail batches of ${B}x${T}: --val_batches $VALB"
 VAL_ARGS=(--val "${DATA}_val_*.bin" --val_batches "$VALB")
 [ "$VALB" -ge 1 ] || VAL_ARGS=(--val '')
-run_step train_d12 90 note_train "$TRAIN" --train "${DATA}_train_*.bin" "${VAL_ARGS[@]}" --out_dir "$WORK/train_d12" \
-    -e d12 -b $B -t $T --max_steps 30 --warmup 10 --val_every 15 --sample_len 64
+run_step train_d12 40 note_train "$TRAIN" --train "${DATA}_train_*.bin" "${VAL_ARGS[@]}" --out_dir "$WORK/train_d12" \
+    -e d12 -b $B -t $T --max_steps 20 --warmup 5 --val_every 20 --sample_len 32
 avail_moe=$(val_batches_of "${DATA}_val_000.bin" 16 $T)
-run_step train_moe 60 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val "${DATA}_val_*.bin" \
-    --val_batches $((avail_moe < 2 ? avail_moe : 2)) --out_dir "$WORK/train_moe" -e d8 --n_expert 8 --moe_every 2 \
-    --capacity_factor 1.25 -b 16 -t $T --max_steps 20 --warmup 5 --val_every 10 --sample_len 0
-# the memory plan next to what the device gave out ("memory after step 1": grown by X MiB since before
-# the model, plan Y MiB): d12 from train_d12 above, d24, and the largest dN model that --max_fit finds
-# at -r 2 in this GPU's free memory (-b 8 -t 1024; no checkpoint: the largest is ~80 GB of fp32 state)
-run_step mem_d24 45 note_mem "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/mem_d24" \
-    -e d24 -b 8 -t $T --max_steps 2 --warmup 1 --sample_len 0 --ckpt_every -1
-MAXFIT_N=12
-if [ "$DRY_RUN" != 1 ]; then
-    MAXFIT_N=$("$TRAIN" --plan --max_fit -e d12 -b 8 -t $T 2>/dev/null |
-               sed -nE 's/.*-r 2: .*largest dN model at -b 8 is d([0-9]+).*/\1/p' | head -1)
-    say "--max_fit at -r 2 on this GPU: d${MAXFIT_N:-?}"
-fi
-[ -n "$MAXFIT_N" ] && run_step mem_maxfit_r2 120 note_mem "$TRAIN" --train "${DATA}_train_*.bin" --val '' \
-    --out_dir "$WORK/mem_maxfit_r2" -e "d$MAXFIT_N" -b 8 -t $T -r 2 --max_steps 2 --warmup 1 --sample_len 0 --ckpt_every -1
-# ZeRO code paths on one GPU (no MPI on the device machine: one rank, so -z only changes buffer
-# layouts and the update pieces): 6 steps each with -z 0, 1 and 3; the losses must be the same
-for zs in 0 1 3; do
-    run_step "train_z$zs" 20 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_z$zs" \
-        -e d4 -b 8 -t 256 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 -z $zs
-done
-# full activation recomputation: the same losses as -z 0 above (bitwise: the same kernels on the
-# same inputs), and the plan next to the measured device memory ("memory after step 1")
-run_step train_r2 15 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_r2" \
-    -e d4 -b 8 -t 256 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 -r 2
-# optimizer offload (AdamW on the host, llmc/offload.h): the same losses as -z 0 above (the host step
-# reproduces the kernel's bits but for denormals), the host arenas next to their plan
-run_step train_offload 15 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_offload" \
-    -e d4 -b 8 -t 256 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 --offload optimizer
+run_step train_moe 20 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_moe" \
+    -e d8 --n_expert 8 --moe_every 2 --capacity_factor 1.25 -b 16 -t $T --max_steps 10 --warmup 3 --sample_len 0 \
+    --ckpt_every -1
+
+# ------------------------------------------------------------------------------------------------
+# 5. the layouts of one GPU (no MPI on the device machine: one rank, so -z only changes buffer
+# layouts and the update pieces): 6 steps each; -z 0 / 1 / 3 and -r 2 must give the same losses
+# (bitwise: the same kernels on the same inputs); --offload optimizer too (the host step reproduces
+# the kernel's bits but for denormals), and it is the only device test of the side-stream copies
+
+small_run() {  # name flags...
+    local name=$1
+    shift
+    run_step "$name" 8 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/$name" \
+        -e d4 -b 8 -t 256 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 --ckpt_every -1 "$@"
+}
+for zs in 0 1 3; do small_run "train_z$zs" -z $zs; done
+small_run train_r2 -r 2
+small_run train_offload --offload optimizer
 for run in train_d12 train_moe; do
     [ -f "$WORK/$run/log.jsonl" ] && cp "$WORK/$run/log.jsonl" "$OUT/${run}_log.jsonl"
 done
 
 # ------------------------------------------------------------------------------------------------
-# 5. benchmarks, most wanted first
+# 6. benchmarks of our own kernels (validation first, numbers printed as they come: a timeout keeps them)
 
-# our attention kernels alone first (no compile step, numbers printed as they come: a timeout
-# keeps them), then the comparison with PyTorch (torch.compile per shape), then the other kernels
-bench() {  # name limit
-    [ -x "$BENCH_DIR/$1" ] || [ "$DRY_RUN" = 1 ] || { TABLE+=("$(printf '%-24s %-10s' "bench_$1" missing)"); return; }
+bench() {  # name budget
+    [ -x "$BENCH_DIR/$1" ] || [ "$DRY_RUN" = 1 ] || { TABLE+=("$(printf '%-26s %-10s' "bench_$1" missing)"); return; }
     run_step "bench_$1" "$2" note_bench "$BENCH_DIR/$1"
 }
-bench attention_forward 25
-bench attention_backward 25
-run_step bench_attention_torch 130 note_bench_attention python3 scripts/bench_attention.py --quick --no-build --lib "$LIB"
-for name in matmul moe layernorm classifier adamw encoder swiglu gelu global_norm attention_lib; do bench "$name" 25; done
+bench attention_forward 15
+bench attention_backward 15
+bench matmul 10
 
 # ------------------------------------------------------------------------------------------------
-# 6. summary, last
+# 7. optional: the memory plan vs the device at d24, attention vs PyTorch
+
+[ "$DRY_RUN" = 1 ] && say "" && say "=== essential steps: budgets sum to ${ESSENTIAL_BUDGET_SUM} s (limit ${ESSENTIAL_LIMIT} s)"
+PHASE=optional
+# the memory plan next to the device memory a run takes ("memory after step 1": grown by X MiB
+# since before the model, plan Y MiB): d12 from train_d12 above, d24 here
+run_step mem_d24 40 note_mem "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/mem_d24" \
+    -e d24 -b 8 -t $T --max_steps 2 --warmup 1 --sample_len 0 --ckpt_every -1
+run_step bench_attention_torch 100 note_bench_attention python3 scripts/bench_attention.py --quick --no-build --lib "$LIB"
+
+# ------------------------------------------------------------------------------------------------
+# 8. the largest dN model --max_fit finds at -r 2 in this GPU's free memory (-b 8 -t 1024;
+# no checkpoint: ~80 GB of fp32 state)
+
+MAXFIT_N=12
+if run_step maxfit_query 10 - "$TRAIN" --plan --max_fit -e d12 -b 8 -t $T && [ "$DRY_RUN" != 1 ]; then
+    MAXFIT_N=$(sed -nE 's/.*-r 2: .*largest dN model at -b 8 is d([0-9]+).*/\1/p' "$WORK/maxfit_query.log" | head -1)
+    say "--max_fit at -r 2 on this GPU: d${MAXFIT_N:-?}"
+fi
+[ -n "$MAXFIT_N" ] && run_step mem_maxfit_r2 120 note_mem "$TRAIN" --train "${DATA}_train_*.bin" --val '' \
+    --out_dir "$WORK/mem_maxfit_r2" -e "d$MAXFIT_N" -b 8 -t $T -r 2 --max_steps 2 --warmup 1 --sample_len 0 --ckpt_every -1
+
+# then the other benchmarks, while the budget lasts
+for name in layernorm classifier moe adamw encoder swiglu gelu global_norm accumulate attention_lib; do bench "$name" 15; done
+
+# ------------------------------------------------------------------------------------------------
+# 9. summary, last
 
 {
     echo
     echo "== training (step lines)"
-    grep -hE "^step +(1|10|15|20|30)/|val loss|tok/s \| MFU" "$WORK"/train_d12.log "$WORK"/train_moe.log 2>/dev/null | head -20
-    echo "== memory: plan vs device memory grown since before the model (dev/cuda/RESULTS.md)"
+    grep -hE "^step +(1|10|20)/|val loss|tok/s \| MFU" "$WORK"/train_d12.log "$WORK"/train_moe.log 2>/dev/null | head -20
+    echo "== the layouts of one GPU: last step of each (the losses must agree)"
+    for run in train_z0 train_z1 train_z3 train_r2 train_offload; do
+        printf '%-14s %s\n' "$run" "$(grep -hE "^step +[0-9]+/[0-9]+ \| loss" "$WORK/$run.log" 2>/dev/null | tail -1)"
+    done
+    echo "== memory: plan vs device memory grown since before the model"
     for run in train_d12 mem_d24 mem_maxfit_r2; do
         printf '%-16s %s\n' "$run" "$(grep -hE '^memory after step 1' "$WORK/$run.log" 2>/dev/null | head -1)"
     done
     echo "== attention vs PyTorch"
     grep -hE "TFLOP/s|PASS|MISS|MISMATCH" "$WORK/bench_attention_torch.log" 2>/dev/null | head -40
-    echo "== summary ($(($(now) - START)) s of $BUDGET s$([ "$DRY_RUN" = 1 ] && echo ', DRY RUN: estimated'))"
-    printf '%-24s %-10s %5s %6s  %s\n' step status time limit notes
+    echo "== summary ($(($(now) - START)) s of $BUDGET s$([ "$DRY_RUN" = 1 ] && echo ', DRY RUN: estimated');" \
+         "essential budgets ${ESSENTIAL_BUDGET_SUM} s of ${ESSENTIAL_LIMIT} s)"
+    printf '%-26s %-10s %5s %6s  %s\n' step status time budget notes
     printf '%s\n' "${TABLE[@]}"
+    echo "(copy this table with the date and commit into dev/cuda/RESULTS.md)"
 } > "$SUMMARY"
 cat "$SUMMARY" >> "$LOG"
 
@@ -329,11 +399,15 @@ cat "$SUMMARY" >> "$LOG"
 n_files=$(find "$OUT" -type f | wc -l)
 big=$(find "$OUT" -type f -size +16M | wc -l)
 {
-    echo "== \$OUT ($OUT): $n_files files (limit 8), $big over 16 MiB; the log's worst case:" \
-        "$MAX_STEPS_IN_LOG steps x $((LOG_CAP / 1024)) KiB = $((MAX_STEPS_IN_LOG * LOG_CAP / 1024 / 1024)) MiB + summary"
+    echo "== \$OUT ($OUT): $n_files files (limit 8), $big over 16 MiB (the combined log is capped at" \
+        "$((LOG_TOTAL_CAP / 1024 / 1024)) MiB)"
     find "$OUT" -type f -printf '  %s bytes  %p\n'
 } | tee -a "$LOG" >> "$SUMMARY"
 cat "$SUMMARY"
 [ "$n_files" -le 8 ] && [ "$big" -eq 0 ] || { echo "OUT CHECK FAILED"; exit 1; }
+if [ "$ESSENTIAL_BUDGET_SUM" -gt "$ESSENTIAL_LIMIT" ]; then
+    echo "PLAN CHECK FAILED: the essential steps' budgets sum to $ESSENTIAL_BUDGET_SUM s > $ESSENTIAL_LIMIT s"
+    exit 1
+fi
 [ "$DRY_RUN" = 1 ] && echo "DRY RUN done: nothing was run on a GPU"
 exit 0

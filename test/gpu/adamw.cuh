@@ -400,4 +400,15 @@ TEST_CASE("adamw: stochastic rounding is unbiased over seeds") {
     CHECK(chi2 < 30);
 }
 
+// small shapes for compute-sanitizer: fp32 gradients on the vector and the scalar path (misaligned),
+// with and without master weights
+TEST_CASE("sanitizer: adamw with fp32 gradients, vector and scalar paths, small n") {
+    Hyper h;
+    h.t = 3;
+    h.wd = 0.1f;
+    for (size_t n : {(size_t)9, (size_t)1003})
+        for (bool with_master : {true, false})
+            for (size_t offset : {(size_t)0, (size_t)1}) check_against_cpu(n, with_master, h, offset);
+}
+
 }  // namespace adamw_test

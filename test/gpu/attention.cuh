@@ -257,13 +257,17 @@ TEST_CASE("attention: forward and backward vs the CPU twin, flash and simple pat
 
 // small shapes for compute-sanitizer (scripts/device_check.sh: test_gpu -tc='sanitizer*'): the flash
 // kernels (hs 64 and 128; run_case also runs the simple ones on the same points) over two 64-row tiles
-// with a ragged end, packed rows, GQA and ALiBi, and the simple path alone (hs 16)
+// with a ragged end, packed rows, GQA and ALiBi, the simple path alone (hs 16), and tensor-parallel
+// head slices (head0, alibi_n_head)
 TEST_CASE("sanitizer: attention forward and backward, flash and simple, small shapes") {
     using attention_test::Case;
     const Case cases[] = {
         {"sanitizer hs 64, GQA 4/2, alibi", 2, 100, 4, 2, 64, true, 1.0f},
         {"sanitizer hs 128, multi-query, packed", 1, 130, 2, 1, 128, true, 1.0f, false, 2},
         {"sanitizer hs 16, GQA 4/2", 2, 37, 4, 2, 16, true, 1.0f},
+        // tensor-parallel slices: head0 and the model's head count for the slopes (alibi_n_head)
+        {"sanitizer TP heads 3..5 of 6 (one kv group), hs 128", 1, 70, 3, 1, 128, true, 1.0f, false, 2, 6, 3},
+        {"sanitizer TP heads 6..7 of 8, hs 64, packed", 1, 100, 2, 1, 64, true, 1.5f, false, 2, 8, 6},
     };
     uint64_t seed = 5000;
     for (const Case& c : cases) attention_test::run_case(c, seed += 10);

@@ -235,4 +235,12 @@ TEST_CASE("vocab-parallel classifier ops match the CPU twins (1, 2, 4, 8 slices,
     }
 }
 
+// small shapes for compute-sanitizer: the fused classifier and the vocab-parallel ops (max, sum of
+// exponentials, target logit, backward) over 2 and 8 slices (one of padding only), and the scalar path
+TEST_CASE("sanitizer: fused classifier and vocab-parallel classifier ops on small shapes") {
+    check_classifier(5, 300, 384, 0.2f, 2500);
+    for (int slices : {2, 8}) check_vocab_parallel(5, 300, 384, slices, 16, 0.2f, 0, 2510 + slices);
+    check_vocab_parallel(3, 90, 100, 2, 10, 0.2f, 1, 2520);  // 2-byte aligned, ld 50: scalar loads
+}
+
 }  // namespace classifier_test

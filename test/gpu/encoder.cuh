@@ -291,6 +291,31 @@ TEST_CASE("encoder_backward: vocab ranges (tensor parallel) accumulate like the 
     }
 }
 
+// small shapes for compute-sanitizer: the forward of a vocab range whose tokens mostly fall outside it
+// (the out-of-range tail: exact zeros), the backward of an in-range, a one-row and an empty range
+TEST_CASE("sanitizer: encoder forward and backward, vocab ranges with out-of-range tokens, small shapes") {
+    const int V = 97, B = 2, T = 40, C = 40;
+    const size_t n = (size_t)B * T;
+    const std::vector<int> tokens = random_tokens(n, V, 81), doc_start = make_doc_start(B, T, 9, 82);
+    const int v0 = 60, nv = V - v0;
+    const std::vector<float> rows = bf16_round(random_vector((size_t)nv * C, 83));
+    const std::vector<float> wpe = bf16_round(random_vector((size_t)T * C, 84, 0.5f));
+    std::vector<float> want(n * C);
+    cpu::encoder_forward<float>(want.data(), tokens.data(), doc_start.data(), rows.data(), wpe.data(), B, T, C, v0, nv);
+    DeviceBuffer<int> d_tokens(n), d_ds(n);
+    upload(d_tokens, tokens);
+    upload(d_ds, doc_start);
+    std::unique_ptr<DeviceBuffer<floatX>> d_rows(to_device_bf16(rows)), d_wpe(to_device_bf16(wpe));
+    DeviceBuffer<floatX> d_out(n * C);
+    d_out.poison();
+    encoder_forward(d_out, d_tokens, d_ds, *d_rows, d_wpe->ptr, B, T, C, v0, nv);
+    CHECK(same_bytes(download_bf16(d_out), bf16_round(want)));
+    for (const std::pair<int, int>& range : {std::pair<int, int>{0, 48}, std::pair<int, int>{96, 1},
+                                             std::pair<int, int>{V, 0}})
+        check_backward_range(tokens, B, T, C, true, range.first, range.second, 85 + range.first);
+    check_backward(tokens, V, B, T, C, true, 9, 90);
+}
+
 }  // namespace encoder_test
 
 // The memory plan bounds cub's radix-sort temporaries by 12n + 64 KiB (llmc/op_scratch.h, from cub's

@@ -134,4 +134,22 @@ TEST_CASE("global_norm fp32: bitwise deterministic, and n = 0 gives 0") {
     CHECK(std::fabs(c - (a - (double)x[0] * x[0])) / a < 1e-11);
 }
 
+// small shapes for compute-sanitizer: bf16 and fp32 values, aligned and misaligned starts
+TEST_CASE("sanitizer: global_norm bf16 and fp32, small n, misaligned starts") {
+    cuda_scratch_reserve(global_norm_scratch_bytes());
+    for (size_t n : {(size_t)7, (size_t)1001})
+        for (size_t offset : {(size_t)0, (size_t)3}) {
+            const std::vector<float> x = random_vector(n, 900 + n + offset, 1.0f, 0.1f);
+            DevF32 d(x, offset);
+            const double want = cpu::global_norm_squared<float>(x.data(), n);
+            CHECK_CLOSE("sum of squares (fp32)", std::fabs(global_norm_squared(d.ptr(), n) - want) / want, 1e-11);
+            const std::vector<float> xb = bf16_round(x);
+            std::vector<float> padded(offset, 1e3f);
+            padded.insert(padded.end(), xb.begin(), xb.end());
+            std::unique_ptr<DeviceBuffer<floatX>> db(to_device_bf16(padded));
+            const double want_b = cpu::global_norm_squared<float>(xb.data(), n);
+            CHECK_CLOSE("sum of squares", std::fabs(global_norm_squared(db->ptr + offset, n) - want_b) / want_b, 1e-6);
+        }
+}
+
 }  // namespace global_norm_test
