@@ -432,8 +432,8 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
     // (139.80 GiB of free memory, less the headroom of llmc/op_scratch.h: 0.5 GiB on one GPU)
     CHECK(out.find("available: an H200 (CUDA build, bf16) 139.30 GiB") != std::string::npos);
     CHECK(out.find("available is after 0.50 GiB kept free for what the plan cannot count") != std::string::npos);
-    CHECK(run_train_output(with(fx.args("plan", 1), {"--plan", "--device", "h200", "--plan_ranks", "4", "--pp", "2"}),
-                           out) == 0);  // dp 2 and pp 2: two NCCL communicators
+    CHECK(run_train_output(with(fx.args("plan", 1), {"--plan", "--device", "h200", "--plan_ranks", "4", "--pp", "2",
+                                                     "-d", "256"}), out) == 0);  // dp 2, pp 2: two NCCL communicators
     CHECK(out.find("available: an H200 (CUDA build, bf16) 138.80 GiB") != std::string::npos);
     CHECK(out.find("NCCL 2 communicators x 256 MiB") != std::string::npos);
     fails_with(with(fx.args("plan", 1), {"--plan", "--device", "a100"}), "--device: expected h200 or h100");
