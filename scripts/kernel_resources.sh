@@ -42,7 +42,7 @@ while IFS=$'\t' read -r name regs spill; do
         if [ "$status" != ok ] || [[ "$name" =~ $HOT ]]; then
             printf '  %-64s %4d / %-4d %s\n' "$name" "$regs" "$spill" "$status"
         fi
-        checked=$((checked + 1))
+        [ "$status" = ok ] && checked=$((checked + 1))
     elif [ "$spill" -gt 0 ]; then
         printf '  %-64s %4d / %-4d NEW SPILL (not in the table)\n' "$name" "$regs" "$spill"
         fail=1
