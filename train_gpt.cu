@@ -19,6 +19,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 #include <sys/resource.h>
@@ -526,6 +527,19 @@ static LocalShape local_shape(const GPTConfig& c, int tp, int rank, bool sp, int
     return s;
 }
 
+// The canonical chunk count of the tensor-parallel reductions (llmc/tensor_parallel.h): the lcm of
+// every tp that local_shape accepts, so that each of them splits the chunks evenly
+static int tp_chunk_count(const GPTConfig& c) {
+    int g = 1;
+    for (int t = 2; t <= c.n_head; t++)
+        if (c.n_head % t == 0 && (c.n_kv_head % t == 0 || t % c.n_kv_head == 0) && c.ffn_hidden % t == 0 &&
+            (c.n_expert == 0 || c.expert_hidden % t == 0) && c.padded_vocab_size % t == 0)
+            g = std::lcm(g, t);
+    return g;
+}
+// the canonical token chunks of a micro-batch of n tokens (--sp splits them over the tp ranks)
+static int tp_token_chunks(const GPTConfig& c, long n) { return (int)std::gcd(n, (long)tp_chunk_count(c)); }
+
 // local elements [local, local + len) are table elements [global, global + len)
 struct TablePiece {
     size_t local, global, len;
@@ -818,6 +832,10 @@ struct GPT {
     TpScratch<floatX> tpx;
     TpScratch<float> tpf;
     floatX *tp_copy_a = nullptr, *tp_copy_b = nullptr;  // a leaf's slices of a matmul's operands
+    // a kv head shared by tp ranks: its group's attention-backward operands (shared_kv_attention_backward)
+    floatX *kv_send = nullptr, *kv_recv = nullptr, *kv_qkv = nullptr, *kv_dqkv = nullptr, *kv_dout = nullptr,
+           *kv_out = nullptr;
+    float *kv_lse_recv = nullptr, *kv_lse = nullptr;
     floatX* tp_full = nullptr;      // [B*T, C] --sp: a gathered stream gradient; MoE: the combined output
     floatX* tp_ln_grads = nullptr;  // [2C] a LayerNorm's weight and bias gradients
     floatX* ln_full[2] = {};        // [B*T, C] --sp: a block's LN1 and LN2 outputs, gathered (ln_gathered)
@@ -1017,12 +1035,13 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     // the canonical chunks of the CPU build make tensor parallelism bitwise (llmc/tensor_parallel.h)
     const bool canonical = m.elem_bytes == sizeof(float) && sizeof(floatX) == sizeof(float);
     m.canonical = canonical;
-    m.split_attn = chunk_split(config.n_kv_head, tp.size, tp.rank, canonical);
-    m.split_ffn = chunk_split(config.ffn_hidden, tp.size, tp.rank, canonical);
-    m.split_expert = chunk_split(config.expert_hidden, tp.size, tp.rank, canonical);
-    m.split_vocab = chunk_split(config.padded_vocab_size, tp.size, tp.rank, canonical);
-    m.split_tokens = m.ls.sp ? chunk_split((long)B * T, tp.size, tp.rank, canonical)
-                              : chunk_split((long)B * T, 1, 0, canonical);
+    const int G = tp_chunk_count(config), G_tok = tp_token_chunks(config, (long)B * T);
+    m.split_attn = chunk_split(config.n_head, G, tp.size, tp.rank, canonical);  // query heads (their kv heads with the first)
+    m.split_ffn = chunk_split(config.ffn_hidden, G, tp.size, tp.rank, canonical);
+    m.split_expert = chunk_split(config.n_expert > 0 ? config.expert_hidden : G, G, tp.size, tp.rank, canonical);
+    m.split_vocab = chunk_split(config.padded_vocab_size, G, tp.size, tp.rank, canonical);
+    m.split_tokens = m.ls.sp ? chunk_split((long)B * T, G_tok, tp.size, tp.rank, canonical)
+                              : chunk_split((long)B * T, G_tok, 1, 0, canonical);
     m.config = config;
     m.recompute = recompute;
     m.pipe = pipe ? *pipe : single_stage_plan(config);
@@ -1183,21 +1202,31 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
     // the tensor-parallel reductions' scratch (llmc/tensor_parallel.h): a subtree's temporaries
     // where a rank computes several canonical leaves, the parts and receive buffers of a group's
     // reduction, the leaves' operand slices
-    int max_leaves = 1;
-    for (const ChunkSplit* sp : {&m.split_attn, &m.split_ffn, &m.split_expert, &m.split_vocab, &m.split_tokens})
+    int max_leaves = 1, levels = 0, nodes = 1;
+    for (const ChunkSplit* sp : {&m.split_attn, &m.split_ffn, &m.split_expert, &m.split_vocab, &m.split_tokens}) {
         max_leaves = std::max(max_leaves, sp->count);
-    int levels = 0;
-    while ((1 << levels) < max_leaves) levels++;
+        levels = std::max(levels, tree_levels(sp->count));
+        if (ls.tp > 1) nodes = std::max(nodes, split_nodes(*sp));
+    }
+    LLMC_CHECK(levels <= TP_MAX_LEVELS, "internal: %d canonical chunks per rank", max_leaves);
     const size_t red_x = std::max({BT * C, expert_rows * C, 2 * C}), red_f = BT;
     m.tpx.capacity = red_x;
-    m.tpf.capacity = red_f * ls.tp;
+    m.tpf.capacity = red_f;
+    m.tpx.levels = m.tpf.levels = levels;
+    m.tpx.nodes = m.tpf.nodes = nodes;
     for (int k = 0; k < levels; k++) {
         m.tpx.tmp[k] = take_act(m, red_x);
         m.tpf.tmp[k] = take_stats(m, red_f);
     }
     if (ls.tp > 1) {
-        m.tpx.recv = take_act(m, red_x);
-        m.tpf.recv = take_stats(m, red_f * ls.tp);
+        m.tpx.recv_capacity = nodes * red_x;
+        m.tpf.recv_capacity = nodes * red_f * ls.tp;
+        m.tpx.recv = take_act(m, m.tpx.recv_capacity);
+        m.tpf.recv = take_stats(m, m.tpf.recv_capacity);
+        if (nodes > 1) {
+            m.tpx.extra = take_act(m, (nodes - 1) * red_x);
+            m.tpf.extra = take_stats(m, (nodes - 1) * red_f);
+        }
     }
     if (ls.sp) m.tpx.part = take_act(m, red_x);
     m.tp_ln_grads = take_act(m, 2 * C);
@@ -1205,10 +1234,22 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, int zero
         m.tp_full = take_act(m, BT * C);
         for (floatX*& buf : m.ln_full) buf = take_act(m, BT * C);
     }
-    if (max_leaves > 1) {
+    const int kv_share = ls.tp > config.n_kv_head ? ls.tp / config.n_kv_head : 1;
+    if (max_leaves > 1 || kv_share > 1) {  // (a shared kv head: only its owner's qkv leaf has its rows)
         const size_t wide = std::max({(size_t)ls.qkv(), (size_t)ls.fc(config.mlp), (size_t)ls.vocab});
         m.tp_copy_a = take_act(m, std::max(BT * wide, expert_rows * 2 * He));
         m.tp_copy_b = take_act(m, std::max(C * wide, E * 2 * He * C));
+    }
+    if (kv_share > 1) {
+        const size_t qw = (size_t)ls.n_head * ls.hs, gw = qw * kv_share;
+        m.kv_send = take_act(m, BT * qw);
+        m.kv_recv = take_act(m, BT * gw);
+        m.kv_qkv = take_act(m, BT * (gw + 2 * ls.hs));
+        m.kv_dqkv = take_act(m, BT * (gw + 2 * ls.hs));
+        m.kv_dout = take_act(m, BT * gw);
+        m.kv_out = take_act(m, BT * gw);
+        m.kv_lse_recv = take_stats(m, BT * ls.n_head * kv_share);
+        m.kv_lse = take_stats(m, BT * ls.n_head * kv_share);
     }
     // the CUDA ops' scratch and the cuBLASLt workspace for the rank's shapes (llmc/op_scratch.h),
     // wherever the plan is the CUDA build's (bf16); the CPU ops need none
@@ -1756,10 +1797,15 @@ static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const
 // the output rows of leaf j of the attention's qkv (its query heads' rows, then its kv heads' K
 // and V rows), of the FFN's fc (SwiGLU: the leaf's units of W1 and of W3), of the vocabulary
 static SplitRanges qkv_leaf_rows(const GPT& m, int j) {
+    // a leaf is a run of query heads and the kv heads whose first query head is among them (a kv
+    // head shared by ranks: its owner's leaf)
     const LocalShape& s = m.ls;
-    const size_t q = (size_t)s.n_head / m.split_attn.count * s.hs, kv = (size_t)s.n_kv_head / m.split_attn.count * s.hs;
-    const size_t q_all = (size_t)s.n_head * s.hs, kv_all = (size_t)s.n_kv_head * s.hs;
-    return {{j * q, q}, {q_all + j * kv, kv}, {q_all + kv_all + j * kv, kv}};
+    const int per = s.n_head / m.split_attn.count, group = m.config.n_head / m.config.n_kv_head;
+    const int h0 = s.head0 + j * per, kv_lo = ceil_div(h0, group), kv_hi = ceil_div(h0 + per, group);
+    const size_t hs = s.hs, q_all = (size_t)s.n_head * hs, kv_all = (size_t)s.n_kv_head * hs;
+    const size_t kv = (size_t)(kv_hi - kv_lo) * hs, at = (size_t)(kv_lo - s.kv0) * hs;
+    if (kv == 0) return {{(size_t)j * per * hs, (size_t)per * hs}};
+    return {{(size_t)j * per * hs, (size_t)per * hs}, {q_all + at, kv}, {q_all + kv_all + at, kv}};
 }
 static SplitRanges fc_leaf_rows(const GPT& m, int j, bool moe) {
     const ChunkSplit& split = moe ? m.split_expert : m.split_ffn;
@@ -1774,8 +1820,10 @@ static void layernorm_weight_grads(GPT& m, floatX* dweight, floatX* dbias, const
                                    const float* mean, const float* rstd) {
     const int C = m.config.n_embd;
     // the canonical token chunks of this micro-batch (B*T may be below the allocated maximum)
-    const ChunkSplit split = m.ls.sp ? chunk_split((long)m.B * m.T, m.ls.tp, m.ls.rank, m.canonical)
-                                     : chunk_split((long)m.B * m.T, 1, 0, m.canonical);
+    const long n = (long)m.B * m.T;
+    const int G = tp_token_chunks(m.config, n);
+    const ChunkSplit split = m.ls.sp ? chunk_split(n, G, m.ls.tp, m.ls.rank, m.canonical)
+                                     : chunk_split(n, G, 1, 0, m.canonical);
     const size_t per = (size_t)stream_rows(m) / split.count;
     auto leaf = [&](int g, floatX* dst) {
         const size_t t0 = (g - split.first) * per;
@@ -2087,16 +2135,43 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
     matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
                     ls.qkv());
     layernorm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
-    if (comm_world().tp_kv.size > 1) {
-        // a kv head shared by several ranks (--tp > n_kv_head): each has the part of its gradient that
-        // its query heads read; the sharing ranks add them (not bitwise the one-process sum, which adds
-        // every query head's contribution in one attention backward)
-        const size_t q = (size_t)ls.n_head * ls.hs, kv = 2 * (size_t)ls.n_kv_head * ls.hs;
-        const ChunkSplit one = rank_leaf(comm_world().tp_kv);
-        auto in_place = [](int, floatX*) {};
-        tp_sum(comm_world().tp_kv, one, m.tpx, dw.qkvw + q * C, kv * C, true, in_place, tp_add, tp_copy);
-        tp_sum(comm_world().tp_kv, one, m.tpx, dw.qkvb + q, kv, true, in_place, tp_add, tp_copy);
-    }
+}
+
+// The attention backward where a kv head is shared by several tp ranks (--tp > n_kv_head): the
+// sharing ranks gather the group's query heads, outputs, output gradients and log-sum-exps, and
+// each runs the whole group's backward as one process does, keeping its query heads' gradients and
+// the whole kv head's. A kv head's gradient adds every query head's contribution in one order, so
+// it is bitwise the one-process gradient (a sum of per-rank parts would not be); every sharing rank
+// then has the same kv weight gradients, and only the owner's qkv leaf adds the kv rows' input
+// gradient (qkv_leaf_rows).
+static void shared_kv_attention_backward(GPT& m, floatX* dqkv, const floatX* dout, const LayerActs& a,
+                                         const int* doc_start) {
+    const CommGroup& g = comm_world().tp_kv;
+    const LocalShape& ls = m.ls;
+    const int B = m.B, T = m.T, share = g.size, gs = ls.n_head * share, hs = ls.hs;
+    const size_t BT = (size_t)B * T, fx = sizeof(floatX), qw = (size_t)ls.n_head * hs, gw = qw * share;
+    const size_t row_l = qw + 2 * hs, row_g = gw + 2 * hs;
+    // [BT, qw] of every sharing rank -> columns [r qw, (r + 1) qw) of dst [BT, ld]
+    auto gather_heads = [&](floatX* dst, size_t ld, const floatX* mine) {
+        all_gather(g, mine, m.kv_recv, BT * qw * fx);
+        for (int r = 0; r < share; r++)
+            copy_buffer_2d(dst + r * qw, ld * fx, m.kv_recv + r * BT * qw, qw * fx, qw * fx, BT);
+    };
+    copy_buffer_2d(m.kv_send, qw * fx, a.qkv, row_l * fx, qw * fx, BT);
+    gather_heads(m.kv_qkv, row_g, m.kv_send);
+    copy_buffer_2d(m.kv_qkv + gw, row_g * fx, a.qkv + qw, row_l * fx, 2 * hs * fx, BT);  // the kv head's K and V
+    gather_heads(m.kv_dout, gw, dout);
+    gather_heads(m.kv_out, gw, a.atty);
+    const size_t lse_l = (size_t)ls.n_head * T;  // [B, n_head, T] per rank -> [B, gs, T]
+    all_gather(g, a.att_lse, m.kv_lse_recv, B * lse_l * sizeof(float));
+    for (int r = 0; r < share; r++)
+        copy_buffer_2d(m.kv_lse + r * lse_l, gs * T * sizeof(float), m.kv_lse_recv + r * B * lse_l, lse_l * sizeof(float),
+                       lse_l * sizeof(float), B);
+    const int group_head0 = ls.kv0 * (m.config.n_head / m.config.n_kv_head);
+    attention_backward(m.kv_dqkv, m.kv_dout, m.kv_qkv, m.kv_out, m.kv_lse, doc_start, B, T, gs, 1, hs,
+                       m.config.pos == POS_ALIBI ? m.config.n_head : 0, group_head0);
+    copy_buffer_2d(dqkv, row_l * fx, m.kv_dqkv + g.rank * qw, row_g * fx, qw * fx, BT);
+    copy_buffer_2d(dqkv + qw, row_l * fx, m.kv_dqkv + gw, row_g * fx, 2 * hs * fx, BT);
 }
 
 // The input-gradient half of block l's backward: dres (the residual stream's gradient at the block
@@ -2163,8 +2238,9 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     d.d_attn_out = branch_grad(d.d_attn_out);
     matmul_backward(m.d_atty, (floatX*)nullptr, (floatX*)nullptr, d.d_attn_out, a.atty, w.attprojw, BT,
                     ls.n_head * ls.hs, C);
-    attention_backward(d.d_qkv, m.d_atty, a.qkv, a.atty, a.att_lse, doc_start, B, T, ls.n_head, ls.n_kv_head, ls.hs,
-                       c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
+    if (comm_world().tp_kv.size > 1) shared_kv_attention_backward(m, d.d_qkv, m.d_atty, a, doc_start);
+    else attention_backward(d.d_qkv, m.d_atty, a.qkv, a.atty, a.att_lse, doc_start, B, T, ls.n_head, ls.n_kv_head, ls.hs,
+                            c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
     column_parallel_dinp(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(), m.split_attn,
                          [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
     if (!stash) attn_weight_grads(m, l, a, d, x);
@@ -3121,20 +3197,28 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
     const double S = BT * c.n_embd * fx, expert = c.n_expert > 0 ? (double)c.n_expert * c.moe_capacity(m.max_B, m.max_T) * c.n_embd * fx : 0;
     double& a2a = theory[COMM_ALL_TO_ALL];
     double& ag = theory[COMM_ALL_GATHER];
-    auto all_reduce = [&](double bytes, double n_elems) {
-        if (std::fmod(n_elems, P) == 0) { a2a += f * bytes; ag += f * bytes; }
-        else ag += (P - 1) * bytes;  // small vectors: all-gather of the partials
+    // a canonical reduction sends each of its tree nodes (the most a rank of the split holds:
+    // llmc/tensor_parallel.h); an order-free one (max, embedding, target logit) one
+    const double n_attn = split_nodes(m.split_attn), n_ffn = split_nodes(m.split_ffn),
+                 n_expert = split_nodes(m.split_expert), n_vocab = split_nodes(m.split_vocab),
+                 n_tok = split_nodes(m.split_tokens);
+    auto all_reduce = [&](double bytes, double n_elems, double nodes) {
+        if (std::fmod(n_elems, P) == 0) { a2a += nodes * f * bytes; ag += f * bytes; }
+        else ag += nodes * (P - 1) * bytes;  // small vectors: all-gather of the partials
     };
-    auto reduce = [&](double bytes) { if (ls.sp) a2a += f * bytes; else all_reduce(bytes, bytes / fx); };  // RS or AR
-    auto gather = [&](double bytes) { if (ls.sp) ag += f * bytes; };                                      // --sp only
-    auto ln_grads = [&]() { if (ls.sp) all_reduce(2.0 * c.n_embd * fx, 2.0 * c.n_embd); };
+    auto reduce = [&](double bytes, double nodes) {  // RS or AR
+        if (ls.sp) a2a += nodes * f * bytes;
+        else all_reduce(bytes, bytes / fx, nodes);
+    };
+    auto gather = [&](double bytes) { if (ls.sp) ag += f * bytes; };  // --sp only
+    auto ln_grads = [&]() { if (ls.sp) all_reduce(2.0 * c.n_embd * fx, 2.0 * c.n_embd, n_tok); };
     // one forward of block l (the attention output and the FFN's; with --sp the LN outputs' gathers)
     auto block_fwd = [&](int l) {
         gather(S);
-        reduce(S);
+        reduce(S, n_attn);
         gather(S);
-        if (c.is_moe(l)) all_reduce(expert, expert / fx);
-        else reduce(S);
+        if (c.is_moe(l)) all_reduce(expert, expert / fx, n_expert);
+        else reduce(S, n_ffn);
     };
     // the backward's recomputation: -r 2 runs each block's forward again (-r 1 recomputes only
     // LayerNorms and activations: no communication); a W that does not follow its B recomputes once more
@@ -3150,26 +3234,22 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
             // backward: the FFN's (MoE: the experts' input rows) and the attention's input gradients
             // (with --sp each gathers the branch's output gradient, and LN1 / LN2 again for the weight
             // gradients; MoE: LN2 once more for the router's input gradient)
-            if (c.is_moe(l)) { gather(S); all_reduce(expert, expert / fx); gather(S); }
-            else { gather(S); reduce(S); }
+            if (c.is_moe(l)) { gather(S); all_reduce(expert, expert / fx, n_expert); gather(S); }
+            else { gather(S); reduce(S, n_ffn); }
             gather(S);
-            reduce(S);
+            reduce(S, n_attn);
             gather(S);
             gather(S);
             ln_grads();
             ln_grads();
-            if (kv_share > 1) {  // the shared kv heads' weight gradients, in the kv group
-                const double q = 2.0 * ls.n_kv_head * ls.hs, fk = (kv_share - 1.0) / kv_share;
-                for (double n : {q * c.n_embd, q})
-                    if (std::fmod(n, kv_share) == 0) { a2a += fk * n * fx; ag += fk * n * fx; }
-                    else ag += (kv_share - 1) * n * fx;
-            }
+            if (kv_share > 1)  // a shared kv head: the group's query heads, outputs, their gradients, lse
+                ag += (kv_share - 1) * BT * ls.n_head * (3.0 * ls.hs * fx + 4.0);
         }
-        if (pp.first_vs(ch)) { reduce(S); gather(S); }  // the embedding; its backward gathers the stream (--sp)
+        if (pp.first_vs(ch)) { reduce(S, 1); gather(S); }  // the embedding; its backward gathers the stream (--sp)
         if (pp.last_vs(ch)) {
-            gather(S);                                              // the final LN's output
-            for (int k = 0; k < 3; k++) all_reduce(4.0 * BT, BT);  // softmax max, sum, target logit
-            reduce(S);                                              // the gradient at the final LN
+            gather(S);  // the final LN's output
+            for (double nodes : {1.0, n_vocab, 1.0}) all_reduce(4.0 * BT, BT, nodes);  // softmax max, sum, target logit
+            reduce(S, n_vocab);  // the gradient at the final LN
             ln_grads();
         }
         a2a = a2a0 + (a2a - a2a0) * grad_accum;  // per micro-batch, times the step's micro-batches

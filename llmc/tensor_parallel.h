@@ -8,22 +8,24 @@
 // rank computes a partial sum and the group adds the partials. Float addition is not associative,
 // so a plain "local sum, then all-reduce" gives different bits for every T.
 //
-// Canonical chunks. The summed dimension is cut into G fixed chunks (G a power of two <= 8 that
-// divides the dimension's units: heads, hidden units, vocabulary rows, tokens), the chunks are
-// summed in a fixed balanced binary tree, and every layout computes exactly that tree:
+// Canonical chunks. The summed dimension is cut into G fixed chunks, the chunks are summed in a
+// fixed binary tree (a node of leaves [lo, hi) adds [lo, mid) and [mid, hi), mid = lo + (hi - lo) / 2),
+// and every layout computes exactly that tree. G is a multiple of every tp the model admits (the
+// lcm of them, tp_chunk_count in train_gpt.cu; for the tokens of a micro-batch its gcd with B*T),
+// so any of them gives each rank G / T whole leaves:
 //   one process           all G leaves, the whole tree
-//   T ranks, T divides G  rank r computes the subtree of leaves [r G/T, (r+1) G/T) (an aligned
-//                         subtree), the group adds the T subtree sums with the tree's top levels
+//   T ranks               rank r computes the maximal tree nodes inside its leaves [r G/T, (r+1) G/T)
+//                         (one node when its leaves are a subtree, as for T a power of two dividing
+//                         G; e.g. two for T 3 of G 6), the group adds the ranks' nodes with the tree's
+//                         remaining levels
 // Each leaf is one matmul (or one sum) over the same inputs in the same order in every layout, so
-// the result is bitwise the one-process result for T in {1, 2, 4, 8} up to G (the CPU build).
-// Where T does not divide G (e.g. T 3, or a kv head shared by ranks) a rank's slice is one leaf and
-// the T partials are added in the same in-place tree: deterministic, but not bitwise the one-process
-// value (the tests hold those cases to 1e-6). The GPU build uses G = T (one leaf per rank, no extra
-// buffers): its matmuls are not bitwise across shapes anyway.
+// the result is bitwise the one-process result for every T (the CPU build). The GPU build uses G = T
+// (one leaf per rank, no extra buffers): its matmuls are not bitwise across shapes anyway.
 //
-// The group's reduction is an all-to-all of 1/T blocks and a local tree over the received blocks
-// (no float sum inside MPI or NCCL, as llmc/zero.h's reduce_scatter_add), then, for an all-reduce,
-// an all-gather of the summed blocks: the bytes of a ring all-reduce, 2 (T-1)/T of the buffer.
+// The group's reduction is an all-to-all of 1/T blocks of each node (as many as the rank with the
+// most nodes holds) and the tree's top levels over the received blocks (no float sum inside MPI or
+// NCCL, as llmc/zero.h's reduce_scatter_add), then, for an all-reduce, an all-gather of the summed
+// blocks: with one node per rank the bytes of a ring all-reduce, 2 (T-1)/T of the buffer.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -31,82 +33,108 @@
 #include "comm.h"
 #include "utils.h"
 
-constexpr int TP_MAX_CHUNKS = 8;
-constexpr int TP_TREE_LEVELS = 3;  // log2(TP_MAX_CHUNKS): temporaries of a local subtree
+constexpr int TP_MAX_LEVELS = 16;  // the tree's depth bound: up to 2^16 chunks
 
-// G for a dimension of `units` units (heads, hidden units, vocabulary rows, tokens); canonical
-// false (the GPU build, or a plan for it): G = tp.
-inline int canonical_chunks(long units, int tp, bool canonical) {
-    if (!canonical) return tp;
-    int g = 1;
-    while (g < TP_MAX_CHUNKS && units % (2 * g) == 0) g *= 2;
-    return g;
-}
-
-// The leaves a rank computes: chunks [first, first + count) of `chunks`, each `units` units wide;
-// canonical false: the rank's slice is one leaf (T does not divide G).
+// The leaves a rank computes: chunks [first, first + count) of `chunks`, each `units` units wide.
 struct ChunkSplit {
     int first = 0, count = 1, chunks = 1;
     long units = 0;  // per leaf
-    bool canonical = true;
 };
-// units: the whole dimension (over all ranks); rank's slice = units / T
-inline ChunkSplit chunk_split(long units, int tp, int tp_rank, bool canonical) {
+// units: the whole dimension (over all ranks, a multiple of `chunks`, which tp divides); the rank's
+// slice = units / tp. canonical false (the GPU build, or a plan for it): one leaf per rank.
+inline ChunkSplit chunk_split(long units, int chunks, int tp, int tp_rank, bool canonical) {
+    if (!canonical) chunks = tp;
+    LLMC_CHECK(chunks % tp == 0 && units % chunks == 0, "internal: %ld units in %d canonical chunks over %d ranks", units,
+               chunks, tp);
     ChunkSplit s;
-    const int g = canonical_chunks(units, tp, canonical);
-    if (g % tp == 0) {
-        s.chunks = g;
-        s.count = g / tp;
-        s.first = tp_rank * s.count;
-        s.units = units / g;
-    } else {
-        s.chunks = tp;
-        s.count = 1;
-        s.first = tp_rank;
-        s.units = units / tp;
-        s.canonical = tp == 1;
-    }
+    s.chunks = chunks;
+    s.count = chunks / tp;
+    s.first = tp_rank * s.count;
+    s.units = units / chunks;
     return s;
 }
 
 // The rank's part as one leaf: for sums whose result does not depend on the order (a maximum, a
-// sum with one non-zero term per element) or that are not canonical anyway.
+// sum with one non-zero term per element).
 inline ChunkSplit rank_leaf(const CommGroup& g) {
     ChunkSplit s;
     s.first = g.rank;
     s.chunks = g.size;
-    s.canonical = g.size == 1;
     return s;
 }
 
-// Scratch of one element type for the reductions: subtree temporaries, the partial of a
-// reduce-scatter and the receive buffer, each `capacity` elements.
-template <typename T>
-struct TpScratch {
-    T* tmp[TP_TREE_LEVELS] = {};
-    T *part = nullptr, *recv = nullptr;
-    size_t capacity = 0;
+// the tree (see the top of the file): its split point, its depth over `count` leaves (the
+// temporaries of tree_sum), and the maximal nodes inside leaves [a, b), left to right
+inline int tree_mid(int lo, int hi) { return lo + (hi - lo) / 2; }
+inline int tree_levels(int count) {
+    int l = 0;
+    while ((1 << l) < count) l++;
+    return l;
+}
+struct TreeNode {
+    int lo, hi;
 };
-
-// dst[n] = the balanced tree over leaves [first, first + count) (count a power of two, or 1);
-// leaf(k, out) overwrites out[n] with leaf k's value, add(a, b, n) does a += b.
-template <typename T, typename Leaf, typename Add>
-void tree_sum(T* dst, size_t n, int first, int count, T* const* tmp, const Leaf& leaf, const Add& add) {
-    if (count == 1) {
-        leaf(first, dst);
+inline void tree_nodes(int lo, int hi, int a, int b, std::vector<TreeNode>& out) {
+    if (b <= lo || hi <= a) return;
+    if (a <= lo && hi <= b) {
+        out.push_back({lo, hi});
         return;
     }
-    LLMC_CHECK(count % 2 == 0, "internal: a canonical subtree of %d leaves", count);
-    tree_sum(dst, n, first, count / 2, tmp + 1, leaf, add);
-    tree_sum(tmp[0], n, first + count / 2, count / 2, tmp + 1, leaf, add);
+    const int mid = tree_mid(lo, hi);
+    tree_nodes(lo, mid, a, b, out);
+    tree_nodes(mid, hi, a, b, out);
+}
+inline std::vector<TreeNode> rank_nodes(const ChunkSplit& s) {
+    std::vector<TreeNode> out;
+    tree_nodes(0, s.chunks, s.first, s.first + s.count, out);
+    return out;
+}
+// the most nodes a rank of the split's group holds (the group's reduction sends that many blocks)
+inline int split_nodes(const ChunkSplit& s) {
+    int most = 0;
+    for (int first = 0; first < s.chunks; first += s.count) {
+        ChunkSplit r = s;
+        r.first = first;
+        most = std::max(most, (int)rank_nodes(r).size());
+    }
+    return most;
+}
+
+// Scratch of one element type for the reductions: the tree's temporaries, the partial of a
+// reduce-scatter, the extra nodes a rank sends (nodes - 1 of `capacity` each) and the receive
+// buffer (nodes x capacity; a small vector's gather: nodes x T x its size).
+template <typename T>
+struct TpScratch {
+    T* tmp[TP_MAX_LEVELS] = {};
+    T *part = nullptr, *extra = nullptr, *recv = nullptr;
+    size_t capacity = 0, recv_capacity = 0;
+    int levels = 0, nodes = 1;
+};
+
+// dst[n] = the tree over leaves [lo, hi); leaf(k, out) overwrites out[n] with leaf k's value,
+// add(a, b, n) does a += b.
+template <typename T, typename Leaf, typename Add>
+void tree_sum(T* dst, size_t n, int lo, int hi, T* const* tmp, const Leaf& leaf, const Add& add) {
+    if (hi - lo == 1) {
+        leaf(lo, dst);
+        return;
+    }
+    const int mid = tree_mid(lo, hi);
+    tree_sum(dst, n, lo, mid, tmp + 1, leaf, add);
+    tree_sum(tmp[0], n, mid, hi, tmp + 1, leaf, add);
     add(dst, tmp[0], n);
 }
 
-// blocks[0] = the tree over count blocks of n elements, stride apart (summed in place)
-template <typename T, typename Add>
-void tree_sum_blocks(T* blocks, size_t stride, size_t n, int count, const Add& add) {
-    for (int step = 1; step < count; step *= 2)
-        for (int i = 0; i + step < count; i += 2 * step) add(blocks + (size_t)i * stride, blocks + (size_t)(i + step) * stride, n);
+// The tree over [lo, hi) from received nodes that tile it, in place: got(lo, hi) is the buffer of a
+// received node (nullptr for a node that is not one); returns the buffer that holds the sum.
+template <typename T, typename Got, typename Add>
+T* tree_combine(int lo, int hi, size_t n, const Got& got, const Add& add) {
+    if (T* b = got(lo, hi)) return b;
+    LLMC_CHECK(hi - lo > 1, "internal: canonical leaf %d was received from no rank", lo);
+    const int mid = tree_mid(lo, hi);
+    T* a = tree_combine<T>(lo, mid, n, got, add);
+    add(a, tree_combine<T>(mid, hi, n, got, add), n);
+    return a;
 }
 
 // The group's sum of the rank's leaves (see the top of the file). all_reduce: dst[n] gets the whole
@@ -117,29 +145,49 @@ void tp_sum(const CommGroup& tp, const ChunkSplit& split, TpScratch<T>& s, T* ds
             const Leaf& leaf, const Add& add, const Copy& copy) {
     const int P = tp.size;
     LLMC_CHECK(n <= s.capacity, "internal: tensor-parallel reduction of %zu elements, scratch holds %zu", n, s.capacity);
-    T* part = all_reduce ? dst : s.part;
-    tree_sum(part, n, split.first, split.count, s.tmp, leaf, add);
+    LLMC_CHECK(split.chunks == split.count * P && tree_levels(split.count) <= s.levels,
+               "internal: a split of %d leaves per rank over %d ranks, scratch for %d tree levels", split.count, P,
+               s.levels);
+    const std::vector<TreeNode> mine = rank_nodes(split);
+    const int nodes = P == 1 ? 1 : split_nodes(split);
+    LLMC_CHECK(nodes <= s.nodes, "internal: a rank sends %d tree nodes, scratch holds %d", nodes, s.nodes);
+    auto part = [&](int k) { return k == 0 ? (all_reduce ? dst : s.part) : s.extra + (size_t)(k - 1) * s.capacity; };
+    for (size_t k = 0; k < mine.size(); k++) tree_sum(part((int)k), n, mine[k].lo, mine[k].hi, s.tmp, leaf, add);
     if (P == 1) {
-        if (!all_reduce) copy(dst, part, n);
+        if (!all_reduce) copy(dst, part(0), n);
         return;
     }
-    if (n % P == 0) {
-        const size_t blk = n / P;
-        all_to_all(tp, part, s.recv, blk * sizeof(T));
-        tree_sum_blocks(s.recv, blk, blk, P, add);
-        if (!all_reduce) {
-            copy(dst, s.recv, blk);
-            return;
-        }
-        copy(dst + (size_t)tp.rank * blk, s.recv, blk);
-        all_gather(tp, dst + (size_t)tp.rank * blk, dst, blk * sizeof(T));
+    // the blocks of every rank's nodes: node k of rank r at recv + k * stride + r * blk
+    const bool blocks = n % P == 0;  // else a small vector (per-token statistics): gather all of it
+    LLMC_CHECK(blocks || all_reduce, "internal: a sequence-parallel reduction of %zu elements over %d ranks", n, P);
+    const size_t blk = blocks ? n / P : n, stride = blk * P;
+    LLMC_CHECK(nodes * stride <= s.recv_capacity, "internal: tensor-parallel receive of %d x %zu elements, scratch holds %zu",
+               nodes, stride, s.recv_capacity);
+    for (int k = 0; k < nodes; k++) {  // a rank with fewer nodes sends a block nobody reads
+        if (blocks) all_to_all(tp, part(k), s.recv + k * stride, blk * sizeof(T));
+        else all_gather(tp, part(k), s.recv + k * stride, n * sizeof(T));
+    }
+    std::vector<std::vector<TreeNode>> held(P);
+    for (int r = 0; r < P; r++) {
+        ChunkSplit other = split;
+        other.first = r * split.count;
+        held[r] = rank_nodes(other);
+    }
+    auto got = [&](int lo, int hi) -> T* {
+        const int r = lo / split.count;  // the rank whose leaves start at lo's node
+        for (size_t k = 0; k < held[r].size(); k++)
+            if (held[r][k].lo == lo && held[r][k].hi == hi) return s.recv + k * stride + (size_t)r * blk;
+        return nullptr;
+    };
+    const T* sum = tree_combine<T>(0, split.chunks, blk, got, add);
+    if (!blocks) {
+        copy(dst, sum, n);
         return;
     }
-    // a small vector that does not split into P blocks (per-token statistics): gather all partials
-    LLMC_CHECK(all_reduce, "internal: a sequence-parallel reduction of %zu elements over %d ranks", n, P);
-    LLMC_CHECK(n * P <= s.capacity, "internal: tensor-parallel gather of %zu x %d elements, scratch holds %zu", n, P,
-               s.capacity);
-    all_gather(tp, part, s.recv, n * sizeof(T));
-    tree_sum_blocks(s.recv, n, n, P, add);
-    copy(dst, s.recv, n);
+    if (!all_reduce) {
+        copy(dst, sum, blk);
+        return;
+    }
+    copy(dst + (size_t)tp.rank * blk, sum, blk);
+    all_gather(tp, dst + (size_t)tp.rank * blk, dst, blk * sizeof(T));
 }
