@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 #include <sys/stat.h>
