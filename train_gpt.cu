@@ -40,6 +40,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include "llmc/memory_guard.h"
 #include "llmc/outlier.h"
 #include "llmc/run_dir.h"
+#include "llmc/run_stop.h"
 
 // ----------------------------------------------------------------------------------------------
 // 1. Backend
@@ -1487,7 +1488,6 @@ static void gpt_write_state(const GPT& m, CheckpointWriter& out, int step) {
             for (int k = 0; k < 3; k++) {
                 const size_t bad = first_non_finite(st[k].data(), n);
                 if (bad == n) continue;
-                out.abandon();
                 LLMC_FAIL("step %d: refusing to write %s: a %s is %g (the model state is not finite: the run diverged); "
                           "resume from an earlier checkpoint with a lower --lr", step, out.path.c_str(),
                           k == 0 ? "parameter" : k == 1 ? "Adam m" : "Adam v", st[k][bad]);
@@ -2799,6 +2799,8 @@ static const Option OPTIONS[] = {
     {"ep", "", "1", "expert-parallel ranks: each MoE layer's experts are shared out over groups of ep data-parallel "
                     "ranks (divides dp and n_expert)"},
     {"sp", "", "0", "sequence parallel with --tp: LayerNorms and the residual stream hold B*T/tp tokens per rank (a switch)"},
+    {"comm_timeout", "", "300", "seconds a collective or transfer may wait for other ranks before the job aborts naming "
+                                "the ranks that did not arrive (10x for checkpoint I/O and the start-up; 0: none)"},
 };
 
 // flags that may be given without a value (--overwrite means --overwrite 1)
@@ -3345,10 +3347,18 @@ static std::string checkpoint_path(const std::string& out_dir, int step) {
 }
 
 // The newest checkpoint in out_dir that verifies, by the step stored inside; the ones that do not
-// are skipped with a warning. Collective: verify_checkpoint's verdict is the same on every rank.
+// are skipped with a warning, and none that loads is an error. "" when out_dir holds no checkpoint
+// yet (a run stopped before its first one): the caller starts afresh, so one command line serves
+// every (re)start of a preemptible job. Collective: verify_checkpoint's verdict is the same on every rank.
 static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck) {
     std::vector<std::pair<int64_t, std::string>> found;
-    for (const std::string& f : glob_files(out_dir + "/ckpt_*.bin")) {
+    const std::vector<std::string> files = glob_files(out_dir + "/ckpt_*.bin");
+    if (files.empty()) {
+        if (comm_world().world_rank == 0)
+            printf("--resume latest: %s holds no checkpoint yet; starting from step 0\n", out_dir.c_str());
+        return "";
+    }
+    for (const std::string& f : files) {
         int64_t step = checkpoint_step(f);
         if (step >= 0) found.push_back({step, f});
         else if (comm_world().world_rank == 0) fprintf(stderr, "warning: %s is not a readable checkpoint, skipped\n", f.c_str());
@@ -3423,6 +3433,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     const LlmcModelShape shape = llmc_shape_of(m.config);
     std::vector<float> p(m.n_params);
     gpt_get_state(m, p.data(), nullptr, nullptr);
+    const CommLongWork long_work;  // the others wait for rank 0's write
     if (comm_world().world_rank == 0) write_llmc_model(path, shape, table_to_llmc(shape, p.data(), table_index(m.table)), bf16);
     barrier(comm_world().dp);
 }
@@ -3433,6 +3444,8 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     const bool rank0 = cm.world_rank == 0;  // prints, writes log.jsonl
     Args args;
     if (!parse_args(argc, argv, args)) { if (rank0) print_usage(); return 0; }
+    comm_set_timeout(cm, args.f("comm_timeout"));
+    const StopSignals stop_signals;  // SIGINT / SIGTERM: stop after the step with a checkpoint (llmc/run_stop.h)
     GPTConfig config = config_from_args(args);
     const int B = args.i("batch_size", 1), T = args.i("seq_len", 1);
     LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
@@ -3505,9 +3518,10 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     // file is verified now (every rank a share of it); its arrays are read after the allocation.
     Checkpoint ck;
     std::string resume = args.str("resume");
+    const bool resume_latest = resume == "latest";
+    if (resume_latest) resume = latest_checkpoint(out_dir, ck);  // "": none yet, a fresh start
     if (!resume.empty()) {
-        if (resume == "latest") resume = latest_checkpoint(out_dir, ck);
-        else ck = verify_checkpoint(cm.world, resume);
+        if (!resume_latest) ck = verify_checkpoint(cm.world, resume);
         for (auto& [name, field] : config_fields(config)) {
             int64_t stored = ck.get_int(std::string("config.") + name, resume);
             const std::string n = name;
@@ -3723,6 +3737,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     const auto run_t0 = std::chrono::steady_clock::now();  // elapsed and ETA of the step line
     for (int step = start_step; step < max_steps; step++) {
         auto t0 = std::chrono::steady_clock::now();
+        comm_begin_step(cm, step + 1);
         comm_reset_counters(cm);
         if (const char* f = getenv("LLMC_FAULT_FAIL_RANK"))  // fault injection for the tests
             LLMC_CHECK(atoi(f) != cm.world_rank || step != start_step + 1, "fault injected on rank %d at step %d",
@@ -3823,10 +3838,20 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         }
         if ((sample_every > 0 && (step + 1) % sample_every == 0) || (last && sample_len > 0))
             print_sample(model, sample_len, temperature, top_k, tokenizer, sample_rng);
-        if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || (last && ckpt_every >= 0)) {
+        int stop_sig = 0, stop_rank = 0;  // a signal on any rank stops every rank after this step
+        const bool stopping = !last && stop_agreed(cm.world, stop_sig, stop_rank);
+        if (rank0 && stopping)
+            printf("%s on rank %d: stopping after step %d\n", strsignal(stop_sig), stop_rank, step + 1);
+        if ((ckpt_every > 0 && (step + 1) % ckpt_every == 0) || ((last || stopping) && ckpt_every >= 0)) {
             // not in the middle of a bad streak: --resume latest should land before the trouble began
             if (bad_in_a_row == 0) save(step + 1);
             else printf("checkpoint at step %d not written: the step was skipped as non-finite\n", step + 1);
+        }
+        comm_end_step(cm);
+        if (stopping) {
+            if (rank0) printf("stopped by signal at step %d; continue with --resume latest%s\n", step + 1,
+                              ckpt_every < 0 ? " (--ckpt_every -1: no checkpoint was written)" : "");
+            return STOP_EXIT_CODE;
         }
     }
     if (!export_llmc.empty()) {

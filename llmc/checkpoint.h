@@ -11,7 +11,10 @@
 // writes the table runs it owns with pwrite (in parallel), chunk by chunk as it copies them out of
 // its buffers (train_gpt.cu: gpt_write_state), and fsyncs; then rank 0 writes the header (with the
 // checksum of the whole content) last, fsyncs and renames <path>.tmp to <path>. A crash at any
-// moment leaves either no <path> or a complete one; a .tmp never loads.
+// moment leaves either no <path> or a complete one; a .tmp never loads, nor counts as a run's
+// checkpoint, and the next trainer on the out_dir removes it once it holds the lock
+// (llmc/run_dir.h). A write that fails on a rank (disk full, an fsync error, a non-finite state)
+// removes the .tmp on its way out (the writer's destructor), so it does not hold the space.
 //
 // Reading is two passes, neither of which holds the file: verify_checkpoint (collective, before the
 // model is allocated: the config comes from the checkpoint) reads the header on every rank and
@@ -162,6 +165,8 @@ inline void pread_or_fail(int fd, void* dst, size_t bytes, uint64_t offset, cons
 // Writes a checkpoint collectively over g: the constructor (collective) creates <path>.tmp at its
 // full size, write_range is each rank's part, in any order and pieces, and finish (collective)
 // publishes it. Every table element of the three arrays must be written by exactly one rank.
+// The waits inside (the barriers, the checksum gather) follow each rank's disk writes: they get
+// the long-work deadline (comm.h's CommLongWork).
 struct CheckpointWriter {
     const CommGroup& g;
     const std::string path, tmp;
@@ -169,6 +174,8 @@ struct CheckpointWriter {
     const uint64_t n_params, data_offset;
     uint64_t hash = 0;  // the checksum terms of what this rank wrote
     int fd = -1;
+    bool published = false;  // renamed to path: the .tmp is gone
+    const CommLongWork long_work;
 
     CheckpointWriter(const CommGroup& group, const std::string& path_, const Checkpoint& ck, uint64_t n)
         : g(group), path(path_), tmp(path_ + ".tmp"), header(ckpt_header_bytes(ck, n)), n_params(n),
@@ -177,17 +184,26 @@ struct CheckpointWriter {
             int f = open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
             LLMC_CHECK(f >= 0, "%s: cannot create (%s)", tmp.c_str(), strerror(errno));
             const bool sized = ftruncate(f, (off_t)(data_offset + 12 * n_params)) == 0;
+            const int err = errno;
             close(f);
-            LLMC_CHECK(sized, "%s: cannot size the file (%s)", tmp.c_str(), strerror(errno));
+            if (!sized) abandon();  // the constructor throws: no destructor runs
+            LLMC_CHECK(sized, "%s: cannot size the file (%s)", tmp.c_str(), strerror(err));
         }
         barrier(g);
         fd = open(tmp.c_str(), O_WRONLY);
-        LLMC_CHECK(fd >= 0, "%s: cannot open on rank %d (%s); ranks need one shared out_dir", tmp.c_str(), g.rank,
-                   strerror(errno));
+        if (fd < 0) {
+            const int err = errno;
+            abandon();
+            LLMC_FAIL("%s: cannot open on rank %d (%s); ranks need one shared out_dir", tmp.c_str(), g.rank, strerror(err));
+        }
     }
     CheckpointWriter(const CheckpointWriter&) = delete;
     CheckpointWriter& operator=(const CheckpointWriter&) = delete;
-    ~CheckpointWriter() { if (fd >= 0) close(fd); }
+    // A write that did not finish (an error on this rank unwinds through here) leaves no .tmp.
+    ~CheckpointWriter() {
+        if (fd >= 0) close(fd);
+        if (!published) abandon();
+    }
 
     // table elements [begin, begin + n) of array a (0 params, 1 adam m, 2 adam v)
     void write_range(int a, uint64_t begin, size_t n, const float* values) {
@@ -199,6 +215,8 @@ struct CheckpointWriter {
         hash += ckpt_hash_words(values, n, word);
     }
     // This rank gives up (its error stops the job): the .tmp goes, so nothing of this save is left.
+    // Any rank may remove it: the others' writes then go to a file without a name, which no rename
+    // can publish (rank 0's reopen fails, or it never gets this rank's checksum terms).
     void abandon() { remove(tmp.c_str()); }
 
     // Collective: every rank fsyncs its part; the checksum terms are gathered; rank 0 writes the
@@ -222,11 +240,13 @@ struct CheckpointWriter {
             close(f);
             LLMC_CHECK(ok, "%s: fsync failed (%s)", tmp.c_str(), strerror(errno));
             LLMC_CHECK(rename(tmp.c_str(), path.c_str()) == 0, "%s: rename failed (%s)", path.c_str(), strerror(errno));
+            published = true;
             std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/'));
             int dfd = open(dir.empty() ? "/" : dir.c_str(), O_RDONLY);
             if (dfd >= 0) { fsync(dfd); close(dfd); }
         }
         barrier(g);  // nobody goes on (or reads the checkpoint) before it exists
+        published = true;  // (on the other ranks: rank 0 renamed it)
     }
 };
 
@@ -311,6 +331,7 @@ inline int64_t checkpoint_step(const std::string& path) {
 // header (fields, n_params) or every rank throws the same error, the first failing rank's: callers
 // agree without another collective. One process (tests, tools): CommGroup{} .
 inline Checkpoint verify_checkpoint(const CommGroup& g, const std::string& path) {
+    const CommLongWork long_work;  // the verdict gather follows each rank's reads
     struct Verdict {
         uint64_t header_hash = 0, stored = 0, hash = 0;
         int failed = 0;

@@ -26,13 +26,44 @@
 // Failure: comm_abort() stops every rank (ncclCommAbort, then MPI_Abort); main() calls it on any
 // error, so one rank's error ends the job with that rank named instead of leaving the others
 // waiting in a collective.
+//
+// Deadlines (--comm_timeout, Comm::timeout_s). A rank that is stopped, hung or on a lost node
+// never errors: the others would wait for it forever. So every MPI wait for other ranks (a
+// collective, a group of transfers, a host collective, a barrier) is a non-blocking call completed
+// in a polling loop with a deadline (comm_wait); when it passes, the job aborts with one message
+// naming the operation, the step and the ranks that did not arrive. The NCCL build adds a watchdog
+// thread over the buffer collectives on the GPU (see "NCCL watchdog" below).
+//  - What counts: only the time one rank spends inside one wait. Local work between waits never
+//    counts, however long. A rank's peers do wait for it, but for a step's compute they wait only
+//    for the imbalance between ranks (every rank does the same work), far below the default.
+//  - Long local work that is not balanced: checkpoint I/O (each rank's share of the writes and its
+//    fsync, rank 0's header, fsync and rename; the verify pass of a resume), an llm.c export that
+//    rank 0 writes alone, and the start-up before the first step has completed (data, allocation,
+//    the first use of each communicator). The waits inside a CommLongWork section (scoped; the
+//    checkpoint writer and verify_checkpoint hold one) and before the first step is over get
+//    COMM_LONG_WORK_FACTOR x the timeout: a slow disk does not trip it, a stopped rank is still
+//    found, later.
+//  - Who did not arrive: on expiry the rank asks every rank of the world for its state on a
+//    communicator of its own (every rank answers while it waits, in any wait). An answer says
+//    which operation the rank waits in and how many collectives it has entered on each group, so
+//    the members of the group that have not entered this collective are known; a transfer group
+//    names the peers of its incomplete transfers; a rank that does not answer within COMM_PROBE_S
+//    is named as not responding (stopped, hung, busy far beyond the deadline, or its node is gone).
+//  - One message: the lowest-numbered rank that is waiting reports (its error aborts the job);
+//    the others keep answering until that abort ends them (or report themselves after a grace
+//    period, if it never comes).
 #pragma once
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+#include <sched.h>
+#include <time.h>
 #include <unistd.h>
 #include "utils.h"
 #ifdef LLMC_MPI
@@ -47,9 +78,23 @@
 
 // what the byte counters are kept by
 enum CommOp { COMM_ALL_GATHER = 0, COMM_ALL_TO_ALL, COMM_BROADCAST, COMM_P2P, COMM_HOST, COMM_N_OPS };
+constexpr int COMM_BARRIER = COMM_N_OPS;  // a wait with no bytes: no counter
 inline const char* comm_op_name(int op) {
-    static const char* names[] = {"all_gather", "all_to_all", "broadcast", "send/recv", "host (scalars)"};
-    return names[op];
+    static const char* names[] = {"all_gather", "all_to_all", "broadcast", "send/recv", "host (scalars)", "barrier"};
+    return op >= 0 && op <= COMM_BARRIER ? names[op] : "?";
+}
+// how a timeout names the operation
+inline const char* comm_op_title(int op) {
+    static const char* names[] = {"all_gather", "all_to_all", "broadcast", "send/recv", "host all_gather", "barrier"};
+    return op >= 0 && op <= COMM_BARRIER ? names[op] : "?";
+}
+
+// the groups, by id (timeouts name them and count the collectives each rank has entered on each)
+enum CommGroupId { CG_WORLD = 0, CG_DP, CG_PP, CG_TP, CG_EP, CG_EDP, CG_TP_KV, COMM_N_GROUPS };
+inline const char* comm_group_name(int id) {
+    static const char* names[] = {"world", "data-parallel", "pipeline", "tensor-parallel", "expert-parallel",
+                                  "expert data-parallel", "shared-kv-head"};
+    return id >= 0 && id < COMM_N_GROUPS ? names[id] : "?";
 }
 
 struct CommGroup {
@@ -60,6 +105,20 @@ struct CommGroup {
 #ifdef LLMC_NCCL
     ncclComm_t nccl = nullptr;
 #endif
+    int id = CG_WORLD;
+};
+
+constexpr double COMM_DEFAULT_TIMEOUT_S = 300;
+constexpr double COMM_LONG_WORK_FACTOR = 10;  // the waits of checkpoint I/O, exports and the start-up
+constexpr double COMM_PROBE_S = 5;            // at most this long for the other ranks' answers on a timeout
+
+// What a rank tells a timed-out rank about itself.
+struct CommRankState {
+    int32_t waiting = 0;            // 1: inside a wait now (only waiting ranks answer, so always 1 in an answer)
+    int32_t op = -1, group = -1;    // the wait's operation and group id
+    int64_t step = 0;
+    double waited_s = 0, bound_s = 0;
+    uint64_t calls[COMM_N_GROUPS] = {};  // collectives entered on each group
 };
 
 struct Comm {
@@ -71,6 +130,17 @@ struct Comm {
     CommGroup tp_kv;  // the tp ranks that share a kv head (--tp > n_kv_head): they sum its gradients
     uint64_t sent_bytes[COMM_N_OPS] = {}, recv_bytes[COMM_N_OPS] = {};
     bool initialized = false;
+    // deadlines (see the top of this file)
+    double timeout_s = COMM_DEFAULT_TIMEOUT_S;  // --comm_timeout; 0: none
+    int64_t step = 0;                           // the step being run (1-based; 0: the start-up)
+    bool started = false;                       // the first step has completed
+    int long_work = 0;                          // CommLongWork sections open
+    CommRankState state;                        // this rank's, as it answers
+    double wait_t0 = 0;
+#ifdef LLMC_MPI
+    MPI_Comm diag = MPI_COMM_NULL;              // the timeout's questions and answers, apart from the traffic
+    std::vector<CommRankState> answers;         // one send buffer per asking rank
+#endif
 #ifdef LLMC_NCCL
     cudaStream_t stream = nullptr;
     cudaEvent_t compute_done = nullptr, comm_done = nullptr;
@@ -139,6 +209,11 @@ inline Comm& comm_init(int* argc, char*** argv) {
     mpiCheck(MPI_Comm_rank(MPI_COMM_WORLD, &c.world_rank));
     mpiCheck(MPI_Comm_size(MPI_COMM_WORLD, &c.world_size));
     c.world.mpi = MPI_COMM_WORLD;
+    if (c.world_size > 1) {
+        mpiCheck(MPI_Comm_dup(MPI_COMM_WORLD, &c.diag));
+        MPI_Comm_set_errhandler(c.diag, MPI_ERRORS_RETURN);
+        c.answers.resize(c.world_size);
+    }
 #if !defined(LLMC_CPU) && !defined(LLMC_NCCL)
     // a CUDA build with MPI but without NCCL would hand device pointers to MPI (which a build of MPI
     // without CUDA support dereferences on the host): one rank only
@@ -194,6 +269,11 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1, int ep = 1) {
                "data-parallel ranks (the number of processes must be a multiple of pp * tp: dp = processes / (pp tp))",
                c.world_size, pp, tp, dp);
     c.n_stages = pp;
+    c.dp.id = CG_DP;
+    c.pp.id = CG_PP;
+    c.tp.id = CG_TP;
+    c.ep.id = CG_EP;
+    c.edp.id = CG_EDP;
     c.stage = c.world_rank / (dp * tp);
     c.dp.rank = c.world_rank / tp % dp;
     c.dp.size = dp;
@@ -237,6 +317,7 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1, int ep = 1) {
 inline void comm_make_kv_group(Comm& c, int kv_share) {
     LLMC_CHECK(kv_share >= 1 && c.tp.size % kv_share == 0, "internal: %d ranks sharing a kv head in --tp %d", kv_share,
                c.tp.size);
+    c.tp_kv.id = CG_TP_KV;
     c.tp_kv.rank = c.tp.rank % kv_share;
     c.tp_kv.size = kv_share;
 #ifdef LLMC_MPI
@@ -289,6 +370,115 @@ inline void comm_abort(int code) {
     (void)code;
 }
 
+// --comm_timeout: seconds a wait may take (0: no deadline); set before the first collective
+inline void comm_set_timeout(Comm& c, double seconds) {
+    LLMC_CHECK(std::isfinite(seconds) && seconds >= 0, "--comm_timeout: must be a number of seconds >= 0 (0: none), got %g",
+               seconds);
+    c.timeout_s = seconds;
+}
+// the training loop: the step about to run (1-based), and that the first one has completed
+inline void comm_begin_step(Comm& c, int64_t step) { c.step = step; }
+inline void comm_end_step(Comm& c) { c.started = true; }
+
+// Long local work (checkpoint I/O, an export): the waits inside get COMM_LONG_WORK_FACTOR x the
+// timeout, since a rank's peers wait for its disk (see the top of this file).
+struct CommLongWork {
+    CommLongWork() { comm_world().long_work++; }
+    ~CommLongWork() { comm_world().long_work--; }
+    CommLongWork(const CommLongWork&) = delete;
+    CommLongWork& operator=(const CommLongWork&) = delete;
+};
+
+inline double comm_now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+// the deadline of a wait that starts now (0: none)
+inline double comm_bound_s(const Comm& c) {
+    return c.long_work > 0 || !c.started ? COMM_LONG_WORK_FACTOR * c.timeout_s : c.timeout_s;
+}
+inline std::string comm_step_text(int64_t step) {
+    return step > 0 ? strfmt("at step %lld", (long long)step) : std::string("during the start-up");
+}
+
+#ifdef LLMC_MPI
+constexpr int COMM_TAG_ASK = 1, COMM_TAG_STATE = 2;
+// Answers the questions of timed-out ranks (this rank is waiting: its state says in what).
+inline void comm_answer(Comm& c) {
+    if (c.diag == MPI_COMM_NULL) return;
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, COMM_TAG_ASK, c.diag, &flag, &st) != MPI_SUCCESS || !flag) return;
+        int token = 0;
+        if (MPI_Recv(&token, 1, MPI_INT, st.MPI_SOURCE, COMM_TAG_ASK, c.diag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+        CommRankState& a = c.answers[st.MPI_SOURCE];  // stays untouched until the send completes: one question per rank
+        a = c.state;
+        a.step = c.step;
+        a.waited_s = comm_now_s() - c.wait_t0;
+        MPI_Request r;
+        if (MPI_Isend(&a, sizeof(a), MPI_BYTE, st.MPI_SOURCE, COMM_TAG_STATE, c.diag, &r) == MPI_SUCCESS) MPI_Request_free(&r);
+    }
+}
+// a pause in a wait: a yield at first (a peer sharing the core may be the one we wait for), then
+// short sleeps, so a long wait does not burn a core
+inline void comm_relax(double waited_s) {
+    if (waited_s < 0.01) { sched_yield(); return; }
+    const struct timespec ts = {0, waited_s < 1 ? 100000L : 1000000L};
+    nanosleep(&ts, nullptr);
+}
+// the world ranks of a group's members
+inline std::vector<int> comm_world_ranks(const CommGroup& g) {
+    std::vector<int> in(g.size), out(g.size, -1);
+    for (int r = 0; r < g.size; r++) in[r] = r;
+    MPI_Group mine, world;
+    if (MPI_Comm_group(g.mpi, &mine) == MPI_SUCCESS && MPI_Comm_group(MPI_COMM_WORLD, &world) == MPI_SUCCESS)
+        MPI_Group_translate_ranks(mine, g.size, in.data(), world, out.data());
+    return out;
+}
+// "0-3, 6": sorted ranks, runs as ranges
+inline std::string comm_rank_list(const std::vector<int>& ranks) {
+    std::string s;
+    for (size_t k = 0; k < ranks.size();) {
+        size_t e = k;
+        while (e + 1 < ranks.size() && ranks[e + 1] == ranks[e] + 1) e++;
+        s += (k ? ", " : "") + std::to_string(ranks[k]) + (e > k ? "-" + std::to_string(ranks[e]) : "");
+        k = e + 1;
+    }
+    return s;
+}
+
+struct P2POp;
+// A wait that passed its deadline: asks every rank for its state, names who did not arrive, and
+// either reports (throws: main() aborts the job) or, when a lower-numbered rank is waiting too and
+// will report, keeps answering until its abort ends this process.
+[[noreturn]] inline void comm_timed_out(const CommGroup& g, int op, int n, MPI_Request* reqs, const P2POp* p2p,
+                                        double waited_s, double bound_s);
+
+// Completes n requests of an operation on group g within the deadline (p2p: the transfers, to
+// name the peers of the incomplete ones; null for a collective).
+inline void comm_wait(const CommGroup& g, int op, int n, MPI_Request* reqs, const P2POp* p2p = nullptr) {
+    Comm& c = comm_world();
+    int done = 0;
+    mpiCheck(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    const double t0 = comm_now_s(), bound = comm_bound_s(c);
+    c.wait_t0 = t0;
+    c.state.waiting = 1;
+    c.state.op = op;
+    c.state.group = g.id;
+    c.state.bound_s = bound;
+    for (;;) {
+        mpiCheck(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
+        if (done) break;
+        const double waited = comm_now_s() - t0;
+        if (bound > 0 && waited > bound) comm_timed_out(g, op, n, reqs, p2p, waited, bound);
+        if (waited > 0.001) comm_answer(c);
+        comm_relax(waited);
+    }
+    c.state.waiting = 0;
+}
+#endif
+
 #ifdef LLMC_NCCL
 // buffer collectives: the comm stream starts after the work queued so far on the compute stream,
 // and the compute stream continues after the collective
@@ -317,8 +507,11 @@ inline void all_gather(const CommGroup& g, const void* send, void* recv, size_t 
     comm_stream_leave(c);
 #elif defined(LLMC_MPI)
     const bool in_place = send == (char*)recv + (size_t)g.rank * bytes;
-    mpiCheck(MPI_Allgather(in_place ? MPI_IN_PLACE : send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes),
-                           MPI_BYTE, g.mpi));
+    MPI_Request req;
+    c.state.calls[g.id]++;
+    mpiCheck(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes),
+                            MPI_BYTE, g.mpi, &req));
+    comm_wait(g, COMM_ALL_GATHER, 1, &req);
 #endif
 }
 
@@ -338,7 +531,10 @@ inline void all_to_all(const CommGroup& g, const void* send, void* recv, size_t 
     ncclCheck(ncclGroupEnd());
     comm_stream_leave(c);
 #elif defined(LLMC_MPI)
-    mpiCheck(MPI_Alltoall(send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes), MPI_BYTE, g.mpi));
+    MPI_Request req;
+    c.state.calls[g.id]++;
+    mpiCheck(MPI_Ialltoall(send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes), MPI_BYTE, g.mpi, &req));
+    comm_wait(g, COMM_ALL_TO_ALL, 1, &req);
 #else
     (void)send;
     (void)recv;
@@ -355,6 +551,105 @@ struct P2POp {
     size_t bytes;
     int peer, tag;
 };
+#ifdef LLMC_MPI
+// how long a timed-out rank waits for the others' answers (a short timeout, in tests: shorter)
+inline double comm_probe_s(const Comm& c) { return std::min(COMM_PROBE_S, std::max(1.0, c.timeout_s)); }
+// Every other rank's state: asks them all and collects the answers for up to COMM_PROBE_S,
+// answering the others' questions meanwhile. answered[r]: rank r answered (this rank counts as).
+inline std::vector<CommRankState> comm_ask_all(Comm& c, std::vector<char>& answered) {
+    const int n = c.world_size;
+    std::vector<CommRankState> st(n);
+    answered.assign(n, 0);
+    st[c.world_rank] = c.state;
+    st[c.world_rank].step = c.step;
+    st[c.world_rank].waited_s = comm_now_s() - c.wait_t0;
+    answered[c.world_rank] = 1;
+    static int token = 0;  // the question has no content; a static buffer outlives the sends
+    std::vector<MPI_Request> ask(n, MPI_REQUEST_NULL), answer(n, MPI_REQUEST_NULL);
+    for (int r = 0; r < n; r++) {
+        if (r == c.world_rank) continue;
+        // errors are ignored here: a lost rank is what is being diagnosed
+        MPI_Isend(&token, 1, MPI_INT, r, COMM_TAG_ASK, c.diag, &ask[r]);
+        MPI_Irecv(&st[r], sizeof(CommRankState), MPI_BYTE, r, COMM_TAG_STATE, c.diag, &answer[r]);
+    }
+    const double t0 = comm_now_s(), probe = comm_probe_s(c);
+    int missing = n - 1;
+    while (missing > 0 && comm_now_s() - t0 < probe) {
+        for (int r = 0; r < n; r++) {
+            if (answered[r]) continue;
+            int flag = 0;
+            if (MPI_Test(&answer[r], &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) answered[r] = 1, missing--;
+        }
+        comm_answer(c);
+        comm_relax(0.5);
+    }
+    for (MPI_Request& r : ask) if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    // the unanswered receives stay posted: this process is about to end
+    return st;
+}
+
+inline void comm_timed_out(const CommGroup& g, int op, int n, MPI_Request* reqs, const P2POp* p2p, double waited_s,
+                           double bound_s) {
+    Comm& c = comm_world();
+    const std::vector<int> members = comm_world_ranks(g);
+    // who is missing from this operation, in world ranks
+    std::vector<int> absent;
+    if (p2p) {  // the peers of the transfers that have not completed (a completed request tests as done)
+        for (int k = 0; k < n; k++) {
+            int flag = 0;
+            MPI_Test(&reqs[k], &flag, MPI_STATUS_IGNORE);
+            const int peer = p2p[k].peer >= 0 && p2p[k].peer < g.size ? members[p2p[k].peer] : -1;
+            if (!flag && peer >= 0 && std::find(absent.begin(), absent.end(), peer) == absent.end()) absent.push_back(peer);
+        }
+    }
+    std::vector<char> answered;
+    const std::vector<CommRankState> st = comm_ask_all(c, answered);
+    if (!p2p) {  // a collective: the members that have not entered it (as many calls on the group as this rank)
+        for (int r : members)
+            if (r != c.world_rank && (!answered[r] || st[r].calls[g.id] < c.state.calls[g.id])) absent.push_back(r);
+    }
+    std::sort(absent.begin(), absent.end());
+    const double probe = comm_probe_s(c);
+    auto describe = [&](int r) {
+        if (!answered[r]) return strfmt("rank %d (not responding within %.0f s: stopped, hung, or its node is gone)", r, probe);
+        const CommRankState& s = st[r];
+        return strfmt("rank %d (waiting in %s on the %s group %s for %.1f s)", r, comm_op_title(s.op),
+                      comm_group_name(s.group), comm_step_text(s.step).c_str(), s.waited_s);
+    };
+    std::string msg = strfmt("comm timeout %s: %s on the %s group (world ranks %s) did not complete within %.0f s "
+                             "(--comm_timeout %g%s)", comm_step_text(c.step).c_str(), comm_op_title(op),
+                             comm_group_name(g.id), comm_rank_list(members).c_str(), waited_s, c.timeout_s,
+                             bound_s > c.timeout_s ? strfmt(", x%g for checkpoint I/O and the start-up",
+                                                            COMM_LONG_WORK_FACTOR).c_str() : "");
+    if (absent.empty()) {
+        msg += "; every rank of the group has arrived (the transport itself is stuck)";
+    } else {
+        msg += "; did not arrive:";
+        for (size_t k = 0; k < absent.size(); k++) msg += (k ? ", " : " ") + describe(absent[k]);
+    }
+    std::vector<int> silent;  // the ones not named yet: where a chain of waits ends
+    for (int r = 0; r < c.world_size; r++)
+        if (!answered[r] && std::find(absent.begin(), absent.end(), r) == absent.end()) silent.push_back(r);
+    if (!silent.empty())
+        msg += strfmt("; not responding within %.0f s: rank%s %s (stopped, hung, or its node is gone)", probe,
+                      silent.size() > 1 ? "s" : "", comm_rank_list(silent).c_str());
+    // one message: a lower-numbered rank that waits too reports instead (it times out at most its
+    // remaining time later, then asks for COMM_PROBE_S); this rank answers until that abort ends it
+    int reporter = c.world_rank;
+    for (int r = 0; r < c.world_rank; r++)
+        if (answered[r] && st[r].waiting) { reporter = r; break; }
+    if (reporter != c.world_rank) {
+        const CommRankState& s = st[reporter];
+        const double grace = std::max(0.0, s.bound_s - s.waited_s) + 2 * COMM_PROBE_S + 10;
+        for (const double t0 = comm_now_s(); comm_now_s() - t0 < grace;) {
+            comm_answer(c);
+            comm_relax(1);
+        }
+    }
+    LLMC_FAIL("%s", msg.c_str());
+}
+#endif
+
 inline void p2p_group(const CommGroup& g, const std::vector<P2POp>& ops) {
     Comm& c = comm_world();
     if (ops.empty()) return;
@@ -379,7 +674,7 @@ inline void p2p_group(const CommGroup& g, const std::vector<P2POp>& ops) {
         if (op.send) mpiCheck(MPI_Isend(op.buf, mpi_count(op.bytes), MPI_BYTE, op.peer, op.tag, g.mpi, &req[k]));
         else mpiCheck(MPI_Irecv(op.buf, mpi_count(op.bytes), MPI_BYTE, op.peer, op.tag, g.mpi, &req[k]));
     }
-    mpiCheck(MPI_Waitall((int)req.size(), req.data(), MPI_STATUSES_IGNORE));
+    comm_wait(g, COMM_P2P, (int)req.size(), req.data(), ops.data());
 #else
     LLMC_FAIL("p2p: a transfer in a single-process build");
 #endif
@@ -396,7 +691,10 @@ inline void broadcast(const CommGroup& g, void* buf, size_t bytes, int root) {
     ncclCheck(ncclBroadcast(buf, buf, bytes, ncclInt8, root, g.nccl, c.stream));
     comm_stream_leave(c);
 #elif defined(LLMC_MPI)
-    mpiCheck(MPI_Bcast(buf, mpi_count(bytes), MPI_BYTE, root, g.mpi));
+    MPI_Request req;
+    c.state.calls[g.id]++;
+    mpiCheck(MPI_Ibcast(buf, mpi_count(bytes), MPI_BYTE, root, g.mpi, &req));
+    comm_wait(g, COMM_BROADCAST, 1, &req);
 #else
     (void)buf;
 #endif
@@ -412,7 +710,10 @@ inline void host_all_gather(const CommGroup& g, const void* send, void* recv, si
     c.sent_bytes[COMM_HOST] += bytes * (g.size - 1);
     c.recv_bytes[COMM_HOST] += bytes * (g.size - 1);
 #ifdef LLMC_MPI
-    mpiCheck(MPI_Allgather(send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes), MPI_BYTE, g.mpi));
+    MPI_Request req;
+    c.state.calls[g.id]++;
+    mpiCheck(MPI_Iallgather(send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes), MPI_BYTE, g.mpi, &req));
+    comm_wait(g, COMM_HOST, 1, &req);
 #endif
 }
 
@@ -430,7 +731,10 @@ inline void barrier(const CommGroup& g) {
     cudaCheck(cudaStreamSynchronize(llmc_stream()));
 #endif
 #ifdef LLMC_MPI
-    mpiCheck(MPI_Barrier(g.mpi));
+    MPI_Request req;
+    comm_world().state.calls[g.id]++;
+    mpiCheck(MPI_Ibarrier(g.mpi, &req));
+    comm_wait(g, COMM_BARRIER, 1, &req);
 #endif
 }
 

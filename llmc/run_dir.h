@@ -9,6 +9,9 @@
 //  - claim_out_dir: a fresh run (no --resume) into an out_dir that already holds checkpoints is
 //    refused unless --overwrite is given, in which case the old checkpoints and log are removed.
 //    Otherwise a later `--resume latest` would pick up the OTHER run's newest checkpoint.
+//    First, with the lock held (so no other trainer is writing one), it removes every
+//    ckpt_*.tmp: a checkpoint write that a crash or a kill interrupted. A .tmp is never a
+//    checkpoint of a run: it neither blocks a fresh start nor is offered to --resume.
 #pragma once
 #include <cerrno>
 #include <cstdio>
@@ -61,10 +64,15 @@ struct RunDirLock {
     bool held() const { return fd >= 0; }
 };
 
+inline bool is_checkpoint_tmp(const std::string& path) {
+    return path.size() >= 4 && path.compare(path.size() - 4, 4, ".tmp") == 0;
+}
 // Everything a previous run left that a fresh run must not mix with its own: checkpoints (files or,
-// for sharded formats, directories named ckpt_*), their temp files, and the log.
+// for sharded formats, directories named ckpt_*; not the .tmp of an interrupted write), and the log.
 inline std::vector<std::string> previous_run_checkpoints(const std::string& out_dir) {
-    return glob_files(out_dir + "/ckpt_*");
+    std::vector<std::string> out;
+    for (const std::string& p : glob_files(out_dir + "/ckpt_*")) if (!is_checkpoint_tmp(p)) out.push_back(p);
+    return out;
 }
 
 inline void remove_tree(const std::string& path) {
@@ -75,10 +83,17 @@ inline void remove_tree(const std::string& path) {
     LLMC_CHECK(rc == 0, "%s: cannot remove (%s)", path.c_str(), strerror(errno));
 }
 
-// resuming: the run continues what is there, nothing to check. A fresh run: refused when the
-// directory holds checkpoints, unless overwrite (then they and the log are deleted first).
+// Stale temp files first (the caller holds the lock: see the top). Then, resuming: the run
+// continues what is there, nothing to check. A fresh run: refused when the directory holds
+// checkpoints, unless overwrite (then they and the log are deleted first).
 // Returns the number of checkpoints removed.
 inline size_t claim_out_dir(const std::string& out_dir, bool resuming, bool overwrite) {
+    for (const std::string& p : glob_files(out_dir + "/ckpt_*")) {
+        if (!is_checkpoint_tmp(p)) continue;
+        remove_tree(p);
+        printf("removed %s: a checkpoint write that did not finish (the trainer was killed while writing it)\n",
+               p.c_str());
+    }
     if (resuming) return 0;
     std::vector<std::string> old = previous_run_checkpoints(out_dir);
     if (old.empty()) return 0;
