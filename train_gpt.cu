@@ -2929,6 +2929,52 @@ static std::vector<std::pair<const char*, int*>> config_fields(GPTConfig& c) {
             {"expert_hidden", &c.expert_hidden}};
 }
 
+// an enum field's values by number (empty: a count)
+static std::vector<const char*> config_enum_names(const std::string& field) {
+    if (field == "mlp") return {"swiglu", "gelu"};
+    if (field == "pos") return {"alibi", "learned"};
+    if (field == "moe_group") return {"batch", "position"};
+    return {};
+}
+static std::string config_value_text(const std::string& field, int v) {
+    const std::vector<const char*> names = config_enum_names(field);
+    return v >= 0 && v < (int)names.size() ? names[v] : std::to_string(v);
+}
+// A checkpoint's config: every field range-checked, by its name in the file, before it is
+// narrowed to an int (llmc/checkpoint.h: checkpoint_int_field), then the config's own checks.
+static GPTConfig config_from_checkpoint(const Checkpoint& ck, const std::string& path) {
+    GPTConfig c;
+    for (auto& [name, field] : config_fields(c)) {
+        const std::string n = name;
+        const bool may_be_0 = n == "ffn_hidden" || n == "n_expert" || n == "expert_hidden";
+        *field = checkpoint_int_field(ck, "config." + n, path, may_be_0 ? 0 : 1, config_enum_names(n));
+    }
+    const double cf = ck.get_float("config.capacity_factor", path);
+    LLMC_CHECK(std::isfinite(cf) && cf > 0 && cf <= 3.4e38, "%s: checkpoint field config.capacity_factor = %g is not a "
+               "positive float (corrupt or written by another program)", path.c_str(), cf);
+    c.capacity_factor = (float)cf;
+    try {
+        c.finalize();
+    } catch (const LlmcError& e) {
+        LLMC_FAIL("%s: the checkpoint's config (its config.* fields) is refused: %s", path.c_str(), e.what());
+    }
+    return c;
+}
+
+// What the run was started with beyond what a resume must keep (the config, the batch shape, the
+// seed): stored in every checkpoint, so a resume says what it changes (llmc/checkpoint.h:
+// checkpoint_run_changes) instead of changing it silently.
+static std::vector<CheckpointField> run_settings(const Args& args, const DataLoader& train) {
+    std::vector<CheckpointField> out;
+    for (const char* flag : {"lr", "warmup", "final_lr_frac", "wsd_decay_frac", "weight_decay", "beta1", "beta2",
+                             "grad_clip", "max_steps"})
+        out.push_back({std::string("run.") + flag, 'f', 0, (double)args.f(flag)});
+    uint64_t data = ckpt_hash_bytes(nullptr, 0);
+    for (const ShardInfo& sh : train.shards) data = ckpt_splitmix(data ^ (uint64_t)file_fingerprint(sh.path));
+    out.push_back({"run.train", 'i', (int64_t)(data >> 1), 0});
+    return out;
+}
+
 // Optimizer values that would silently ruin a run (a negative lr ascends, beta >= 1 never
 // forgets, a NaN clip disables clipping) are refused up front, naming the flag.
 static void check_optimizer_flags(float lr, const OptimizerConfig& o) {
@@ -3522,21 +3568,19 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     if (resume_latest) resume = latest_checkpoint(out_dir, ck);  // "": none yet, a fresh start
     if (!resume.empty()) {
         if (!resume_latest) ck = verify_checkpoint(cm.world, resume);
-        for (auto& [name, field] : config_fields(config)) {
-            int64_t stored = ck.get_int(std::string("config.") + name, resume);
-            const std::string n = name;
-            bool explicit_flag = args.given.count(n) || preset_sets(args, n);
-            LLMC_CHECK(!explicit_flag || stored == *field,
-                       "%s: checkpoint has %s = %lld but the flags ask for %d; drop the flag or start a new run",
-                       resume.c_str(), name, (long long)stored, *field);
-            *field = (int)stored;
+        GPTConfig stored = config_from_checkpoint(ck, resume);
+        auto mine = config_fields(config), theirs = config_fields(stored);
+        for (size_t k = 0; k < mine.size(); k++) {
+            const std::string n = mine[k].first;
+            LLMC_CHECK(!(args.given.count(n) || preset_sets(args, n)) || *mine[k].second == *theirs[k].second,
+                       "%s: checkpoint has %s = %s but the flags ask for %s; drop the flag or start a new run",
+                       resume.c_str(), n.c_str(), config_value_text(n, *theirs[k].second).c_str(),
+                       config_value_text(n, *mine[k].second).c_str());
         }
-        const double stored_cf = ck.get_float("config.capacity_factor", resume);
-        LLMC_CHECK(!args.given.count("capacity_factor") || (float)stored_cf == config.capacity_factor,
-                   "%s: checkpoint has capacity_factor = %g but the flags ask for %g", resume.c_str(), stored_cf,
-                   config.capacity_factor);
-        config.capacity_factor = (float)stored_cf;
-        config.finalize();
+        LLMC_CHECK(!args.given.count("capacity_factor") || stored.capacity_factor == config.capacity_factor,
+                   "%s: checkpoint has capacity_factor = %g but the flags ask for %g", resume.c_str(),
+                   stored.capacity_factor, config.capacity_factor);
+        config = stored;
         // the global batch decides the math; how it is split over ranks does not
         const std::pair<const char*, int64_t> shape[] = {{"batch_size", B}, {"seq_len", T}, {"total_batch_tokens", total_batch}};
         for (auto& [name, v] : shape) {
@@ -3622,6 +3666,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
 
     DataLoader train_loader(args.str("train"), B, T, dp.rank, world, true, seed, config.vocab_size, "--train");
     const int eot = train_loader.eot;
+    const std::vector<CheckpointField> settings = run_settings(args, train_loader);  // stored in checkpoints
     const ShardInfo& first_shard = train_loader.shards[0];
     const Tokenizer tokenizer = find_tokenizer(args.str("tokenizer"), first_shard.path, first_shard.vocab_size, eot,
                                                first_shard.llmc_format);
@@ -3655,6 +3700,8 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
                             ck.get_int("loader.batch", resume)});
         sample_rng.state = (uint64_t)ck.get_int("rng.sample", resume);
         if (rank0) printf("resumed from %s at step %d\n", resume.c_str(), start_step);
+        for (const std::string& change : checkpoint_run_changes(ck, settings))
+            if (rank0) printf("note: resuming with %s\n", change.c_str());
     } else {
         if (!init_from.empty()) {
             gpt_load_llmc(model, init_file, init_from);
@@ -3717,6 +3764,7 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
         out.set_int("loader.shard", train_loader.state.shard);
         out.set_int("loader.batch", train_loader.state.batch);
         out.set_int("rng.sample", (int64_t)sample_rng.state);
+        for (const CheckpointField& f : settings) out.fields.push_back(f);
         const std::string path = checkpoint_path(out_dir, step);
         CheckpointWriter writer(cm.world, path, out, model.n_params);
         gpt_write_state(model, writer, step);  // refuses a non-finite state (each rank checks its slices)

@@ -15,10 +15,7 @@ int main(int argc, char** argv) {
     try {
         LLMC_CHECK(argc == 4, "usage: forward_logits CHECKPOINT TOKENS OUT");
         const Checkpoint ck = verify_checkpoint(CommGroup{}, argv[1]);
-        GPTConfig c;
-        for (auto& [name, field] : config_fields(c)) *field = (int)ck.get_int(std::string("config.") + name, argv[1]);
-        c.capacity_factor = (float)ck.get_float("config.capacity_factor", argv[1]);
-        c.finalize();
+        const GPTConfig c = config_from_checkpoint(ck, argv[1]);
         const long long bytes = file_size_bytes(argv[2]);
         LLMC_CHECK(bytes > 0 && bytes % 4 == 0, "%s: expected int32 token ids, the file has %lld bytes", argv[2], bytes);
         std::vector<int> tokens(bytes / 4);

@@ -75,6 +75,46 @@ struct Checkpoint {
         return f->f;
     }
 };
+// A field a caller narrows to an int, range-checked first and refused by its name in the file (a
+// header with a valid checksum may still hold anything another program or a bug wrote there).
+// names: an enum's values by number (the message says them), else [lo, INT32_MAX].
+inline int checkpoint_int_field(const Checkpoint& ck, const std::string& name, const std::string& path, int64_t lo,
+                                const std::vector<const char*>& names = {}) {
+    const int64_t v = ck.get_int(name, path);
+    if (!names.empty()) {
+        std::string list;
+        for (size_t k = 0; k < names.size(); k++) list += strfmt("%s%s (%zu)", k ? ", " : "", names[k], k);
+        LLMC_CHECK(v >= 0 && v < (int64_t)names.size(), "%s: checkpoint field %s = %lld is not one of %s (corrupt or "
+                   "written by another program)", path.c_str(), name.c_str(), (long long)v, list.c_str());
+    } else {
+        LLMC_CHECK(v >= lo && v <= INT32_MAX, "%s: checkpoint field %s = %lld is outside [%lld, %d] (corrupt or written "
+                   "by another program)", path.c_str(), name.c_str(), (long long)v, (long long)lo, INT32_MAX);
+    }
+    return (int)v;
+}
+
+// What a resume changes from the checkpoint's run, one line per setting: the fields of now that
+// the checkpoint holds with another value (fields it lacks, from an older file, are not compared).
+// The names are "run.<flag>": a float is a flag's value, an int the identity of the data a flag
+// names (file_fingerprint). The caller prints the lines (a resume may change them on purpose: a
+// lower --lr after a spike, more --max_steps; it should not do so silently).
+inline std::vector<std::string> checkpoint_run_changes(const Checkpoint& ck, const std::vector<CheckpointField>& now) {
+    std::vector<std::string> out;
+    for (const CheckpointField& f : now) {
+        const CheckpointField* was = ck.find(f.name);
+        if (!was || was->kind != f.kind || (f.kind == 'i' ? was->i == f.i : was->f == f.f)) continue;
+        const std::string flag = f.name.compare(0, 4, "run.") == 0 ? f.name.substr(4) : f.name;
+        if (f.kind == 'f') out.push_back(strfmt("--%s %g (the checkpoint's run: %g)", flag.c_str(), f.f, was->f));
+        else out.push_back(strfmt("--%s: other data than the checkpoint's run (identity %016llx, the checkpoint's run: "
+                                  "%016llx)", flag.c_str(), (unsigned long long)f.i, (unsigned long long)was->i));
+    }
+    return out;
+}
+
+// A cheap identity of a data file: its size and its first and last 4 KiB, hashed (another train
+// set shows as another value; reading whole shards would cost minutes on every rank).
+inline int64_t file_fingerprint(const std::string& path);
+
 // A whole checkpoint in memory (load_checkpoint: tests and tools, one process, small models).
 struct CheckpointContents : Checkpoint {
     std::vector<float> params, adam_m, adam_v;
@@ -379,6 +419,26 @@ inline Checkpoint verify_checkpoint(const CommGroup& g, const std::string& path)
                    path.c_str(), (unsigned long long)all[0].stored, (unsigned long long)sum);
     }
     return ck;
+}
+
+inline int64_t file_fingerprint(const std::string& path) {
+    FILE* f = fopen_or_fail(path, "rb");
+    struct stat st;
+    const bool ok = fstat(fileno(f), &st) == 0;
+    const uint64_t size = ok ? (uint64_t)st.st_size : 0, piece = std::min<uint64_t>(size, 4096);
+    std::vector<unsigned char> buf(piece);
+    uint64_t h = ckpt_hash_bytes((const unsigned char*)&size, sizeof(size));
+    try {
+        for (uint64_t at : {(uint64_t)0, size - piece}) {
+            pread_or_fail(fileno(f), buf.data(), piece, at, path);
+            h = ckpt_hash_bytes(buf.data(), piece, h);
+        }
+    } catch (...) {
+        fclose(f);
+        throw;
+    }
+    fclose(f);
+    return (int64_t)(h >> 1);  // a non-negative field value
 }
 
 // Reads table ranges of the arrays of a verified checkpoint (the ranges a rank holds).

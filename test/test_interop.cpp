@@ -182,9 +182,7 @@ TEST_CASE("llm.c model file: export then import gives identical parameters, in e
     const std::string out = run.dir + "/model.bin", out_bf16 = run.dir + "/model_bf16.bin";
     REQUIRE(run_train(run.args("a", 3, {"--export_llmc", out})) == 0);
     CheckpointContents ck = load_checkpoint(run.dir + "/a/ckpt_000000003.bin");
-    GPTConfig c;
-    for (auto& [name, field] : config_fields(c)) *field = (int)ck.get_int(std::string("config.") + name, "ck");
-    c.finalize();
+    const GPTConfig c = config_from_checkpoint(ck, "ck");
     LlmcModelFile f = read_llmc_model(out);
     CHECK(f.version == 3);
     const std::vector<ParamTensor> table = build_param_table(c);
