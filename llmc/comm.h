@@ -70,6 +70,10 @@
 #include <mpi.h>
 #endif
 #ifdef LLMC_NCCL
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <nccl.h>
 #endif
 #if !defined(LLMC_CPU) && defined(LLMC_MPI)
@@ -253,6 +257,8 @@ inline Comm& comm_init(int* argc, char*** argv) {
 }
 
 #ifdef LLMC_NCCL
+inline void nccl_watchdog_watch(const CommGroup& g);  // below, with the wait machinery
+inline void nccl_watchdog_start();
 // one NCCL communicator over an MPI group: the unique id from its rank 0
 inline void nccl_group_init(CommGroup& g) {
     ncclUniqueId id;
@@ -308,6 +314,9 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1, int ep = 1) {
         cudaCheck(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&c.compute_done, cudaEventDisableTiming));
         cudaCheck(cudaEventCreateWithFlags(&c.comm_done, cudaEventDisableTiming));
+        for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.ep, &c.edp})
+            if (g->nccl) nccl_watchdog_watch(*g);
+        nccl_watchdog_start();
     }
 #endif
 }
@@ -329,7 +338,10 @@ inline void comm_make_kv_group(Comm& c, int kv_share) {
     }
 #endif
 #ifdef LLMC_NCCL
-    if (kv_share > 1) nccl_group_init(c.tp_kv);
+    if (kv_share > 1) {
+        nccl_group_init(c.tp_kv);
+        nccl_watchdog_watch(c.tp_kv);
+    }
 #endif
 }
 
@@ -343,10 +355,14 @@ inline int launcher_local_size() {
     return 0;
 }
 
+#ifdef LLMC_NCCL
+inline void nccl_watchdog_stop();
+#endif
 inline void comm_finalize() {
     Comm& c = comm_world();
     if (!c.initialized) return;
 #ifdef LLMC_NCCL
+    nccl_watchdog_stop();
     for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.tp_kv, &c.ep, &c.edp})
         if (g->nccl) ncclCommDestroy(g->nccl);
 #endif
@@ -480,17 +496,146 @@ inline void comm_wait(const CommGroup& g, int op, int n, MPI_Request* reqs, cons
 #endif
 
 #ifdef LLMC_NCCL
+// NCCL watchdog. An NCCL call only queues work on the comm stream: the host never waits inside
+// it, so a thread keeps the deadline. Every buffer collective is bracketed by two events on the
+// comm stream: `start` completes when the collective can begin (the compute it follows is done),
+// `done` when it has finished. The thread polls the oldest pending collective (the stream runs
+// them in order): its deadline counts from the moment its start is seen complete, so only the
+// time the collective itself waits counts, never the compute queued before it; the bound is an
+// MPI wait's (comm_bound_s when it was queued: the long-work factor included). It also polls
+// ncclCommGetAsyncError of every communicator. On expiry or an async error it aborts every
+// communicator (ncclCommAbort: the kernels stop) and ends this process with exit code 1, which
+// makes the launcher end the job. NCCL does not tell which peer has not arrived: the message names
+// the operation, the step and the group's ranks (every live rank of the group times out; ranks
+// other than 0 wait 2 s before printing, as main() does, so the job usually shows one message).
+// The host collectives (MPI) keep their own deadline and name the missing ranks (comm_wait).
+struct NcclPending {
+    cudaEvent_t start, done;
+    int op, group;
+    int64_t step;
+    double bound_s, started_at_s = 0;
+};
+struct NcclWatchdog {
+    std::mutex mu;  // pending, spare and comms
+    std::deque<NcclPending> pending;
+    std::vector<cudaEvent_t> spare;
+    std::vector<ncclComm_t> comms;
+    std::string ranks[COMM_N_GROUPS];  // the groups' world ranks (MPI is for the main thread only)
+    std::thread thread;
+    std::atomic<bool> stop{false};
+    int device = 0;
+};
+inline NcclWatchdog& nccl_watchdog() {
+    static NcclWatchdog w;
+    return w;
+}
+inline void nccl_watchdog_watch(const CommGroup& g) {
+    NcclWatchdog& w = nccl_watchdog();
+    const std::string ranks = comm_rank_list(comm_world_ranks(g));
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.ranks[g.id] = ranks;
+    w.comms.push_back(g.nccl);
+}
+[[noreturn]] inline void nccl_watchdog_fire(const std::string& what) {
+    NcclWatchdog& w = nccl_watchdog();
+    const Comm& c = comm_world();
+    for (ncclComm_t comm : w.comms) ncclCommAbort(comm);
+    if (c.world_rank != 0) sleep(2);
+    fprintf(stderr, "error (rank %d of %d): %s\n", c.world_rank, c.world_size, what.c_str());
+    fflush(stderr);
+    fflush(stdout);
+    _exit(1);
+}
+inline void nccl_watchdog_loop() {
+    NcclWatchdog& w = nccl_watchdog();
+    if (cudaSetDevice(w.device) != cudaSuccess) return;
+    const Comm& c = comm_world();
+    while (!w.stop.load()) {
+        const struct timespec ts = {0, 100000000L};
+        nanosleep(&ts, nullptr);
+        std::unique_lock<std::mutex> lock(w.mu);
+        for (ncclComm_t comm : w.comms) {
+            ncclResult_t r = ncclSuccess;
+            if (ncclCommGetAsyncError(comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress) {
+                lock.unlock();
+                nccl_watchdog_fire(strfmt("NCCL reported an asynchronous error %s: %s", comm_step_text(c.step).c_str(),
+                                          ncclGetErrorString(r)));
+            }
+        }
+        while (!w.pending.empty()) {
+            NcclPending& p = w.pending.front();
+            const cudaError_t done = cudaEventQuery(p.done);
+            if (done == cudaSuccess) {
+                w.spare.push_back(p.start);
+                w.spare.push_back(p.done);
+                w.pending.pop_front();
+                continue;
+            }
+            if (done != cudaErrorNotReady) break;  // a CUDA error: the main thread's checks report it
+            const double now = comm_now_s();
+            if (p.started_at_s == 0 && cudaEventQuery(p.start) == cudaSuccess) p.started_at_s = now;
+            if (p.started_at_s > 0 && p.bound_s > 0 && now - p.started_at_s > p.bound_s) {
+                const std::string what = strfmt(
+                    "comm timeout %s: NCCL %s on the %s group (world ranks %s) did not complete within %.0f s "
+                    "(--comm_timeout %g%s): a rank of that group did not arrive (NCCL does not say which)",
+                    comm_step_text(p.step).c_str(), comm_op_title(p.op), comm_group_name(p.group),
+                    w.ranks[p.group].c_str(), now - p.started_at_s, c.timeout_s,
+                    p.bound_s > c.timeout_s ? ", x10 for checkpoint I/O and the start-up" : "");
+                lock.unlock();
+                nccl_watchdog_fire(what);
+            }
+            break;
+        }
+    }
+}
+inline void nccl_watchdog_start() {
+    NcclWatchdog& w = nccl_watchdog();
+    if (w.thread.joinable()) return;
+    cudaCheck(cudaGetDevice(&w.device));
+    w.stop = false;
+    w.thread = std::thread(nccl_watchdog_loop);
+}
+inline void nccl_watchdog_stop() {
+    NcclWatchdog& w = nccl_watchdog();
+    if (!w.thread.joinable()) return;
+    w.stop = true;
+    w.thread.join();
+}
+inline cudaEvent_t nccl_watchdog_event() {
+    NcclWatchdog& w = nccl_watchdog();
+    {
+        std::lock_guard<std::mutex> lock(w.mu);
+        if (!w.spare.empty()) {
+            cudaEvent_t e = w.spare.back();
+            w.spare.pop_back();
+            return e;
+        }
+    }
+    cudaEvent_t e;
+    cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+}
+
 // buffer collectives: the comm stream starts after the work queued so far on the compute stream,
-// and the compute stream continues after the collective
-inline void comm_stream_enter(Comm& c) {
+// and the compute stream continues after the collective; the watchdog gets the two events
+inline cudaEvent_t comm_stream_enter(Comm& c) {
     cudaCheck(cudaEventRecord(c.compute_done, llmc_stream()));
     cudaCheck(cudaStreamWaitEvent(c.stream, c.compute_done, 0));
+    cudaEvent_t start = nccl_watchdog_event();
+    cudaCheck(cudaEventRecord(start, c.stream));
+    return start;
 }
-inline void comm_stream_leave(Comm& c) {
+inline void comm_stream_leave(Comm& c, cudaEvent_t start, const CommGroup& g, int op) {
     cudaCheck(cudaEventRecord(c.comm_done, c.stream));
     cudaCheck(cudaStreamWaitEvent(llmc_stream(), c.comm_done, 0));
+    cudaEvent_t done = nccl_watchdog_event();
+    cudaCheck(cudaEventRecord(done, c.stream));
+    NcclWatchdog& w = nccl_watchdog();
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.pending.push_back({start, done, op, g.id, c.step, comm_bound_s(c)});
 }
 #endif
+
 
 // recv[r * bytes ...] = rank r's send (bytes each). In place when send == recv + rank * bytes.
 inline void all_gather(const CommGroup& g, const void* send, void* recv, size_t bytes) {
@@ -502,9 +647,9 @@ inline void all_gather(const CommGroup& g, const void* send, void* recv, size_t 
     c.sent_bytes[COMM_ALL_GATHER] += bytes * (g.size - 1);
     c.recv_bytes[COMM_ALL_GATHER] += bytes * (g.size - 1);
 #if defined(LLMC_NCCL)
-    comm_stream_enter(c);
+    cudaEvent_t start = comm_stream_enter(c);
     ncclCheck(ncclAllGather(send, recv, bytes, ncclInt8, g.nccl, c.stream));
-    comm_stream_leave(c);
+    comm_stream_leave(c, start, g, COMM_ALL_GATHER);
 #elif defined(LLMC_MPI)
     const bool in_place = send == (char*)recv + (size_t)g.rank * bytes;
     MPI_Request req;
@@ -522,14 +667,14 @@ inline void all_to_all(const CommGroup& g, const void* send, void* recv, size_t 
     c.sent_bytes[COMM_ALL_TO_ALL] += bytes * (g.size - 1);
     c.recv_bytes[COMM_ALL_TO_ALL] += bytes * (g.size - 1);
 #if defined(LLMC_NCCL)
-    comm_stream_enter(c);
+    cudaEvent_t start = comm_stream_enter(c);
     ncclCheck(ncclGroupStart());
     for (int r = 0; r < g.size; r++) {
         ncclCheck(ncclSend((const char*)send + (size_t)r * bytes, bytes, ncclInt8, r, g.nccl, c.stream));
         ncclCheck(ncclRecv((char*)recv + (size_t)r * bytes, bytes, ncclInt8, r, g.nccl, c.stream));
     }
     ncclCheck(ncclGroupEnd());
-    comm_stream_leave(c);
+    comm_stream_leave(c, start, g, COMM_ALL_TO_ALL);
 #elif defined(LLMC_MPI)
     MPI_Request req;
     c.state.calls[g.id]++;
@@ -659,14 +804,14 @@ inline void p2p_group(const CommGroup& g, const std::vector<P2POp>& ops) {
         (op.send ? c.sent_bytes : c.recv_bytes)[COMM_P2P] += op.bytes;
     }
 #if defined(LLMC_NCCL)
-    comm_stream_enter(c);
+    cudaEvent_t start = comm_stream_enter(c);
     ncclCheck(ncclGroupStart());
     for (const P2POp& op : ops) {
         if (op.send) ncclCheck(ncclSend(op.buf, op.bytes, ncclInt8, op.peer, g.nccl, c.stream));
         else ncclCheck(ncclRecv(op.buf, op.bytes, ncclInt8, op.peer, g.nccl, c.stream));
     }
     ncclCheck(ncclGroupEnd());
-    comm_stream_leave(c);
+    comm_stream_leave(c, start, g, COMM_P2P);
 #elif defined(LLMC_MPI)
     std::vector<MPI_Request> req(ops.size());
     for (size_t k = 0; k < ops.size(); k++) {
@@ -687,9 +832,9 @@ inline void broadcast(const CommGroup& g, void* buf, size_t bytes, int root) {
     c.sent_bytes[COMM_BROADCAST] += g.rank == root ? bytes * (g.size - 1) : 0;
     c.recv_bytes[COMM_BROADCAST] += g.rank == root ? 0 : bytes;
 #if defined(LLMC_NCCL)
-    comm_stream_enter(c);
+    cudaEvent_t start = comm_stream_enter(c);
     ncclCheck(ncclBroadcast(buf, buf, bytes, ncclInt8, root, g.nccl, c.stream));
-    comm_stream_leave(c);
+    comm_stream_leave(c, start, g, COMM_BROADCAST);
 #elif defined(LLMC_MPI)
     MPI_Request req;
     c.state.calls[g.id]++;
