@@ -3491,7 +3491,6 @@ static void gpt_export_llmc(const GPT& m, const std::string& path, bool bf16) {
     Args args;
     if (!parse_args(argc, argv, args)) { if (rank0) print_usage(); return 0; }
     comm_set_timeout(cm, args.f("comm_timeout"));
-    const StopSignals stop_signals;  // SIGINT / SIGTERM: stop after the step with a checkpoint (llmc/run_stop.h)
     GPTConfig config = config_from_args(args);
     const int B = args.i("batch_size", 1), T = args.i("seq_len", 1);
     LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
@@ -3951,6 +3950,9 @@ static int fail(const char* what) {
 int main(int argc, char** argv) {
     try {
         comm_init(&argc, &argv);
+        // SIGINT / SIGTERM: stop after the step with a checkpoint (llmc/run_stop.h); installed until
+        // the process ends, so a signal that comes after the stop was agreed does not kill it
+        const StopSignals stop_signals;
         int rc = train_main(argc, argv);
         comm_finalize();
         return rc;

@@ -266,9 +266,12 @@ struct CheckpointWriter {
         close(fd);
         fd = -1;
         LLMC_CHECK(synced, "%s: fsync failed (%s)", tmp.c_str(), strerror(errno));
-        // fault injection for the tests: this rank dies after writing its part, before the header
+        // fault injection for the tests: this rank dies after writing its part, before the header;
+        // or is slow to write it (LLMC_FAULT_CHECKPOINT_DELAY=<rank>:<ms>: a slow disk)
         if (const char* kill_rank = getenv("LLMC_FAULT_KILL_IN_CHECKPOINT"))
             if (atoi(kill_rank) == g.rank) raise(SIGKILL);
+        if (const char* delay = getenv("LLMC_FAULT_CHECKPOINT_DELAY"))
+            if (atoi(delay) == g.rank && strchr(delay, ':')) usleep((useconds_t)(1000 * atoi(strchr(delay, ':') + 1)));
         uint64_t total = ckpt_hash_bytes(header.data(), header.size());
         for (uint64_t h : host_gather_all<uint64_t>(g, hash)) total += h;
         if (g.rank == 0) {

@@ -9,6 +9,10 @@
 // process killed by that signal); the checkpoint being written, if any, stays a .tmp that the next
 // start removes (llmc/run_dir.h).
 //
+// SIGXFSZ is ignored for the same life: a file size limit (ulimit -f) then fails the write with
+// EFBIG, which is reported naming the file (and a checkpoint write cleans up its .tmp), instead of
+// killing the trainer without a word.
+//
 // Under mpirun the signal must reach the ranks: SLURM (scancel, preemption) signals every task;
 // Open MPI's mpirun, when it is signalled itself, kills its ranks one second later
 // (odls_base_sigkill_timeout), so send the signal to the rank processes, or raise that limit.
@@ -37,9 +41,9 @@ extern "C" inline void stop_signal_handler(int sig) {
     _exit(128 + sig);
 }
 
-// Installs the handlers for the life of the trainer (train_main); restores the previous ones.
+// Installs the handlers for the life of the object (the trainer's main()); restores the previous ones.
 struct StopSignals {
-    struct sigaction old_int, old_term;
+    struct sigaction old_int, old_term, old_xfsz;
     StopSignals() {
         stop_signal() = 0;
         struct sigaction sa;
@@ -49,10 +53,13 @@ struct StopSignals {
         sa.sa_flags = SA_RESTART;  // the first signal must not fail a read or a write in progress
         sigaction(SIGINT, &sa, &old_int);
         sigaction(SIGTERM, &sa, &old_term);
+        sa.sa_handler = SIG_IGN;
+        sigaction(SIGXFSZ, &sa, &old_xfsz);
     }
     ~StopSignals() {
         sigaction(SIGINT, &old_int, nullptr);
         sigaction(SIGTERM, &old_term, nullptr);
+        sigaction(SIGXFSZ, &old_xfsz, nullptr);
     }
     StopSignals(const StopSignals&) = delete;
     StopSignals& operator=(const StopSignals&) = delete;

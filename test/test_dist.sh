@@ -19,6 +19,12 @@
 #   9. tensor parallelism op by op (test/test_tp) under np 2, 3, 4 and 6: row- and column-parallel
 #      linears, vocab-parallel loss, attention activations and gradients vs the unsplit model
 #  10. expert parallel: --ep 2/4, both routing groups, -z 1/3, pp 2, tp 2, reshards, bad layouts
+#  11. what clusters do to a run: a stopped rank (SIGSTOP, np 4 dp and pp) ends the job within
+#      --comm_timeout + 10 s naming it, a slow checkpoint write does not; SIGTERM / SIGINT at a
+#      random step (one process, np 2, np 4) stop with a checkpoint of the stopping step and resume
+#      bitwise, a second signal exits at once; SIGKILL during the first checkpoint write (10
+#      trials): the same command with --resume latest works; a failed write leaves no .tmp;
+#      oversized checkpoint fields refused by name
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -134,7 +140,8 @@ run 2 "$out" $DENSE -d $TOK -x $STEPS -z 3 -y latest && grep -q "resumed from .*
 out=$W/kill_ckpt
 LLMC_FAULT_KILL_IN_CHECKPOINT=1 run 2 "$out.2" $DENSE -d $TOK -x 6 -n 3; rc=$?
 if [ $rc -ne 0 ] && [ ! -e "$out.2/ckpt_000000003.bin" ]; then pass; else fail "rank killed in checkpoint write: rc $rc, ckpt exists: $(ls "$out.2")"; fi
-run 2 "$out.2" $DENSE -d $TOK -x 3 -y latest 2>/dev/null; grep -q "no checkpoint in .* loads" "$out.2.log" && pass || fail "half-written checkpoint was loadable: $(tail -2 "$out.2.log")"
+run 2 "$out.2" $DENSE -d $TOK -x 3 -y latest && grep -q "holds no checkpoint yet; starting from step 0" "$out.2.log" && pass ||
+    fail "half-written checkpoint was loadable, or its .tmp blocked --resume latest: $(tail -2 "$out.2.log")"
 # a rank is SIGKILLed mid-run: the job ends non-zero within 60 s, naming the rank
 out=$W/kill_run
 ( timeout 120 $MPIRUN -np 2 "$BIN" $DENSE -d $TOK -x 100000 -v 0 -o "$out" >"$out.log" 2>&1; echo $? >"$out.rc" ) &
@@ -396,6 +403,163 @@ bad_tp 4 "ep 3 must divide the 4 data-parallel ranks" $ARGS --ep 3
 bad_tp 2 "ep 2 must divide --n_expert 3" $MOE --ep 2
 bad_tp 2 "the model has no experts" $DENSE --ep 2
 echo "test_dist: expert-parallel matrix done in $(( $(date +%s) - t0 )) s"
+
+# ---- 11. faults a cluster meets
+t0=$(date +%s)
+rank_pid() {  # rank_pid OUT RANK: the pid of that rank of the job writing to OUT
+    local p
+    for p in $(pgrep -f "^$BIN .*-o $1\$"); do
+        tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo $p; return; }
+    done
+}
+wait_step() {  # wait_step LOG N: until the log shows step N (at most 30 s)
+    local i
+    for i in $(seq 1 600); do grep -q "^step *$2/" "$1" 2>/dev/null && return 0; sleep 0.05; done
+    return 1
+}
+# a stopped rank: the others' wait passes --comm_timeout 3, the job ends naming the rank, one message
+for case in "dp 2" "pp 3"; do
+    set -- $case; layout=$1 victim=$2
+    out=$W/stall.$layout; extra=""; [ $layout = pp ] && extra="--pp 2"
+    ( timeout 120 $MPIRUN -np 4 "$BIN" $DENSE --n_layer 4 -d $TOK -x 100000 -v 0 $extra --comm_timeout 3 -o "$out" >"$out.log" 2>&1; echo $? >"$out.rc" ) &
+    job=$!
+    wait_step "$out.log" 3; pid=$(rank_pid "$out" $victim)
+    t_stop=$(date +%s); kill -STOP "$pid"; wait $job; took=$(( $(date +%s) - t_stop )); kill -CONT "$pid" 2>/dev/null
+    rc=$(cat "$out.rc"); n=$(grep -c "comm timeout" "$out.log")
+    if [ "$rc" -ne 0 ] && [ $took -le 13 ] && [ "$n" = 1 ] &&
+        grep -q "comm timeout at step [0-9]*: .*\(rank $victim (not responding\|not responding within [0-9]* s: rank $victim (\)" "$out.log"; then pass
+    else fail "stopped rank $victim ($layout): rc $rc after $took s, $n messages"; grep "error" "$out.log"; fi
+    echo "test_dist: rank $victim stopped ($layout, --comm_timeout 3): job exit $rc after $took s: $(grep -o 'comm timeout.*' "$out.log")"
+done
+# a checkpoint write 5 s slow on one rank, --comm_timeout 2: its waits get 10x, the run completes
+out=$W/slow_ckpt
+LLMC_FAULT_CHECKPOINT_DELAY=1:5000 run 2 "$out" $DENSE -d $TOK -x 4 -n 2 --comm_timeout 2 && [ -e "$out/ckpt_000000004.bin" ] && pass ||
+    { fail "a slow checkpoint write tripped --comm_timeout"; tail -3 "$out.log"; }
+
+# SIGTERM / SIGINT at a random step: every rank stops after the same step N with a checkpoint of
+# it; --resume latest continues to the bytes of the uninterrupted run (one reference: every layout
+# gives the same bits)
+SIGTOK=$((B * T * 32)); SIGSTEPS=40
+run 1 "$W/sig.ref" $DENSE -d $SIGTOK -x $SIGSTEPS || fail "signal reference run"
+for case in "1 TERM 0" "1 INT 0" "2 TERM 1" "4 INT all" "4 TERM 3"; do
+    set -- $case; np=$1 sig=$2 who=$3
+    out=$W/sig.np$np.$sig.$who; k=$((3 + RANDOM % 20))
+    if [ $np = 1 ]; then ( "$BIN" $DENSE -d $SIGTOK -x $SIGSTEPS -o "$out" >"$out.log" 2>&1; echo $? >"$out.rc" ) &
+    else ( timeout 120 $MPIRUN -np $np "$BIN" $DENSE -d $SIGTOK -x $SIGSTEPS -o "$out" >"$out.log" 2>&1; echo $? >"$out.rc" ) & fi
+    job=$!
+    wait_step "$out.log" $k
+    if [ $np = 1 ]; then kill -$sig $(pgrep -f "^$BIN .*-o $out\$")
+    elif [ $who = all ]; then for r in 3 1 0 2; do p=$(rank_pid "$out" $r); [ -n "$p" ] && kill -$sig $p; sleep 0.00$((RANDOM % 10)); done
+    else kill -$sig $(rank_pid "$out" $who); fi
+    wait $job; rc=$(cat "$out.rc")
+    n=$(grep -o "stopped by signal at step [0-9]*; continue with --resume latest" "$out.log" | grep -o "[0-9]*" | head -1)
+    if [ "$rc" = 75 ] && [ -n "$n" ] && [ "$n" -ge $k ] && [ "$n" -lt $SIGSTEPS ] && [ -e "$out/ckpt_$(printf %09d $n).bin" ]; then
+        run $np "$out" $DENSE -d $SIGTOK -x $SIGSTEPS -y latest && grep -q "resumed from .*ckpt_$(printf %09d $n).bin" "$out.log" &&
+            same_run "$W/sig.ref" "$out" $SIGSTEPS "SIG$sig at step $k (np $np, rank $who): stopped at $n, resumed" ||
+            { fail "SIG$sig np $np: resume from step $n"; tail -3 "$out.log"; }
+    else fail "SIG$sig at step $k (np $np, rank $who): rc $rc, stopped at '$n'"; tail -5 "$out.log"; fi
+    echo "test_dist: SIG$sig after step $k (np $np, rank $who): stopped at step $n, rc $rc"
+done
+# a second signal exits at once (128 + its number), without waiting for the step or a checkpoint
+for np in 1 2; do
+    out=$W/sig2.np$np
+    if [ $np = 1 ]; then ( "$BIN" $DENSE -d $SIGTOK -x 100000 -v 0 -o "$out" >"$out.log" 2>&1; echo $? >"$out.rc" ) &
+    else ( timeout 120 $MPIRUN -np 2 "$BIN" $DENSE -d $SIGTOK -x 100000 -v 0 -o "$out" >"$out.log" 2>&1; echo $? >"$out.rc" ) & fi
+    job=$!
+    wait_step "$out.log" 3; pid=$( [ $np = 1 ] && pgrep -f "^$BIN .*-o $out\$" || rank_pid "$out" 1 )
+    t_sig=$(date +%s%N); kill -INT $pid; sleep 0.01; kill -INT $pid; wait $job; ms=$(( ($(date +%s%N) - t_sig) / 1000000 )); rc=$(cat "$out.rc")
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 75 ] && [ $ms -lt 3000 ] && grep -q "second signal: exiting at once" "$out.log" &&
+        ! grep -q "stopped by signal" "$out.log"; then pass
+    else fail "second SIGINT (np $np): rc $rc after $ms ms"; tail -3 "$out.log"; fi
+    [ $np = 1 ] && { [ "$rc" = 130 ] && pass || fail "second SIGINT: exit code $rc, expected 130"; }
+done
+
+# SIGKILL while the first checkpoint is written (a write made 300 ms slow on rank 0, the kill at
+# a random moment after its .tmp appears): the same command, with --resume latest, completes with
+# the uninterrupted run's bytes every time (from the checkpoint if it was published, else afresh:
+# the .tmp removed, never taken for a checkpoint)
+run 1 "$W/kill1.ref" $DENSE -d $TOK -x 6 || fail "kill trials reference"
+for trial in $(seq 1 10); do
+    np=$(( trial % 2 + 1 )); out=$W/kill1.$trial
+    if [ $np = 1 ]; then ( LLMC_FAULT_CHECKPOINT_DELAY=0:300 "$BIN" $DENSE -d $TOK -x 6 -n 3 -y latest -o "$out" >"$out.log" 2>&1 ) &
+    else ( LLMC_FAULT_CHECKPOINT_DELAY=0:300 timeout 120 $MPIRUN -np 2 "$BIN" $DENSE -d $TOK -x 6 -n 3 -y latest -o "$out" >"$out.log" 2>&1 ) & fi
+    job=$!
+    for i in $(seq 1 600); do [ -e "$out/ckpt_000000003.bin.tmp" ] && break; sleep 0.01; done
+    sleep 0.$(printf %03d $((RANDOM % 400)))
+    state=$( [ -e "$out/ckpt_000000003.bin" ] && echo published || echo tmp )
+    pid=$( [ $np = 1 ] && pgrep -f "^$BIN .*-o $out\$" || rank_pid "$out" $((RANDOM % 2)) )
+    [ -n "$pid" ] && kill -9 $pid; wait $job
+    if run $np "$out" $DENSE -d $TOK -x 6 -n 3 -y latest && same_run "$W/kill1.ref" "$out" 6 "SIGKILL in the first checkpoint (trial $trial, np $np, $state)" &&
+        [ -z "$(ls "$out" | grep '\.tmp$')" ]; then :
+    else fail "SIGKILL in the first checkpoint write, trial $trial (np $np, $state): the rerun failed"; tail -3 "$out.log"; fi
+    echo "test_dist: SIGKILL in the first checkpoint write, trial $trial (np $np, killed at: $state): $(grep -o 'removed .*tmp\|resumed from [^ ]*\|holds no checkpoint yet' "$out.log" | tr '\n' ' ')"
+done
+# a fresh start (no --resume) after a kill that left only the .tmp: the .tmp goes, the run starts
+out=$W/kill2
+LLMC_FAULT_KILL_IN_CHECKPOINT=1 run 2 "$out" $DENSE -d $TOK -x 6 -n 3; [ -e "$out/ckpt_000000003.bin.tmp" ] && pass || fail "no .tmp left by the killed write"
+run 2 "$out" $DENSE -d $TOK -x 6 -n 3 && grep -q "removed .*ckpt_000000003.bin.tmp" "$out.log" && same_run "$W/kill1.ref" "$out" 6 "fresh start after a killed first checkpoint" ||
+    { fail "fresh start after a killed first checkpoint"; tail -3 "$out.log"; }
+# a write that fails (a file size limit set on the running ranks: the .tmp cannot be sized) leaves
+# no .tmp, on one or two ranks
+for np in 1 2; do
+    out=$W/efbig.np$np
+    if [ $np = 1 ]; then ( "$BIN" $DENSE -d $SIGTOK -x 1000 -v 0 -n 20 -o "$out" >"$out.log" 2>&1; echo $? >"$out.rc" ) &
+    else ( timeout 120 $MPIRUN -np 2 "$BIN" $DENSE -d $SIGTOK -x 1000 -v 0 -n 20 -o "$out" >"$out.log" 2>&1; echo $? >"$out.rc" ) & fi
+    job=$!
+    wait_step "$out.log" 2
+    for p in $(pgrep -f "^$BIN .*-o $out\$"); do prlimit --pid $p --fsize=65536; done
+    wait $job; rc=$(cat "$out.rc")
+    if [ $rc -ne 0 ] && grep -q "ckpt_000000020.bin.tmp: cannot size the file (File too large)" "$out.log" && [ -z "$(ls "$out" | grep '\.tmp$')" ]; then pass
+    else fail "failed checkpoint write (np $np): rc $rc, left: $(ls "$out")"; tail -3 "$out.log"; fi
+done
+
+# oversized checkpoint fields (valid checksum): refused by the field's name, enums by name
+setfield() {  # setfield SRC DST FIELD VALUE: the header field set, the checksum recomputed
+    python3 - "$@" <<'PY'
+import struct, sys
+M = (1 << 64) - 1
+def mix(x):
+    x = (x + 0x9E3779B97F4A7C15) & M
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M
+    return x ^ (x >> 31)
+def hash_bytes(p):
+    h = 0x243F6A8885A308D3
+    for c in p: h = mix(h ^ c)
+    return h
+src, dst, field, value = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+b = bytearray(open(src, 'rb').read())
+n = struct.unpack_from('<I', b, 12)[0]
+hlen = 16 + 48 * n + 8
+old = hash_bytes(b[:hlen])
+found = False
+for k in range(n):
+    if bytes(b[16 + 48 * k:16 + 48 * k + 32]).rstrip(b'\0').decode() == field:
+        struct.pack_into('<q', b, 16 + 48 * k + 40, value); found = True
+assert found, field
+s = struct.unpack_from('<Q', b, hlen)[0]
+struct.pack_into('<Q', b, hlen, (s - old + hash_bytes(b[:hlen])) & M)
+open(dst, 'wb').write(b)
+PY
+}
+src=$W/kill1.ref/ckpt_000000006.bin
+for case in "config.n_embd 4294967328 checkpoint field config.n_embd = 4294967328 is outside" \
+            "config.vocab_size 2147483648 checkpoint field config.vocab_size = 2147483648 is outside" \
+            "config.mlp 7 checkpoint field config.mlp = 7 is not one of swiglu (0), gelu (1)"; do
+    set -- $case; field=$1 value=$2; shift 2
+    setfield "$src" "$W/bad_field.bin" $field $value
+    out=$W/bad_field; run 2 "$out" $DENSE -d $TOK -x 8 -y "$W/bad_field.bin"; rc=$?
+    if [ $rc -ne 0 ] && grep -qF "$*" "$out.log"; then pass; else fail "$field $value: rc $rc"; tail -3 "$out.log"; fi
+done
+setfield "$src" "$W/gelu.bin" config.mlp 1
+out=$W/bad_field; run 1 "$out" $DENSE -d $TOK -x 8 --mlp swiglu -y "$W/gelu.bin"; rc=$?
+[ $rc -ne 0 ] && grep -qF "checkpoint has mlp = gelu but the flags ask for swiglu" "$out.log" && pass || { fail "enum named in a mismatch: rc $rc"; tail -2 "$out.log"; }
+# a resume with another --lr and another train set says so
+out=$W/changes; cp -r "$W/kill1.ref" "$out"
+run 1 "$out" ${DENSE/-l 3e-3/-l 1e-3} -i "$W/data/data_val_*.bin" -d $TOK -x 8 -y latest
+grep -q "note: resuming with --lr 0.001 (the checkpoint's run: 0.003)" "$out.log" && grep -q "note: resuming with --train: other data" "$out.log" &&
+    grep -q "note: resuming with --max_steps 8 (the checkpoint's run: 6)" "$out.log" && pass || { fail "a resume's changes not printed"; grep note "$out.log"; }
+echo "test_dist: faults (stopped ranks, signals, killed checkpoint writes, bad fields) done in $(( $(date +%s) - t0 )) s"
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]
