@@ -268,6 +268,84 @@ TEST_CASE("hardening 6/10: out_dir lock, and a fresh run does not reuse another 
     CHECK(run_train(with(fx.args("own", 2), {"--overwrite", "1"})) == 0);
 }
 
+TEST_CASE("faults: an interrupted checkpoint write's .tmp is never a run's checkpoint; a failed write leaves none") {
+    Fixture fx;
+    const std::string out = fx.dir + "/tmp";
+    auto write_file_bytes = [](const std::string& path, const std::string& bytes) { std::ofstream(path) << bytes; };
+    // a kill during the first checkpoint write leaves only its .tmp: a fresh start removes it and runs
+    make_dirs(out);
+    write_file_bytes(out + "/ckpt_000000002.bin.tmp", std::string(1000, 'x'));
+    REQUIRE(run_train(fx.args("tmp", 2)) == 0);
+    CHECK(file_exists(out + "/ckpt_000000002.bin"));
+    CHECK(!file_exists(out + "/ckpt_000000002.bin.tmp"));
+    // --resume latest with only a .tmp: a fresh start (the same command line serves every restart)
+    const std::string out2 = fx.dir + "/tmp2";
+    make_dirs(out2);
+    write_file_bytes(out2 + "/ckpt_000000002.bin.tmp", std::string(1000, 'x'));
+    REQUIRE(run_train(with(fx.args("tmp2", 2), {"--resume", "latest"})) == 0);
+    CHECK(!file_exists(out2 + "/ckpt_000000002.bin.tmp"));
+    CHECK(read_file(out + "/ckpt_000000002.bin") == read_file(out2 + "/ckpt_000000002.bin"));
+    // a .tmp beside real checkpoints: --resume latest takes the newest real one
+    write_file_bytes(out + "/ckpt_000000009.bin.tmp", std::string(1000, 'x'));
+    REQUIRE(run_train(with(fx.args("tmp", 4), {"--resume", "latest"})) == 0);
+    CHECK(!file_exists(out + "/ckpt_000000009.bin.tmp"));
+    CHECK(file_exists(out + "/ckpt_000000004.bin"));
+    // a checkpoints-only directory still refuses a fresh run (the .tmp rule changes nothing there)
+    fails_with(fx.args("tmp", 2), "checkpoint(s) of another run");
+
+    // a write that fails on this rank (here: a range outside the table) removes its .tmp
+    Checkpoint ck;
+    ck.set_int("step", 1);
+    const std::string path = fx.dir + "/failed.bin";
+    std::vector<float> v(16, 1.0f);
+    {
+        CHECK_THROWS_AS(([&] {
+                            CheckpointWriter w(CommGroup{}, path, ck, 8);
+                            CHECK(file_exists(path + ".tmp"));
+                            w.write_range(0, 0, 8, v.data());
+                            w.write_range(1, 4, 8, v.data());  // past the end: throws
+                        }()),
+                        LlmcError);
+    }
+    CHECK(!file_exists(path + ".tmp"));
+    CHECK(!file_exists(path));
+    {
+        CheckpointWriter w(CommGroup{}, path, ck, 8);
+        for (int a = 0; a < 3; a++) w.write_range(a, 0, 8, v.data());
+        w.finish();
+    }
+    CHECK(file_exists(path));
+    CHECK(!file_exists(path + ".tmp"));
+}
+
+TEST_CASE("faults: a checkpoint's config fields are range-checked by name before narrowing, enums by name") {
+    GPTConfig c;
+    c.n_layer = 2; c.n_embd = 32; c.n_head = 4; c.n_kv_head = 2;
+    c.finalize();
+    auto header = [&](const std::string& field, int64_t value) {
+        Checkpoint ck;
+        for (auto& [name, v] : config_fields(c)) ck.set_int(std::string("config.") + name, name == field ? value : *v);
+        ck.set_float("config.capacity_factor", c.capacity_factor);
+        return ck;
+    };
+    CHECK(config_from_checkpoint(header("", 0), "ck").n_embd == 32);
+    const std::vector<std::tuple<std::string, int64_t, std::string>> cases = {
+        {"n_embd", 4294967328LL, "ck: checkpoint field config.n_embd = 4294967328 is outside [1, 2147483647]"},
+        {"vocab_size", 2147483648LL, "checkpoint field config.vocab_size = 2147483648 is outside [1, 2147483647]"},
+        {"n_layer", -1, "checkpoint field config.n_layer = -1 is outside [1, 2147483647]"},
+        {"mlp", 7, "checkpoint field config.mlp = 7 is not one of swiglu (0), gelu (1)"},
+        {"pos", -1, "checkpoint field config.pos = -1 is not one of alibi (0), learned (1)"},
+        {"moe_group", 2, "checkpoint field config.moe_group = 2 is not one of batch (0), position (1)"},
+        {"n_embd", 30, "ck: the checkpoint's config (its config.* fields) is refused: --n_embd 30 must be"},
+    };
+    for (const auto& [field, value, needle] : cases) {
+        CAPTURE(field);
+        CHECK_THROWS_WITH_AS(config_from_checkpoint(header(field, value), "ck"), doctest::Contains(needle.c_str()), LlmcError);
+    }
+    CHECK(config_value_text("mlp", MLP_GELU) == "gelu");
+    CHECK(config_value_text("n_embd", 32) == "32");
+}
+
 TEST_CASE("hardening 8: the memory guard refuses an impossible run before allocating") {
     // the estimate is what gpt_allocate allocates, buffer for buffer
     for (int variant = 0; variant < 3; variant++) {
