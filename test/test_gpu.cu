@@ -34,6 +34,7 @@
 #include "llmc/memory_guard.h"
 #include "llmc/outlier.h"
 #include "llmc/run_dir.h"
+#include "llmc/run_stop.h"
 #include "llmc/pipeline.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/cpu/encoder.h"
