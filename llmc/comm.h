@@ -131,7 +131,7 @@ struct Comm {
     CommGroup world, dp, pp, tp;
     CommGroup ep, edp;  // expert parallel: the dp ranks that share out an MoE layer's experts, and the
                         // ranks (one per ep group) that hold the same experts (their data parallelism)
-    CommGroup tp_kv;  // the tp ranks that share a kv head (--tp > n_kv_head): they sum its gradients
+    CommGroup tp_kv;  // the tp ranks that share a kv head (--tp > n_kv_head): they gather the group's attention inputs
     uint64_t sent_bytes[COMM_N_OPS] = {}, recv_bytes[COMM_N_OPS] = {};
     bool initialized = false;
     // deadlines (see the top of this file)
