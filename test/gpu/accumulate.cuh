@@ -90,17 +90,20 @@ TEST_CASE("grad_accumulate: vector and scalar paths write identical bits (large 
     CHECK(touched_outside(v, 0, n) == 0);
 }
 
+// fp32 += fp32 (the tied embedding's sum), x at x_offset elements from its allocation's start
+inline void check_fp32_against_cpu(size_t n, size_t x_offset, uint64_t seed) {
+    const std::vector<float> a = random_vector(n, seed, 0.1f), x = random_vector(n, seed + 1, 0.05f);
+    DevAcc da(a, 0), dx(x, x_offset);
+    grad_accumulate(da.ptr(), (const float*)dx.ptr(), n);
+    std::vector<float> want = a;
+    cpu::grad_accumulate<float>(want.data(), x.data(), n);
+    const std::vector<float> got = da.all();
+    CHECK(std::memcmp(got.data(), want.data(), n * 4) == 0);
+    CHECK(touched_outside(got, 0, n) == 0);
+}
+
 TEST_CASE("grad_accumulate fp32 += fp32 (the tied embedding's sum): bitwise the CPU twin") {
-    for (size_t n : {(size_t)1, (size_t)1003, (size_t)(1 << 22) + 5}) {
-        const std::vector<float> a = random_vector(n, 71, 0.1f), x = random_vector(n, 72, 0.05f);
-        DevAcc da(a, 0), dx(x, 0);
-        grad_accumulate(da.ptr(), (const float*)dx.ptr(), n);
-        std::vector<float> want = a;
-        cpu::grad_accumulate<float>(want.data(), x.data(), n);
-        const std::vector<float> got = da.all();
-        CHECK(std::memcmp(got.data(), want.data(), n * 4) == 0);
-        CHECK(touched_outside(got, 0, n) == 0);
-    }
+    for (size_t n : {(size_t)1, (size_t)1003, (size_t)(1 << 22) + 5}) check_fp32_against_cpu(n, 0, 71);
 }
 
 // small shapes for compute-sanitizer: bf16 into fp32 on the vector and scalar paths, fp32 into fp32
@@ -108,14 +111,7 @@ TEST_CASE("sanitizer: grad_accumulate bf16 and fp32, vector and scalar paths, sm
     for (size_t n : {(size_t)9, (size_t)1003}) {
         check_against_cpu(n, 0, 0);
         check_against_cpu(n, 1, 0);
-        const std::vector<float> a = random_vector(n, 91, 0.1f), x = random_vector(n, 92, 0.05f);
-        DevAcc da(a, 0), dx(x, 1);
-        grad_accumulate(da.ptr(), (const float*)dx.ptr(), n);
-        std::vector<float> want = a;
-        cpu::grad_accumulate<float>(want.data(), x.data(), n);
-        const std::vector<float> got = da.all();
-        CHECK(std::memcmp(got.data(), want.data(), n * 4) == 0);
-        CHECK(touched_outside(got, 0, n) == 0);
+        check_fp32_against_cpu(n, 1, 91);
     }
 }
 
