@@ -1,9 +1,16 @@
 // CPU reference matmul for y = x W^T + b (PyTorch Linear layout: W is [OC, C]).
-// All three products go through one cache-blocked kernel:
-//   Cm[m, n] (+)= sum_k A(m, k) * Bm[k, n]     with A read through strides (sam, sak)
-// and Bm row-major, so the innermost loop runs over contiguous n and vectorizes without a float
-// reduction. Each output element is owned by one thread and summed in a fixed k order, so the
-// result does not depend on the number of OpenMP threads (the CPU build is bitwise reproducible).
+// All three products go through one packed, cache-blocked kernel:
+//   Cm[m, n] (+)= sum_k A(m, k) * B(k, n)     A and B read through strides (sam, sak), (sbk, sbn)
+// Per k block of KC, the block's A is copied into MR-row panels and its B into NR-column panels
+// (zero-padded at the edges), so the register tile reads contiguous memory whatever the strides
+// (a weight-gradient product reads dout column-wise; a 4 KB row stride aliases in the cache).
+// Every output element gets the same arithmetic wherever its tile falls and whatever the shape:
+//   acc = 0; acc += A(m, k) B(k, n) for the KC k's of a block in order; Cm = Cm + acc
+// block by block, Cm starting at its old value (accumulate), the bias or 0. So the result of an
+// element does not depend on the matrix's shape (a tensor-parallel rank's slice of a matmul gives
+// bitwise the elements of the whole matmul), on the tile sizes MR x NR (chosen per instruction set
+// below: an AVX2 and an AVX-512 machine agree), or on the number of OpenMP threads (each element is
+// owned by one thread).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -11,89 +18,150 @@
 
 namespace cpu {
 
-template <typename T, int MR, int NR>
-inline void gemm_tile_full(T* __restrict Cm, int ldc, const T* __restrict A, long sam, long sak,
-                           const T* __restrict Bm, int ldb, int k0, int kc) {
-    // MR x NR accumulators live in vector registers: one broadcast of A and one row of B per k
+namespace gemm_detail {
+constexpr int KC = 256;  // the k block: part of the arithmetic above (never tuned per machine)
+#ifdef __AVX512F__
+constexpr int MR = 6, NR = 32;  // 24 accumulators of 8 floats: AVX-512 has 32 vector registers
+#else
+constexpr int MR = 6, NR = 16;  // 12 accumulators: fits AVX2's 16 registers
+#endif
+constexpr int MC = 96;  // at most this many rows of A per task: MC x KC of packed A stays in the L2 cache
+
+// The packed blocks of one gemm (caller-owned, so one allocation serves an op's several products).
+template <typename T>
+struct Packs {
+    std::vector<T> a, b;
+    void reserve(int M, int N) {  // grows only
+        a.resize(std::max(a.size(), (size_t)((M + MR - 1) / MR) * MR * KC));
+        b.resize(std::max(b.size(), (size_t)((N + NR - 1) / NR) * NR * KC));
+    }
+};
+
+// acc = ap [kc][MR] x bp [kc][NR]; Cm's mr x nr corner = base + acc (base: Cm, the bias row or 0)
+template <typename T>
+inline void micro_tile(T* __restrict Cm, int ldc, const T* __restrict ap, const T* __restrict bp, int kc, int mr,
+                       int nr, int base_mode, const T* __restrict bias) {
     T acc[MR][NR] = {};
-    for (int k = k0; k < k0 + kc; k++) {
-        const T* b = Bm + (size_t)k * ldb;
+    for (int k = 0; k < kc; k++) {
+        const T* b = bp + (size_t)k * NR;
         for (int r = 0; r < MR; r++) {
-            T a = A[r * sam + k * sak];
+            const T a = ap[k * MR + r];
 #pragma omp simd
             for (int j = 0; j < NR; j++) acc[r][j] += a * b[j];
         }
     }
-    for (int r = 0; r < MR; r++)
-        for (int j = 0; j < NR; j++) Cm[(size_t)r * ldc + j] += acc[r][j];
+    // base_mode 0: Cm + acc; 1: bias + acc; 2: 0 + acc (the same additions as a zero-filled Cm)
+    if (mr == MR && nr == NR) {
+        for (int r = 0; r < MR; r++) {
+            T* c = Cm + (size_t)r * ldc;
+#pragma omp simd
+            for (int j = 0; j < NR; j++)
+                c[j] = (base_mode == 0 ? c[j] : base_mode == 1 ? bias[j] : T(0)) + acc[r][j];
+        }
+        return;
+    }
+    for (int r = 0; r < mr; r++) {
+        T* c = Cm + (size_t)r * ldc;
+        for (int j = 0; j < nr; j++) c[j] = (base_mode == 0 ? c[j] : base_mode == 1 ? bias[j] : T(0)) + acc[r][j];
+    }
 }
 
-// A tile at the matrix's edge (mr < MR rows or nr < NR columns) runs the full tile's kernel on a
-// zero-padded copy, so every output element is computed by exactly the same arithmetic wherever its
-// tile falls: the result of an element does not depend on the matrix's shape (a tensor-parallel
-// rank's slice of a matmul gives bitwise the same elements as the whole matmul).
-template <typename T, int MR, int NR, int KC>
-inline void gemm_tile_edge(T* Cm, int ldc, const T* A, long sam, long sak, const T* Bm, int ldb, int k0, int kc,
-                           int mr, int nr) {
-    T a[MR * KC] = {}, b[KC * NR] = {}, c[MR * NR] = {};
-    for (int r = 0; r < mr; r++)
-        for (int k = 0; k < kc; k++) a[r * KC + k] = A[r * sam + (long)(k0 + k) * sak];
-    for (int k = 0; k < kc; k++)
-        for (int j = 0; j < nr; j++) b[k * NR + j] = Bm[(size_t)(k0 + k) * ldb + j];
-    for (int r = 0; r < mr; r++)
-        for (int j = 0; j < nr; j++) c[r * NR + j] = Cm[(size_t)r * ldc + j];
-    gemm_tile_full<T, MR, NR>(c, NR, a, KC, 1, b, NR, 0, kc);
-    for (int r = 0; r < mr; r++)
-        for (int j = 0; j < nr; j++) Cm[(size_t)r * ldc + j] = c[r * NR + j];
+// Cm [M, N] = (accumulate ? Cm : bias or 0) + A(M x K) B(K x N), inside an OpenMP parallel region
+// (every thread of the team calls it; orphaned worksharing loops, so an op runs several products
+// in one region). packs: reserved for M, N by the caller, shared by the team.
+template <typename T>
+void gemm_team(T* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, long sbn, int M, int N, int K,
+               bool accumulate, const T* bias, Packs<T>& packs) {
+    T* ap_all = packs.a.data();
+    T* bp_all = packs.b.data();
+    const int m_panels = (M + MR - 1) / MR, n_panels = (N + NR - 1) / NR;
+    // tasks of equal size: M = 128 as 2 x 11 panels rather than 16 + 6 (the threads' loads balance)
+    const int m_chunks = (m_panels + MC / MR - 1) / (MC / MR), chunk_panels = (m_panels + m_chunks - 1) / m_chunks;
+    if (K == 0) {  // no k block: the result is the base alone
+#pragma omp for schedule(static)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++)
+                if (!accumulate) Cm[(size_t)m * N + n] = bias ? bias[n] : T(0);
+        return;
+    }
+    for (int k0 = 0; k0 < K; k0 += KC) {
+        const int kc = std::min(KC, K - k0);
+#pragma omp for schedule(static) nowait
+        for (int np = 0; np < n_panels; np++) {
+            T* bp = bp_all + (size_t)np * NR * KC;
+            const int n0 = np * NR, nr = std::min(NR, N - n0);
+            if (sbn == 1) {
+                for (int k = 0; k < kc; k++) {
+                    const T* src = Bm + (k0 + k) * sbk + n0;
+                    for (int j = 0; j < nr; j++) bp[k * NR + j] = src[j];
+                    for (int j = nr; j < NR; j++) bp[k * NR + j] = T(0);
+                }
+            } else {
+                for (int j = 0; j < nr; j++) {
+                    const T* src = Bm + (n0 + j) * sbn + k0 * sbk;
+                    for (int k = 0; k < kc; k++) bp[k * NR + j] = src[k * sbk];
+                }
+                for (int k = 0; k < kc; k++)
+                    for (int j = nr; j < NR; j++) bp[k * NR + j] = T(0);
+            }
+        }
+#pragma omp for schedule(static)
+        for (int mp = 0; mp < m_panels; mp++) {
+            T* ap = ap_all + (size_t)mp * MR * KC;
+            const int m0 = mp * MR, mr = std::min(MR, M - m0);
+            if (sam == 1) {
+                for (int k = 0; k < kc; k++) {
+                    const T* src = A + (k0 + k) * sak + m0;
+                    for (int r = 0; r < mr; r++) ap[k * MR + r] = src[r];
+                    for (int r = mr; r < MR; r++) ap[k * MR + r] = T(0);
+                }
+            } else {
+                for (int r = 0; r < mr; r++) {
+                    const T* src = A + (m0 + r) * sam + k0 * sak;
+                    for (int k = 0; k < kc; k++) ap[k * MR + r] = src[k * sak];
+                }
+                for (int k = 0; k < kc; k++)
+                    for (int r = mr; r < MR; r++) ap[k * MR + r] = T(0);
+            }
+        }
+        const int base_mode = (k0 > 0 || accumulate) ? 0 : bias ? 1 : 2;
+        // a task: MC rows of A (in L2) times one B panel (in L1)
+#pragma omp for collapse(2) schedule(static)
+        for (int mc = 0; mc < m_chunks; mc++)
+            for (int np = 0; np < n_panels; np++) {
+                const int n0 = np * NR, nr = std::min(NR, N - n0);
+                const T* bp = bp_all + (size_t)np * NR * KC;
+                const int mp_end = std::min(m_panels, (mc + 1) * chunk_panels);
+                for (int mp = mc * chunk_panels; mp < mp_end; mp++) {
+                    const int m0 = mp * MR;
+                    micro_tile(Cm + (size_t)m0 * N + n0, N, ap_all + (size_t)mp * MR * KC, bp, kc,
+                               std::min(MR, M - m0), nr, base_mode, bias ? bias + n0 : nullptr);
+                }
+            }
+    }
 }
+static_assert(MC % MR == 0, "a task's rows are whole panels");
+}  // namespace gemm_detail
 
 // Cm [M, N] = (accumulate ? Cm : 0) + A(M x K) * Bm[K, N]
 template <typename T>
 void gemm(T* Cm, const T* A, long sam, long sak, const T* Bm, int M, int N, int K, bool accumulate) {
-    constexpr int MR = 6, NR = 16, MC = 96, KC = 256;
-    if (!accumulate) {
-#pragma omp parallel for schedule(static)
-        for (long i = 0; i < (long)M * N; i++) Cm[i] = 0;
-    }
-    int m_chunks = (M + MC - 1) / MC, n_tiles = (N + NR - 1) / NR;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int mc = 0; mc < m_chunks; mc++) {
-        for (int nt = 0; nt < n_tiles; nt++) {
-            int n0 = nt * NR, nr = std::min(NR, N - n0);
-            int m_end = std::min(M, (mc + 1) * MC);
-            for (int k0 = 0; k0 < K; k0 += KC) {
-                int kc = std::min(KC, K - k0);
-                for (int m0 = mc * MC; m0 < m_end; m0 += MR) {
-                    int mr = std::min(MR, m_end - m0);
-                    if (mr == MR && nr == NR)
-                        gemm_tile_full<T, MR, NR>(Cm + (size_t)m0 * N + n0, N, A + m0 * sam, sam, sak,
-                                                  Bm + n0, N, k0, kc);
-                    else
-                        gemm_tile_edge<T, MR, NR, KC>(Cm + (size_t)m0 * N + n0, N, A + m0 * sam, sam, sak, Bm + n0, N,
-                                                      k0, kc, mr, nr);
-                }
-            }
-        }
-    }
+    static thread_local gemm_detail::Packs<T> packs;  // (thread_local: the team uses the caller's)
+    packs.reserve(M, N);
+    gemm_detail::Packs<T>* p = &packs;
+#pragma omp parallel
+    gemm_detail::gemm_team<T>(Cm, A, sam, sak, Bm, N, 1, M, N, K, accumulate, nullptr, *p);
 }
 
 // out[BT, OC] = inp[BT, C] W[OC, C]^T + bias[OC] (bias may be null)
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int BT, int C, int OC) {
-    // the kernel wants the right operand contiguous in n = OC: transpose W once per call (O(OC*C),
-    // small next to the O(BT*OC*C) product)
-    static thread_local std::vector<T> weight_t;
-    weight_t.resize((size_t)OC * C);
-    T* wt = weight_t.data();  // (thread_local: OpenMP workers must use the caller's buffer)
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < C; i++)
-        for (int o = 0; o < OC; o++) wt[(size_t)i * OC + o] = weight[(size_t)o * C + i];
-    if (bias) {
-#pragma omp parallel for schedule(static)
-        for (int bt = 0; bt < BT; bt++)
-            for (int o = 0; o < OC; o++) out[(size_t)bt * OC + o] = bias[o];
-    }
-    gemm<T>(out, inp, C, 1, wt, BT, OC, C, bias != nullptr);
+    static thread_local gemm_detail::Packs<T> packs;
+    packs.reserve(BT, OC);
+    gemm_detail::Packs<T>* p = &packs;
+    // B(k = c, n = o) = W[o, c]: the packing reads W's rows, no transposed copy
+#pragma omp parallel
+    gemm_detail::gemm_team<T>(out, inp, C, 1, weight, 1, C, BT, OC, C, false, bias, *p);
 }
 
 // dinp[BT, C] = dout W (overwritten); dweight += dout^T inp; dbias += column sums of dout. Any of the
@@ -102,15 +170,22 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int BT
 template <typename T>
 void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int BT, int C, int OC) {
-    if (dinp) gemm<T>(dinp, dout, OC, 1, weight, BT, C, OC, false);
-    if (dweight) gemm<T>(dweight, dout, 1, OC, inp, OC, C, BT, true);
-    if (dbias) {
-        constexpr int OB = 64;
-#pragma omp parallel for schedule(static)
-        for (int o0 = 0; o0 < OC; o0 += OB) {
-            int o1 = std::min(OC, o0 + OB);
-            for (int bt = 0; bt < BT; bt++)
-                for (int o = o0; o < o1; o++) dbias[o] += dout[(size_t)bt * OC + o];
+    static thread_local gemm_detail::Packs<T> packs;
+    if (dinp) packs.reserve(BT, C);
+    if (dweight) packs.reserve(OC, C);
+    gemm_detail::Packs<T>* p = &packs;
+#pragma omp parallel
+    {
+        if (dinp) gemm_detail::gemm_team<T>(dinp, dout, OC, 1, weight, C, 1, BT, C, OC, false, nullptr, *p);
+        if (dweight) gemm_detail::gemm_team<T>(dweight, dout, 1, OC, inp, C, 1, OC, C, BT, true, nullptr, *p);
+        if (dbias) {
+            constexpr int OB = 64;
+#pragma omp for schedule(static)
+            for (int o0 = 0; o0 < OC; o0 += OB) {
+                const int o1 = std::min(OC, o0 + OB);
+                for (int bt = 0; bt < BT; bt++)
+                    for (int o = o0; o < o1; o++) dbias[o] += dout[(size_t)bt * OC + o];
+            }
         }
     }
 }
