@@ -255,7 +255,7 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out, cons
                                     for (int d = dc; d < std::min(hs, dc + DW); d++) dq[d] = acc[r - r0][d - dc];
                                 }
                             }
-                        // dK += dS^T Q, dV += P^T dO over the block's keys (rows past the block add 0)
+                        // dK += dS^T Q, dV += P^T dO over the block's keys
                         for (int j = jlo; j < jhi; j++)
                             for (int dc = 0; dc < hs; dc += DW) {
                                 T* dkj = dk.data() + (size_t)j * hsp + dc;

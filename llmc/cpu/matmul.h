@@ -31,21 +31,23 @@ constexpr int MC = 96;  // at most this many rows of A per task: MC x KC of pack
 template <typename T>
 struct Packs {
     std::vector<T> a, b;
+    T edge_a[MR * KC];  // the last A panel of a row-major A, zero-padded
     void reserve(int M, int N) {  // grows only
         a.resize(std::max(a.size(), (size_t)((M + MR - 1) / MR) * MR * KC));
         b.resize(std::max(b.size(), (size_t)((N + NR - 1) / NR) * NR * KC));
     }
 };
 
-// acc = ap [kc][MR] x bp [kc][NR]; Cm's mr x nr corner = base + acc (base: Cm, the bias row or 0)
+// acc = A panel (element (r, k) at ap[r * a_rs + k * a_ks]) x bp [kc][NR]; Cm's mr x nr corner =
+// base + acc (base: Cm, the bias row or 0)
 template <typename T>
-inline void micro_tile(T* __restrict Cm, int ldc, const T* __restrict ap, const T* __restrict bp, int kc, int mr,
-                       int nr, int base_mode, const T* __restrict bias) {
+inline void micro_tile(T* __restrict Cm, int ldc, const T* __restrict ap, long a_rs, long a_ks,
+                       const T* __restrict bp, int kc, int mr, int nr, int base_mode, const T* __restrict bias) {
     T acc[MR][NR] = {};
     for (int k = 0; k < kc; k++) {
         const T* b = bp + (size_t)k * NR;
         for (int r = 0; r < MR; r++) {
-            const T a = ap[k * MR + r];
+            const T a = ap[r * a_rs + k * a_ks];
 #pragma omp simd
             for (int j = 0; j < NR; j++) acc[r][j] += a * b[j];
         }
@@ -72,8 +74,10 @@ inline void micro_tile(T* __restrict Cm, int ldc, const T* __restrict ap, const 
 template <typename T>
 void gemm_team(T* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, long sbn, int M, int N, int K,
                bool accumulate, const T* bias, Packs<T>& packs) {
+    const bool pack_a = sak != 1;
     T* ap_all = packs.a.data();
     T* bp_all = packs.b.data();
+    T* edge_a = packs.edge_a;
     const int m_panels = (M + MR - 1) / MR, n_panels = (N + NR - 1) / NR;
     // tasks of equal size: M = 128 as 2 x 11 panels rather than 16 + 6 (the threads' loads balance)
     const int m_chunks = (m_panels + MC / MR - 1) / (MC / MR), chunk_panels = (m_panels + m_chunks - 1) / m_chunks;
@@ -105,23 +109,26 @@ void gemm_team(T* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, lon
                     for (int j = nr; j < NR; j++) bp[k * NR + j] = T(0);
             }
         }
+        // A is packed only when it is read column-wise (the weight gradient's dout^T: its rows are
+        // OC apart, a 4 KB stride at OC = 1024); a row-major A is read in place (MR rows, contiguous
+        // k), except for the last panel's missing rows, which come from a zero-padded copy
+        if (pack_a) {
 #pragma omp for schedule(static)
-        for (int mp = 0; mp < m_panels; mp++) {
-            T* ap = ap_all + (size_t)mp * MR * KC;
-            const int m0 = mp * MR, mr = std::min(MR, M - m0);
-            if (sam == 1) {
+            for (int mp = 0; mp < m_panels; mp++) {
+                T* ap = ap_all + (size_t)mp * MR * KC;
+                const int m0 = mp * MR, mr = std::min(MR, M - m0);
                 for (int k = 0; k < kc; k++) {
-                    const T* src = A + (k0 + k) * sak + m0;
-                    for (int r = 0; r < mr; r++) ap[k * MR + r] = src[r];
+                    const T* src = A + (k0 + k) * sak + m0 * sam;
+                    for (int r = 0; r < mr; r++) ap[k * MR + r] = src[r * sam];
                     for (int r = mr; r < MR; r++) ap[k * MR + r] = T(0);
                 }
-            } else {
-                for (int r = 0; r < mr; r++) {
-                    const T* src = A + (m0 + r) * sam + k0 * sak;
-                    for (int k = 0; k < kc; k++) ap[k * MR + r] = src[k * sak];
-                }
+            }
+        } else {
+#pragma omp single
+            {
+                const int m0 = (m_panels - 1) * MR, mr = M - m0;
                 for (int k = 0; k < kc; k++)
-                    for (int r = mr; r < MR; r++) ap[k * MR + r] = T(0);
+                    for (int r = 0; r < MR; r++) edge_a[k * MR + r] = r < mr ? A[(m0 + r) * sam + (k0 + k) * sak] : T(0);
             }
         }
         const int base_mode = (k0 > 0 || accumulate) ? 0 : bias ? 1 : 2;
@@ -133,9 +140,15 @@ void gemm_team(T* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, lon
                 const T* bp = bp_all + (size_t)np * NR * KC;
                 const int mp_end = std::min(m_panels, (mc + 1) * chunk_panels);
                 for (int mp = mc * chunk_panels; mp < mp_end; mp++) {
-                    const int m0 = mp * MR;
-                    micro_tile(Cm + (size_t)m0 * N + n0, N, ap_all + (size_t)mp * MR * KC, bp, kc,
-                               std::min(MR, M - m0), nr, base_mode, bias ? bias + n0 : nullptr);
+                    const int m0 = mp * MR, mr = std::min(MR, M - m0);
+                    T* c = Cm + (size_t)m0 * N + n0;
+                    const T* bias_n = bias ? bias + n0 : nullptr;
+                    if (pack_a)
+                        micro_tile(c, N, ap_all + (size_t)mp * MR * KC, 1, MR, bp, kc, mr, nr, base_mode, bias_n);
+                    else if (mr == MR)
+                        micro_tile(c, N, A + m0 * sam + k0 * sak, sam, 1, bp, kc, mr, nr, base_mode, bias_n);
+                    else
+                        micro_tile(c, N, edge_a, 1, MR, bp, kc, mr, nr, base_mode, bias_n);
                 }
             }
     }
