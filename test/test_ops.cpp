@@ -30,6 +30,7 @@
 #include "llmc/cpu/layernorm.h"
 #include "llmc/cpu/matmul.h"
 #include "llmc/cpu/mlp.h"
+#include "llmc/cpu/vec_math.h"
 #include "test_util.h"
 
 namespace {
@@ -787,7 +788,33 @@ TEST_CASE_TEMPLATE("attention: head slices with head0 / alibi_n_head (tensor par
 }
 
 // ------------------------------------------------------------------------------------------------
-// mlp.h
+// mlp.h (and vec_math.h, whose exp the nonlinearities and the softmax use)
+
+TEST_CASE("exp_fast (float): within 1 ulp of exp on [-87, 88], clamped outside, NaN stays NaN") {
+    double worst = 0;
+    float worst_x = 0;
+    for (uint64_t b = 0; b < 0x100000000ull; b += 4099) {  // ~1 M floats spread over every binade
+        const uint32_t u = (uint32_t)b;
+        float x;
+        std::memcpy(&x, &u, 4);
+        if (!(x >= -87.0f && x <= 88.0f)) continue;
+        const double want = std::exp((double)x);
+        const float w = (float)want;
+        const double ulp = std::nextafter(w, INFINITY) - w;
+        const double err = std::fabs(cpu::exp_fast(x) - want) / ulp;
+        if (err > worst) {
+            worst = err;
+            worst_x = x;
+        }
+    }
+    CAPTURE(worst_x);
+    CHECK(worst <= 1.0);
+    CHECK(cpu::exp_fast(-1000.0f) == cpu::exp_fast(-87.0f));
+    CHECK(cpu::exp_fast(-1000.0f) > 0.0f);
+    CHECK(std::isfinite(cpu::exp_fast(1000.0f)));
+    CHECK(std::isnan(cpu::exp_fast(std::numeric_limits<float>::quiet_NaN())));
+    CHECK(cpu::exp_fast(0.0f) == 1.0f);
+}
 
 TEST_CASE_TEMPLATE("swiglu_forward and gelu_forward: vs naive", T, float, double) {
     Rng r(12);

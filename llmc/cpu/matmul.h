@@ -132,8 +132,10 @@ void gemm_team(T* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, lon
             }
         }
         const int base_mode = (k0 > 0 || accumulate) ? 0 : bias ? 1 : 2;
-        // a task: MC rows of A (in L2) times one B panel (in L1)
-#pragma omp for collapse(2) schedule(static)
+        // a task: up to MC rows of A (in L2) times one B panel (in L1); every element is owned by one
+        // task, so a dynamic schedule (which balances the threads when other jobs share the cores)
+        // leaves the result as it is
+#pragma omp for collapse(2) schedule(dynamic, 1)
         for (int mc = 0; mc < m_chunks; mc++)
             for (int np = 0; np < n_panels; np++) {
                 const int n0 = np * NR, nr = std::min(NR, N - n0);
