@@ -18,6 +18,7 @@
 #include <random>
 #include <string>
 #include <vector>
+#include <ctime>
 
 #include "llmc/cpu/attention.h"
 #include "llmc/cpu/matmul.h"
@@ -25,17 +26,31 @@
 
 namespace {
 
-double median_ms(const std::function<void()>& f, int reps) {
-    f();
-    std::vector<double> t;
-    for (int r = 0; r < reps; r++) {
-        const double t0 = omp_get_wtime();
-        f();
-        t.push_back((omp_get_wtime() - t0) * 1e3);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+// wall-clock and process CPU milliseconds of one call (medians). With one thread on a loaded
+// machine the CPU time is what the call costs when it runs; with more threads it includes the time
+// threads spend waiting at barriers.
+struct Ms {
+    double wall, cpu;
+};
+double cpu_now_s() {
+    timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
 }
+Ms time_call(const std::function<void()>& f, int reps) {
+    f();
+    std::vector<double> w, c;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = omp_get_wtime(), c0 = cpu_now_s();
+        f();
+        w.push_back((omp_get_wtime() - t0) * 1e3);
+        c.push_back((cpu_now_s() - c0) * 1e3);
+    }
+    std::sort(w.begin(), w.end());
+    std::sort(c.begin(), c.end());
+    return {w[w.size() / 2], c[c.size() / 2]};
+}
+double median_ms(const std::function<void()>& f, int reps) { return time_call(f, reps).wall; }
 
 std::vector<float> rand_vec(size_t n, std::mt19937& g, float sd = 1.0f) {
     std::normal_distribution<float> d(0.0f, sd);
@@ -44,13 +59,14 @@ std::vector<float> rand_vec(size_t n, std::mt19937& g, float sd = 1.0f) {
     return v;
 }
 
-double gemm_peak_gflops() {
+// a 1536^3 product through the matmul kernel: GFLOP/s of the wall clock and per thread of CPU time
+Ms gemm_peak_gflops() {
     const int N = 1536;
     std::mt19937 g(1);
     auto a = rand_vec((size_t)N * N, g), b = rand_vec((size_t)N * N, g);
     std::vector<float> c((size_t)N * N);
-    const double ms = median_ms([&] { cpu::gemm<float>(c.data(), a.data(), N, 1, b.data(), N, N, N, false); }, 5);
-    return 2.0 * N * N * N / ms / 1e6;
+    const Ms ms = time_call([&] { cpu::gemm<float>(c.data(), a.data(), N, 1, b.data(), N, N, N, false); }, 5);
+    return {2.0 * N * N * N / ms.wall / 1e6, 2.0 * N * N * N / ms.cpu / 1e6};
 }
 
 // y = 2 x over n floats: bytes read + written per second, the bound of an elementwise op of that size
@@ -72,8 +88,10 @@ double ulps(float got, double want) {
 }
 
 void roofline() {
-    printf("gemm_peak_gflops %.1f\n", gemm_peak_gflops());
-    printf("stream_gbps_8MB %.1f\n", stream_gbps(1 << 20));
+    const Ms peak = gemm_peak_gflops();
+    printf("gemm peak (1536^3, %d threads): %.1f GFLOP/s, per thread from CPU time %.1f GFLOP/s\n",
+           omp_get_max_threads(), peak.wall, peak.cpu);
+    printf("stream y = 2 x over 8 MB: %.1f GB/s\n", stream_gbps(1 << 20));
     // accuracy of the float approximations against double, over every 7th float of the range
     double e_max = 0;
     std::vector<float> xs, eo, gi;
@@ -121,7 +139,8 @@ void roofline() {
 
 struct Row {
     std::string op;
-    double ms, work;  // work: GFLOP or GB per call
+    Ms ms;
+    double work;  // GFLOP or GB per call
     bool bytes;
     int calls;  // per training step
 };
@@ -172,14 +191,14 @@ void shape(int L, int C, int H, int B, int T, bool gelu, const char* shard) {
         const std::string s = std::string(m.name) + " " + std::to_string(BT) + "x" + std::to_string(m.K) + "x" +
                               std::to_string(m.OC);
         const float* bias = std::string(m.name) == "lm_head" ? nullptr : b.data();
-        rows.push_back({"matmul fwd " + s, median_ms([&] {
+        rows.push_back({"matmul fwd " + s, time_call([&] {
                             cpu::matmul_forward(out.data(), x.data(), w.data(), bias, BT, m.K, m.OC);
                         }, reps), gf, false, m.calls});
-        rows.push_back({"matmul dinp " + s, median_ms([&] {
+        rows.push_back({"matmul dinp " + s, time_call([&] {
                             cpu::matmul_backward(dx.data(), (float*)nullptr, (float*)nullptr, dout.data(), x.data(),
                                                  w.data(), BT, m.K, m.OC);
                         }, reps), gf, false, m.calls});
-        rows.push_back({"matmul dweight " + s, median_ms([&] {
+        rows.push_back({"matmul dweight " + s, time_call([&] {
                             cpu::matmul_backward((float*)nullptr, dw.data(), bias ? db.data() : nullptr, dout.data(),
                                                  x.data(), w.data(), BT, m.K, m.OC);
                         }, reps), gf, false, m.calls});
@@ -191,10 +210,10 @@ void shape(int L, int C, int H, int B, int T, bool gelu, const char* shard) {
         const double fwd = 4.0 * pairs * H * hs / 1e9, bwd = 10.0 * pairs * H * hs / 1e9;
         const std::string s = "B" + std::to_string(B) + " T" + std::to_string(T) + " H" + std::to_string(H) + " hs" +
                               std::to_string(hs);
-        rows.push_back({"attention fwd " + s, median_ms([&] {
+        rows.push_back({"attention fwd " + s, time_call([&] {
                             cpu::attention_forward(out.data(), lse.data(), qkv.data(), ds.data(), B, T, H, H, hs, 0, 0);
                         }, reps), fwd, false, L});
-        rows.push_back({"attention bwd " + s, median_ms([&] {
+        rows.push_back({"attention bwd " + s, time_call([&] {
                             cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
                                                     ds.data(), B, T, H, H, hs, 0, 0);
                         }, reps), bwd, false, L});
@@ -205,28 +224,32 @@ void shape(int L, int C, int H, int B, int T, bool gelu, const char* shard) {
         std::vector<float> out(n), din((size_t)BT * fc_out);
         const std::string s = std::to_string(BT) + "x" + std::to_string(ffn);
         if (gelu) {
-            rows.push_back({"gelu fwd " + s, median_ms([&] { cpu::gelu_forward(out.data(), a.data(), (long)n); }, reps),
+            rows.push_back({"gelu fwd " + s, time_call([&] { cpu::gelu_forward(out.data(), a.data(), (long)n); }, reps),
                             2.0 * n * 4 / 1e9, true, L});
-            rows.push_back({"gelu bwd " + s, median_ms([&] {
+            rows.push_back({"gelu bwd " + s, time_call([&] {
                                 cpu::gelu_backward(din.data(), dout.data(), a.data(), (long)n);
                             }, reps), 3.0 * n * 4 / 1e9, true, L});
         } else {
-            rows.push_back({"swiglu fwd " + s, median_ms([&] { cpu::swiglu_forward(out.data(), a.data(), BT, ffn); },
+            rows.push_back({"swiglu fwd " + s, time_call([&] { cpu::swiglu_forward(out.data(), a.data(), BT, ffn); },
                                                           reps), 3.0 * n * 4 / 1e9, true, L});
-            rows.push_back({"swiglu bwd " + s, median_ms([&] {
+            rows.push_back({"swiglu bwd " + s, time_call([&] {
                                 cpu::swiglu_backward(din.data(), dout.data(), a.data(), BT, ffn);
                             }, reps), 5.0 * n * 4 / 1e9, true, L});
         }
     }
     double total = 0;
-    for (const Row& r : rows) total += r.ms * r.calls;
-    printf("| op | ms/call | calls/step | throughput | share of these ops |\n|---|---|---|---|---|\n");
-    for (const Row& r : rows)
-        printf("| %s | %.3f | %d | %.1f %s | %.1f%% |\n", r.op.c_str(), r.ms, r.calls, r.work / r.ms * 1e3,
-               r.bytes ? "GB/s" : "GFLOP/s", 100.0 * r.ms * r.calls / total);
+    for (const Row& r : rows) total += r.ms.wall * r.calls;
+    printf("| op | ms/call | calls/step | throughput | per thread, from CPU time | share of these ops |\n"
+           "|---|---|---|---|---|---|\n");
+    for (const Row& r : rows) {
+        const char* unit = r.bytes ? "GB/s" : "GFLOP/s";
+        printf("| %s | %.3f | %d | %.1f %s | %.1f %s | %.1f%% |\n", r.op.c_str(), r.ms.wall, r.calls,
+               r.work / r.ms.wall * 1e3, unit, r.work / r.ms.cpu * 1e3, unit,
+               100.0 * r.ms.wall * r.calls / total);
+    }
     printf("\nthese ops: %.1f ms per step; attention: %ld visible (query, key) pairs per head (of %ld causal)\n",
            total, pairs, (long)B * T * (T + 1) / 2);
-    printf("stream_gbps_at_activation_size %.1f\n", stream_gbps((size_t)BT * ffn));
+    printf("stream y = 2 x over the activation's %.1f MB: %.1f GB/s\n", BT * ffn * 8.0 / 1e6, stream_gbps((size_t)BT * ffn));
 }
 
 }  // namespace
