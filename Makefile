@@ -19,7 +19,7 @@ NVCC      ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 
 NVCCFLAGS ?= -O3 -std=c++17 -arch=$(GPU_ARCH) --use_fast_math -Xcompiler -fopenmp -I.
 CUDA_LIBS := -lcublasLt -lcublas
 
-HEADERS   := $(wildcard llmc/*.h llmc/*.cuh llmc/cpu/*.h)
+HEADERS   := $(wildcard llmc/*.h llmc/*.cuh llmc/cpu/*.h llmc/gpt/*.h)
 
 # MPI: the compile and link flags its wrapper would add
 USE_MPI   ?= 1
@@ -107,7 +107,7 @@ cuda_targets: train_gpt test/test_gpu dev_cuda $(if $(NVCC),dev/cuda/bin/libllmc
 
 TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp test/test_moe.cpp \
                 test/test_hardening.cpp test/test_pipeline.cpp test/test_interop.cpp
-test/test_cpu: $(TEST_SOURCES) test/test_util.h train_gpt.cu $(HEADERS)
+test/test_cpu: $(TEST_SOURCES) test/test_util.h test/pipeline_sim.h train_gpt.cu $(HEADERS)
 	$(CXX) $(CXXFLAGS) $(TEST_SOURCES) -o $@
 
 # tensor parallelism op by op vs the unsplit model, under mpirun (test/test_dist.sh section 8)

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
-#include "llmc/pipeline.h"
+#include "test/pipeline_sim.h"
 
 int main(int argc, char** argv) {
     std::vector<std::string> pos;

@@ -19,8 +19,8 @@
 // buffer_alloc (device memory in the CUDA build). The plan reports the two sides apart: buffers()
 // is what the device holds, host_arenas() what the host holds for the optimizer.
 //
-// Depends on the backend's buffer_alloc / buffer_free and host_buffer_alloc / host_buffer_free, so
-// it is included after them, like zero.h.
+// Backend-independent: the arenas' bytes come from the allocators handed to allocate_as (the
+// backend's buffer_alloc / host_buffer_alloc and their frees).
 #ifndef LLMC_MEMORY_H
 #define LLMC_MEMORY_H
 #include <cstddef>
@@ -39,8 +39,18 @@ inline const char* mem_kind_name(int k) {
 inline bool mem_kind_is_host(int k) { return k >= MEM_HOST_MASTER; }
 constexpr size_t BUFFER_ALIGN = 256;
 
+// Where the arenas' bytes come from: device buffers (the CPU build's are host memory too) and the
+// host arenas, with their frees.
+struct ArenaAllocator {
+    void* (*alloc)(size_t) = nullptr;
+    void (*free)(void*) = nullptr;
+    void* (*host_alloc)(size_t) = nullptr;
+    void (*host_free)(void*) = nullptr;
+};
+
 struct MemoryArenas {
     bool plan_only = false;
+    ArenaAllocator with;  // set by allocate_as
     double planned[MEM_KINDS] = {};  // bytes taken so far, by kind
     char* base[MEM_KINDS] = {};
     size_t size[MEM_KINDS] = {}, used[MEM_KINDS] = {};
@@ -56,10 +66,11 @@ struct MemoryArenas {
         return p;
     }
     // one allocation per kind, at the sizes a plan_only run counted
-    void allocate_as(const MemoryArenas& plan) {
+    void allocate_as(const MemoryArenas& plan, const ArenaAllocator& allocator) {
+        with = allocator;
         for (int k = 0; k < MEM_KINDS; k++) {
             size[k] = (size_t)plan.planned[k];
-            base[k] = !size[k] ? nullptr : mem_kind_is_host(k) ? (char*)host_buffer_alloc(size[k]) : (char*)buffer_alloc(size[k]);
+            base[k] = !size[k] ? nullptr : mem_kind_is_host(k) ? (char*)with.host_alloc(size[k]) : (char*)with.alloc(size[k]);
         }
     }
     void check_used() const {
@@ -69,7 +80,7 @@ struct MemoryArenas {
     }
     void release() {
         for (int k = 0; k < MEM_KINDS; k++) {
-            if (base[k]) mem_kind_is_host(k) ? host_buffer_free(base[k]) : buffer_free(base[k]);
+            if (base[k]) mem_kind_is_host(k) ? with.host_free(base[k]) : with.free(base[k]);
             base[k] = nullptr;
         }
     }

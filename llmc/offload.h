@@ -46,8 +46,9 @@
 // Host threads: the CPU step uses the OpenMP threads; with several ranks per node give each rank its
 // share of the cores (OMP_NUM_THREADS = cores / ranks per node).
 //
-// Depends on the backend (floatX, copy_to_buffer / copy_from_buffer, the CUDA stream), so it is
-// included after it, like zero.h.
+// Backend-independent: the copies are a type the step is given (HostOffloadCopies where the
+// "device" is host memory; CudaOffloadCopies, under nvcc, with side streams), the params' type a
+// template parameter.
 #ifndef LLMC_OFFLOAD_H
 #define LLMC_OFFLOAD_H
 #include <cstring>
@@ -56,6 +57,9 @@
 #include "cpu/adamw.h"
 #include "utils.h"
 #include "zero.h"
+#ifdef __CUDACC__
+#include "adamw.cuh"  // adamw_random_bits: the kernel's stochastic-rounding bits (and cuda_common.cuh)
+#endif
 
 enum OffloadKind { OFFLOAD_NONE = 0, OFFLOAD_OPTIMIZER = 1 };
 inline int parse_offload(const std::string& s) {
@@ -65,20 +69,8 @@ inline int parse_offload(const std::string& s) {
 }
 inline const char* offload_name(int kind) { return kind == OFFLOAD_OPTIMIZER ? "optimizer" : "none"; }
 
-// The optimizer state's buffers (master, moments) are device buffers, or host arenas with
-// --offload optimizer: copies between them and the caller's host memory.
-inline void state_copy_in(bool on_host, void* dst, const void* src, size_t bytes) {
-    if (on_host) memcpy(dst, src, bytes);
-    else copy_to_buffer(dst, src, bytes);
-}
-inline void state_copy_out(bool on_host, void* dst, const void* src, size_t bytes) {
-    if (on_host) memcpy(dst, src, bytes);
-    else copy_from_buffer(dst, src, bytes);
-}
-
 // The copies of one offloaded step: device -> host of the gradients, host -> device of the params.
-#ifdef LLMC_CPU
-struct OffloadCopies {  // the "device" is host memory: plain copies, nothing to wait for
+struct HostOffloadCopies {  // the "device" is host memory: plain copies, nothing to wait for
     void prepare(size_t) {}
     void after_main_stream(bool) {}
     void begin(size_t) {}
@@ -87,8 +79,8 @@ struct OffloadCopies {  // the "device" is host memory: plain copies, nothing to
     void upload(void* dev, const void* host, size_t bytes) { memcpy(dev, host, bytes); }
     void finish() {}
 };
-#else
-struct OffloadCopies {  // two side streams (one per copy direction) and an event per piece
+#ifdef __CUDACC__
+struct CudaOffloadCopies {  // two side streams (one per copy direction) and an event per piece
     cudaStream_t down = nullptr, up = nullptr;
     cudaEvent_t grads_final = nullptr, uploaded = nullptr;
     std::vector<cudaEvent_t> downloaded;
@@ -132,8 +124,9 @@ struct OffloadCopies {  // two side streams (one per copy direction) and an even
     }
 };
 #endif
-inline OffloadCopies& offload_copies() {
-    static OffloadCopies c;  // the streams and events live as long as the process
+template <typename Copies>
+inline Copies& offload_copies() {
+    static Copies c;  // the streams and events live as long as the process
     return c;
 }
 // early[k]: piece k's gradient download is queued already (offload_download_early)
@@ -144,9 +137,10 @@ inline std::vector<char>& offload_early() {
 // At the start of a step: no download is queued.
 inline void offload_early_reset(size_t pieces) { offload_early().assign(pieces, 0); }
 // Queues the downloads of these pieces (indices into the step's pieces) now: their gradients are final.
+template <typename Copies>
 inline void offload_download_early(const std::vector<UpdatePiece>& pieces, const std::vector<int>& which,
                                    const float* grad_acc, float* staging) {
-    OffloadCopies& copies = offload_copies();
+    Copies& copies = offload_copies<Copies>();
     std::vector<char>& early = offload_early();
     copies.prepare(pieces.size());
     copies.after_main_stream(false);  // the uploads keep waiting for the whole step (begin)
@@ -157,23 +151,23 @@ inline void offload_download_early(const std::vector<UpdatePiece>& pieces, const
 }
 
 // The params' value of a new fp32 master value, element i of a piece whose seed is
-// step_seed + table_offset: the CUDA kernel's stochastic rounding to bf16; fp32 params: the value.
-#ifdef LLMC_CPU
-inline floatX offload_round(float x, uint64_t, size_t) { return x; }
-#else
-inline floatX offload_round(float x, uint64_t seed, size_t i) {
-    return stochastic_round_bf16(x, adamw_random_bits(seed, i));
+// step_seed + table_offset: fp32 params: the value; bf16: the CUDA kernel's stochastic rounding.
+inline void offload_round(float& out, float x, uint64_t, size_t) { out = x; }
+#ifdef __CUDACC__
+inline void offload_round(__nv_bfloat16& out, float x, uint64_t seed, size_t i) {
+    out = stochastic_round_bf16(x, adamw_random_bits(seed, i));
 }
 #endif
 
 // One AdamW step of the rank's pieces with master, m, v and staging in host memory (staging: fp32,
 // the state space's size); params and grad_acc are device buffers. The arguments are the device
 // step's (adamw_update), step_seed the step's stochastic-rounding seed before the table offset.
+template <typename Copies, typename floatX>
 inline void offload_adamw_step(const std::vector<UpdatePiece>& pieces, floatX* params, const float* grad_acc,
                                float* master, float* adam_m, float* adam_v, float* staging, float lr, float beta1,
                                float beta2, float eps, float weight_decay, float grad_scale, int t, uint64_t step_seed) {
     static_assert(sizeof(floatX) <= sizeof(float), "the rounded params are written over their fp32 gradients");
-    OffloadCopies& copies = offload_copies();
+    Copies& copies = offload_copies<Copies>();
     std::vector<char>& early = offload_early();
     early.resize(pieces.size(), 0);
     copies.begin(pieces.size());
@@ -191,7 +185,7 @@ inline void offload_adamw_step(const std::vector<UpdatePiece>& pieces, floatX* p
         const uint64_t seed = step_seed + u.table_offset;
         const size_t n = u.n;
 #pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++) out[i] = offload_round(w[i], seed, i);
+        for (size_t i = 0; i < n; i++) offload_round(out[i], w[i], seed, i);
         copies.upload(params + u.param_index, out, n * sizeof(floatX));
     }
     copies.finish();

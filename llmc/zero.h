@@ -165,29 +165,32 @@ inline std::vector<UpdatePiece> zero_update_pieces(const ZeroLayout& z, const st
 // a reduce-scatter whose float sums happen here, in a fixed order, never inside MPI or NCCL.
 // n_leaves > 1: send holds that many leaves (g.size * chunk each), rank r's leaf k being global
 // micro-batch r * n_leaves + k of the group's: they fold in (r, k) order. scratch holds n_leaves *
-// g.size * chunk elements.
-template <typename floatX>
-inline void reduce_scatter_add(const CommGroup& g, float* acc_own, const floatX* send, size_t chunk,
+// g.size * chunk elements. add(acc, leaf, n): acc[i] += leaf[i] in fp32 (the backend's op).
+template <typename floatX, typename Add>
+inline void reduce_scatter_add(const Add& add, const CommGroup& g, float* acc_own, const floatX* send, size_t chunk,
                                floatX* scratch, int n_leaves = 1) {
     const size_t leaf = (size_t)g.size * chunk;
     if (g.size == 1) {
-        for (int k = 0; k < n_leaves; k++) grad_accumulate(acc_own, send + k * leaf, chunk);
+        for (int k = 0; k < n_leaves; k++) add(acc_own, send + k * leaf, chunk);
         return;
     }
     for (int k = 0; k < n_leaves; k++) all_to_all(g, send + k * leaf, scratch + k * leaf, chunk * sizeof(floatX));
     for (int r = 0; r < g.size; r++)
-        for (int k = 0; k < n_leaves; k++) grad_accumulate(acc_own, scratch + k * leaf + (size_t)r * chunk, chunk);
+        for (int k = 0; k < n_leaves; k++) add(acc_own, scratch + k * leaf + (size_t)r * chunk, chunk);
 }
 
 // Squared L2 norm of the accumulated gradient over the whole model, the same on every rank of the
-// world. The CPU build sums fixed NORM_CHUNK chunks of each segment (shards hold whole chunks),
-// gathers the chunk sums of every rank (each pipeline stage has its own segments) and adds them in
-// (segment id, rank, chunk) order: bitwise the unsharded single-process norm, for any dp and pp
-// (padding chunks add +0.0). The GPU build sums each rank's slice of a segment in one kernel call.
-// skip: sorted accumulator ranges [begin, end) this rank does not count (tensor-parallel replicas,
-// counted by their owner).
+// world. per_chunk (the CPU build): sums fixed NORM_CHUNK chunks of each segment (shards hold whole
+// chunks), gathers the chunk sums of every rank (each pipeline stage has its own segments) and adds
+// them in (segment id, rank, chunk) order: bitwise the unsharded single-process norm, for any dp and
+// pp (padding chunks add +0.0). Otherwise (the GPU build) each rank's slice of a segment is summed
+// in one call. add_squares(sum, p, n): sum += the squares of p[0, n) (the backend's: a loop in
+// double, or a kernel). skip: sorted accumulator ranges [begin, end) this rank does not count
+// (tensor-parallel replicas, counted by their owner).
 using AccRanges = std::vector<std::pair<size_t, size_t>>;
-inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc, const AccRanges& skip = {}) {
+template <typename AddSquares>
+inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc, const AccRanges& skip, bool per_chunk,
+                                const AddSquares& add_squares) {
     const size_t n_seg = z.segs.size();
     // the parts of [a, b) outside skip
     auto counted = [&](size_t a, size_t b, auto f) {
@@ -200,28 +203,26 @@ inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc, cons
         }
         if (a < b) f(a, b);
     };
-#ifdef LLMC_CPU
-    std::vector<size_t> first(n_seg + 1, 0);  // this rank's chunks of segment s: [first[s], first[s + 1])
-    for (size_t s = 0; s < n_seg; s++) first[s + 1] = first[s] + z.shard_len((int)s) / NORM_CHUNK;
-    std::vector<double> mine(first[n_seg]);
+    std::vector<size_t> first(n_seg + 1, 0);  // this rank's sums of segment s: [first[s], first[s + 1])
+    std::vector<double> mine;
+    if (per_chunk) {
+        for (size_t s = 0; s < n_seg; s++) first[s + 1] = first[s] + z.shard_len((int)s) / NORM_CHUNK;
+        mine.resize(first[n_seg]);
 #pragma omp parallel for schedule(static)
-    for (size_t k = 0; k < first[n_seg]; k++) {
-        const size_t s = std::upper_bound(first.begin(), first.end(), k) - first.begin() - 1;
-        const size_t at = z.acc_own((int)s) + (k - first[s]) * NORM_CHUNK;
-        double sum = 0;
-        counted(at, at + NORM_CHUNK, [&](size_t lo, size_t hi) {
-            for (size_t i = lo; i < hi; i++) sum += (double)grad_acc[i] * grad_acc[i];
-        });
-        mine[k] = sum;
+        for (size_t k = 0; k < first[n_seg]; k++) {
+            const size_t s = std::upper_bound(first.begin(), first.end(), k) - first.begin() - 1;
+            const size_t at = z.acc_own((int)s) + (k - first[s]) * NORM_CHUNK;
+            double sum = 0;
+            counted(at, at + NORM_CHUNK, [&](size_t lo, size_t hi) { add_squares(sum, grad_acc + lo, hi - lo); });
+            mine[k] = sum;
+        }
+    } else {
+        for (size_t s = 0; s <= n_seg; s++) first[s] = s;
+        mine.assign(n_seg, 0.0);
+        for (size_t s = 0; s < n_seg; s++)
+            counted(z.acc_own((int)s), z.acc_own((int)s) + z.shard_len((int)s),
+                    [&](size_t lo, size_t hi) { add_squares(mine[s], grad_acc + lo, hi - lo); });
     }
-#else
-    std::vector<size_t> first(n_seg + 1);
-    for (size_t s = 0; s <= n_seg; s++) first[s] = s;
-    std::vector<double> mine(n_seg, 0.0);
-    for (size_t s = 0; s < n_seg; s++)
-        counted(z.acc_own((int)s), z.acc_own((int)s) + z.shard_len((int)s),
-                [&](size_t lo, size_t hi) { mine[s] += global_norm_squared(grad_acc + lo, hi - lo); });
-#endif
     // (segment id, chunk sum) pairs of every rank, padded to the longest list (id -1)
     const CommGroup& world = comm_world().world;
     size_t longest = 0;

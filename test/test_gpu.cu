@@ -2,10 +2,12 @@
 // reference trainer. Needs a GPU: without one it says so and exits 0 (CI only compiles it).
 // Run from the repository root: make test_gpu && ./test/test_gpu
 //
-// The trainer is compiled twice into this binary, in two namespaces: ref:: is the CPU build
-// (LLMC_CPU, fp32) and gpu:: the CUDA build (bf16), so one test can run both on the same batch.
-// Everything train_gpt.cu includes is included first, at global scope, so the two copies share
-// the ops and headers and differ only in their backend section.
+// Both builds of the trainer are in this binary, ref:: the CPU build (LLMC_CPU, fp32) and gpu::
+// the CUDA build (bf16), so one test can run both on the same batch: each namespace holds one
+// build of train_gpt.cu's own chapters (llmc/gpt/: the backend, the model, the run), the only
+// code that differs between the builds. Every header they use is backend-independent and is
+// included once, here, at global scope (the ops of both builds, comm, zero, memory, offload,
+// pipeline, tensor parallel), so both builds share it.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -35,6 +37,11 @@
 #include "llmc/outlier.h"
 #include "llmc/run_dir.h"
 #include "llmc/run_stop.h"
+#include "llmc/comm.h"
+#include "llmc/zero.h"
+#include "llmc/memory.h"
+#include "llmc/op_scratch.h"
+#include "llmc/offload.h"
 #include "llmc/pipeline.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/cpu/encoder.h"
@@ -72,11 +79,6 @@ using cpu::max_into;
 #include "../train_gpt.cu"
 #undef LLMC_CPU
 }  // namespace ref
-// zero.h, memory.h and offload.h depend on the backend (floatX, the ops, buffer_alloc): each namespace
-// gets its own copy
-#undef LLMC_ZERO_H
-#undef LLMC_MEMORY_H
-#undef LLMC_OFFLOAD_H
 namespace gpu {
 #include "../train_gpt.cu"
 }  // namespace gpu

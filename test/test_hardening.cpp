@@ -1,4 +1,4 @@
-// Hardening (issue 10): hostile input must give a clear error (naming the flag or file), never
+// Hardening: hostile input must give a clear error (naming the flag or file), never
 // memory corruption, a crash, a hang or a silently lost run. Each case below is one item of the
 // issue; the file readers are also fuzzed under ASan/UBSan by `make fuzz` (test/fuzz_readers.cpp).
 #define LLMC_CPU
@@ -359,10 +359,12 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
         double act[3] = {0, 0, 0};
         for (int recompute = 0; recompute <= 2; recompute++) {
             CAPTURE(recompute);
-            MemoryEstimate e = gpt_memory_estimate(c, B, T, 0, nullptr, recompute);
+            Layout layout;
+            layout.recompute = recompute;
+            MemoryEstimate e = gpt_memory_estimate(c, B, T, layout);
             GPT m;
             const size_t before = buffer_bytes_allocated();
-            gpt_allocate(m, c, B, T, 0, nullptr, recompute);
+            gpt_allocate(m, c, B, T, layout);
             const double allocated = (double)(buffer_bytes_allocated() - before);
             CHECK(e.buffers() == allocated);
             CHECK(e.host_arenas() == 0);
@@ -372,13 +374,14 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
             // the gradient staging move to the host arenas; both sides are allocated as planned
             for (int zero = 0; zero <= 3; zero += 3) {
                 CAPTURE(zero);
-                const MemoryEstimate d = gpt_memory_estimate(c, B, T, zero, nullptr, recompute);
-                const MemoryEstimate o = gpt_memory_estimate(c, B, T, zero, nullptr, recompute, 0, sizeof(floatX), 0,
-                                                             false, 0, OFFLOAD_OPTIMIZER);
+                Layout dl = layout, ol = layout;
+                dl.zero_stage = ol.zero_stage = zero;
+                ol.offload = OFFLOAD_OPTIMIZER;
+                const MemoryEstimate d = gpt_memory_estimate(c, B, T, dl);
+                const MemoryEstimate o = gpt_memory_estimate(c, B, T, ol);
                 GPT off;
-                off.offload = OFFLOAD_OPTIMIZER;
                 const size_t dev0 = buffer_bytes_allocated(), host0 = host_bytes_allocated();
-                gpt_allocate(off, c, B, T, zero, nullptr, recompute);
+                gpt_allocate(off, c, B, T, ol);
                 CHECK(o.buffers() == (double)(buffer_bytes_allocated() - dev0));
                 CHECK(o.host_arenas() == (double)(host_bytes_allocated() - host0));
                 const double state = 4.0 * off.zero.state_elems();  // bytes of one fp32 state buffer
@@ -433,16 +436,19 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
                 for (int sp = 0; sp <= (tp > 1 ? 1 : 0); sp++) {
                     CAPTURE(tp);
                     CAPTURE(sp);
+                    Layout layout;
+                    layout.recompute = recompute;
+                    layout.sp = sp == 1;
+                    layout.plan_tp = tp;
                     GPT plan;
                     plan.mem.plan_only = true;
-                    plan.plan_tp = tp;
                     const size_t before = buffer_bytes_allocated();
-                    REQUIRE_NOTHROW(gpt_allocate(plan, c, B, T, 0, nullptr, recompute, sp == 1));
+                    REQUIRE_NOTHROW(gpt_allocate(plan, c, B, T, layout));
                     CHECK(buffer_bytes_allocated() == before);  // a dry run: nothing allocated
                     CHECK(plan.ls.tp == tp);
                     CHECK(plan.ls.sp == (sp == 1));
                     const MemoryEstimate e = MemoryEstimate::of(plan.mem);
-                    CHECK(e.buffers() == gpt_memory_estimate(c, B, T, 0, nullptr, recompute, 0, sizeof(floatX), tp, sp == 1).buffers());
+                    CHECK(e.buffers() == gpt_memory_estimate(c, B, T, layout).buffers());
                     const double ideal = split / tp + replicated, p = e.params / sizeof(floatX), mom = e.moments / 8;
                     CHECK(p >= ideal);
                     CHECK(p <= ideal + slack);
@@ -454,8 +460,12 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
                     // every ZeRO stage over 2 data-parallel ranks, and the CUDA build's plan (bf16, one leaf per rank)
                     for (int zero = 0; zero <= 3; zero++) {
                         CAPTURE(zero);
-                        CHECK_NOTHROW(gpt_memory_estimate(c, B, T, zero, nullptr, recompute, 2, sizeof(floatX), tp, sp == 1));
-                        CHECK_NOTHROW(gpt_memory_estimate(c, B, T, zero, nullptr, recompute, 2, 2, tp, sp == 1));
+                        Layout dp2 = layout;
+                        dp2.zero_stage = zero;
+                        dp2.plan_dp = 2;
+                        CHECK_NOTHROW(gpt_memory_estimate(c, B, T, dp2));
+                        dp2.elem_bytes = 2;
+                        CHECK_NOTHROW(gpt_memory_estimate(c, B, T, dp2));
                     }
                 }
             // tp 2 holds about half of tp 1's parameters: half, plus half of the replicated share
@@ -475,9 +485,13 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
                                act[2][0] / 1048576, act[2][1] / 1048576, act[4][0] / 1048576, act[4][1] / 1048576));
         }
         // layouts the model cannot split: refused by the dry run, naming the flag
-        CHECK_THROWS_WITH_AS(gpt_memory_estimate(c, B, T, 0, nullptr, 0, 0, sizeof(floatX), 3),
-                             doctest::Contains("--tp 3 must divide --n_head 8"), LlmcError);
-        CHECK_THROWS_WITH_AS(gpt_memory_estimate(c, 1, 3, 0, nullptr, 0, 0, sizeof(floatX), 2, true),
+        Layout tp3, tp2_sp;
+        tp3.plan_tp = 3;
+        tp2_sp.plan_tp = 2;
+        tp2_sp.sp = true;
+        CHECK_THROWS_WITH_AS(gpt_memory_estimate(c, B, T, tp3), doctest::Contains("--tp 3 must divide --n_head 8"),
+                             LlmcError);
+        CHECK_THROWS_WITH_AS(gpt_memory_estimate(c, 1, 3, tp2_sp),
                              doctest::Contains("--sp: the B*T = 3 tokens of a micro-batch must split evenly over --tp 2"),
                              LlmcError);
     }
@@ -571,8 +585,11 @@ TEST_CASE("hardening 8: --offload optimizer: bitwise the run without it, resumes
     GPTConfig c;
     c.n_layer = 4; c.n_embd = 512; c.n_head = 8; c.n_kv_head = 4;
     c.finalize();
-    const MemoryEstimate dev = gpt_memory_estimate(c, 1, 8, 0, nullptr, 0, 0, 2);
-    const MemoryEstimate host = gpt_memory_estimate(c, 1, 8, 0, nullptr, 0, 0, 2, 0, false, 0, OFFLOAD_OPTIMIZER);
+    Layout gpu, gpu_offload;  // the CUDA build's plan (bf16), without and with --offload optimizer
+    gpu.elem_bytes = gpu_offload.elem_bytes = 2;
+    gpu_offload.offload = OFFLOAD_OPTIMIZER;
+    const MemoryEstimate dev = gpt_memory_estimate(c, 1, 8, gpu);
+    const MemoryEstimate host = gpt_memory_estimate(c, 1, 8, gpu_offload);
     CHECK(dev.master + dev.moments > std::max({dev.params, dev.grads, dev.activations, dev.scratch}));
     // the bf16 plan has the GPU's op scratch and cuBLASLt workspace (llmc/op_scratch.h, the H200's 132
     // SMs), the CPU build's none

@@ -1,4 +1,4 @@
-// Interoperability (issue 16): llm.c's GPT-2 model files, token shards and tokenizer files, our
+// Interoperability: llm.c's GPT-2 model files, token shards and tokenizer files, our
 // BPE vocabulary file, the GPT-2 presets and the step log's tokens. The llm.c files are written
 // here byte by byte from the documented layout (llmc/llmc_format.h, llmc/dataloader.h,
 // llmc/tokenizer.h), independently of the code under test.

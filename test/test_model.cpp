@@ -485,9 +485,11 @@ TEST_CASE("streamed state: gpt_set_state / checkpoint saves and loads in chunks 
         for (int offload : {OFFLOAD_NONE, OFFLOAD_OPTIMIZER}) {
             CAPTURE(zero);
             CAPTURE(offload);
+            Layout layout;
+            layout.zero_stage = zero;
+            layout.offload = offload;
             GPT m;
-            m.offload = offload;
-            gpt_allocate(m, c, 1, 8, zero);
+            gpt_allocate(m, c, 1, 8, layout);
             std::vector<float> a[3], b[3];
             Rng r(zero * 2 + offload);
             for (int k = 0; k < 3; k++) {
@@ -569,12 +571,20 @@ TEST_CASE("checkpoint verify pass: corrupt, non-finite and negative-moment files
 TEST_CASE("the memory plan's host staging is a chunk, not the table") {
     // d12 and d24 (85M and 325M parameters, each more than a chunk): the same host staging, one
     // chunk per array (3 fp32 + the params' type) plus the batch vectors
-    auto host = [](int n_layer, int n_embd, int zero, int dp) {
+    // the CUDA build's plan (bf16) at a ZeRO stage over dp ranks
+    auto gpu_plan = [](int zero, int dp) {
+        Layout l;
+        l.zero_stage = zero;
+        l.plan_dp = dp;
+        l.elem_bytes = 2;
+        return l;
+    };
+    auto host = [&](int n_layer, int n_embd, int zero, int dp) {
         GPTConfig c;
         c.n_layer = n_layer; c.n_embd = n_embd; c.n_head = n_embd / 64; c.n_kv_head = c.n_head; c.vocab_size = 50257;
         c.max_seq_len = 1024;
         c.finalize();
-        return gpt_memory_estimate(c, 1, 64, zero, nullptr, 0, dp, 2).host;
+        return gpt_memory_estimate(c, 1, 64, gpu_plan(zero, dp)).host;
     };
     const double batch = 4.0 * 64 * sizeof(int), chunk = (double)STAGING_ELEMS * (3 * 4 + 2);
     CHECK(host(12, 768, 0, 1) == chunk + batch);
@@ -584,9 +594,9 @@ TEST_CASE("the memory plan's host staging is a chunk, not the table") {
     GPTConfig big;
     big.n_layer = 80; big.n_embd = 8192; big.n_head = 64; big.n_kv_head = 8; big.ffn_hidden = 28672; big.vocab_size = 50257;
     big.finalize();
-    CHECK(gpt_memory_estimate(big, 1, 64, 3, nullptr, 0, 8, 2).host == chunk + batch);
+    CHECK(gpt_memory_estimate(big, 1, 64, gpu_plan(3, 8)).host == chunk + batch);
     setenv("LLMC_STAGING_ELEMS", "1000", 1);
-    CHECK(gpt_memory_estimate(big, 1, 64, 3, nullptr, 0, 8, 2).host == 1000.0 * 14 + batch);
+    CHECK(gpt_memory_estimate(big, 1, 64, gpu_plan(3, 8)).host == 1000.0 * 14 + batch);
     unsetenv("LLMC_STAGING_ELEMS");
     GPTConfig tiny = small_config(MLP_SWIGLU, POS_ALIBI);
     GPT m;

@@ -4,7 +4,7 @@
 // independently of the simulator, a deadlock-free event simulation, the exact in-flight and
 // weight-gradient-stash bounds, the simulated bubble equal to the closed form under the costs it
 // assumes, golden orders for small cases, and clear errors for bad arguments and broken schedules.
-#include "../llmc/pipeline.h"
+#include "pipeline_sim.h"
 
 #include <doctest/doctest.h>
 

@@ -327,8 +327,10 @@ void model_checks(const std::string& name, const GPTConfig& c, uint64_t seed) {
 
     for (int sp = 0; sp < 2; sp++) {
         const std::string tag = name + (sp ? " sp" : "");
+        Layout layout;
+        layout.sp = sp == 1;
         GPT m;
-        gpt_allocate(m, c, B, T, 0, nullptr, 0, sp == 1);
+        gpt_allocate(m, c, B, T, layout);
         gpt_set_state(m, params.data(), adam_m.data(), adam_v.data());
         const LocalShape& s = m.ls;
         {  // the state as this layout holds it, gathered back: the table

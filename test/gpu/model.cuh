@@ -347,8 +347,10 @@ TEST_CASE("model: activation recomputation (-r 1, -r 2) gives bitwise the -r 0 t
         std::vector<float> losses[3], params[3];
         double act_bytes[3];
         for (int level = 0; level < 3; level++) {
+            gpu::Layout layout;
+            layout.recompute = level;
             gpu::GPT g;
-            gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T, 0, nullptr, level);
+            gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T, layout);
             act_bytes[level] = g.activation_bytes;
             gpu::gpt_set_state(g, p.data(), zeros.data(), zeros.data());
             losses[level] = train_steps<gpu::GPT, gpu::OptimizerConfig>(
@@ -385,12 +387,13 @@ TEST_CASE("model: --offload optimizer (AdamW on the host) trains bitwise as the 
         std::vector<float> losses[2], master[2], m[2], v[2];
         std::vector<__nv_bfloat16> bf16[2];
         for (int off = 0; off < 2; off++) {
+            gpu::Layout layout;
+            layout.zero_stage = zero;
+            layout.offload = off ? gpu::OFFLOAD_OPTIMIZER : gpu::OFFLOAD_NONE;
             gpu::GPT g;
-            g.offload = off ? gpu::OFFLOAD_OPTIMIZER : gpu::OFFLOAD_NONE;
             const size_t host0 = gpu::host_bytes_allocated();
-            gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T, zero);
-            const gpu::MemoryEstimate e = gpu::gpt_memory_estimate(convert_config<gpu::GPTConfig>(rc), B, T, zero,
-                                                                   nullptr, 0, 0, sizeof(__nv_bfloat16), 0, false, 0, g.offload);
+            gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T, layout);
+            const gpu::MemoryEstimate e = gpu::gpt_memory_estimate(convert_config<gpu::GPTConfig>(rc), B, T, layout);
             CHECK(e.host_arenas() == (double)(gpu::host_bytes_allocated() - host0));
             gpu::gpt_set_state(g, p.data(), zeros.data(), zeros.data());
             losses[off] = train_steps<gpu::GPT, gpu::OptimizerConfig>(
@@ -450,13 +453,15 @@ TEST_CASE("model: the device memory a training step uses is the plan's within 5%
                 return (double)(total_b - free_b);
             };
             const double before = in_use();
+            gpu::Layout layout;
+            layout.recompute = level;
             gpu::GPT g;
-            gpu::gpt_allocate(g, gc, B, T, 0, nullptr, level);
+            gpu::gpt_allocate(g, gc, B, T, layout);
             gpu::gpt_init_params(g, 5);
             train_steps<gpu::GPT, gpu::OptimizerConfig>(g, gpu::gpt_forward, gpu::gpt_backward, gpu::gpt_zero_grad,
                                                         gpu::gpt_update, B, T, 2);
             const double used = in_use() - before;
-            const double plan = gpu::gpt_memory_estimate(gc, B, T, 0, nullptr, level).buffers();
+            const double plan = gpu::gpt_memory_estimate(gc, B, T, layout).buffers();
             gpu::gpt_free(g);
             MESSAGE("moe " << moe << ", -r " << level << ": plan " << plan / 1048576.0 << " MiB, device memory grew by "
                            << used / 1048576.0 << " MiB (" << 100.0 * (used - plan) / plan << "%)");

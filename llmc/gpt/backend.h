@@ -1,0 +1,216 @@
+// A chapter of train_gpt.cu (included once, there): the backend. Which op implementations the
+// build runs (the CPU references of llmc/cpu/ or the CUDA kernels of llmc/*.cuh, same signatures)
+// and where its buffers live (host memory, or device memory and pinned host memory): floatX, the
+// buffer allocation and copies, the sync, the memory the run can use.
+
+#ifdef LLMC_CPU
+#include "llmc/cpu/encoder.h"
+#include "llmc/cpu/layernorm.h"
+#include "llmc/cpu/matmul.h"
+#include "llmc/cpu/attention.h"
+#include "llmc/cpu/mlp.h"
+#include "llmc/cpu/classifier.h"
+#include "llmc/cpu/adamw.h"
+#include "llmc/cpu/global_norm.h"
+#include "llmc/cpu/moe.h"
+#include "llmc/cpu/accumulate.h"
+using namespace cpu;
+typedef float floatX;  // the element type of params, grads and activations
+static const char* backend_name() { return "cpu (fp32 reference)"; }
+// The OpenMP threads of one rank. Without OMP_NUM_THREADS every rank would start one thread per
+// core, so N ranks on a node would run N threads per core; instead each of the node's local_ranks
+// takes its share of the node's cores (as torchrun does), at least one, at most what its affinity
+// mask allows. Returns what was done, for the start-up report ("" where nothing was changed).
+static std::string backend_share_cores(int local_ranks) {
+#ifdef _OPENMP
+    if (getenv("OMP_NUM_THREADS") || local_ranks <= 1) return "";
+    const int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const int threads = std::max(1, std::min(omp_get_num_procs(), cores / local_ranks));
+    omp_set_num_threads(threads);
+    return strfmt("the node's %d cores shared by its %d ranks; OMP_NUM_THREADS overrides", cores, local_ranks);
+#else
+    (void)local_ranks;
+    return "";
+#endif
+}
+// --offload optimizer's copies (llmc/offload.h): the "device" is host memory
+using OffloadCopies = HostOffloadCopies;
+// the gradient norm's sums (llmc/zero.h): fixed chunks, each a loop in double (bitwise the
+// unsharded norm in every layout)
+static constexpr bool norm_per_chunk = true;
+static void add_squares(double& sum, const float* p, size_t n) {
+    for (size_t i = 0; i < n; i++) sum += (double)p[i] * p[i];
+}
+static double peak_flops_per_s() { return 0; }  // unknown for a CPU: no MFU
+// the ops run synchronously: the host clock times them exactly (pipeline idle fractions every step)
+static constexpr bool host_timing_is_exact = true;
+// where buffers live: host memory here, device memory in the CUDA build
+// bytes handed out by buffer_alloc so far (the memory guard's test compares its estimate with it)
+static size_t& buffer_bytes_allocated() {
+    static size_t bytes = 0;
+    return bytes;
+}
+// the host arenas of --offload optimizer (llmc/memory.h): host memory like the buffers, counted apart
+static size_t& host_bytes_allocated() {
+    static size_t bytes = 0;
+    return bytes;
+}
+static void* counted_calloc(size_t& counter, size_t bytes) {
+    counter += bytes;
+    void* p = calloc(1, bytes);
+    LLMC_CHECK(p, "out of memory allocating %zu bytes", bytes);
+    return p;
+}
+static void* buffer_alloc(size_t bytes) { return counted_calloc(buffer_bytes_allocated(), bytes); }
+static void buffer_free(void* p) { free(p); }
+static void* host_buffer_alloc(size_t bytes) { return counted_calloc(host_bytes_allocated(), bytes); }
+static void host_buffer_free(void* p) { free(p); }
+static void buffer_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
+static void copy_to_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static void copy_from_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static void copy_buffer(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+// rows x width_bytes from src (rows src_pitch apart) to dst (dst_pitch apart)
+static void copy_buffer_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes, size_t rows) {
+    for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dst_pitch, (const char*)src + r * src_pitch, width_bytes);
+}
+static void backend_sync() {}
+// the ops' scratch and the matmul workspace: the CPU ops need none (their arena is empty)
+static void backend_bind_scratch(void*, size_t) {}
+// the SM count that the plan of a GPU's op scratch assumes (llmc/op_scratch.h): the GPUs of --plan
+// --device (H100 / H200 SXM) have 132
+static int plan_sm_count() { return 132; }
+// memory the run's buffers can use: host memory (MemAvailable), for the memory guard
+static double available_buffer_memory(std::string& source) { return available_host_memory(source); }
+// what the process holds after a step, next to the plan: the buffers (all of them allocated up
+// front) and the peak resident set (buffers + host staging + libraries)
+static double device_bytes_in_use() { return (double)buffer_bytes_allocated(); }
+static std::string measured_memory(double) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return strfmt("buffers %.2f MiB, process peak RSS %.2f MiB", buffer_bytes_allocated() / 1048576.0,
+                  ru.ru_maxrss / 1024.0);
+}
+#else
+// The CUDA build: bf16 params, grads and activations, fp32 master weights and Adam moments, fp32
+// statistics. The ops (llmc/<op>.cuh) have the signatures of their CPU twins.
+#include "llmc/cuda_common.cuh"
+#include "llmc/encoder.cuh"
+#include "llmc/layernorm.cuh"
+#include "llmc/matmul.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/mlp.cuh"
+#include "llmc/classifier.cuh"
+#include "llmc/adamw.cuh"
+#include "llmc/global_norm.cuh"
+#include "llmc/cpu/moe.h"  // for moe_capacity (host arithmetic)
+#include "llmc/moe.cuh"
+#include "llmc/accumulate.cuh"
+static const char* backend_name() {
+    static char name[320];
+    cudaDeviceProp p;
+    cudaCheck(cudaGetDeviceProperties(&p, 0));
+    snprintf(name, sizeof(name), "cuda on %s (sm_%d%d), bf16 with fp32 master weights", p.name, p.major, p.minor);
+    return name;
+}
+// dense bf16 tensor-core peak, for MFU; 0 (no MFU) where we do not know it
+static double peak_flops_per_s() {
+    cudaDeviceProp p;
+    cudaCheck(cudaGetDeviceProperties(&p, 0));
+    if (p.major == 9) return 989.4e12;  // H100 / H200 SXM
+    if (p.major == 8 && p.minor == 0) return 312e12;  // A100
+    return 0;
+}
+static size_t& buffer_bytes_allocated() {
+    static size_t bytes = 0;
+    return bytes;
+}
+static void* buffer_alloc(size_t bytes) {
+    buffer_bytes_allocated() += bytes;
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+    LLMC_CHECK(err == cudaSuccess, "out of GPU memory allocating %zu bytes (%s): reduce -b or the model size", bytes,
+               cudaGetErrorString(err));
+    cudaCheck(cudaMemset(p, 0, bytes));
+    return p;
+}
+static void buffer_free(void* p) { cudaCheck(cudaFree(p)); }
+// the host arenas of --offload optimizer (llmc/memory.h): pinned host memory, so the copies between
+// them and the device run asynchronously at full bandwidth
+static size_t& host_bytes_allocated() {
+    static size_t bytes = 0;
+    return bytes;
+}
+static void* host_buffer_alloc(size_t bytes) {
+    host_bytes_allocated() += bytes;
+    void* p = nullptr;
+    cudaError_t err = cudaMallocHost(&p, std::max<size_t>(bytes, 1));
+    LLMC_CHECK(err == cudaSuccess, "out of pinned host memory allocating %zu bytes for --offload optimizer (%s): "
+               "shard the optimizer state over more ranks (--zero 1) or use --offload none", bytes,
+               cudaGetErrorString(err));
+    memset(p, 0, bytes);
+    return p;
+}
+static void host_buffer_free(void* p) { cudaCheck(cudaFreeHost(p)); }
+static double device_bytes_in_use() {
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    return (double)(total_b - free_b);
+}
+// what the device holds after a step, next to the plan: our buffers (the arenas), all that is in
+// use on the device (with the CUDA context and the libraries' own), and how much that grew since
+// before the model was allocated (in_use_before): what the plan is to be compared with
+static std::string measured_memory(double in_use_before) {
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    const double in_use = device_bytes_in_use();
+    return strfmt("buffers %.2f MiB, device memory in use %.2f MiB of %.2f MiB, grown by %.2f MiB since before the "
+                  "model was allocated", buffer_bytes_allocated() / 1048576.0, in_use / 1048576.0, total_b / 1048576.0,
+                  (in_use - in_use_before) / 1048576.0);
+}
+// free GPU memory now (cudaMemGetInfo), for the memory guard (LLMC_MEMORY_LIMIT overrides it)
+static double available_buffer_memory(std::string& source) {
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    double limit = memory_limit_override();
+    if (limit >= 0) { source = "LLMC_MEMORY_LIMIT"; return limit; }
+    source = "free GPU memory (cudaMemGetInfo)";
+    return (double)free_bytes;
+}
+static void buffer_zero(void* p, size_t bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, llmc_stream())); }
+static void copy_to_buffer(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, llmc_stream()));
+    cudaCheck(cudaStreamSynchronize(llmc_stream()));  // src is pageable host memory the caller may reuse
+}
+static void copy_from_buffer(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, llmc_stream()));
+    cudaCheck(cudaStreamSynchronize(llmc_stream()));
+}
+static void copy_buffer(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, llmc_stream()));
+}
+static void copy_buffer_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes, size_t rows) {
+    if (rows == 0 || width_bytes == 0) return;
+    cudaCheck(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, rows, cudaMemcpyDeviceToDevice, llmc_stream()));
+}
+// the step time includes everything queued on the GPU
+static void backend_sync() { cudaCheck(cudaStreamSynchronize(llmc_stream())); }
+// kernels are queued: the host clock sees their time only after a sync, which would cost the overlap
+// of host and device; the pipeline is timed (with syncs) only for --pp_trace
+static constexpr bool host_timing_is_exact = false;
+// The ops' scratch (cuda_scratch) and the cuBLASLt workspace from the model's MEM_SCRATCH arena
+// (llmc/op_scratch.h: the workspace first, then the scratch); nullptr: the ops' own again.
+static void backend_bind_scratch(void* arena, size_t bytes) {
+    matmul_bind_workspace(arena);
+    if (arena) matmul_setup();  // the handle (a workspace is bound: nothing is allocated)
+    cuda_scratch_bind(arena ? (char*)arena + MATMUL_WORKSPACE_BYTES : nullptr,
+                      arena ? bytes - MATMUL_WORKSPACE_BYTES : 0);
+}
+static int plan_sm_count() { return layernorm_detail::sm_count(); }
+// the host threads (OpenMP: the offloaded AdamW step) are left as OMP_NUM_THREADS or the runtime sets them
+static std::string backend_share_cores(int) { return ""; }
+// --offload optimizer's copies (llmc/offload.h): side streams, an event per piece
+using OffloadCopies = CudaOffloadCopies;
+// the gradient norm's sums (llmc/zero.h): each rank's slice of a segment in one kernel
+static constexpr bool norm_per_chunk = false;
+static void add_squares(double& sum, const float* p, size_t n) { sum += global_norm_squared(p, n); }
+#endif

@@ -1,0 +1,225 @@
+// A chapter of train_gpt.cu (included once, there): the model's config and its parameter table.
+// The config (stored in every checkpoint), the table of every tensor (name, shape, offset in the
+// flat buffers, init, weight decay; the checkpoint order), the pointers into a flat buffer laid
+// out by it, and the segments the flat buffers are cut into for ZeRO (llmc/zero.h).
+
+enum MlpKind { MLP_SWIGLU = 0, MLP_GELU = 1 };
+enum PosKind { POS_ALIBI = 0, POS_LEARNED = 1 };
+enum MoeGroup { MOE_GROUP_BATCH = 0, MOE_GROUP_POSITION = 1 };
+
+struct GPTConfig {
+    int vocab_size = 257;          // real vocabulary (byte tokenizer: 256 bytes + EOT)
+    int padded_vocab_size = 384;   // vocab_size rounded up to a multiple of 128 (derived)
+    int n_layer = 4, n_embd = 128, n_head = 4, n_kv_head = 4;
+    int ffn_hidden = 0;            // 0: derived (swiglu: 8/3 C rounded up to 32; gelu: 4 C)
+    int max_seq_len = 1024;
+    int mlp = MLP_SWIGLU, pos = POS_ALIBI;
+    // mixture of experts (llmc/cpu/moe.h): n_expert 0 = dense; every moe_every-th block's FFN
+    // (layers l with (l + 1) % moe_every == 0) is a set of SwiGLU experts of size expert_hidden
+    int n_expert = 0, moe_every = 1, expert_hidden = 0;  // expert_hidden 0: ffn_hidden
+    float capacity_factor = 2.0f;
+    int moe_group = MOE_GROUP_BATCH;
+
+    int head_size() const { return n_embd / n_head; }
+    int qkv_channels() const { return (n_head + 2 * n_kv_head) * head_size(); }
+    int fc_channels() const { return mlp == MLP_SWIGLU ? 2 * ffn_hidden : ffn_hidden; }
+    bool is_moe(int layer) const { return n_expert > 0 && (layer + 1) % moe_every == 0; }
+    int moe_capacity(int B, int T) const {
+        return cpu::moe_capacity(B, T, n_expert, capacity_factor, moe_group == MOE_GROUP_POSITION);
+    }
+
+    // fills derived fields and rejects impossible shapes, naming the flag
+    void finalize() {
+        // Upper bounds first, far above any real model, so that every derived size below (and the
+        // int arithmetic of the ops) is far from overflowing: e.g. --vocab_size 2147483647 would
+        // wrap the padding to a multiple of 128, --n_embd 1073741856 the FFN width.
+        const std::pair<const char*, std::pair<int, int>> bounds[] = {
+            {"vocab_size", {vocab_size, 1 << 24}},   {"n_layer", {n_layer, 1024}},
+            {"n_embd", {n_embd, 1 << 16}},           {"n_head", {n_head, 4096}},
+            {"n_kv_head", {n_kv_head, 4096}},        {"ffn_hidden", {ffn_hidden, 1 << 20}},
+            {"max_seq_len", {max_seq_len, 1 << 24}}, {"n_expert", {n_expert, 1024}},
+            {"moe_every", {moe_every, 1024}},        {"expert_hidden", {expert_hidden, 1 << 20}}};
+        for (const auto& [flag, vb] : bounds)
+            LLMC_CHECK(vb.first <= vb.second, "--%s %d is too large: at most %d is supported", flag, vb.first, vb.second);
+        LLMC_CHECK(vocab_size > 0, "--vocab_size: must be > 0, got %d", vocab_size);
+        padded_vocab_size = ceil_div(vocab_size, 128) * 128;
+        LLMC_CHECK(n_layer > 0, "--n_layer: must be > 0, got %d", n_layer);
+        LLMC_CHECK(n_head > 0 && n_embd > 0 && n_embd % n_head == 0,
+                   "--n_embd %d must be a positive multiple of --n_head %d", n_embd, n_head);
+        LLMC_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0,
+                   "--n_kv_head %d must divide --n_head %d (grouped-query attention)", n_kv_head, n_head);
+        LLMC_CHECK(mlp == MLP_SWIGLU || mlp == MLP_GELU, "--mlp: expected swiglu or gelu");
+        LLMC_CHECK(pos == POS_ALIBI || pos == POS_LEARNED, "--pos: expected alibi or learned");
+        if (ffn_hidden == 0) ffn_hidden = mlp == MLP_SWIGLU ? ceil_div(8 * n_embd / 3, 32) * 32 : 4 * n_embd;
+        LLMC_CHECK(ffn_hidden > 0, "--ffn_hidden: must be > 0, got %d", ffn_hidden);
+        LLMC_CHECK(max_seq_len > 0, "--max_seq_len: must be > 0, got %d", max_seq_len);
+        LLMC_CHECK(n_expert >= 0, "--n_expert: must be >= 0, got %d", n_expert);
+        LLMC_CHECK(moe_every >= 1, "--moe_every: must be >= 1, got %d", moe_every);
+        LLMC_CHECK(std::isfinite(capacity_factor) && capacity_factor > 0, "--capacity_factor: must be a positive number, got %g",
+                   capacity_factor);
+        LLMC_CHECK(n_expert == 0 || moe_every <= n_layer,
+                   "--moe_every %d is larger than --n_layer %d: no block would have an MoE layer", moe_every, n_layer);
+        LLMC_CHECK(moe_group == MOE_GROUP_BATCH || moe_group == MOE_GROUP_POSITION, "--moe_group: expected batch or position");
+        if (expert_hidden == 0) expert_hidden = ffn_hidden;
+        LLMC_CHECK(expert_hidden > 0, "--expert_hidden: must be > 0, got %d", expert_hidden);
+    }
+
+    // Rejects a batch shape this model cannot run, naming the flags. Sizes in 64 bits: the ops
+    // index tokens (B*T*ranks) and an MoE layer's expert rows with int.
+    void check_batch(int64_t B, int64_t T, int64_t world = 1) const {
+        LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %lld", (long long)B);
+        LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %lld", (long long)T);
+        // the learned position table has max_seq_len rows; a longer row would read and write past it
+        LLMC_CHECK(pos != POS_LEARNED || T <= max_seq_len,
+                   "--seq_len %lld is longer than --max_seq_len %d: with --pos learned the position table has "
+                   "max_seq_len rows; lower -t or raise --max_seq_len", (long long)T, max_seq_len);
+        checked_product({B, T, world}, INT32_MAX, "the tokens per micro-batch B*T*ranks");
+        if (n_expert > 0)
+            checked_product({(int64_t)n_expert, (int64_t)moe_capacity((int)B, (int)T)}, INT32_MAX,
+                            "the MoE expert rows n_expert * capacity");
+    }
+};
+
+// One row of the parameter table: every parameter lives at `offset` in one flat buffer (and its
+// gradient and Adam moments at the same offset in theirs; the few padding elements between
+// tensors stay zero). The order is the checkpoint order and
+// the order of scripts/reference.py.
+struct ParamTensor {
+    std::string name;
+    std::vector<int> shape;
+    size_t offset = 0, numel = 0;
+    enum Init { NORMAL, ZEROS, ONES } init = NORMAL;
+    float init_std = 0.02f;
+    bool decay = false;
+};
+
+static std::vector<ParamTensor> build_param_table(const GPTConfig& c) {
+    std::vector<ParamTensor> table;
+    size_t offset = 0;
+    auto add = [&](const std::string& name, std::vector<int> shape, ParamTensor::Init init, float std = 0.02f) {
+        ParamTensor p;
+        p.name = name;
+        p.shape = shape;
+        p.numel = 1;
+        for (int d : shape) p.numel *= (size_t)d;
+        p.offset = offset;
+        p.init = init;
+        p.init_std = std;
+        // AdamW weight decay: matrices only (embeddings and linear weights; not biases, not LN)
+        p.decay = shape.size() >= 2 && (name == "wte" || name == "wpe" || name.substr(name.size() - 2) == ".w");
+        offset += (p.numel + 7) / 8 * 8;  // every tensor 16-byte aligned in bf16 (cuBLASLt bias epilogue)
+        table.push_back(p);
+    };
+    const int C = c.n_embd;
+    // GPT-2 / nanoGPT init: residual-branch output projections scaled by 1/sqrt(2 n_layer)
+    const float proj_std = 0.02f / std::sqrt(2.0f * c.n_layer);
+    add("wte", {c.padded_vocab_size, C}, ParamTensor::NORMAL);
+    if (c.pos == POS_LEARNED) add("wpe", {c.max_seq_len, C}, ParamTensor::NORMAL);
+    for (int l = 0; l < c.n_layer; l++) {
+        std::string h = "h" + std::to_string(l) + ".";
+        add(h + "ln1.w", {C}, ParamTensor::ONES);
+        add(h + "ln1.b", {C}, ParamTensor::ZEROS);
+        add(h + "attn.qkv.w", {c.qkv_channels(), C}, ParamTensor::NORMAL);
+        add(h + "attn.qkv.b", {c.qkv_channels()}, ParamTensor::ZEROS);
+        add(h + "attn.proj.w", {C, c.n_head * c.head_size()}, ParamTensor::NORMAL, proj_std);
+        add(h + "attn.proj.b", {C}, ParamTensor::ZEROS);
+        add(h + "ln2.w", {C}, ParamTensor::ONES);
+        add(h + "ln2.b", {C}, ParamTensor::ZEROS);
+        if (c.is_moe(l)) {  // E SwiGLU experts, stacked
+            const int E = c.n_expert, He = c.expert_hidden;
+            add(h + "moe.router.w", {E, C}, ParamTensor::NORMAL);
+            add(h + "moe.fc.w", {E, 2 * He, C}, ParamTensor::NORMAL);
+            add(h + "moe.fc.b", {E, 2 * He}, ParamTensor::ZEROS);
+            add(h + "moe.proj.w", {E, C, He}, ParamTensor::NORMAL, proj_std);
+            add(h + "moe.proj.b", {E, C}, ParamTensor::ZEROS);
+        } else {
+            add(h + "mlp.fc.w", {c.fc_channels(), C}, ParamTensor::NORMAL);
+            add(h + "mlp.fc.b", {c.fc_channels()}, ParamTensor::ZEROS);
+            add(h + "mlp.proj.w", {C, c.ffn_hidden}, ParamTensor::NORMAL, proj_std);
+            add(h + "mlp.proj.b", {C}, ParamTensor::ZEROS);
+        }
+    }
+    add("lnf.w", {C}, ParamTensor::ONES);
+    add("lnf.b", {C}, ParamTensor::ZEROS);
+    return table;
+}
+
+// size of the flat buffers, including the alignment padding
+static size_t count_params(const std::vector<ParamTensor>& table) {
+    return table.back().offset + (table.back().numel + 7) / 8 * 8;
+}
+
+// Pointers into a flat buffer (params or grads) laid out by the table.
+struct LayerTensors {
+    floatX *ln1w = nullptr, *ln1b = nullptr, *qkvw = nullptr, *qkvb = nullptr, *attprojw = nullptr,
+           *attprojb = nullptr, *ln2w = nullptr, *ln2b = nullptr;
+    // dense FFN, or the stacked experts' of an MoE layer
+    floatX *fcw = nullptr, *fcb = nullptr, *fcprojw = nullptr, *fcprojb = nullptr;
+    floatX* routerw = nullptr;  // MoE layers only
+};
+struct ModelTensors {
+    floatX *wte = nullptr, *wpe = nullptr, *lnfw = nullptr, *lnfb = nullptr;
+    std::vector<LayerTensors> layers;
+};
+
+// The segments of the flat buffers (llmc/zero.h): the embedding, each block, the final LayerNorm,
+// and each MoE layer's experts (sharded over the expert-dp group). Segment of layer l is 1 + l; the
+// final LayerNorm's is n_layer + 1; layer l's experts' n_layer + 2 + l.
+static bool is_expert_tensor(const std::string& name) {
+    const size_t dot = name.find('.');
+    return dot != std::string::npos && name.compare(dot + 1, 4, "moe.") == 0 && name.compare(dot + 1, 10, "moe.router") != 0;
+}
+static int segment_of(const std::string& name, int n_layer) {
+    if (name == "wte" || name == "wpe") return 0;
+    if (name[0] == 'h') return (is_expert_tensor(name) ? n_layer + 2 : 1) + std::stoi(name.substr(1, name.find('.') - 1));
+    return n_layer + 1;
+}
+// the block a segment belongs to (-1: the embedding or the final LayerNorm)
+static int segment_layer(int id, int n_layer) {
+    return id >= 1 && id <= n_layer ? id - 1 : id >= n_layer + 2 ? id - n_layer - 2 : -1;
+}
+// every segment of the model, in table order (a segment's range runs to the next one's start);
+// n_leaves: the experts' leaf gradients (expert parallelism: --ep)
+static std::vector<SegmentSpec> segment_specs(const GPTConfig& c, const std::vector<ParamTensor>& table, int n_leaves = 1) {
+    std::vector<SegmentSpec> specs;
+    for (const ParamTensor& p : table) {
+        const int s = segment_of(p.name, c.n_layer), l = segment_layer(s, c.n_layer);
+        if (specs.empty() || specs.back().id != s) {
+            SegmentSpec spec;
+            spec.name = s == 0 ? "embedding" : s == c.n_layer + 1 ? "final" : "h" + std::to_string(l) + (s > c.n_layer ? ".experts" : "");
+            spec.id = s;
+            spec.begin = p.offset;
+            spec.expert = s > c.n_layer + 1;
+            spec.n_leaves = spec.expert ? n_leaves : 1;
+            specs.push_back(spec);
+        }
+    }
+    for (size_t k = 0; k < specs.size(); k++)
+        specs[k].len = (k + 1 < specs.size() ? specs[k + 1].begin : count_params(table)) - specs[k].begin;
+    return specs;
+}
+
+// Points the fields of the tensors of segment `seg` at base (the segment's first element), or
+// at nullptr (stage 3: the segment is not gathered).
+static void point_segment(ModelTensors& t, const GPTConfig& c, const std::vector<ParamTensor>& table,
+                          const Segment& seg, floatX* base) {
+    t.layers.resize(c.n_layer);
+    for (const ParamTensor& p : table) {
+        if (segment_of(p.name, c.n_layer) != seg.id) continue;
+        floatX* ptr = base ? base + (p.offset - seg.begin) : nullptr;
+        if (p.name == "wte") { t.wte = ptr; continue; }
+        if (p.name == "wpe") { t.wpe = ptr; continue; }
+        if (p.name == "lnf.w") { t.lnfw = ptr; continue; }
+        if (p.name == "lnf.b") { t.lnfb = ptr; continue; }
+        LayerTensors& L = t.layers[segment_layer(seg.id, c.n_layer)];
+        const std::string f = p.name.substr(p.name.find('.') + 1);
+        floatX** field = f == "ln1.w" ? &L.ln1w : f == "ln1.b" ? &L.ln1b : f == "attn.qkv.w" ? &L.qkvw
+                       : f == "attn.qkv.b" ? &L.qkvb : f == "attn.proj.w" ? &L.attprojw : f == "attn.proj.b" ? &L.attprojb
+                       : f == "ln2.w" ? &L.ln2w : f == "ln2.b" ? &L.ln2b : f == "moe.router.w" ? &L.routerw
+                       : (f == "mlp.fc.w" || f == "moe.fc.w") ? &L.fcw : (f == "mlp.fc.b" || f == "moe.fc.b") ? &L.fcb
+                       : (f == "mlp.proj.w" || f == "moe.proj.w") ? &L.fcprojw
+                       : (f == "mlp.proj.b" || f == "moe.proj.b") ? &L.fcprojb : nullptr;
+        LLMC_CHECK(field, "internal: parameter %s has no field", p.name.c_str());
+        *field = ptr;
+    }
+}

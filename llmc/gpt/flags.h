@@ -1,0 +1,270 @@
+// A chapter of train_gpt.cu (included once, there): the command line. Every flag with its llm.c
+// letter, default and help (print_usage is generated from the table), the strict parse, the
+// model presets and the config the flags describe, and the optimizer values refused up front.
+
+struct Option {
+    const char* name;
+    const char* short_name;  // llm.c's single-letter flag, or ""
+    const char* default_value;
+    const char* help;
+};
+
+static const Option OPTIONS[] = {
+    {"train", "i", "data/fortunes/fortunes_train_*.bin", "train shard pattern (glob)"},
+    {"val", "j", "data/fortunes/fortunes_val_*.bin", "val shard pattern (glob); empty: no validation"},
+    {"out_dir", "o", "out", "output directory: log.jsonl, checkpoints"},
+    {"model", "e", "", "preset dN (n_layer N, n_embd 64N, n_head N) or gpt2:124M|350M|774M|1558M (GPT-2's shapes, "
+                       "vocab 50257, gelu, learned positions); explicit flags override it (default: none)"},
+    {"vocab_size", "", "257", "real vocabulary size (padded to a multiple of 128 internally)"},
+    {"n_layer", "", "4", "transformer blocks"},
+    {"n_embd", "", "128", "channels"},
+    {"n_head", "", "4", "query heads"},
+    {"n_kv_head", "", "", "key/value heads (GQA; divides n_head; default n_head)"},
+    {"ffn_hidden", "", "0", "FFN hidden size (0: swiglu 8/3 C rounded up to 32, gelu 4 C)"},
+    {"max_seq_len", "", "1024", "maximum sequence length (size of the learned position table)"},
+    {"mlp", "", "swiglu", "swiglu | gelu"},
+    {"n_expert", "", "0", "experts per MoE layer (0: dense model)"},
+    {"moe_every", "", "1", "every k-th block's FFN is an MoE layer (layers k-1, 2k-1, ...)"},
+    {"expert_hidden", "", "0", "hidden size of each SwiGLU expert (0: ffn_hidden)"},
+    {"capacity_factor", "", "2.0", "expert choice: each expert takes capacity_factor * tokens / n_expert tokens"},
+    {"moe_group", "", "batch", "routing group: batch (the micro-batch, sees future tokens) | position (causal)"},
+    {"pos", "", "alibi", "alibi | learned"},
+    {"batch_size", "b", "16", "B: rows per micro-batch"},
+    {"seq_len", "t", "256", "T: tokens per row"},
+    {"total_batch_tokens", "d", "0", "tokens per optimizer step (a multiple of B*T; 0: B*T)"},
+    {"lr", "l", "2e-3", "peak learning rate"},
+    {"warmup", "u", "50", "warmup steps"},
+    {"final_lr_frac", "q", "0.1", "final learning rate as a fraction of the peak"},
+    {"schedule", "", "cosine", "cosine | linear | constant | wsd"},
+    {"wsd_decay_frac", "", "0.2", "wsd: fraction of the steps spent decaying"},
+    {"weight_decay", "c", "0.1", "AdamW weight decay (matrices: 2-D and stacked experts; not biases or LayerNorm)"},
+    {"beta1", "", "0.9", "AdamW beta1"},
+    {"beta2", "", "0.95", "AdamW beta2"},
+    {"grad_clip", "", "1.0", "clip the global gradient norm to this (0: off)"},
+    {"max_steps", "x", "1000", "optimizer steps"},
+    {"val_every", "v", "100", "evaluate every N steps (0: only at the end)"},
+    {"val_batches", "m", "20", "batches per evaluation"},
+    {"sample_every", "s", "0", "print a sample every N steps (0: only at the end)"},
+    {"sample_len", "g", "256", "tokens per sample"},
+    {"temperature", "", "1.0", "sampling temperature"},
+    {"top_k", "", "0", "sample from the k most likely tokens (0: all)"},
+    {"ckpt_every", "n", "0", "write a checkpoint every N steps and at the end (0: only at the end; -1: never)"},
+    {"resume", "y", "", "checkpoint to resume from: a file, or 'latest' (newest in out_dir; default: none)"},
+    {"init_from", "", "", "start from the weights of an llm.c GPT-2 model file (the config is the file's; fresh "
+                          "optimizer state; default: none)"},
+    {"export_llmc", "", "", "at the end, also write the model as an llm.c GPT-2 model file (GPT-2 shapes only; "
+                            "default: none)"},
+    {"export_llmc_dtype", "", "fp32", "fp32 | bf16: the precision of --export_llmc (llm.c's version 3 or 5)"},
+    {"tokenizer", "", "", "vocabulary file for decoding samples (default: tokenizer.bin or gpt2_tokenizer.bin next to "
+                          "the train shards, else bytes or token ids)"},
+    {"seed", "", "1337", "seed for init, data order and sampling (0 .. 2^64-1)"},
+    {"overwrite", "", "0", "a fresh run may replace the checkpoints and log of an earlier run in out_dir (a switch)"},
+    {"max_bad_steps", "", "5", "stop (exit 1) after this many consecutive steps with a non-finite loss or grad norm"},
+    {"zero", "z", "0", "ZeRO stage over the data-parallel ranks: 0 all-reduce, 1 shard optimizer state, 2 also "
+                       "gradients, 3 also parameters (gathered per block)"},
+    {"recompute", "r", "0", "activation recomputation: 0 keep all, 1 recompute LayerNorm outputs and the FFN "
+                            "activation, 2 recompute each block in the backward (same gradients)"},
+    {"offload", "", "none", "none | optimizer: the fp32 master weights and AdamW moments of what this rank updates in "
+                            "host memory, the AdamW step on the CPU (ZeRO-Offload; same results)"},
+    {"plan", "", "0", "print the memory plan (every stage, -z and -r level) and whether it fits, then exit (a switch)"},
+    {"plan_ranks", "", "", "--plan: plan for this many processes (default: the ones started)"},
+    {"max_fit", "", "0", "--plan plus the largest -b and the largest dN model that fit, per -r level (a switch)"},
+    {"device", "", "", "--plan: plan the CUDA build on this GPU (h200 | h100) instead of this machine"},
+    {"pp", "", "1", "pipeline stages (the processes form pp x dp; micro-batches per step = the accumulation steps)"},
+    {"pp_schedule", "", "1f1b", "pipeline schedule: gpipe | 1f1b | interleaved | zb1 (zero bubble, Qi et al. 2023)"},
+    {"pp_virtual", "", "1", "interleaved: model chunks per stage"},
+    {"pp_layers", "", "", "blocks per virtual stage, e.g. 3,5 (default: balanced by FLOPs)"},
+    {"pp_trace", "", "", "write the executed pipeline timeline of the first step to this file (scripts/plot_pipeline.py)"},
+    {"tp", "", "1", "tensor-parallel ranks per layer (neighbouring processes; divides n_head; the processes form "
+                    "pp x dp x tp)"},
+    {"ep", "", "1", "expert-parallel ranks: each MoE layer's experts are shared out over groups of ep data-parallel "
+                    "ranks (divides dp and n_expert)"},
+    {"sp", "", "0", "sequence parallel with --tp: LayerNorms and the residual stream hold B*T/tp tokens per rank (a switch)"},
+    {"comm_timeout", "", "300", "seconds a collective or transfer may wait for other ranks before the job aborts naming "
+                                "the ranks that did not arrive (10x for checkpoint I/O and the start-up; 0: none)"},
+};
+
+// flags that may be given without a value (--overwrite means --overwrite 1)
+static bool is_switch(const char* name) {
+    return strcmp(name, "overwrite") == 0 || strcmp(name, "plan") == 0 || strcmp(name, "max_fit") == 0 ||
+           strcmp(name, "sp") == 0;
+}
+
+struct Args {
+    std::map<std::string, std::string> value;
+    std::map<std::string, bool> given;
+
+    const std::string& str(const char* k) const { return value.at(k); }
+    // strict parses (llmc/utils.h): the whole value, in range, or an error naming the flag
+    int i(const char* k, int lo = INT32_MIN, int hi = INT32_MAX) const { return (int)parse_int64(value.at(k), k, lo, hi); }
+    uint64_t u64(const char* k) const { return parse_uint64(value.at(k), k); }
+    float f(const char* k) const {
+        double v = parse_double(value.at(k), k);
+        LLMC_CHECK(std::fabs(v) <= 3.4e38, "--%s: %s does not fit a 32-bit float", k, value.at(k).c_str());
+        return (float)v;
+    }
+    bool flag(const char* k) const { return i(k, 0, 1) != 0; }
+};
+
+static void print_usage() {
+    printf("usage: train_gpt [options]   (--name value, or llm.c's -x value)\n");
+    for (const Option& o : OPTIONS) {
+        char flags[64];
+        snprintf(flags, sizeof(flags), "%s%s%s--%s", o.short_name[0] ? "-" : "", o.short_name,
+                 o.short_name[0] ? ", " : "", o.name);
+        if (o.default_value[0]) printf("  %-26s %s (default: %s)\n", flags, o.help, o.default_value);
+        else printf("  %-26s %s\n", flags, o.help);
+    }
+}
+
+// Returns false when -h was asked for.
+static bool parse_args(int argc, char** argv, Args& args) {
+    for (const Option& o : OPTIONS) args.value[o.name] = o.default_value;
+    for (int k = 1; k < argc; k++) {
+        std::string a = argv[k];
+        if (a == "-h" || a == "--help") return false;
+        const Option* found = nullptr;
+        for (const Option& o : OPTIONS)
+            if (a == std::string("--") + o.name || (o.short_name[0] && a == std::string("-") + o.short_name)) found = &o;
+        LLMC_CHECK(found, "unknown flag '%s' (run with -h for the list)", a.c_str());
+        if (is_switch(found->name) && !(k + 1 < argc && (!strcmp(argv[k + 1], "0") || !strcmp(argv[k + 1], "1")))) {
+            args.value[found->name] = "1";
+            args.given[found->name] = true;
+            continue;
+        }
+        LLMC_CHECK(k + 1 < argc, "flag %s needs a value", a.c_str());
+        args.value[found->name] = argv[++k];
+        args.given[found->name] = true;
+    }
+    return true;
+}
+
+// GPT-2's shapes (n_layer, n_embd, n_head; vocab 50257, context 1024, GELU MLP of 4C, learned
+// positions): the -e gpt2:SIZE presets, named by GPT-2's parameter counts.
+struct Gpt2Preset {
+    const char* name;
+    int n_layer, n_embd, n_head;
+};
+static const Gpt2Preset GPT2_PRESETS[] = {
+    {"gpt2:124M", 12, 768, 12}, {"gpt2:350M", 24, 1024, 16}, {"gpt2:774M", 36, 1280, 20}, {"gpt2:1558M", 48, 1600, 25}};
+
+static bool is_gpt2_preset(const std::string& preset) {
+    for (const Gpt2Preset& g : GPT2_PRESETS) if (preset == g.name) return true;
+    return false;
+}
+// whether the --model preset sets this config field (so an explicit value for it may disagree)
+static bool preset_sets(const Args& args, const std::string& field) {
+    if (!args.given.count("model")) return false;
+    if (field == "n_layer" || field == "n_embd" || field == "n_head") return true;
+    return is_gpt2_preset(args.str("model")) &&
+           (field == "vocab_size" || field == "max_seq_len" || field == "mlp" || field == "pos");
+}
+
+static GPTConfig config_from_args(const Args& args) {
+    GPTConfig c;
+    const std::string preset = args.str("model");
+    const bool gpt2 = is_gpt2_preset(preset);
+    if (gpt2) {
+        for (const Gpt2Preset& g : GPT2_PRESETS)
+            if (preset == g.name) { c.n_layer = g.n_layer; c.n_embd = g.n_embd; c.n_head = g.n_head; }
+    } else if (!preset.empty()) {
+        // strict: "d" then a number in range (sscanf's %d would overflow on d99999999999)
+        LLMC_CHECK(preset.size() >= 2 && preset[0] == 'd' && isdigit((unsigned char)preset[1]),
+                   "--model: '%s' is not a preset: expected dN (e.g. d4) or gpt2:124M, gpt2:350M, gpt2:774M, gpt2:1558M",
+                   preset.c_str());
+        const int n = (int)parse_int64(preset.substr(1), "model dN: N", 1, 1024);
+        c.n_layer = n; c.n_embd = 64 * n; c.n_head = n;
+    }
+    auto take = [&](const char* k, int& field) { if (preset.empty() || args.given.count(k)) field = args.i(k); };
+    take("n_layer", c.n_layer);
+    take("n_embd", c.n_embd);
+    take("n_head", c.n_head);
+    // a GPT-2 preset also sets the vocabulary, the context and the block type
+    auto from_gpt2 = [&](const char* k) { return gpt2 && !args.given.count(k); };
+    c.vocab_size = from_gpt2("vocab_size") ? (int)GPT2_VOCAB_SIZE : args.i("vocab_size");
+    c.n_kv_head = args.str("n_kv_head").empty() ? c.n_head : args.i("n_kv_head");
+    c.ffn_hidden = args.i("ffn_hidden");
+    c.max_seq_len = from_gpt2("max_seq_len") ? 1024 : args.i("max_seq_len");
+    const std::string mlp = from_gpt2("mlp") ? "gelu" : args.str("mlp"), pos = from_gpt2("pos") ? "learned" : args.str("pos");
+    LLMC_CHECK(mlp == "swiglu" || mlp == "gelu", "--mlp: expected swiglu or gelu, got '%s'", mlp.c_str());
+    LLMC_CHECK(pos == "alibi" || pos == "learned", "--pos: expected alibi or learned, got '%s'", pos.c_str());
+    c.mlp = mlp == "swiglu" ? MLP_SWIGLU : MLP_GELU;
+    c.pos = pos == "alibi" ? POS_ALIBI : POS_LEARNED;
+    c.n_expert = args.i("n_expert");
+    c.moe_every = args.i("moe_every");
+    c.expert_hidden = args.i("expert_hidden");
+    c.capacity_factor = args.f("capacity_factor");
+    const std::string group = args.str("moe_group");
+    LLMC_CHECK(group == "batch" || group == "position", "--moe_group: expected batch or position, got '%s'", group.c_str());
+    c.moe_group = group == "batch" ? MOE_GROUP_BATCH : MOE_GROUP_POSITION;
+    c.finalize();
+    return c;
+}
+
+// The config fields stored in (and checked against) checkpoints, with the flag that sets each.
+static std::vector<std::pair<const char*, int*>> config_fields(GPTConfig& c) {
+    return {{"vocab_size", &c.vocab_size}, {"n_layer", &c.n_layer},         {"n_embd", &c.n_embd},
+            {"n_head", &c.n_head},         {"n_kv_head", &c.n_kv_head},     {"ffn_hidden", &c.ffn_hidden},
+            {"max_seq_len", &c.max_seq_len}, {"mlp", &c.mlp},               {"pos", &c.pos},
+            {"n_expert", &c.n_expert},     {"moe_every", &c.moe_every},     {"moe_group", &c.moe_group},
+            {"expert_hidden", &c.expert_hidden}};
+}
+
+// an enum field's values by number (empty: a count)
+static std::vector<const char*> config_enum_names(const std::string& field) {
+    if (field == "mlp") return {"swiglu", "gelu"};
+    if (field == "pos") return {"alibi", "learned"};
+    if (field == "moe_group") return {"batch", "position"};
+    return {};
+}
+static std::string config_value_text(const std::string& field, int v) {
+    const std::vector<const char*> names = config_enum_names(field);
+    return v >= 0 && v < (int)names.size() ? names[v] : std::to_string(v);
+}
+// A checkpoint's config: every field range-checked, by its name in the file, before it is
+// narrowed to an int (llmc/checkpoint.h: checkpoint_int_field), then the config's own checks.
+static GPTConfig config_from_checkpoint(const Checkpoint& ck, const std::string& path) {
+    GPTConfig c;
+    for (auto& [name, field] : config_fields(c)) {
+        const std::string n = name;
+        const bool may_be_0 = n == "ffn_hidden" || n == "n_expert" || n == "expert_hidden";
+        *field = checkpoint_int_field(ck, "config." + n, path, may_be_0 ? 0 : 1, config_enum_names(n));
+    }
+    const double cf = ck.get_float("config.capacity_factor", path);
+    LLMC_CHECK(std::isfinite(cf) && cf > 0 && cf <= 3.4e38, "%s: checkpoint field config.capacity_factor = %g is not a "
+               "positive float (corrupt or written by another program)", path.c_str(), cf);
+    c.capacity_factor = (float)cf;
+    try {
+        c.finalize();
+    } catch (const LlmcError& e) {
+        LLMC_FAIL("%s: the checkpoint's config (its config.* fields) is refused: %s", path.c_str(), e.what());
+    }
+    return c;
+}
+
+// What the run was started with beyond what a resume must keep (the config, the batch shape, the
+// seed): stored in every checkpoint, so a resume says what it changes (llmc/checkpoint.h:
+// checkpoint_run_changes) instead of changing it silently.
+static std::vector<CheckpointField> run_settings(const Args& args, const DataLoader& train) {
+    std::vector<CheckpointField> out;
+    for (const char* flag : {"lr", "warmup", "final_lr_frac", "wsd_decay_frac", "weight_decay", "beta1", "beta2",
+                             "grad_clip", "max_steps"})
+        out.push_back({std::string("run.") + flag, 'f', 0, (double)args.f(flag)});
+    uint64_t data = ckpt_hash_bytes(nullptr, 0);
+    for (const ShardInfo& sh : train.shards) data = ckpt_splitmix(data ^ (uint64_t)file_fingerprint(sh.path));
+    out.push_back({"run.train", 'i', (int64_t)(data >> 1), 0});
+    return out;
+}
+
+// Optimizer values that would silently ruin a run (a negative lr ascends, beta >= 1 never
+// forgets, a NaN clip disables clipping) are refused up front, naming the flag.
+static void check_optimizer_flags(float lr, const OptimizerConfig& o) {
+    LLMC_CHECK(std::isfinite(lr) && lr > 0, "--lr: must be a finite number > 0, got %g", lr);
+    LLMC_CHECK(o.beta1 >= 0 && o.beta1 < 1, "--beta1: must be in [0, 1), got %g", o.beta1);
+    LLMC_CHECK(o.beta2 >= 0 && o.beta2 < 1, "--beta2: must be in [0, 1), got %g", o.beta2);
+    LLMC_CHECK(std::isfinite(o.eps) && o.eps > 0, "AdamW eps: must be > 0, got %g", o.eps);
+    LLMC_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight_decay: must be >= 0, got %g",
+               o.weight_decay);
+    LLMC_CHECK(std::isfinite(o.grad_clip) && o.grad_clip >= 0, "--grad_clip: must be a finite number >= 0 (0: off), got %g",
+               o.grad_clip);
+}

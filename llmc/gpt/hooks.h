@@ -1,0 +1,459 @@
+// A chapter of train_gpt.cu (included once, after the GPT struct): the hooks between the model's
+// math and the layouts, the named entry points through which the forward, backward and update
+// meet ZeRO, tensor / sequence parallelism, expert parallelism and the pipeline. The contract: the
+// model code calls them at fixed points and never reads a rank number or a group itself.
+//   ZeRO (llmc/zero.h)          params_needed / params_done around a segment's use (stage 3
+//                               gathers), grads_needed / grads_ready around its weight gradients
+//                               (zeroed, then folded into the owners' fp32 accumulators),
+//                               head_weights / head_done (the tied lm head), zero_complete_grads
+//                               before the norm and zero_gather_params after the update
+//   tensor parallel             row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
+//   (llmc/tensor_parallel.h)    (canonical reductions over the tp group), vocab_parallel_loss
+//   sequence parallel (--sp)    stream_rows / sp_row0 (the rank's rows), sp_gather, ln_gathered,
+//                               sp_gather_from
+//   expert parallel (--ep)      expert_dispatch_buffer, expert_dispatch, expert_return
+//   pipeline (llmc/pipeline.h)  slot_for / stash_for (micro-batches in flight), pipe_transfer (a
+//                               stage transfer's bytes), tied_embedding_sum / tied_embedding_refresh
+// With one process and no flags every hook is a no-op or the plain op.
+
+// ZeRO glue for the model code (llmc/zero.h), by model segment id. At stages 0-2 the parameters are
+// always in place and the param calls do nothing; at stage 3 a segment is all-gathered into a slot
+// before its first use and the slot is released after its last. grads_needed zeroes a segment's
+// leaf gradient before its weight gradients are written; grads_ready sums it into the owners' fp32
+// accumulators right after (on the GPU the next segment's work is queued behind it).
+// zero.h's fold of a leaf gradient into the fp32 accumulator: the backend's grad_accumulate
+struct AccumulateGrads {
+    template <typename T>
+    void operator()(float* acc, const T* leaf, size_t n) const { grad_accumulate(acc, leaf, n); }
+};
+// the group a segment is sharded and reduced over: the experts' over the expert-dp ranks
+static const CommGroup& seg_group(const ZeroLayout& z, int s) {
+    return z.segs[s].expert ? comm_world().edp : comm_world().dp;
+}
+// the local segments of model segment seg: a block's, and its experts' in an MoE layer
+struct LocalSegments {
+    int s[2] = {-1, -1}, n = 0;
+    const int* begin() const { return s; }
+    const int* end() const { return s + n; }
+};
+static LocalSegments local_segments(const GPT& m, int seg) {
+    LocalSegments out;
+    out.s[out.n++] = m.seg_local[seg];
+    const int l = segment_layer(seg, m.config.n_layer);
+    if (seg >= 1 && seg <= m.config.n_layer && m.config.is_moe(l)) out.s[out.n++] = m.seg_local[m.config.n_layer + 2 + l];
+    return out;
+}
+static void params_needed(GPT& m, int seg) {
+    const ZeroLayout& z = m.zero;
+    if (!z.params_sharded()) return;
+    for (int s : local_segments(m, seg)) {
+        if (m.param_slots.find(s)) continue;
+        floatX* slot = m.param_slots.acquire(s, "parameter");
+        floatX* own = slot + z.own_begin(s);
+        copy_buffer(own, m.params + z.segs[s].shard_offset, z.shard_len(s) * sizeof(floatX));
+        all_gather(seg_group(z, s), own, slot, z.shard_len(s) * sizeof(floatX));
+        point_segment(m.p, m.config, m.local, z.segs[s], slot);
+    }
+}
+static void params_done(GPT& m, int seg) {
+    if (!m.zero.params_sharded()) return;
+    for (int s : local_segments(m, seg)) {
+        m.param_slots.release(s);
+        point_segment(m.p, m.config, m.local, m.zero.segs[s], nullptr);
+    }
+}
+static void grads_needed(GPT& m, int seg) {
+    const ZeroLayout& z = m.zero;
+    for (int s : local_segments(m, seg)) {
+        const size_t bytes = z.segs[s].n_leaves * z.segs[s].padded * sizeof(floatX);
+        if (!z.params_sharded()) {
+            buffer_zero(m.grads + z.segs[s].leaf_offset, bytes);
+            continue;
+        }
+        floatX* slot = m.grad_slots.acquire(s, "gradient");
+        buffer_zero(slot, bytes);
+        point_segment(m.g, m.config, m.local, z.segs[s], slot);
+    }
+}
+static void grads_ready(GPT& m, int seg) {
+    const ZeroLayout& z = m.zero;
+    for (int s : local_segments(m, seg)) {
+        const floatX* leaf = z.params_sharded() ? m.grad_slots.find(s) : m.grads + z.segs[s].leaf_offset;
+        reduce_scatter_add(AccumulateGrads(), seg_group(z, s), m.grad_acc + z.acc_own(s), leaf, z.shard_len(s),
+                           m.comm_scratch, z.segs[s].n_leaves);
+        // the step's last micro-batch of this segment: its gradient is final, its download can start
+        if (m.count_ready && ++m.ready_count[s] == (int)m.batches.size() && !m.early_pieces[s].empty())
+            offload_download_early<OffloadCopies>(m.update_pieces, m.early_pieces[s], m.grad_acc, m.grad_staging);
+        if (z.params_sharded()) {
+            m.grad_slots.release(s);
+            point_segment(m.g, m.config, m.local, z.segs[s], nullptr);
+        }
+    }
+}
+// The tied lm head's leaf gradient of this micro-batch into its accumulator, over the dp group.
+static void head_grads_ready(GPT& m) {
+    reduce_scatter_add(AccumulateGrads(), comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
+}
+// Before the norm, ZeRO stages 0-1: completes the all-reduce of the gradients (every rank all-gathers
+// the reduced slices of the others). After the update, stages 1-2: all-gathers the updated params.
+static void zero_complete_grads(GPT& m) {
+    const ZeroLayout& z = m.zero;
+    if (!z.acc_sharded())
+        for (int s = 0; s < (int)z.segs.size(); s++)
+            if (seg_group(z, s).size > 1)
+                all_gather(seg_group(z, s), m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
+}
+static void zero_gather_params(GPT& m) {
+    const ZeroLayout& z = m.zero;
+    if (z.stage == 1 || z.stage == 2)
+        for (int s = 0; s < (int)z.segs.size(); s++)
+            if (seg_group(z, s).size > 1)
+                all_gather(seg_group(z, s), m.params + z.params_own(s), m.params + z.segs[s].padded_offset,
+                           z.shard_len(s) * sizeof(floatX));
+}
+// the tied lm head's weights: the embedding's in one stage, the last stage's copy with pp > 1
+static const floatX* head_weights(GPT& m) {
+    if (m.head_params) return m.head_params;
+    params_needed(m, 0);
+    return m.p.wte;
+}
+static void head_done(GPT& m) {
+    if (!m.head_params) params_done(m, 0);
+}
+
+// ---- tensor-parallel glue (llmc/tensor_parallel.h) ----
+// The residual stream of a micro-batch: all B*T tokens, or with --sp this rank's contiguous
+// B*T/tp of them (rows [sp_row0, sp_row0 + stream_rows)).
+static int stream_rows(const GPT& m) { return m.ls.sp ? m.B * m.T / m.ls.tp : m.B * m.T; }
+static size_t sp_row0(const GPT& m) { return m.ls.sp ? (size_t)m.ls.rank * stream_rows(m) : 0; }
+static const CommGroup& tp_group() { return comm_world().tp; }
+static const CommGroup& tp_single() {
+    static const CommGroup one;
+    return one;
+}
+static void tp_add(floatX* a, const floatX* b, size_t n) { residual_forward(a, a, b, (long)n); }
+static void tp_add_f(float* a, const float* b, size_t n) { grad_accumulate(a, b, n); }
+static void tp_max_f(float* a, const float* b, size_t n) { max_into(a, b, n); }
+static void tp_copy(floatX* d, const floatX* s, size_t n) { copy_buffer(d, s, n * sizeof(floatX)); }
+static void tp_copy_f(float* d, const float* s, size_t n) { copy_buffer(d, s, n * sizeof(float)); }
+
+// --sp: the full [B*T, width] buffer from each rank's rows (in place)
+static void sp_gather(GPT& m, floatX* full, size_t width) {
+    if (!m.ls.sp) return;
+    const size_t n = (size_t)stream_rows(m) * width;
+    all_gather(tp_group(), full + m.ls.rank * n, full, n * sizeof(floatX));
+}
+// The LayerNorm outputs feed column-parallel layers, which read all B*T tokens: with --sp each block
+// keeps only its rows (Korthikanti et al. 2022) and gathers them where they are read, into one of
+// two buffers (k: 0 LN1, 1 LN2), in the forward and again for the weight gradients.
+static const floatX* ln_gathered(GPT& m, const floatX* local, int k) {
+    if (!m.ls.sp) return local;
+    const size_t n = (size_t)stream_rows(m) * m.config.n_embd;
+    copy_buffer(m.ln_full[k] + m.ls.rank * n, local, n * sizeof(floatX));
+    sp_gather(m, m.ln_full[k], m.config.n_embd);
+    return m.ln_full[k];
+}
+// --sp: the full buffer of the stream's gradient, gathered from this rank's rows `local`
+static floatX* sp_gather_from(GPT& m, floatX* full, const floatX* local) {
+    const size_t n = (size_t)stream_rows(m) * m.config.n_embd;
+    copy_buffer(full + m.ls.rank * n, local, n * sizeof(floatX));
+    sp_gather(m, full, m.config.n_embd);
+    return full;
+}
+
+// local columns (or rows) [at, at + n) of a split dimension
+struct SplitRange {
+    size_t at, n;
+};
+// a leaf's ranges (at most three: qkv's Q, K and V rows), without a heap allocation in the step
+struct SplitRanges {
+    SplitRange r[3] = {};
+    int n = 0;
+    SplitRanges(std::initializer_list<SplitRange> list) {
+        LLMC_CHECK(list.size() <= 3, "internal: a leaf of %zu ranges", list.size());
+        for (const SplitRange& x : list) r[n++] = x;
+    }
+    const SplitRange* begin() const { return r; }
+    const SplitRange* end() const { return r + n; }
+};
+// columns `ranges` of src [rows, ld], side by side into dst [rows, their total]; returns the total
+static size_t gather_columns(floatX* dst, const floatX* src, size_t rows, size_t ld, const SplitRanges& ranges) {
+    size_t w = 0, at = 0;
+    for (const SplitRange& r : ranges) w += r.n;
+    for (const SplitRange& r : ranges) {
+        copy_buffer_2d(dst + at, w * sizeof(floatX), src + r.at, ld * sizeof(floatX), r.n * sizeof(floatX), rows);
+        at += r.n;
+    }
+    return w;
+}
+static bool covers(const SplitRanges& ranges, size_t n) {
+    size_t at = 0;
+    for (const SplitRange& r : ranges) {
+        if (r.at != at) return false;
+        at += r.n;
+    }
+    return at == n;
+}
+
+// Row-parallel linear: out = sum over the split input dimension K of inp[.., K] W[OC, K]^T, the
+// canonical leaves being slices of K (one matmul each, on copies of the slice when it is not the
+// rank's whole K), then + bias once. n_batch > 1: the experts of an MoE layer (inp [E, rows, K],
+// W [E, OC, K], bias [E, OC]). scatter (--sp): this rank keeps its rows of the sum.
+static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const floatX* W, const floatX* bias, int n_batch,
+                                 int rows, int K, int OC, const ChunkSplit& split, bool scatter) {
+    if (!m.canonical && tp_group().size == 1) {  // the GPU build on one tp rank: one matmul, bias fused in
+        matmul_forward_batched(out, inp, W, bias, n_batch, rows, K, OC);
+        return;
+    }
+    const size_t per = (size_t)K / split.count, n = (size_t)n_batch * rows * OC;
+    auto leaf = [&](int g, floatX* dst) {
+        const SplitRanges r = {{(g - split.first) * per, per}};
+        const floatX *a = inp, *b = W;
+        if (!covers(r, K)) {
+            gather_columns(m.tp_copy_a, inp, (size_t)n_batch * rows, K, r);
+            gather_columns(m.tp_copy_b, W, (size_t)n_batch * OC, K, r);
+            a = m.tp_copy_a;
+            b = m.tp_copy_b;
+        }
+        matmul_forward_batched(dst, a, b, (const floatX*)nullptr, n_batch, rows, (int)per, OC);
+    };
+    tp_sum(tp_group(), split, m.tpx, out, n, !scatter, leaf, tp_add, tp_copy);
+    if (!bias) return;
+    const int out_rows = scatter ? rows / m.ls.tp : rows;
+    for (int e = 0; e < n_batch; e++) add_bias(out + (size_t)e * out_rows * OC, bias + (size_t)e * OC, out_rows, OC);
+}
+
+// Input gradient of a column-parallel linear: dinp[.., C] = sum over the split output dimension OC
+// of dout[.., OC] W[OC, C]; a leaf's output rows are `ranges(j)` for its j-th leaf on this rank.
+template <typename Ranges>
+static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const floatX* W, int n_batch, int rows, int C,
+                                 int OC, const ChunkSplit& split, const Ranges& ranges, bool scatter) {
+    const size_t n = (size_t)n_batch * rows * C;
+    auto leaf = [&](int g, floatX* dst) {
+        const SplitRanges r = ranges(g - split.first);
+        if (covers(r, OC)) {
+            matmul_backward_batched(dst, (floatX*)nullptr, (floatX*)nullptr, dout, (const floatX*)nullptr, W, n_batch, rows, C, OC);
+            return;
+        }
+        const size_t w = gather_columns(m.tp_copy_a, dout, (size_t)n_batch * rows, OC, r);
+        for (int e = 0; e < n_batch; e++) {
+            size_t at = 0;
+            for (const SplitRange& x : r) {
+                copy_buffer(m.tp_copy_b + ((size_t)e * w + at) * C, W + ((size_t)e * OC + x.at) * C, x.n * C * sizeof(floatX));
+                at += x.n;
+            }
+        }
+        matmul_backward_batched(dst, (floatX*)nullptr, (floatX*)nullptr, m.tp_copy_a, (const floatX*)nullptr, m.tp_copy_b,
+                                n_batch, rows, C, (int)w);
+    };
+    tp_sum(tp_group(), split, m.tpx, dinp, n, !scatter, leaf, tp_add, tp_copy);
+}
+// the output rows of leaf j of the attention's qkv (its query heads' rows, then its kv heads' K
+// and V rows), of the FFN's fc (SwiGLU: the leaf's units of W1 and of W3), of the vocabulary
+static SplitRanges qkv_leaf_rows(const GPT& m, int j) {
+    // a leaf is a run of query heads and the kv heads whose first query head is among them (a kv
+    // head shared by ranks: its owner's leaf)
+    const LocalShape& s = m.ls;
+    const int per = s.n_head / m.split_attn.count, group = m.config.n_head / m.config.n_kv_head;
+    const int h0 = s.head0 + j * per, kv_lo = ceil_div(h0, group), kv_hi = ceil_div(h0 + per, group);
+    const size_t hs = s.hs, q_all = (size_t)s.n_head * hs, kv_all = (size_t)s.n_kv_head * hs;
+    const size_t kv = (size_t)(kv_hi - kv_lo) * hs, at = (size_t)(kv_lo - s.kv0) * hs;
+    if (kv == 0) return {{(size_t)j * per * hs, (size_t)per * hs}};
+    return {{(size_t)j * per * hs, (size_t)per * hs}, {q_all + at, kv}, {q_all + kv_all + at, kv}};
+}
+static SplitRanges fc_leaf_rows(const GPT& m, int j, bool moe) {
+    const ChunkSplit& split = moe ? m.split_expert : m.split_ffn;
+    const size_t all = moe ? m.ls.expert_hidden : m.ls.ffn, per = all / split.count;
+    if (!moe && m.config.mlp != MLP_SWIGLU) return {{j * per, per}};
+    return {{j * per, per}, {all + j * per, per}};
+}
+
+// The attention backward where a kv head is shared by several tp ranks (--tp > n_kv_head): the
+// sharing ranks gather the group's query heads, outputs, output gradients and log-sum-exps, and
+// each runs the whole group's backward as one process does, keeping its query heads' gradients and
+// the whole kv head's. A kv head's gradient adds every query head's contribution in one order, so
+// it is bitwise the one-process gradient (a sum of per-rank parts would not be); every sharing rank
+// then has the same kv weight gradients, and only the owner's qkv leaf adds the kv rows' input
+// gradient (qkv_leaf_rows).
+static void shared_kv_attention_backward(GPT& m, floatX* dqkv, const floatX* dout, const LayerActs& a,
+                                         const int* doc_start) {
+    const CommGroup& g = comm_world().tp_kv;
+    const LocalShape& ls = m.ls;
+    const int B = m.B, T = m.T, share = g.size, gs = ls.n_head * share, hs = ls.hs;
+    const size_t BT = (size_t)B * T, fx = sizeof(floatX), qw = (size_t)ls.n_head * hs, gw = qw * share;
+    const size_t row_l = qw + 2 * hs, row_g = gw + 2 * hs;
+    // [BT, qw] of every sharing rank -> columns [r qw, (r + 1) qw) of dst [BT, ld]
+    auto gather_heads = [&](floatX* dst, size_t ld, const floatX* mine) {
+        all_gather(g, mine, m.kv_recv, BT * qw * fx);
+        for (int r = 0; r < share; r++)
+            copy_buffer_2d(dst + r * qw, ld * fx, m.kv_recv + r * BT * qw, qw * fx, qw * fx, BT);
+    };
+    copy_buffer_2d(m.kv_send, qw * fx, a.qkv, row_l * fx, qw * fx, BT);
+    gather_heads(m.kv_qkv, row_g, m.kv_send);
+    copy_buffer_2d(m.kv_qkv + gw, row_g * fx, a.qkv + qw, row_l * fx, 2 * hs * fx, BT);  // the kv head's K and V
+    gather_heads(m.kv_dout, gw, dout);
+    gather_heads(m.kv_out, gw, a.atty);
+    const size_t lse_l = (size_t)ls.n_head * T;  // [B, n_head, T] per rank -> [B, gs, T]
+    all_gather(g, a.att_lse, m.kv_lse_recv, B * lse_l * sizeof(float));
+    for (int r = 0; r < share; r++)
+        copy_buffer_2d(m.kv_lse + r * lse_l, gs * T * sizeof(float), m.kv_lse_recv + r * B * lse_l, lse_l * sizeof(float),
+                       lse_l * sizeof(float), B);
+    const int group_head0 = ls.kv0 * (m.config.n_head / m.config.n_kv_head);
+    attention_backward(m.kv_dqkv, m.kv_dout, m.kv_qkv, m.kv_out, m.kv_lse, doc_start, B, T, gs, 1, hs,
+                       m.config.pos == POS_ALIBI ? m.config.n_head : 0, group_head0);
+    copy_buffer_2d(dqkv, row_l * fx, m.kv_dqkv + g.rank * qw, row_g * fx, qw * fx, BT);
+    copy_buffer_2d(dqkv + qw, row_l * fx, m.kv_dqkv + gw, row_g * fx, 2 * hs * fx, BT);
+}
+// The attention backward of the rank's heads: the op, or where a kv head is shared by several tp
+// ranks, the group's (shared_kv_attention_backward).
+static void tp_attention_backward(GPT& m, floatX* dqkv, const floatX* dout, const LayerActs& a, const int* doc_start) {
+    if (comm_world().tp_kv.size > 1) {
+        shared_kv_attention_backward(m, dqkv, dout, a, doc_start);
+        return;
+    }
+    const LocalShape& ls = m.ls;
+    attention_backward(dqkv, dout, a.qkv, a.atty, a.att_lse, doc_start, m.B, m.T, ls.n_head, ls.n_kv_head, ls.hs,
+                       m.config.pos == POS_ALIBI ? m.config.n_head : 0, ls.head0);
+}
+
+// LayerNorm weight and bias gradients, summed over canonical token chunks (the rank's stream rows:
+// with --sp the tp group adds the chunks of every rank; otherwise every rank has all of them).
+static void layernorm_weight_grads(GPT& m, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+                                   const float* mean, const float* rstd) {
+    const int C = m.config.n_embd;
+    // the canonical token chunks of this micro-batch (B*T may be below the allocated maximum)
+    const long n = (long)m.B * m.T;
+    const int G = tp_token_chunks(m.config, n);
+    const ChunkSplit split = m.ls.sp ? chunk_split(n, G, m.ls.tp, m.ls.rank, m.canonical)
+                                     : chunk_split(n, G, 1, 0, m.canonical);
+    const size_t per = (size_t)stream_rows(m) / split.count;
+    auto leaf = [&](int g, floatX* dst) {
+        const size_t t0 = (g - split.first) * per;
+        buffer_zero(dst, 2 * (size_t)C * sizeof(floatX));
+        layernorm_backward((floatX*)nullptr, dst, dst + C, dout + t0 * C, inp + t0 * C, (const floatX*)nullptr, mean + t0,
+                           rstd + t0, (int)per, C);
+    };
+    tp_sum(m.ls.sp ? tp_group() : tp_single(), split, m.tpx, m.tp_ln_grads, 2 * (size_t)C, true, leaf, tp_add, tp_copy);
+    tp_add(dweight, m.tp_ln_grads, C);
+    tp_add(dbias, m.tp_ln_grads + C, C);
+}
+
+// ---- micro-batches in flight (the pipeline schedule's activation slots and stashes) ----
+// A chunk's slot for a micro-batch: the one that holds it, or a free one (which then takes the
+// micro-batch's tokens, targets and document starts).
+static ChunkSlot& slot_for(GPT& m, int chunk, int mb) {
+    std::vector<ChunkSlot>& pool = m.slots[chunk];
+    for (ChunkSlot& s : pool)
+        if (s.mb == mb) return s;
+    for (ChunkSlot& s : pool)
+        if (s.mb < 0) {
+            s.mb = mb;
+            const MicroBatch& b = m.batches[mb];
+            const size_t n = (size_t)m.B * m.T * sizeof(int);
+            copy_to_buffer(s.inputs, b.inputs, n);
+            copy_to_buffer(s.doc_start, b.doc_start, n);
+            if (b.targets) copy_to_buffer(s.targets, b.targets, n);
+            s.host_targets = b.targets;
+            return s;
+        }
+    LLMC_FAIL("internal: pipeline stage %d chunk %d has no free activation slot for micro-batch %d (%zu in flight)",
+              m.pipe.stage, chunk, mb, pool.size());
+}
+static ChunkStash& stash_for(GPT& m, int chunk, int mb) {
+    for (ChunkStash& s : m.stashes[chunk])
+        if (s.mb == mb) return s;
+    for (ChunkStash& s : m.stashes[chunk])
+        if (s.mb < 0) { s.mb = mb; return s; }
+    LLMC_FAIL("internal: pipeline stage %d chunk %d has no free weight-gradient stash for micro-batch %d", m.pipe.stage,
+              chunk, mb);
+}
+static void release_all_slots(GPT& m) {
+    for (auto& pool : m.slots) for (ChunkSlot& s : pool) s.mb = -1;
+    for (auto& pool : m.stashes) for (ChunkStash& s : pool) s.mb = -1;
+}
+
+// The vocab-parallel softmax cross-entropy over the rank's logits columns (n_real of them real):
+// the max over every rank's columns, the sum of exponentials over canonical vocabulary chunks, the
+// target's logit from the rank that holds it; then the losses (every rank the same) and, with a
+// loss scale, the rank's dlogits in place.
+static void vocab_parallel_loss(GPT& m, const ChunkSlot& s, float dloss, int n_real) {
+    const LocalShape& ls = m.ls;
+    const int BT = m.B * m.T, Vl = ls.vocab;
+    const ChunkSplit one = rank_leaf(tp_group());
+    tp_sum(tp_group(), one, m.tpf, m.ce_max, BT, true,
+           [&](int, float* dst) { classifier_max(dst, m.logits, BT, Vl, n_real); }, tp_max_f, tp_copy_f);
+    const ChunkSplit& split = m.split_vocab;
+    const int per = Vl / split.count;
+    tp_sum(tp_group(), split, m.tpf, m.ce_sum, BT, true, [&](int g, float* dst) {
+        const int c0 = (g - split.first) * per;
+        classifier_sumexp(dst, m.logits, m.ce_max, BT, Vl, std::min(c0, n_real), std::min(c0 + per, n_real));
+    }, tp_add_f, tp_copy_f);
+    tp_sum(tp_group(), one, m.tpf, m.ce_target, BT, true,
+           [&](int, float* dst) { classifier_target(dst, m.logits, s.targets, BT, Vl, ls.vocab0, n_real); }, tp_add_f,
+           tp_copy_f);
+    classifier_backward(m.logits, m.losses, m.ce_max, m.ce_sum, m.ce_target, s.targets, dloss, BT, Vl, ls.vocab0, n_real);
+}
+
+// Expert parallelism (--ep): an MoE layer's rows [E, cap, C] in expert order, the tokens this rank
+// chose for every expert, go to the experts' owners (ep rank q owns experts [q E/ep, (q+1) E/ep),
+// a contiguous block of the rows) with one all-to-all; the owner receives [ep][E/ep][cap][C], the
+// rows of each source rank for its experts, and returns the outputs the same way. Every size is the
+// capacity, known at start-up: no count is exchanged. Without --ep the rows stay in place.
+static floatX* expert_dispatch_buffer(GPT& m, floatX* rows) { return m.ls.ep > 1 ? m.ep_buf : rows; }
+static void expert_dispatch(GPT& m, floatX* received, int width) {
+    if (m.ls.ep == 1) return;
+    const size_t block = (size_t)m.ls.n_expert * m.config.moe_capacity(m.B, m.T) * width;
+    all_to_all(comm_world().ep, m.ep_buf, received, block * sizeof(floatX));
+}
+static void expert_return(GPT& m, floatX* own_rows, int width) { expert_dispatch(m, own_rows, width); }
+
+// ---- pipeline stage transfers ----
+// Where a pipeline transfer's bytes are: activations leave from the chunk's last block output and
+// arrive in the slot's input; gradients leave and arrive in the slot's d_stream. A message is
+// named by (micro-batch, direction, sending virtual stage).
+constexpr int TIED_EMBEDDING_TAG = 32767;
+static P2POp pipe_transfer(GPT& m, const PipeAction& a) {
+    const PipelinePlan& pp = m.pipe;
+    const int vs = pp.vs(a.chunk);
+    const bool send = a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD, act = a.op == PIPE_SEND_ACT || a.op == PIPE_RECV_ACT;
+    const int sender = send ? vs : act ? vs - 1 : vs + 1, other = send ? (act ? vs + 1 : vs - 1) : sender;
+    LLMC_CHECK(sender >= 0 && sender < pp.n_vs() && other >= 0 && other < pp.n_vs() && other % pp.P == a.peer,
+               "internal: pipeline transfer of micro-batch %d from virtual stage %d does not match peer %d", a.mb, vs, a.peer);
+    ChunkSlot& s = slot_for(m, a.chunk, a.mb);
+    P2POp op;
+    op.send = send;
+    op.buf = a.op == PIPE_SEND_ACT ? (void*)s.acts.back().residual3 : a.op == PIPE_RECV_ACT ? (void*)s.input : (void*)s.d_stream;
+    op.bytes = (size_t)stream_rows(m) * m.config.n_embd * sizeof(floatX);
+    op.peer = a.peer;
+    op.tag = ((a.mb * 2 + (act ? 0 : 1)) * pp.n_vs() + sender) % TIED_EMBEDDING_TAG;
+    return op;
+}
+
+// The tied embedding (Press & Wolf 2017): the lm head's gradient of wte, summed over the step in
+// head_acc, is added to the embedding's accumulator once per step, in every layout the same single
+// fp32 addition per element (Megatron's rule for the embedding group: the first stage holds the
+// embedding, the last the head; here the last stage sends its sum to the first, which owns wte's
+// optimizer state, and gets the updated weights back after the step: tied_embedding_refresh).
+static void tied_embedding_sum(GPT& m) {
+    const PipelinePlan& pp = m.pipe;
+    if (!pp.has_embedding() && !pp.has_head()) return;
+    const size_t n = m.head.shard_len(0);
+    if (pp.P > 1 && pp.has_head())
+        p2p_group(comm_world().pp, {{true, m.head_acc, n * sizeof(float), 0, TIED_EMBEDDING_TAG}});
+    if (!pp.has_embedding()) return;
+    if (pp.P > 1) p2p_group(comm_world().pp, {{false, m.head_acc, n * sizeof(float), pp.P - 1, TIED_EMBEDDING_TAG}});
+    grad_accumulate(m.grad_acc + m.zero.acc_own(m.seg_local[0]), m.head_acc, n);
+}
+static void tied_embedding_refresh(GPT& m) {
+    const PipelinePlan& pp = m.pipe;
+    if (pp.P == 1 || (!pp.has_embedding() && !pp.has_head())) return;
+    const ZeroLayout& z = m.zero;
+    const size_t n = m.head.shard_len(0), bytes = n * sizeof(floatX);
+    if (pp.has_embedding())
+        p2p_group(comm_world().pp, {{true, m.params + z.params_own(m.seg_local[0]), bytes, pp.P - 1, TIED_EMBEDDING_TAG}});
+    if (pp.has_head()) {
+        floatX* own = m.head_params + m.head.own_begin(0);
+        p2p_group(comm_world().pp, {{false, own, bytes, 0, TIED_EMBEDDING_TAG}});
+        if (comm_world().dp.size > 1) all_gather(comm_world().dp, own, m.head_params, bytes);
+    }
+}

@@ -1,0 +1,467 @@
+// A chapter of train_gpt.cu (included once, after the GPT struct): the memory plan and the
+// allocation. gpt_allocate takes every buffer of a model, once, before the first step (the step
+// allocates nothing); run with mem.plan_only it only counts them, and that count is the plan
+// (llmc/memory.h): gpt_memory_estimate, the start-up tables and the memory guard read it.
+
+// Every buffer comes from here (llmc/memory.h): counted in the plan, carved from its kind's arena.
+static void* take(GPT& m, MemKind kind, size_t bytes) {
+    void* p = m.mem.take(kind, bytes);
+    if (kind == MEM_ACTIVATIONS) m.activation_bytes = m.mem.planned[MEM_ACTIVATIONS];
+    return p;
+}
+static floatX* take_act(GPT& m, size_t n) { return (floatX*)take(m, MEM_ACTIVATIONS, n * m.elem_bytes); }
+static float* take_stats(GPT& m, size_t n) { return (float*)take(m, MEM_ACTIVATIONS, n * sizeof(float)); }
+static int* take_ints(GPT& m, size_t n) { return (int*)take(m, MEM_ACTIVATIONS, n * sizeof(int)); }
+
+// Stage 3 keeps this many gathered segments at once: parameters of the current and the next
+// segment (a block's forward ends with the next block's LN1); leaf gradients of the segment in
+// its backward (and one to spare).
+constexpr int ZERO3_PARAM_SLOTS = 2, ZERO3_GRAD_SLOTS = 2;
+
+// tp > 1: the table's alignment padding after the split tensors of this stage belongs to no local
+// tensor; dp rank 0 of tp rank 0 reports it (zeros), so that a checkpoint covers every element once
+static std::vector<CheckpointRange> tp_table_padding(const GPT& m, const PipelinePlan& pp) {
+    std::vector<CheckpointRange> out;
+    if ((m.ls.tp == 1 && m.ls.ep == 1) || m.ls.rank != 0 || m.zero.rank != 0) return out;
+    for (size_t k = 0; k < m.table.size(); k++) {
+        const ParamTensor& t = m.table[k];
+        const int seg = segment_of(t.name, m.config.n_layer);
+        const bool here = stage_holds_segment(pp, seg, m.config.n_layer);
+        const size_t end = t.offset + t.numel, next = (t.numel + 7) / 8 * 8 + t.offset;
+        if (!here || end == next) continue;
+        bool covered = false;  // replicas report their padding with the tensor
+        for (const TablePiece& p : m.pieces)
+            if (p.global <= end && end < p.global + p.len) covered = true;
+        if (!covered) out.push_back({end, next - end});
+    }
+    return out;
+}
+
+// Block l's activation buffers for B x T tokens: all of them (keep 0), all but the LayerNorm
+// outputs and the FFN activation (keep 1: -r 1), only the block output and the routing (keep 2:
+// -r 2); or the one-layer recompute buffers (l = -1, the largest FFN shapes given): what -r 1
+// (keep 3) or -r 2 (keep 4) does not keep.
+static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, size_t act_max = 0, bool moe = false) {
+    const GPTConfig& c = m.config;
+    const LocalShape& ls = m.ls;
+    // LayerNorm outputs and the tensor-parallel branches hold all B*T tokens; the residual stream
+    // and the LayerNorm statistics the rank's stream rows (--sp: B*T / tp)
+    const size_t BT = (size_t)m.max_B * m.max_T, C = c.n_embd, E = c.n_expert;
+    const size_t rows = ls.sp ? BT / ls.tp : BT;
+    const size_t expert_rows = c.n_expert > 0 ? E * c.moe_capacity(m.max_B, m.max_T) : 0, He = ls.expert_hidden;
+    if (l >= 0) {
+        moe = c.is_moe(l);
+        fc_max = moe ? expert_rows * 2 * He : BT * ls.fc(c.mlp);
+        act_max = moe ? expert_rows * He : BT * ls.ffn;
+    }
+    const bool slot = keep <= 2, all = keep == 0 || keep == 4;
+    LayerActs a{};
+    if (moe && slot) {  // the routing: every slot keeps it (small; the statistics read it)
+        a.moe_scores = take_stats(m, BT * E);
+        a.expert_tokens = take_ints(m, expert_rows);
+        a.token_slots = take_ints(m, BT * E);
+    }
+    if (moe && (keep <= 1 || keep == 4)) {
+        a.expert_in = take_act(m, expert_rows * C);
+        a.expert_out = take_act(m, expert_rows * C);
+    }
+    if (all || keep == 3) a.ln1 = take_act(m, rows * C);
+    if (keep <= 1 || keep == 4) {
+        a.ln1_mean = take_stats(m, rows);
+        a.ln1_rstd = take_stats(m, rows);
+        a.qkv = take_act(m, BT * ls.qkv());
+        a.atty = take_act(m, BT * ls.n_head * ls.hs);
+        a.att_lse = take_stats(m, BT * ls.n_head);
+        a.residual2 = take_act(m, rows * C);
+        a.ln2_mean = take_stats(m, rows);
+        a.ln2_rstd = take_stats(m, rows);
+        a.fch = take_act(m, fc_max);
+    }
+    if (all || keep == 3) {
+        a.ln2 = take_act(m, rows * C);
+        a.fch_act = take_act(m, act_max);
+    }
+    if (slot) a.residual3 = take_act(m, rows * C);
+    return a;
+}
+
+// The memory plan: everything is allocated here, once; the training step allocates nothing. With
+// mem.plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
+static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const Layout& layout = Layout()) {
+    const int zero_stage = layout.zero_stage, recompute = layout.recompute;
+    const bool sp = layout.sp;
+    m.offload = layout.offload;
+    if (m.mem.plan_only) {
+        m.plan_dp = layout.plan_dp;
+        m.plan_tp = layout.plan_tp;
+        m.plan_ep = layout.plan_ep;
+        m.elem_bytes = layout.elem_bytes;
+    } else {  // the arenas: one allocation per kind, at the plan's size (for the ranks started)
+        LLMC_CHECK(!layout.plan_dp && !layout.plan_tp && !layout.plan_ep && layout.elem_bytes == sizeof(floatX),
+                   "internal: a layout for planning only (other groups or another build's element size) to allocate");
+        GPT plan;
+        plan.mem.plan_only = true;
+        gpt_allocate(plan, config, B, T, layout);
+        m.mem.allocate_as(plan.mem, {buffer_alloc, buffer_free, host_buffer_alloc, host_buffer_free});
+    }
+    CommGroup dp = comm_world().dp, tp = comm_world().tp, ep = comm_world().ep, edp = comm_world().edp;
+    if (m.mem.plan_only && m.plan_dp > 0) dp = CommGroup{0, m.plan_dp};
+    if (m.mem.plan_only && m.plan_tp > 0) tp = CommGroup{0, m.plan_tp};
+    if (m.mem.plan_only && (m.plan_dp > 0 || m.plan_ep > 0)) {
+        ep = CommGroup{0, std::max(1, m.plan_ep)};
+        LLMC_CHECK(dp.size % ep.size == 0, "--ep %d must divide the %d data-parallel ranks", ep.size, dp.size);
+        edp = CommGroup{0, dp.size / ep.size};
+    }
+    config.check_batch(B, T, dp.size);
+    LLMC_CHECK(recompute >= 0 && recompute <= 2, "-r/--recompute: expected 0, 1 or 2, got %d", recompute);
+    m.ls = local_shape(config, tp.size, tp.rank, sp, ep.size, ep.rank);
+    LLMC_CHECK(m.mem.plan_only || tp.size <= config.n_kv_head || comm_world().tp_kv.size == tp.size / config.n_kv_head,
+               "internal: the tp ranks sharing a kv head have no group (comm_make_kv_group)");
+    LLMC_CHECK(!m.ls.sp || ((int64_t)B * T) % tp.size == 0,
+               "--sp: the B*T = %lld tokens of a micro-batch must split evenly over --tp %d ranks", (long long)B * T, tp.size);
+    // the canonical chunks of the CPU build make tensor parallelism bitwise (llmc/tensor_parallel.h)
+    const bool canonical = m.elem_bytes == sizeof(float) && sizeof(floatX) == sizeof(float);
+    m.canonical = canonical;
+    const int G = tp_chunk_count(config), G_tok = tp_token_chunks(config, (long)B * T);
+    m.split_attn = chunk_split(config.n_head, G, tp.size, tp.rank, canonical);  // query heads (their kv heads with the first)
+    m.split_ffn = chunk_split(config.ffn_hidden, G, tp.size, tp.rank, canonical);
+    m.split_expert = chunk_split(config.n_expert > 0 ? config.expert_hidden : G, G, tp.size, tp.rank, canonical);
+    m.split_vocab = chunk_split(config.padded_vocab_size, G, tp.size, tp.rank, canonical);
+    m.split_tokens = m.ls.sp ? chunk_split((long)B * T, G_tok, tp.size, tp.rank, canonical)
+                              : chunk_split((long)B * T, G_tok, 1, 0, canonical);
+    m.config = config;
+    m.recompute = recompute;
+    m.pipe = layout.pipe.first_layer.empty() ? single_stage_plan(config) : layout.pipe;
+    const PipelinePlan& pp = m.pipe;
+    m.table = build_param_table(config);
+    m.local = local_param_table(config, m.table, m.ls, m.pieces);
+    m.n_params = count_params(m.table);
+    for (const ParamTensor& t : m.table) m.param_count += t.numel;
+    m.zero = gpt_zero_layout(config, m.local, zero_stage, dp, edp, ep.size, pp);
+    const ZeroLayout& z = m.zero;
+    m.seg_local.assign(2 * config.n_layer + 2, -1);
+    for (int s = 0; s < (int)z.segs.size(); s++) m.seg_local[z.segs[s].id] = s;
+    const size_t fx = m.elem_bytes;
+    m.params = (floatX*)take(m, MEM_PARAMS, z.params_elems() * fx);
+    m.grad_acc = (float*)take(m, MEM_GRADS, z.acc_elems() * sizeof(float));
+    // --offload optimizer: the master (the CPU build too: a host copy of its fp32 params), the
+    // moments and the gradient staging of what this rank updates go to the host arenas
+    const bool host_state = m.offload == OFFLOAD_OPTIMIZER;
+    if (m.elem_bytes != sizeof(float) || host_state)
+        m.master = (float*)take(m, host_state ? MEM_HOST_MASTER : MEM_MASTER, z.state_elems() * sizeof(float));
+    m.adam_m = (float*)take(m, host_state ? MEM_HOST_MOMENTS : MEM_MOMENTS, z.state_elems() * sizeof(float));
+    m.adam_v = (float*)take(m, host_state ? MEM_HOST_MOMENTS : MEM_MOMENTS, z.state_elems() * sizeof(float));
+    if (host_state) m.grad_staging = (float*)take(m, MEM_HOST_STAGING, z.state_elems() * sizeof(float));
+    if (pp.has_head() || (pp.has_embedding() && pp.P > 1)) {
+        const std::vector<SegmentSpec> all = segment_specs(config, m.local);
+        m.head = zero_layout({all[0]}, count_params(m.local), zero_stage, dp.size, dp.rank);
+        m.head_acc = (float*)take(m, MEM_GRADS, m.head.shard_len(0) * sizeof(float));
+        if (pp.has_head()) m.head_leaf = (floatX*)take(m, MEM_GRADS, m.head.padded_total * fx);
+        if (pp.has_head() && pp.P > 1) m.head_params = (floatX*)take(m, MEM_PARAMS, m.head.padded_total * fx);
+    }
+    const size_t scratch_elems = std::max(z.max_leaves, m.head.segs.empty() ? 0 : m.head.max_padded);
+    if (dp.size > 1) m.comm_scratch = (floatX*)take(m, MEM_GRADS, scratch_elems * fx);
+    if (z.params_sharded()) {
+        // a block's forward holds its segments and the next block's (MoE: a block is two segments)
+        const int param_slots = ZERO3_PARAM_SLOTS * (config.n_expert > 0 ? 2 : 1);
+        const int grad_slots = ZERO3_GRAD_SLOTS;
+        for (int k = 0; k < param_slots; k++) m.param_slots.buf.push_back((floatX*)take(m, MEM_PARAMS, z.max_padded * fx));
+        for (int k = 0; k < grad_slots; k++) m.grad_slots.buf.push_back((floatX*)take(m, MEM_GRADS, z.max_leaves * fx));
+        m.param_slots.holds.assign(param_slots, -1);
+        m.grad_slots.holds.assign(grad_slots, -1);
+        m.p.layers.resize(config.n_layer);  // pointers appear while a segment is gathered
+        m.g.layers.resize(config.n_layer);
+    } else {
+        m.grads = (floatX*)take(m, MEM_GRADS, z.leaf_total * fx);
+        m.p.layers.resize(config.n_layer);
+        m.g.layers.resize(config.n_layer);
+        if (!m.mem.plan_only)
+            for (const Segment& s : z.segs) {
+                point_segment(m.p, config, m.local, s, m.params + s.padded_offset);
+                point_segment(m.g, config, m.local, s, m.grads + s.leaf_offset);
+            }
+    }
+    std::vector<TensorRange> tensors;
+    for (const ParamTensor& t : m.local) tensors.push_back({t.offset, t.numel, t.decay});
+    m.update_pieces = table_update_pieces(zero_update_pieces(z, tensors), m.pieces);
+    // --offload optimizer: the pieces whose gradient download can start at their segment's last
+    // grads_ready of a step (llmc/offload.h): not the embedding's (the tied head adds to it after
+    // the backward), not a segment that -z 0 replicates (the all-gather before the norm completes it)
+    m.early_pieces.assign(z.segs.size(), {});
+    m.ready_count.assign(z.segs.size(), 0);
+    for (int k = 0; k < (int)m.update_pieces.size() && m.offload == OFFLOAD_OPTIMIZER; k++)
+        for (int s = 0; s < (int)z.segs.size(); s++) {
+            const size_t at = m.update_pieces[k].acc_index, own = z.acc_own(s);
+            if (at < own || at >= own + z.shard_len(s)) continue;
+            if (z.segs[s].id != 0 && (z.stage >= 1 || (z.segs[s].expert ? edp : dp).size == 1)) m.early_pieces[s].push_back(k);
+            break;
+        }
+    m.table_padding = tp_table_padding(m, pp);
+    for (int s = 0; s < (int)z.segs.size(); s++) {  // replicas: the grad norm counts them on their owner
+        const Segment& seg = z.segs[s];
+        const size_t lo = z.own_begin(s), hi = std::min(lo + z.shard_len(s), seg.len);
+        if (lo < hi)
+            for_each_table_run(m.pieces, seg.begin + lo, hi - lo, [&](size_t local, size_t, size_t n, bool owner) {
+                const size_t at = z.acc_own(s) + (local - seg.begin - lo);
+                if (!owner) m.norm_skip.push_back({at, at + n});
+            });
+    }
+
+    const LocalShape& ls = m.ls;
+    const size_t BT = (size_t)B * T, C = config.n_embd, E = config.n_expert, rows = ls.sp ? BT / ls.tp : BT;
+    m.max_B = B;
+    m.max_T = T;
+    m.activation_bytes = 0;
+    const bool moe = config.n_expert > 0;
+    const size_t expert_rows = moe ? E * config.moe_capacity(B, T) : 0, He = ls.expert_hidden;
+    auto fc_elems = [&](int l) { return config.is_moe(l) ? expert_rows * 2 * He : BT * ls.fc(config.mlp); };
+    auto act_elems = [&](int l) { return config.is_moe(l) ? expert_rows * He : BT * ls.ffn; };
+    // the activations of each chunk's layers, once per micro-batch the schedule keeps in flight
+    std::vector<int> n_slots, n_stashes;
+    chunk_bounds(pp.schedule[pp.stage], pp.V, n_slots, n_stashes);
+    m.slots.assign(pp.V, {});
+    m.stashes.assign(pp.V, {});
+    m.last_forward.assign(pp.V, nullptr);
+    for (int c = 0; c < pp.V; c++) {
+        for (int k = 0; k < n_slots[c]; k++) {
+            ChunkSlot s;
+            for (int l = pp.layer_begin(c); l < pp.layer_end(c); l++)
+                s.acts.push_back(alloc_layer_acts(m, l, recompute == 0 ? 0 : recompute == 1 ? 1 : 2));
+            s.input = take_act(m, rows * C);
+            s.d_stream = take_act(m, rows * C);
+            s.inputs = (int*)take(m, MEM_BATCH, BT * sizeof(int));
+            s.targets = (int*)take(m, MEM_BATCH, BT * sizeof(int));
+            s.doc_start = (int*)take(m, MEM_BATCH, BT * sizeof(int));
+            m.slots[c].push_back(s);
+        }
+        for (int k = 0; k < n_stashes[c]; k++) {
+            ChunkStash st;
+            for (int l = pp.layer_begin(c); l < pp.layer_end(c); l++) {
+                LayerGrads d{};
+                d.d_ffn_out = take_act(m, config.is_moe(l) ? expert_rows * C : BT * C);
+                d.d_fch = take_act(m, fc_elems(l));
+                d.d_ln2 = take_act(m, BT * C);
+                if (config.is_moe(l)) d.d_moe_scores = take_stats(m, BT * E);
+                d.d_attn_out = take_act(m, BT * C);
+                d.d_qkv = take_act(m, BT * ls.qkv());
+                d.d_ln1 = take_act(m, BT * C);
+                st.layers.push_back(d);
+            }
+            m.stashes[c].push_back(st);
+        }
+    }
+    // one layer's output gradients for a backward that computes the weight gradients at once (the
+    // dense branch's and the attention projection's output gradients are the residual stream's)
+    size_t fc_max = 0, act_max = 0;
+    bool stage_moe = false;
+    for (int l = 0; l < config.n_layer; l++)
+        if (pp.holds_layer(l)) {
+            fc_max = std::max(fc_max, fc_elems(l));
+            act_max = std::max(act_max, act_elems(l));
+            stage_moe = stage_moe || config.is_moe(l);
+        }
+    if (recompute > 0) m.recomp = alloc_layer_acts(m, -1, recompute == 1 ? 3 : 4, fc_max, act_max, stage_moe);
+    if (stage_moe && m.ls.ep > 1) m.ep_buf = take_act(m, expert_rows * C);
+    if (stage_moe) {
+        m.layer_douts.d_ffn_out = take_act(m, expert_rows * C);
+        m.layer_douts.d_moe_scores = take_stats(m, BT * E);
+        m.d_expert_in = take_act(m, expert_rows * C);
+    }
+    m.layer_douts.d_fch = take_act(m, fc_max);
+    m.layer_douts.d_ln2 = take_act(m, BT * C);
+    m.layer_douts.d_qkv = take_act(m, BT * ls.qkv());
+    m.layer_douts.d_ln1 = take_act(m, BT * C);
+    m.d_fch_act = take_act(m, act_max);
+    m.d_atty = take_act(m, BT * C);
+    m.scratch = take_act(m, rows * C);  // a branch's output (the stream's rows)
+    if (pp.has_head()) {
+        m.lnf = take_act(m, BT * C);
+        m.lnf_mean = take_stats(m, rows);
+        m.lnf_rstd = take_stats(m, rows);
+        m.logits = take_act(m, BT * ls.vocab);
+        m.losses = take_stats(m, BT);
+        m.ce_max = take_stats(m, BT);
+        m.ce_sum = take_stats(m, BT);
+        m.ce_target = take_stats(m, BT);
+        m.d_ln = take_act(m, BT * C);
+        m.host_losses.resize(BT);
+    }
+    // the tensor-parallel reductions' scratch (llmc/tensor_parallel.h): a subtree's temporaries
+    // where a rank computes several canonical leaves, the parts and receive buffers of a group's
+    // reduction, the leaves' operand slices
+    int max_leaves = 1, levels = 0, nodes = 1;
+    for (const ChunkSplit* sp : {&m.split_attn, &m.split_ffn, &m.split_expert, &m.split_vocab, &m.split_tokens}) {
+        max_leaves = std::max(max_leaves, sp->count);
+        levels = std::max(levels, tree_levels(sp->count));
+        if (ls.tp > 1) nodes = std::max(nodes, split_nodes(*sp));
+    }
+    LLMC_CHECK(levels <= TP_MAX_LEVELS, "internal: %d canonical chunks per rank", max_leaves);
+    const size_t red_x = std::max({BT * C, expert_rows * C, 2 * C}), red_f = BT;
+    m.tpx.capacity = red_x;
+    m.tpf.capacity = red_f;
+    m.tpx.levels = m.tpf.levels = levels;
+    m.tpx.nodes = m.tpf.nodes = nodes;
+    for (int k = 0; k < levels; k++) {
+        m.tpx.tmp[k] = take_act(m, red_x);
+        m.tpf.tmp[k] = take_stats(m, red_f);
+    }
+    if (ls.tp > 1) {
+        m.tpx.recv_capacity = nodes * red_x;
+        m.tpf.recv_capacity = nodes * red_f * ls.tp;
+        m.tpx.recv = take_act(m, m.tpx.recv_capacity);
+        m.tpf.recv = take_stats(m, m.tpf.recv_capacity);
+        if (nodes > 1) {
+            m.tpx.extra = take_act(m, (nodes - 1) * red_x);
+            m.tpf.extra = take_stats(m, (nodes - 1) * red_f);
+        }
+    }
+    if (ls.sp) m.tpx.part = take_act(m, red_x);
+    m.tp_ln_grads = take_act(m, 2 * C);
+    if (ls.sp) {
+        m.tp_full = take_act(m, BT * C);
+        for (floatX*& buf : m.ln_full) buf = take_act(m, BT * C);
+    }
+    const int kv_share = ls.tp > config.n_kv_head ? ls.tp / config.n_kv_head : 1;
+    if (max_leaves > 1 || kv_share > 1) {  // (a shared kv head: only its owner's qkv leaf has its rows)
+        const size_t wide = std::max({(size_t)ls.qkv(), (size_t)ls.fc(config.mlp), (size_t)ls.vocab});
+        m.tp_copy_a = take_act(m, std::max(BT * wide, expert_rows * 2 * He));
+        m.tp_copy_b = take_act(m, std::max(C * wide, E * 2 * He * C));
+    }
+    if (kv_share > 1) {
+        const size_t qw = (size_t)ls.n_head * ls.hs, gw = qw * kv_share;
+        m.kv_send = take_act(m, BT * qw);
+        m.kv_recv = take_act(m, BT * gw);
+        m.kv_qkv = take_act(m, BT * (gw + 2 * ls.hs));
+        m.kv_dqkv = take_act(m, BT * (gw + 2 * ls.hs));
+        m.kv_dout = take_act(m, BT * gw);
+        m.kv_out = take_act(m, BT * gw);
+        m.kv_lse_recv = take_stats(m, BT * ls.n_head * kv_share);
+        m.kv_lse = take_stats(m, BT * ls.n_head * kv_share);
+    }
+    // the CUDA ops' scratch and the cuBLASLt workspace for the rank's shapes (llmc/op_scratch.h),
+    // wherever the plan is the CUDA build's (bf16); the CPU ops need none
+    if (m.elem_bytes == 2) {
+        const int widest_biased = std::max({(int)C, ls.qkv(), ls.fc(config.mlp)});
+        m.op_scratch_bytes = MATMUL_WORKSPACE_BYTES +
+                             op_scratch_bytes(B, T, (int)C, ls.n_head, widest_biased, (int)E,
+                                              E > 0 ? config.moe_capacity(B, T) : 0, (int)He, plan_sm_count());
+        m.op_scratch = take(m, MEM_SCRATCH, m.op_scratch_bytes);
+    }
+    m.mem.check_used();  // allocated == planned, byte for byte
+    if (!m.mem.plan_only) bind_op_scratch(m);
+}
+
+static void gpt_free(GPT& m) {
+    backend_bind_scratch(nullptr, 0);  // the arena goes with the model
+    m.mem.release();
+    m = GPT();
+}
+
+// The elements per array of the host staging of gpt_set_state and gpt_write_state: a chunk, or a
+// small model's size (verify_checkpoint reads at most 3x this many words at a time: 12 bytes each).
+static size_t staging_cap(const GPT& m) {
+    return std::min(staging_elems(), std::max({m.n_params, m.zero.max_padded, m.head.max_padded}));
+}
+
+// What gpt_allocate takes for (config, B, T, ZeRO stage, pipeline stage, -r, dp), without
+// allocating: the memory guard compares it with the machine before the run starts, the start-up
+// tables and --plan print it.
+static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, const Layout& layout = Layout()) {
+    GPT plan;
+    plan.mem.plan_only = true;
+    gpt_allocate(plan, c, B, T, layout);
+    MemoryEstimate e = MemoryEstimate::of(plan.mem);
+    // host (pageable) staging: init, checkpoint loads and saves stream the state through one chunk
+    // per array (gpt_set_state, gpt_write_state: params, adam m, adam v in fp32 and the params'
+    // type; verify_checkpoint reads at most as many bytes), not the table; plus the batch vectors of
+    // the step's micro-batches and the per-token losses. Not counted: --init_from and --export_llmc
+    // (llm.c's GPT-2 files, at most 1.5B parameters) stage the whole table (a few fp32 copies).
+    const double chunk = (double)staging_cap(plan), f = sizeof(float), fx = (double)layout.elem_bytes, BT = (double)B * T;
+    e.host = chunk * (3 * f + fx) + (3.0 * plan.pipe.M + 1) * BT * sizeof(int);
+    return e;
+}
+
+// What a plan needs from the memory the buffers live in (on the CPU: with the host staging and the
+// host arenas, all one memory), and, apart from it, from host memory (the CUDA build: the pageable
+// staging and the pinned arenas of --offload optimizer).
+static double plan_need_bytes(const MemoryEstimate& e) {
+#ifdef LLMC_CPU
+    return e.buffers() + e.host + e.host_arenas();
+#else
+    return e.buffers();
+#endif
+}
+static double plan_host_bytes(const MemoryEstimate& e) { return e.host + e.host_arenas(); }
+
+// The memory guard's verdict on a plan: returns, or throws with the numbers, the biggest part and
+// what to change, that first. one_memory: the buffers and the host side share one memory (the CPU
+// build: need plan_need_bytes <= avail); else the device buffers are compared with avail and the host
+// side with host_avail (<= 0: unknown, not checked).
+static void check_plan_fits(const MemoryEstimate& e, int B, int T, int offload, bool one_memory, double avail,
+                            const std::string& source, double host_avail, const std::string& host_source) {
+    const double MiB = 1048576.0, GiB = 1073741824.0;
+    const bool offloaded = offload == OFFLOAD_OPTIMIZER;
+    const std::string shard_state = "shard the optimizer state over more ranks with --zero 1 (each rank keeps only its "
+                                    "slice" + std::string(offloaded ? ", and offloads only that" : "") + ")";
+    if (!one_memory) {
+        const double host_need = plan_host_bytes(e);
+        LLMC_CHECK(host_avail <= 0 || host_need <= host_avail,
+                   "memory: the host side of this run needs %.2f GiB (staging for init and checkpoints %.1f MiB%s) but %s "
+                   "is %.2f GiB; %s, or shrink the model (--n_layer, --n_embd, --vocab_size)%s",
+                   host_need / GiB, e.host / MiB,
+                   offloaded ? strfmt(", --offload optimizer: master weights %.1f MiB, Adam moments %.1f MiB, gradient "
+                                      "staging %.1f MiB", e.host_master / MiB, e.host_moments / MiB,
+                                      e.host_staging / MiB).c_str() : "",
+                   host_source.c_str(), host_avail / GiB, shard_state.c_str(),
+                   offloaded ? "; or keep the optimizer state on the device (--offload none)" : "");
+    }
+    const double need = one_memory ? plan_need_bytes(e) : e.buffers();
+    if (avail <= 0 || need <= avail) return;
+    // the parts of what does not fit, the biggest first, each with what shrinks it
+    const double state = e.master + e.moments + (one_memory ? e.host_master + e.host_moments : 0.0);
+    const std::string acts = "activations grow with B*T: lower -b (batch size) or -t (sequence length), and keep the "
+                             "tokens per step with -d/--total_batch_tokens (gradient accumulation), or recompute "
+                             "activations (-r 1 or 2)";
+    const std::string opt = offloaded || one_memory ? shard_state
+                                                    : "--offload optimizer keeps the fp32 master weights and Adam moments "
+                                                      "in host memory and runs AdamW on the CPU (ZeRO-Offload), or " +
+                                                          shard_state;
+    std::vector<std::pair<double, std::string>> parts = {
+        {e.activations, "the activations (" + acts + ")"},
+        {state, "the optimizer state, master weights and Adam moments (" + opt + ")"},
+        {e.grads, "the gradients (--zero 2 shards the fp32 accumulators, --zero 3 the leaf gradients too; --pp splits "
+                  "the layers)"},
+        {e.params, "the parameters (--zero 3 shards them; --pp splits the layers)"},
+        {e.scratch, "the op scratch and the cuBLASLt workspace (32 MiB plus the largest op's partial sums, which grow "
+                    "with B*T)"}};
+    std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    LLMC_FAIL("memory: this run needs %.2f GiB (params %.1f MiB, grads %.1f MiB, master %.1f MiB, Adam moments %.1f "
+              "MiB, activations %.1f MiB for B %d x T %d, op scratch %.1f MiB%s) but %s is %.2f GiB. The biggest part is %s; next %s. "
+              "Or shard with --zero / split with --pp or --tp (--sp), or shrink the model (--n_layer, --n_embd, --vocab_size)",
+              need / GiB, (e.params) / MiB, e.grads / MiB, (e.master + (one_memory ? e.host_master : 0)) / MiB,
+              (e.moments + (one_memory ? e.host_moments : 0)) / MiB, e.activations / MiB, B, T, e.scratch / MiB,
+              one_memory ? strfmt(", host staging %.1f MiB%s", e.host / MiB,
+                                  offloaded ? strfmt(", offload gradient staging %.1f MiB", e.host_staging / MiB).c_str()
+                                            : "").c_str()
+                         : "",
+              source.c_str(), avail / GiB, parts[0].second.c_str(), parts[1].second.c_str());
+}
+// The memory guard: refuses, before anything big is allocated, a run whose buffers cannot fit,
+// with the numbers and what to change. On the CPU the buffers and the host staging share host memory.
+static void check_memory_fits(const GPTConfig& c, int B, int T, const Layout& layout) {
+    const MemoryEstimate e = gpt_memory_estimate(c, B, T, layout);
+    const int offload = layout.offload;
+    std::string source, host_source;
+    double avail = available_buffer_memory(source);
+#ifdef LLMC_CPU
+    check_plan_fits(e, B, T, offload, true, avail, source, -1, host_source);
+#else
+    const Comm& w = comm_world();
+    if (avail > 0) {
+        avail -= device_headroom_bytes(w.dp.size, w.pp.size, w.tp.size, w.ep.size);
+        source += " less " + device_headroom_text(w.dp.size, w.pp.size, w.tp.size, w.ep.size);
+    }
+    const double host_avail = available_host_memory(host_source);
+    check_plan_fits(e, B, T, offload, false, avail, source, host_avail, host_source);
+#endif
+}

@@ -1,0 +1,372 @@
+// A chapter of train_gpt.cu (included once, there): the reports. The memory plan per rank and
+// ZeRO stage, the pipeline per stage, --plan / --max_fit, the bytes each collective sends per step
+// next to the layout's theory, and the --pp_trace timeline.
+
+// The inputs of a memory plan: the model, the batch, and the layout of one rank.
+struct PlanInputs {
+    GPTConfig config;
+    int B = 1, T = 1, zero_stage = 0, recompute = 0, dp = 1, tp = 1, ep = 1;
+    bool sp = false;
+    int offload = OFFLOAD_NONE;  // --offload
+    PipelinePlan pipe;  // its stage is the rank's
+    // --device: plan the CUDA build (bf16 params and activations, fp32 master) on a GPU of that
+    // memory, from any machine; device_bytes 0: this build on this machine
+    size_t elem_bytes = sizeof(floatX);
+    double device_bytes = 0;
+    std::string device_name;
+    MemoryEstimate estimate(int zero, int stage, int r) const {
+        Layout l;
+        l.zero_stage = zero;
+        l.pipe = pipe;
+        l.pipe.stage = stage;
+        l.recompute = r;
+        l.sp = sp;
+        l.offload = offload;
+        l.plan_dp = dp;
+        l.plan_tp = tp;
+        l.plan_ep = ep;
+        l.elem_bytes = elem_bytes;
+        return gpt_memory_estimate(config, B, T, l);
+    }
+    double need(const MemoryEstimate& e) const { return device_bytes > 0 ? e.buffers() : plan_need_bytes(e); }
+    // the host side when it is apart from the buffers (the CUDA build, or --device), with --offload
+    // optimizer (without it the plan is the device's alone); 0 where it is in need()
+    bool host_apart() const {
+#ifdef LLMC_CPU
+        return device_bytes > 0;
+#else
+        return true;
+#endif
+    }
+    double host_need(const MemoryEstimate& e) const {
+        return offload == OFFLOAD_OPTIMIZER && host_apart() ? plan_host_bytes(e) : 0.0;
+    }
+};
+
+// One rank's memory for every ZeRO stage (the current one marked): the plan of gpt_allocate.
+static void print_memory_plan(const PlanInputs& in) {
+    MemoryEstimate mem[4];
+    for (int z = 0; z < 4; z++) mem[z] = in.estimate(z, in.pipe.stage, in.recompute);
+    printf("memory per rank (MiB), dp %d%s%s%s, -r %d%s:  %10s %10s %10s %10s\n", in.dp,
+           in.tp > 1 ? (", tp " + std::to_string(in.tp) + (in.sp ? " + sp" : "")).c_str() : "",
+           in.ep > 1 ? (", ep " + std::to_string(in.ep)).c_str() : "",
+           in.pipe.P > 1 ? (", pipeline stage " + std::to_string(in.pipe.stage)).c_str() : "", in.recompute,
+           in.offload == OFFLOAD_OPTIMIZER ? ", --offload optimizer" : "",
+           in.zero_stage == 0 ? "[-z 0]" : "-z 0", in.zero_stage == 1 ? "[-z 1]" : "-z 1",
+           in.zero_stage == 2 ? "[-z 2]" : "-z 2", in.zero_stage == 3 ? "[-z 3]" : "-z 3");
+    auto row = [&](const char* name, double MemoryEstimate::*field) {
+        printf("  %-34s", name);
+        for (int z = 0; z < 4; z++) printf(" %10.2f", (field ? mem[z].*field : mem[z].buffers()) / 1048576.0);
+        printf("\n");
+    };
+    row("params (+ stage-3 slots)", &MemoryEstimate::params);
+    row("grads (leaves, fp32 acc, comm)", &MemoryEstimate::grads);
+    row("master weights (fp32)", &MemoryEstimate::master);
+    row("adam moments (fp32)", &MemoryEstimate::moments);
+    row("activations", &MemoryEstimate::activations);
+    row("batch", &MemoryEstimate::batch);
+    row("op scratch + cuBLASLt workspace", &MemoryEstimate::scratch);
+    row("total", nullptr);
+    if (in.offload != OFFLOAD_OPTIMIZER) return;
+    row("host: master weights (fp32)", &MemoryEstimate::host_master);
+    row("host: adam moments (fp32)", &MemoryEstimate::host_moments);
+    row("host: gradient staging (fp32)", &MemoryEstimate::host_staging);
+    printf("  %-34s", "host total (offload arenas)");
+    for (int z = 0; z < 4; z++) printf(" %10.2f", mem[z].host_arenas() / 1048576.0);
+    printf("\n");
+}
+
+// The pipeline at start-up: per stage its virtual stages' blocks, parameters, FLOPs per micro-batch,
+// the micro-batches it keeps in flight and its activation memory (the plan for that stage), and the
+// schedule's theoretical bubble.
+static void print_pipeline(const PlanInputs& in) {
+    const PipelinePlan& p = in.pipe;
+    const GPTConfig& c = in.config;
+    const int B = in.B, T = in.T;
+    const std::vector<ParamTensor> table = build_param_table(c);
+    printf("pipeline: %d stages, schedule %s", p.P, pipe_kind_name(p.kind));
+    if (p.V > 1) printf(" with %d chunks per stage", p.V);
+    printf(", %d micro-batches per step; theoretical bubble %.1f%% (idle / step time, unit costs)\n", p.M,
+           100 * pipe_bubble_formula(p.kind, p.P, p.M, p.V));
+    for (int s = 0; s < p.P; s++) {
+        PipelinePlan ps = p;
+        ps.stage = s;
+        std::vector<int> n_slots, n_stashes;
+        chunk_bounds(p.schedule[s], p.V, n_slots, n_stashes);
+        double params = 0, flops = 0;
+        std::string layers;
+        for (int ch = 0; ch < p.V; ch++) {
+            const int l0 = ps.layer_begin(ch), l1 = ps.layer_end(ch);
+            layers += (ch ? "," : "") + std::to_string(l0) + "-" + std::to_string(l1 - 1);
+            for (int l = l0; l < l1; l++) flops += block_flops(c, l, B, T);
+        }
+        for (const ParamTensor& t : table) {
+            const int seg = segment_of(t.name, c.n_layer);
+            if (stage_holds_segment(ps, seg, c.n_layer)) params += t.numel;
+        }
+        if (ps.has_head()) flops += head_flops(c, B, T);
+        int in_flight = 0, stashed = 0;
+        for (int ch = 0; ch < p.V; ch++) { in_flight += n_slots[ch]; stashed += n_stashes[ch]; }
+        const MemoryEstimate e = in.estimate(in.zero_stage, s, in.recompute);
+        printf("  stage %d: blocks %-12s%s%s params %10.0f | %.3g GFLOP per micro-batch | %d micro-batch%s in flight%s | "
+               "activations %.2f MiB, total %.2f MiB\n", s, layers.c_str(), ps.has_embedding() ? " +embedding" : "",
+               ps.has_head() ? " +head" : "", params, flops / 1e9, in_flight, in_flight == 1 ? "" : "es",
+               stashed ? (" (+" + std::to_string(stashed) + " weight-gradient stashes)").c_str() : "",
+               e.activations / 1048576.0, e.buffers() / 1048576.0);
+    }
+}
+
+// --plan: the plan of every stage and -r level for the flags, whether it fits this machine's memory
+// (or LLMC_MEMORY_LIMIT), and with --max_fit the largest micro-batch and the largest dN-shaped model
+// that fit per -r level; nothing is allocated.
+static void print_plan(const PlanInputs& in, bool max_fit) {
+    std::string source = in.device_name, host_source = "host memory of the GPU machine: unknown, not checked";
+    double avail = in.device_bytes > 0 ? in.device_bytes : available_buffer_memory(source);
+    const double GiB = 1073741824.0;
+    const bool headroom = in.elem_bytes == 2 && avail > 0;  // a GPU's plan (the CUDA build, or --device)
+    if (headroom) avail -= device_headroom_bytes(in.dp, in.pipe.P, in.tp, in.ep);
+    // --offload optimizer on the CUDA build: the host side is checked against this machine's host
+    // memory; with --device it is reported (the GPU machine's host memory is not known here)
+    const double host_avail = in.device_bytes > 0 ? -1 : available_host_memory(host_source);
+    if (in.pipe.P > 1) print_pipeline(in);
+    for (int s = 0; s < in.pipe.P; s++) {
+        PlanInputs one = in;
+        one.pipe.stage = s;
+        print_memory_plan(one);
+    }
+    // the most any stage needs; host: the most any stage needs of host memory apart (and of that, in
+    // the offload arenas)
+    auto worst = [&](const PlanInputs& p, int r, double* host = nullptr, double* arenas = nullptr) {
+        double need = 0, h = 0, a = 0;
+        for (int s = 0; s < p.pipe.P; s++) {
+            const MemoryEstimate e = p.estimate(p.zero_stage, s, r);
+            need = std::max(need, p.need(e));
+            if (p.host_need(e) > h) { h = p.host_need(e); a = e.host_arenas(); }
+        }
+        if (host) *host = h;
+        if (arenas) *arenas = a;
+        return need;
+    };
+    auto fits = [&](const PlanInputs& p, int r) {
+        double h = 0;
+        const double need = worst(p, r, &h);
+        return need <= avail && (host_avail <= 0 || h <= host_avail);
+    };
+    const int procs = in.pipe.P * in.dp * in.tp;
+    printf("plan: %d process%s (pp %d x dp %d x tp %d%s), -z %d%s; available: %s %.2f GiB\n", procs, procs == 1 ? "" : "es",
+           in.pipe.P, in.dp, in.tp, in.sp ? " + sp" : "", in.zero_stage,
+           in.offload == OFFLOAD_OPTIMIZER ? ", --offload optimizer" : "", source.c_str(), avail / GiB);
+    if (headroom) printf("  available is after %s\n", device_headroom_text(in.dp, in.pipe.P, in.tp, in.ep).c_str());
+    const bool host_line = in.offload == OFFLOAD_OPTIMIZER && in.host_apart();
+    if (host_line) {
+        if (host_avail > 0) printf("  host side: %s %.2f GiB\n", host_source.c_str(), host_avail / GiB);
+        else printf("  host side: %s\n", host_source.c_str());
+    }
+    for (int r = 0; r <= 2; r++) {
+        double host = 0, arenas = 0;
+        const double need = worst(in, r, &host, &arenas);
+        const bool ok = need <= avail && (host_avail <= 0 || host <= host_avail);
+        printf("  -r %d: the largest stage needs %.3f GiB%s: %s\n", r, need / GiB,
+               host_line ? strfmt(", and %.3f GiB of host memory per rank (offload arenas %.3f, staging for init and "
+                                  "checkpoints %.3f)", host / GiB, arenas / GiB, (host - arenas) / GiB).c_str() : "",
+               avail <= 0 ? "(no limit known)" : ok ? "fits" : "does NOT fit");
+    }
+    if (!max_fit || avail <= 0) return;
+    for (int r = 0; r <= 2; r++) {
+        int lo = 0, hi = 1;  // the largest B that fits: doubling, then bisection
+        auto fits_b = [&](int b) {
+            PlanInputs p = in;
+            p.B = b;
+            try { return fits(p, r); } catch (const LlmcError&) { return false; }
+        };
+        while (hi <= (1 << 20) && fits_b(hi)) { lo = hi; hi *= 2; }
+        while (hi - lo > 1) { const int mid = (lo + hi) / 2; (fits_b(mid) ? lo : hi) = mid; }
+        int best_n = 0;  // the largest dN of the flags' shape (n_layer N, n_embd 64 N, n_head N)
+        for (int n = std::max(1, in.pipe.n_vs()); n <= 1024; n++) {
+            PlanInputs p = in;
+            p.config.n_layer = n;
+            p.config.n_embd = 64 * n;
+            p.config.n_head = n;
+            p.config.n_kv_head = in.config.n_head % in.config.n_kv_head == 0 && n % (in.config.n_head / in.config.n_kv_head) == 0
+                                     ? n / (in.config.n_head / in.config.n_kv_head) : n;
+            p.config.ffn_hidden = 0;
+            p.config.expert_hidden = 0;
+            bool ok = false;
+            try {
+                p.config.finalize();
+                p.pipe = pipeline_plan(p.config, p.B, p.T, in.pipe.P, in.pipe.V, in.pipe.M, in.pipe.kind, "", 0);
+                ok = fits(p, r);
+            } catch (const LlmcError&) { ok = false; }
+            if (!ok) break;
+            best_n = n;
+        }
+        printf("  -r %d: the largest micro-batch that fits is -b %d (T %d)", r, lo, in.T);
+        if (best_n > 0) {
+            GPTConfig d = in.config;
+            d.n_layer = best_n; d.n_embd = 64 * best_n; d.n_head = best_n; d.n_kv_head = best_n;
+            d.ffn_hidden = 0; d.expert_hidden = 0; d.finalize();
+            printf("; the largest dN model at -b %d is d%d (%.0f M parameters)", in.B, best_n,
+                   count_params(build_param_table(d)) / 1e6);
+        }
+        printf("\n");
+    }
+}
+
+// Bytes this rank sends in one optimizer step, by collective, for the layout (what the counters
+// in comm.h must show after a step without evaluation or sampling).
+// The tensor-parallel bytes one rank sends per step (a second derivation of what the collectives
+// count, from the model's structure): per micro-batch and block, Megatron's four all-reduces of
+// B*T*C (attention and FFN outputs forward, their inputs' gradients backward) at 2 (tp-1)/tp of the
+// bytes each, or with --sp the same bytes as four all-gathers and four reduce-scatters; MoE layers
+// reduce the experts' rows instead of the FFN's tokens; recomputed forwards (-r) repeat theirs.
+static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OPS]) {
+    const LocalShape& ls = m.ls;
+    if (ls.tp == 1) return;
+    const GPTConfig& c = m.config;
+    const PipelinePlan& pp = m.pipe;
+    const double P = ls.tp, f = (P - 1) / P, fx = sizeof(floatX), BT = (double)m.max_B * m.max_T;
+    const double S = BT * c.n_embd * fx, expert = c.n_expert > 0 ? (double)c.n_expert * c.moe_capacity(m.max_B, m.max_T) * c.n_embd * fx : 0;
+    double& a2a = theory[COMM_ALL_TO_ALL];
+    double& ag = theory[COMM_ALL_GATHER];
+    // a canonical reduction sends each of its tree nodes (the most a rank of the split holds:
+    // llmc/tensor_parallel.h); an order-free one (max, embedding, target logit) one
+    const double n_attn = split_nodes(m.split_attn), n_ffn = split_nodes(m.split_ffn),
+                 n_expert = split_nodes(m.split_expert), n_vocab = split_nodes(m.split_vocab),
+                 n_tok = split_nodes(m.split_tokens);
+    auto all_reduce = [&](double bytes, double n_elems, double nodes) {
+        if (std::fmod(n_elems, P) == 0) { a2a += nodes * f * bytes; ag += f * bytes; }
+        else ag += nodes * (P - 1) * bytes;  // small vectors: all-gather of the partials
+    };
+    auto reduce = [&](double bytes, double nodes) {  // RS or AR
+        if (ls.sp) a2a += nodes * f * bytes;
+        else all_reduce(bytes, bytes / fx, nodes);
+    };
+    auto gather = [&](double bytes) { if (ls.sp) ag += f * bytes; };  // --sp only
+    auto ln_grads = [&]() { if (ls.sp) all_reduce(2.0 * c.n_embd * fx, 2.0 * c.n_embd, n_tok); };
+    // one forward of block l (the attention output and the FFN's; with --sp the LN outputs' gathers)
+    auto block_fwd = [&](int l) {
+        gather(S);
+        reduce(S, n_attn);
+        gather(S);
+        if (c.is_moe(l)) all_reduce(expert, expert / fx, n_expert);
+        else reduce(S, n_ffn);
+    };
+    // the backward's recomputation: -r 2 runs each block's forward again (-r 1 recomputes only
+    // LayerNorms and activations: no communication); a W that does not follow its B recomputes once more
+    std::vector<int> passes(pp.V, 0);
+    const std::vector<PipeAction>& acts = pp.schedule[pp.stage];
+    for (size_t k = 0; k < acts.size(); k++)
+        if (acts[k].op == PIPE_B) passes[acts[k].chunk] += 1 + !next_compute_is_own_w(acts, k);
+    const int kv_share = comm_world().tp_kv.size;
+    for (int ch = 0; ch < pp.V; ch++) {
+        const double a2a0 = a2a, ag0 = ag;
+        for (int l = pp.layer_begin(ch); l < pp.layer_end(ch); l++) {
+            block_fwd(l);
+            // backward: the FFN's (MoE: the experts' input rows) and the attention's input gradients
+            // (with --sp each gathers the branch's output gradient, and LN1 / LN2 again for the weight
+            // gradients; MoE: LN2 once more for the router's input gradient)
+            if (c.is_moe(l)) { gather(S); all_reduce(expert, expert / fx, n_expert); gather(S); }
+            else { gather(S); reduce(S, n_ffn); }
+            gather(S);
+            reduce(S, n_attn);
+            gather(S);
+            gather(S);
+            ln_grads();
+            ln_grads();
+            if (kv_share > 1)  // a shared kv head: the group's query heads, outputs, their gradients, lse
+                ag += (kv_share - 1) * BT * ls.n_head * (3.0 * ls.hs * fx + 4.0);
+        }
+        if (pp.first_vs(ch)) { reduce(S, 1); gather(S); }  // the embedding; its backward gathers the stream (--sp)
+        if (pp.last_vs(ch)) {
+            gather(S);  // the final LN's output
+            for (double nodes : {1.0, n_vocab, 1.0}) all_reduce(4.0 * BT, BT, nodes);  // softmax max, sum, target logit
+            reduce(S, n_vocab);  // the gradient at the final LN
+            ln_grads();
+        }
+        a2a = a2a0 + (a2a - a2a0) * grad_accum;  // per micro-batch, times the step's micro-batches
+        ag = ag0 + (ag - ag0) * grad_accum;
+        for (int r = 0; r < passes[ch]; r++)
+            for (int l = pp.layer_begin(ch); l < pp.layer_end(ch); l++) {
+                if (m.recompute == 2) block_fwd(l);
+            }
+    }
+}
+
+static void print_comm_volume(const GPT& m, int grad_accum) {
+    const Comm& c = comm_world();
+    const ZeroLayout& z = m.zero;
+    const PipelinePlan& pp = m.pipe;
+    const double share = (double)(z.dp - 1) / z.dp, fx = sizeof(floatX);
+    const double head = pp.has_head() ? (double)m.head.padded_total : 0.0;
+    double theory[COMM_N_OPS] = {};
+    // ZeRO, per segment over its group (the experts' over the expert-dp ranks, one leaf per ep rank)
+    theory[COMM_ALL_TO_ALL] = grad_accum * share * fx * head;
+    for (int s = 0; s < (int)z.segs.size(); s++) {
+        const Segment& seg = z.segs[s];
+        const double sh = (double)(seg.dp - 1) / seg.dp, n = (double)seg.padded;
+        const bool block = segment_layer(seg.id, m.config.n_layer) >= 0;
+        theory[COMM_ALL_TO_ALL] += grad_accum * sh * fx * n * seg.n_leaves;    // reduce_scatter_add of the leaves
+        if (z.stage <= 1) theory[COMM_ALL_GATHER] += sh * 4.0 * n;            // completes the all-reduce
+        if (z.stage == 1 || z.stage == 2) theory[COMM_ALL_GATHER] += sh * fx * n;  // updated params
+        if (z.stage == 3)  // per micro-batch: every segment in the forward (the embedding again for the head in one stage), blocks in the backward
+            theory[COMM_ALL_GATHER] += grad_accum * sh * fx * n * (1 + block + (seg.id == 0 && pp.P == 1));
+    }
+    // expert parallel: each MoE layer's rows to the experts' owners and back, forward and backward
+    // (and again in a recomputed forward, -r 2)
+    if (m.ls.ep > 1) {
+        const GPTConfig& cf = m.config;
+        const double rows = (double)cf.n_expert * cf.moe_capacity(m.max_B, m.max_T) * cf.n_embd * fx;
+        const double per_layer = (m.ls.ep - 1.0) / m.ls.ep * rows;
+        std::vector<int> passes(pp.V, 0);  // backward passes per chunk (a split W recomputes once more)
+        const std::vector<PipeAction>& acts = pp.schedule[pp.stage];
+        for (size_t k = 0; k < acts.size(); k++)
+            if (acts[k].op == PIPE_B) passes[acts[k].chunk] += 1 + !next_compute_is_own_w(acts, k);
+        for (int ch = 0; ch < pp.V; ch++)
+            for (int l = pp.layer_begin(ch); l < pp.layer_end(ch); l++)
+                if (cf.is_moe(l))
+                    theory[COMM_ALL_TO_ALL] += per_layer * (4.0 * grad_accum + (m.recompute == 2 ? 2.0 * passes[ch] : 0.0));
+    }
+    if (pp.P > 1) {
+        const double act = (double)m.max_B * m.max_T / (m.ls.sp ? m.ls.tp : 1) * m.config.n_embd * fx;  // the stream's rows
+        for (int ch = 0; ch < pp.V; ch++) theory[COMM_P2P] += grad_accum * act * (!pp.last_vs(ch) + !pp.first_vs(ch));
+        if (pp.has_embedding()) theory[COMM_P2P] += fx * m.head.shard_len(0);     // the tied weights, to the last stage
+        if (pp.has_head()) {
+            theory[COMM_P2P] += 4.0 * m.head.shard_len(0);                         // the head's gradient, to the first
+            theory[COMM_ALL_GATHER] += share * fx * m.head.padded_total;           // its copy of the new weights
+        }
+    }
+    tp_comm_theory(m, grad_accum, theory);
+    printf("communication per step, rank %d (sent bytes): ", c.world_rank);
+    for (int k = 0; k < COMM_N_OPS; k++) {
+        if (k == COMM_HOST) printf("%s %llu", comm_op_name(k), (unsigned long long)c.sent_bytes[k]);
+        else printf("%s %llu (theory %.0f), ", comm_op_name(k), (unsigned long long)c.sent_bytes[k], theory[k]);
+    }
+    printf("\n");
+}
+
+// --pp_trace: every rank's executed actions of one step, gathered to rank 0 and written as JSON
+// lines for scripts/plot_pipeline.py (times from the step's start; "recv"/"send" events are waits).
+static void write_pipeline_trace(const std::string& path, const std::vector<PipeEvent>& events, const PipelinePlan& pp) {
+    const Comm& cm = comm_world();
+    std::vector<double> mine;
+    for (const PipeEvent& e : events)
+        mine.insert(mine.end(), {(double)e.op, (double)e.mb, (double)e.chunk, e.t0_ms, e.t1_ms});
+    size_t longest = 0;
+    for (uint64_t n : host_gather_all<uint64_t>(cm.world, mine.size())) longest = std::max(longest, (size_t)n);
+    mine.resize(longest, -1.0);
+    std::vector<double> all(longest * cm.world_size);
+    host_all_gather(cm.world, mine.data(), all.data(), longest * sizeof(double));
+    if (cm.world_rank != 0) return;
+    FILE* f = fopen_or_fail(path, "w");
+    static const char* ops[] = {"F", "B", "W", "send", "recv", "send", "recv"};
+    for (int r = 0; r < cm.world_size; r++)
+        for (size_t k = 0; k + 4 < longest; k += 5) {
+            const double* e = all.data() + (size_t)r * longest + k;
+            if (e[0] < 0) break;
+            fprintf(f, "{\"rank\": %d, \"stage\": %d, \"dp\": %d, \"op\": \"%s\", \"mb\": %d, \"chunk\": %d, "
+                       "\"t0_ms\": %.4f, \"t1_ms\": %.4f, \"schedule\": \"%s\"}\n",
+                    r, r / cm.dp.size, r % cm.dp.size, ops[(int)e[0]], (int)e[1], (int)e[2], e[3], e[4], pipe_kind_name(pp.kind));
+        }
+    LLMC_CHECK(fclose(f) == 0, "%s: cannot write the pipeline trace", path.c_str());
+    printf("wrote the pipeline timeline of step %s to %s\n", "1 of this run", path.c_str());
+}
