@@ -19,7 +19,7 @@ NVCC      ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 
 NVCCFLAGS ?= -O3 -std=c++17 -arch=$(GPU_ARCH) --use_fast_math -Xcompiler -fopenmp -I.
 CUDA_LIBS := -lcublasLt -lcublas
 
-HEADERS   := $(wildcard llmc/*.h llmc/*.cuh llmc/cpu/*.h llmc/gpt/*.h)
+HEADERS   := $(wildcard llmc/*.h llmc/*/*.h llmc/*/*.cuh llmc/ops/cpu/*.h)
 
 # MPI: the compile and link flags its wrapper would add
 USE_MPI   ?= 1

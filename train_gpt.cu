@@ -13,8 +13,8 @@ llmc/gpt/, included where the story needs them:
              sampling, reports, and the steps train_main is made of)
 
 The same file builds two programs:
-  train_gpt_cpu  g++ -x c++ -DLLMC_CPU: fp32 everywhere, ops from llmc/cpu/<op>.h (the reference)
-  train_gpt      nvcc: ops from llmc/<op>.cuh (bf16 activations, fp32 master weights)
+  train_gpt_cpu  g++ -x c++ -DLLMC_CPU: fp32 everywhere, ops from llmc/ops/cpu/<op>.h (the reference)
+  train_gpt      nvcc: ops from llmc/ops/<op>.cuh (bf16 activations, fp32 master weights)
 Every op has one signature shared by both, so the model code below is written once.
 */
 #include <algorithm>
@@ -35,26 +35,26 @@ Every op has one signature shared by both, so the model code below is written on
 
 #include "llmc/utils.h"
 #include "llmc/rand.h"
-#include "llmc/dataloader.h"
-#include "llmc/tokenizer.h"
-#include "llmc/llmc_format.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/io/tokenizer.h"
+#include "llmc/io/llmc_format.h"
 #include "llmc/schedulers.h"
-#include "llmc/comm.h"
-#include "llmc/checkpoint.h"
-#include "llmc/logger.h"
+#include "llmc/parallel/comm.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/io/logger.h"
 #include "llmc/memory_guard.h"
 #include "llmc/outlier.h"
-#include "llmc/run_dir.h"
-#include "llmc/run_stop.h"
+#include "llmc/io/run_dir.h"
+#include "llmc/io/run_stop.h"
 
-// Multi-process: the rank grid and collectives (llmc/comm.h), ZeRO sharding, the memory arenas,
+// Multi-process: the rank grid and collectives (llmc/parallel/comm.h), ZeRO sharding, the memory arenas,
 // the optimizer's offload, the pipeline schedules, tensor parallelism's canonical reductions.
-#include "llmc/zero.h"
+#include "llmc/parallel/zero.h"
 #include "llmc/memory.h"
-#include "llmc/op_scratch.h"
-#include "llmc/offload.h"
-#include "llmc/pipeline.h"
-#include "llmc/tensor_parallel.h"
+#include "llmc/ops/op_scratch.h"
+#include "llmc/parallel/offload.h"
+#include "llmc/parallel/pipeline.h"
+#include "llmc/parallel/tensor_parallel.h"
 
 #include "llmc/gpt/backend.h"  // the ops and the memory of this build
 
@@ -75,7 +75,7 @@ struct LayerActs {
     float *ln2_mean, *ln2_rstd;
     floatX *fch, *fch_act;              // fc output (pre-activation) and the activation; in an MoE
                                         // layer the experts' ones, stacked [E, capacity, ...]
-    // MoE layers only: routing (llmc/cpu/moe.h) and the experts' input and output rows
+    // MoE layers only: routing (llmc/ops/cpu/moe.h) and the experts' input and output rows
     float* moe_scores;                  // [BT, E] softmax of the router
     int *expert_tokens, *token_slots;   // [E, capacity], [BT, E]
     floatX *expert_in, *expert_out;     // [E, capacity, C]
@@ -133,9 +133,9 @@ struct GPT {
     std::vector<TablePiece> pieces;              // local elements -> table elements
     std::vector<CheckpointRange> table_padding;  // table padding this rank reports (zeros; tp > 1)
     ChunkSplit split_attn, split_ffn, split_expert, split_vocab, split_tokens;  // canonical reductions
-    bool canonical = true;  // the CPU build's canonical chunks (llmc/tensor_parallel.h); a GPU plan: one per rank
+    bool canonical = true;  // the CPU build's canonical chunks (llmc/parallel/tensor_parallel.h); a GPU plan: one per rank
     PipelinePlan pipe;      // this rank's pipeline stage and its chunks
-    // the flat buffers of this stage's segments, laid out and sharded by `zero` (llmc/zero.h)
+    // the flat buffers of this stage's segments, laid out and sharded by `zero` (llmc/parallel/zero.h)
     ZeroLayout zero;
     std::vector<int> seg_local;  // model segment id -> its index in zero.segs (-1: another stage's)
     // the tied lm head's buffers (below) are laid out as the embedding segment: `head`
@@ -144,7 +144,7 @@ struct GPT {
     std::vector<std::vector<int>> early_pieces;  // --offload: per local segment, update pieces to download early
     AccRanges norm_skip;                         // tensor-parallel replicas' gradients (not counted here)
     int recompute = 0;                           // -r: activation recomputation level (acts_for)
-    int offload = OFFLOAD_NONE;  // --offload optimizer: master, adam m/v in host arenas (llmc/offload.h)
+    int offload = OFFLOAD_NONE;  // --offload optimizer: master, adam m/v in host arenas (llmc/parallel/offload.h)
     int max_B = 0, max_T = 0;    // the micro-batch the activations are allocated for
     // planning only: the data-, tensor- and expert-parallel ranks to plan for (rank 0's share), and
     // the element size of params, leaf grads and activations (2 plans the GPU build's bf16)
@@ -176,7 +176,7 @@ struct GPT {
     floatX *d_ln = nullptr, *d_atty = nullptr, *d_fch_act = nullptr, *scratch = nullptr;
     floatX* d_expert_in = nullptr;  // MoE: gradient of the experts' input rows
     floatX* ep_buf = nullptr;       // --ep: [E, capacity, C] rows on their way to or from the experts' owners
-    // tensor-parallel reductions (llmc/tensor_parallel.h) and their operands
+    // tensor-parallel reductions (llmc/parallel/tensor_parallel.h) and their operands
     TpScratch<floatX> tpx;
     TpScratch<float> tpf;
     floatX *tp_copy_a = nullptr, *tp_copy_b = nullptr;  // a leaf's slices of a matmul's operands
@@ -629,7 +629,7 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
 }
 
 // One optimizer step's forwards and backwards over the step's micro-batches, in the order of this
-// stage's schedule (llmc/pipeline.h); the last stage's losses land in m.mb_loss.
+// stage's schedule (llmc/parallel/pipeline.h); the last stage's losses land in m.mb_loss.
 static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batches, int B, int T, float dloss_scale,
                                    bool measure, std::vector<PipeEvent>* trace) {
     LLMC_CHECK((int)batches.size() == m.pipe.M, "internal: %zu micro-batches for a schedule of %d", batches.size(), m.pipe.M);
@@ -689,7 +689,7 @@ static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int ste
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded
     const uint64_t step_seed = Rng(0xADA3ull ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull)).next_u64();
-    if (m.offload == OFFLOAD_OPTIMIZER)  // the same step on the CPU, the state in host memory (llmc/offload.h)
+    if (m.offload == OFFLOAD_OPTIMIZER)  // the same step on the CPU, the state in host memory (llmc/parallel/offload.h)
         offload_adamw_step<OffloadCopies>(m.update_pieces, m.params, m.grad_acc, m.master, m.adam_m, m.adam_v, m.grad_staging, lr,
                            o.beta1, o.beta2, o.eps, o.weight_decay, scale, step + 1, step_seed);
     else
@@ -784,7 +784,7 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
     const int start_step = start_model(model, r, ck, init_file, data, sample_rng);
     if (rank0) print_startup(r, model, data, plan);
 
-    JsonlLogger log;  // a resume trims the log back to its step (llmc/logger.h says why)
+    JsonlLogger log;  // a resume trims the log back to its step (llmc/io/logger.h says why)
     if (rank0) log.open_for_run(r.out_dir + "/log.jsonl", r.resume.empty() ? -1 : start_step);
     StepBatches batches(r.grad_accum, (size_t)r.B * r.T, start_step);
     std::vector<int> in((size_t)r.B * r.T), tgt((size_t)r.B * r.T), ds((size_t)r.B * r.T);  // evaluation
@@ -833,7 +833,7 @@ static int fail(const char* what) {
 int main(int argc, char** argv) {
     try {
         comm_init(&argc, &argv);
-        // SIGINT / SIGTERM: stop after the step with a checkpoint (llmc/run_stop.h); installed until
+        // SIGINT / SIGTERM: stop after the step with a checkpoint (llmc/io/run_stop.h); installed until
         // the process ends, so a signal that comes after the stop was agreed does not kill it
         const StopSignals stop_signals;
         int rc = train_main(argc, argv);

@@ -1,4 +1,4 @@
-// Prints a pipeline schedule (llmc/pipeline.h) and its simulated bubble, and can write the
+// Prints a pipeline schedule (llmc/parallel/pipeline.h) and its simulated bubble, and can write the
 // simulated step as a --pp_trace style JSONL file for scripts/plot_pipeline.py.
 //   g++ -O2 -std=c++17 -I. dev/pipeline_sim.cpp -o /tmp/pipeline_sim
 //   /tmp/pipeline_sim zb1 4 8 1 [cost_f cost_b cost_w] [--trace FILE] [--dp D]

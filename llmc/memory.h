@@ -8,12 +8,12 @@
 // verifies allocated == planned, byte for byte). Every buffer is rounded up to BUFFER_ALIGN bytes,
 // which keeps each one aligned for the kernels' 16-byte vector loads.
 //
-// MEM_SCRATCH is the CUDA ops' scratch arena and the cuBLASLt workspace (llmc/op_scratch.h gives
+// MEM_SCRATCH is the CUDA ops' scratch arena and the cuBLASLt workspace (llmc/ops/op_scratch.h gives
 // their sizes as host arithmetic, so a CPU machine plans them for a GPU too); the CPU build's ops
 // need none.
 //
 // Device and host kinds. The MEM_HOST_* arenas hold what --offload optimizer moves to host memory
-// (llmc/offload.h): the fp32 master weights, the AdamW moments and the gradient staging buffer.
+// (llmc/parallel/offload.h): the fp32 master weights, the AdamW moments and the gradient staging buffer.
 // They come from host_buffer_alloc (pinned, cudaMallocHost, in the CUDA build; the CPU build's
 // "device" is host memory too, so there both kinds are plain host memory), the others from
 // buffer_alloc (device memory in the CUDA build). The plan reports the two sides apart: buffers()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Our attention kernels (llmc/attention.cuh) next to PyTorch's, on the same problems, in one process.
+"""Our attention kernels (llmc/ops/attention.cuh) next to PyTorch's, on the same problems, in one process.
 
 Runs on the GPU machine (PyTorch with CUDA, nvcc; no internet needed):
     python3 scripts/bench_attention.py            # default grid (~10 minutes, mostly torch.compile)
@@ -64,7 +64,7 @@ def build_lib(nvcc, path):
 
 
 class Ours:
-    """attention_forward / attention_backward of llmc/attention.cuh (version 0: what the trainer runs,
+    """attention_forward / attention_backward of llmc/ops/attention.cuh (version 0: what the trainer runs,
     1: the simple kernels, 2: the flash kernels), on torch tensors' device pointers"""
 
     def __init__(self, path, version):

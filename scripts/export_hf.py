@@ -21,7 +21,7 @@ class that computes them exactly. They are written with our tensor names and lay
 wte unpadded) and a config.json with "model_type": "llmc" whose "llmc" entry holds our config and
 "layout" says what each tensor means (the same as docs/ARCHITECTURE.md).
 
-The checkpoint (llmc/checkpoint.h, version 2 or 1) is read here: its header, its named config
+The checkpoint (llmc/io/checkpoint.h, version 2 or 1) is read here: its header, its named config
 fields and the fp32 parameters (the Adam moments are not exported); a version 2 checksum is
 verified (--no_verify skips that, for a quick export of a large model).
 """
@@ -41,7 +41,7 @@ def fail(msg):
     sys.exit(f"export_hf.py: {msg}")
 
 
-# ---- the checkpoint (llmc/checkpoint.h)
+# ---- the checkpoint (llmc/io/checkpoint.h)
 
 def _splitmix_int(x):
     x = (x + 0x9E3779B97F4A7C15) & MASK64

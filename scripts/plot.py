@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plot training runs from their log.jsonl (llmc/logger.h): one PNG with train and val loss
+"""Plot training runs from their log.jsonl (llmc/io/logger.h): one PNG with train and val loss
 against steps and against tokens, the learning rate, throughput (tok/s) and, where the run
 logged it (GPU), MFU. Several runs go on one figure, one colour each.
 

@@ -20,10 +20,10 @@
 // (std::length_error, std::bad_alloc: the trainer would abort with rc 134), or SIGALRM (a hang).
 // The summary line gives trials, clean errors, accepted, crashes and hangs; the exit code is 1
 // when there was any crash or hang.
-#include "llmc/checkpoint.h"
-#include "llmc/dataloader.h"
-#include "llmc/llmc_format.h"
-#include "llmc/tokenizer.h"
+#include "llmc/io/checkpoint.h"
+#include "llmc/io/dataloader.h"
+#include "llmc/io/llmc_format.h"
+#include "llmc/io/tokenizer.h"
 
 #include <csignal>
 #include <cstdio>

@@ -1,11 +1,11 @@
-// An event simulation of the pipeline executor (llmc/pipeline.h) over a schedule: the proof that a
+// An event simulation of the pipeline executor (llmc/parallel/pipeline.h) over a schedule: the proof that a
 // schedule cannot deadlock and its bubble under given costs. Used by test/test_pipeline.cpp and
 // dev/pipeline_sim.cpp; the trainer runs the real executor instead.
 #pragma once
 #include <algorithm>
 #include <string>
 #include <vector>
-#include "llmc/pipeline.h"
+#include "llmc/parallel/pipeline.h"
 
 // Simulation of the executor: each stage runs its list in order; F, B, W take cost_f, cost_b,
 // cost_w (per chunk: callers pass a stage's cost / V for interleaved); a send is non-blocking and

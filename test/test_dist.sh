@@ -244,7 +244,7 @@ cmp -s "$W/llmc1.bin" "$W/llmc4.bin" && pass || fail "llm.c import + export unde
 
 # ---- 7. tensor parallel: --tp 2 and 4, with and without --sp, dp x tp, tp x pp, dp x tp x pp
 # (np 8), dense and MoE, vs one process with the same global batch, all bitwise: every tp the model
-# admits splits the canonical chunks of every summed dimension evenly (llmc/tensor_parallel.h), a kv
+# admits splits the canonical chunks of every summed dimension evenly (llmc/parallel/tensor_parallel.h), a kv
 # head shared by ranks (--tp 4 with n_kv_head 2, --tp 6 with 3) runs its group's attention backward on
 # each of them; tp 3 and 6 (chunks of 6, not a power of two) 8 steps. Communication = theory.
 t0=$(date +%s)

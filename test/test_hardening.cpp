@@ -521,7 +521,7 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
     CHECK(out.find("memory per rank (MiB), dp 2, tp 2 + sp") != std::string::npos);
     // --device: the CUDA build's plan (bf16 + fp32 master) against that GPU, from this machine
     CHECK(run_train_output(with(fx.args("plan", 1), {"--plan", "--device", "h200"}), out) == 0);
-    // (139.80 GiB of free memory, less the headroom of llmc/op_scratch.h: 0.5 GiB on one GPU)
+    // (139.80 GiB of free memory, less the headroom of llmc/ops/op_scratch.h: 0.5 GiB on one GPU)
     CHECK(out.find("available: an H200 (CUDA build, bf16) 139.30 GiB") != std::string::npos);
     CHECK(out.find("available is after 0.50 GiB kept free for what the plan cannot count") != std::string::npos);
     CHECK(run_train_output(with(fx.args("plan", 1), {"--plan", "--device", "h200", "--plan_ranks", "4", "--pp", "2",
@@ -591,7 +591,7 @@ TEST_CASE("hardening 8: --offload optimizer: bitwise the run without it, resumes
     const MemoryEstimate dev = gpt_memory_estimate(c, 1, 8, gpu);
     const MemoryEstimate host = gpt_memory_estimate(c, 1, 8, gpu_offload);
     CHECK(dev.master + dev.moments > std::max({dev.params, dev.grads, dev.activations, dev.scratch}));
-    // the bf16 plan has the GPU's op scratch and cuBLASLt workspace (llmc/op_scratch.h, the H200's 132
+    // the bf16 plan has the GPU's op scratch and cuBLASLt workspace (llmc/ops/op_scratch.h, the H200's 132
     // SMs), the CPU build's none
     const int widest_biased = std::max({c.n_embd, c.qkv_channels(), c.fc_channels()});
     const size_t op_bytes = op_scratch_bytes(1, 8, c.n_embd, c.n_head, widest_biased, 0, 0, 0, 132);

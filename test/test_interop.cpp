@@ -1,7 +1,7 @@
 // Interoperability: llm.c's GPT-2 model files, token shards and tokenizer files, our
 // BPE vocabulary file, the GPT-2 presets and the step log's tokens. The llm.c files are written
-// here byte by byte from the documented layout (llmc/llmc_format.h, llmc/dataloader.h,
-// llmc/tokenizer.h), independently of the code under test.
+// here byte by byte from the documented layout (llmc/io/llmc_format.h, llmc/io/dataloader.h,
+// llmc/io/tokenizer.h), independently of the code under test.
 #define LLMC_CPU
 #define LLMC_NO_MAIN
 #include "../train_gpt.cu"

@@ -1,4 +1,4 @@
-// Tests of the mixture-of-experts FFN (expert-choice routing, Zhou et al. 2022; llmc/cpu/moe.h) and
+// Tests of the mixture-of-experts FFN (expert-choice routing, Zhou et al. 2022; llmc/ops/cpu/moe.h) and
 // of MoE models (train_gpt.cu):
 //  - moe_capacity arithmetic for both routing groups (ceil of the exact decimal quotient, capped at
 //    the group size),

@@ -1,4 +1,4 @@
-// Unit tests of the CPU reference ops (llmc/cpu/*.h):
+// Unit tests of the CPU reference ops (llmc/ops/cpu/*.h):
 //  - every forward against a naive definition written here straight from the math (float and double),
 //  - every backward against central finite differences in double (L = sum(out * R), dout = R),
 //  - accumulate (+=) vs overwrite semantics: overwritten outputs are poisoned with NaN first,
@@ -21,16 +21,16 @@
 #include <type_traits>
 #include <vector>
 
-#include "llmc/cpu/accumulate.h"
-#include "llmc/cpu/adamw.h"
-#include "llmc/cpu/attention.h"
-#include "llmc/cpu/classifier.h"
-#include "llmc/cpu/encoder.h"
-#include "llmc/cpu/global_norm.h"
-#include "llmc/cpu/layernorm.h"
-#include "llmc/cpu/matmul.h"
-#include "llmc/cpu/mlp.h"
-#include "llmc/cpu/vec_math.h"
+#include "llmc/ops/cpu/accumulate.h"
+#include "llmc/ops/cpu/adamw.h"
+#include "llmc/ops/cpu/attention.h"
+#include "llmc/ops/cpu/classifier.h"
+#include "llmc/ops/cpu/encoder.h"
+#include "llmc/ops/cpu/global_norm.h"
+#include "llmc/ops/cpu/layernorm.h"
+#include "llmc/ops/cpu/matmul.h"
+#include "llmc/ops/cpu/mlp.h"
+#include "llmc/ops/cpu/vec_math.h"
 #include "test_util.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// Tests of the pipeline-parallel schedules (llmc/pipeline.h), for every kind over a range of
+// Tests of the pipeline-parallel schedules (llmc/parallel/pipeline.h), for every kind over a range of
 // (P, M, V): per-stage order (F before B before W, each exactly once, W's in increasing micro-batch
 // order, recv right before and send right after its compute), send/recv pairing re-derived here
 // independently of the simulator, a deadlock-free event simulation, the exact in-flight and

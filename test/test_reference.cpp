@@ -47,7 +47,7 @@ constexpr double TOL_STEP_LR = 1e-6;      // relative
 //     to every score of a softmax row), so both implementations push pure rounding noise (~1e-11)
 //     through Adam (update ~ lr * g / eps) and drift independently by up to ~6e-7; observed error up
 //     to 3.5e-5 of the tensor's max. It gets its own bound; the q and v slices use the tight one.
-//   - The engine sums in canonical chunks (llmc/tensor_parallel.h: the row-parallel inputs, the
+//   - The engine sums in canonical chunks (llmc/parallel/tensor_parallel.h: the row-parallel inputs, the
 //     vocabulary, the column-parallel outputs in the backward, in a fixed tree), PyTorch sequentially:
 //     two float32 computations with different summation orders. Where an element's Adam moment
 //     nearly cancels (gradients of alternating sign), its update keeps their rounding differences:

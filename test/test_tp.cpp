@@ -13,7 +13,7 @@
 //   - the attention block: gpt_layer_acts' qkv and atty columns of the rank's heads (LocalShape head0
 //     / kv0) vs the matching columns of the unsplit model's, every layer;
 //   - after gpt_backward: the gathered gradients (gpt_grads, table layout), and the gathered state.
-// Every check is bitwise (llmc/tensor_parallel.h: every tp the model admits splits the canonical
+// Every check is bitwise (llmc/parallel/tensor_parallel.h: every tp the model admits splits the canonical
 // chunks of every reduction evenly; a kv head shared by several ranks: the group's attention
 // backward on each of them). One line per check; the exit status is the number of failed checks
 // (capped), the same on every rank.

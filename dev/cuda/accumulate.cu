@@ -1,9 +1,9 @@
-// fp32 gradient accumulation benchmark (llmc/accumulate.cuh): acc[i] += (float)x[i], acc fp32,
+// fp32 gradient accumulation benchmark (llmc/ops/accumulate.cuh): acc[i] += (float)x[i], acc fp32,
 // x bf16, at GPT-2 small (124M) and XL (1.5B) parameter counts.
 //   version 1: one element per thread (the scalar path grad_accumulate takes for misaligned slices)
 //   version 2: 8 elements per thread, every access 16 bytes wide (the path for aligned buffers)
 // Both evaluate the same per-element addition, so they must agree bit for bit; both are checked
-// against the CPU twin (llmc/cpu/accumulate.h) first, bitwise (the addition rounds the same way on
+// against the CPU twin (llmc/ops/cpu/accumulate.h) first, bitwise (the addition rounds the same way on
 // both sides).
 // Bytes counted per element: read x 2 + acc 4, write acc 4 = 10. Reported as GB/s, as a fraction
 // of the measured copy bandwidth, and as a fraction of the H200's nominal 4.8 TB/s HBM3e.
@@ -11,8 +11,8 @@
 #include <cstring>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/accumulate.h"
-#include "llmc/accumulate.cuh"
+#include "llmc/ops/cpu/accumulate.h"
+#include "llmc/ops/accumulate.cuh"
 
 using namespace bench;
 

@@ -1,10 +1,10 @@
-// AdamW update benchmark (llmc/adamw.cuh), GPT-2 small (124M) and XL (1.5B) parameter counts.
+// AdamW update benchmark (llmc/ops/adamw.cuh), GPT-2 small (124M) and XL (1.5B) parameter counts.
 //   version 1: one element per thread (the scalar path adamw_update takes for misaligned slices):
 //              2- and 4-byte accesses, each warp access a 64- or 128-byte transaction
 //   version 2: 8 elements per thread, every access 16 bytes wide (the path for aligned buffers):
 //              4-8x fewer load/store instructions in flight for the same bytes
 // Both evaluate the same per-element code, so their outputs must agree bit for bit; both are
-// checked against the CPU twin (llmc/cpu/adamw.h) first.
+// checked against the CPU twin (llmc/ops/cpu/adamw.h) first.
 // The grads are fp32 (the trainer's fp32 gradient accumulator). Bytes counted per element: with fp32
 // master weights, read grad 4 + master 4 + m 4 + v 4 and write param 2 + master 4 + m 4 + v 4 = 30;
 // without (bf16 params only): read grad 4 + param 2 + m 4 + v 4, write param 2 + m 4 + v 4 = 24.
@@ -12,13 +12,13 @@
 #include <cstring>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/adamw.h"
-#include "llmc/adamw.cuh"
+#include "llmc/ops/cpu/adamw.h"
+#include "llmc/ops/adamw.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 
 // The CPU twin is gaining a trailing seed argument (meaningless for fp32 params): call whichever
-// signature llmc/cpu/adamw.h has (the int overload exists only when the 14-argument call compiles).
+// signature llmc/ops/cpu/adamw.h has (the int overload exists only when the 14-argument call compiles).
 template <typename T>
 auto cpu_adamw_call(int, T* p, const float* g, float* m, float* v, size_t n, float lr, float b1, float b2, float eps,
                     float wd, float gs, int t) -> decltype(cpu::adamw_update(p, (float*)nullptr, g, m, v, n, lr, b1, b2,

@@ -1,4 +1,4 @@
-// Attention backward benchmark (llmc/attention.cuh): causal attention over packed documents, GQA, ALiBi.
+// Attention backward benchmark (llmc/ops/attention.cuh): causal attention over packed documents, GQA, ALiBi.
 // Both versions first compute D = rowsum(dO * O) (one thread per (token, head), into scratch), then:
 //   version 1  attention_detail::backward_simple: fp32 CUDA-core kernels, a dQ kernel over 16-query
 //              blocks and a dK/dV kernel over 16-key blocks that loops over the group's query heads
@@ -11,7 +11,7 @@
 //              see the keys (32 queries a step) S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q,
 //              accumulated in registers in a fixed order (no atomics: deterministic). Tiles that no
 //              query / key of the block can see are skipped. What attention_backward runs for hs 64, 128.
-// 1. validates both versions against the CPU twin (llmc/cpu/attention.h) on small shapes (hs 64 and
+// 1. validates both versions against the CPU twin (llmc/ops/cpu/attention.h) on small shapes (hs 64 and
 //    128, rows of 3-token documents / one document / the benchmark's packed rows, ragged T, GQA, ALiBi),
 //    on the CPU's own bf16 out and lse: dq, dk, dv relative L2 and max-norm <= 1e-2, two runs bitwise
 //    equal; exits 1 on a mismatch
@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/attention.h"
-#include "llmc/attention.cuh"
+#include "llmc/ops/cpu/attention.h"
+#include "llmc/ops/attention.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 

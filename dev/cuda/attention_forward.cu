@@ -1,4 +1,4 @@
-// Attention forward benchmark (llmc/attention.cuh): causal attention over packed documents, GQA, ALiBi.
+// Attention forward benchmark (llmc/ops/attention.cuh): causal attention over packed documents, GQA, ALiBi.
 //   version 1  attention_detail::forward_simple: fp32 math on CUDA cores, 16 queries per block, keys
 //              staged 32 at a time as fp32 in shared memory, one lane per key for the dot products and
 //              one lane per head dim for the accumulation. Correct and memory-lean, but every
@@ -11,7 +11,7 @@
 //              Key tiles outside [min doc_start of the query tile, its last query] are never visited
 //              and fully visible tiles skip the mask, so packed rows cost ~ the sum of their documents'
 //              squares. What attention_forward runs for hs 64 and 128.
-// 1. validates both versions against the CPU twin (llmc/cpu/attention.h) on small shapes (hs 64 and
+// 1. validates both versions against the CPU twin (llmc/ops/cpu/attention.h) on small shapes (hs 64 and
 //    128, rows of 3-token documents / one document / the benchmark's packed rows, ragged T, GQA, ALiBi):
 //    out relative L2 and max-norm <= 1e-2, lse <= 1e-3, two runs bitwise equal; exits 1 on a mismatch
 // 2. times B*T = 65536 tokens, n_head 16, hs 64 and 128, T = 1024 .. 8192, GQA ratios 1 / 4 / 8, on
@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/attention.h"
-#include "llmc/attention.cuh"
+#include "llmc/ops/cpu/attention.h"
+#include "llmc/ops/attention.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 

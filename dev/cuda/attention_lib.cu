@@ -1,4 +1,4 @@
-// C entry points of the attention ops (llmc/attention.cuh) for scripts/bench_attention.py, which loads
+// C entry points of the attention ops (llmc/ops/attention.cuh) for scripts/bench_attention.py, which loads
 // them with ctypes next to PyTorch and hands over raw device pointers of its tensors:
 //   nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -Xcompiler -fPIC -shared -DLLMC_ATTENTION_LIB -I. \
 //        dev/cuda/attention_lib.cu -o /tmp/libllmc_attention.so
@@ -11,8 +11,8 @@
 // that checks the entry points against the ops called directly.
 #include <cstdio>
 #include <string>
-#include "llmc/cuda_common.cuh"
-#include "llmc/attention.cuh"
+#include "llmc/ops/cuda_common.cuh"
+#include "llmc/ops/attention.cuh"
 
 static std::string g_last_error;
 

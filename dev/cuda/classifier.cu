@@ -1,5 +1,5 @@
-// Fused classifier benchmark (llmc/classifier.cuh: softmax + cross-entropy + dlogits in place).
-//   1. validates fused_classifier against the CPU twin (llmc/cpu/classifier.h) on random
+// Fused classifier benchmark (llmc/ops/classifier.cuh: softmax + cross-entropy + dlogits in place).
+//   1. validates fused_classifier against the CPU twin (llmc/ops/cpu/classifier.h) on random
 //      bf16-rounded logits (GPT-2's V = 50257 padded to 50304, and V = 257 padded to 384), some targets
 //      -1, with dloss != 0 (training) and dloss = 0 (losses only); exits 1 on a mismatch
 //   2. times N = 8192 rows of V = 50257 / Vp = 50304 (B*T = 65536 rows would be 6.6 GB of logits; a
@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/classifier.h"
-#include "llmc/classifier.cuh"
+#include "llmc/ops/cpu/classifier.h"
+#include "llmc/ops/classifier.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 

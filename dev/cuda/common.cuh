@@ -1,7 +1,7 @@
 // Shared by the dev/cuda benchmarks: event timing (median of repeats after warm-up), the measured
 // ceilings of this GPU (device-to-device copy bandwidth, bf16 cuBLASLt matmul rate), a one-line
 // result printer, and the validation helpers. Each benchmark validates its kernels against the CPU
-// twin (llmc/cpu/<op>.h) before timing them: random bf16-rounded inputs on the host (host_random),
+// twin (llmc/ops/cpu/<op>.h) before timing them: random bf16-rounded inputs on the host (host_random),
 // the twin in fp32, the same values on the device (to_device_bf16), outputs poisoned with NaN bytes
 // first, then back to the host (to_host_bf16) and compared (rel_l2, rel_max, compare); a failed
 // validation ends the program with exit status 1 (require_valid). Timing runs on device buffers
@@ -14,7 +14,7 @@
 #include <functional>
 #include <string>
 #include <vector>
-#include "llmc/cuda_common.cuh"
+#include "llmc/ops/cuda_common.cuh"
 #include "llmc/rand.h"
 
 namespace bench {

@@ -1,5 +1,5 @@
-// Encoder benchmark (llmc/encoder.cuh: token + learned-position embedding, forward and backward).
-//   1. validates encoder_forward / encoder_backward against the CPU twin (llmc/cpu/encoder.h) on
+// Encoder benchmark (llmc/ops/encoder.cuh: token + learned-position embedding, forward and backward).
+//   1. validates encoder_forward / encoder_backward against the CPU twin (llmc/ops/cpu/encoder.h) on
 //      random bf16-rounded inputs (C = 768 and a ragged C = 37, Zipf-distributed tokens, packed
 //      documents), the backward row by row and twice (bitwise determinism); exits 1 on a mismatch
 //   2. times B*T = 64 x 1024 = 65536 tokens at C = 768 and 2048, tokens Zipf-distributed over GPT-2's
@@ -16,8 +16,8 @@
 #include <cstring>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/encoder.h"
-#include "llmc/encoder.cuh"
+#include "llmc/ops/cpu/encoder.h"
+#include "llmc/ops/encoder.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 

@@ -1,5 +1,5 @@
-// GELU benchmark (gelu_forward / gelu_backward of llmc/mlp.cuh, GPT-2's tanh approximation).
-//   1. validates both against the CPU twin (llmc/cpu/mlp.h) on random bf16-rounded inputs (a length
+// GELU benchmark (gelu_forward / gelu_backward of llmc/ops/mlp.cuh, GPT-2's tanh approximation).
+//   1. validates both against the CPU twin (llmc/ops/cpu/mlp.h) on random bf16-rounded inputs (a length
 //      that is a multiple of 8, the 16-byte path, and a ragged one, the scalar path); exits 1 on a
 //      mismatch
 //   2. times N = B*T * 4C elements at B*T = 65536 for C = 768 (4C = 3072) and C = 2048 (8192).
@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/mlp.h"
-#include "llmc/mlp.cuh"
+#include "llmc/ops/cpu/mlp.h"
+#include "llmc/ops/mlp.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 

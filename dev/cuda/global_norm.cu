@@ -1,4 +1,4 @@
-// Global gradient norm benchmark (llmc/global_norm.cuh): sum of squares of a bf16 buffer and of an
+// Global gradient norm benchmark (llmc/ops/global_norm.cuh): sum of squares of a bf16 buffer and of an
 // fp32 buffer (the fp32 gradient accumulator) of GPT-2 small (124M) and XL (1.5B) parameter counts.
 // bf16: 16-byte loads, 4 in flight per thread, fp32 8-sums into per-thread doubles; fp32: 16-byte
 // float4 loads, 4 in flight, each square in double; both the same fixed two-pass reduction (see
@@ -10,8 +10,8 @@
 #include <cstring>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/global_norm.h"
-#include "llmc/global_norm.cuh"
+#include "llmc/ops/cpu/global_norm.h"
+#include "llmc/ops/global_norm.cuh"
 
 template <typename T>
 __global__ void fill_values(T* values, size_t n) {

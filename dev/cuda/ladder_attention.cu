@@ -1,12 +1,12 @@
 // The attention-forward ladder: causal attention over packed documents with grouped-query heads and
-// ALiBi (llmc/cpu/attention.h defines it: query i sees keys doc_start[i] <= j <= i; query head h
+// ALiBi (llmc/ops/cpu/attention.h defines it: query i sees keys doc_start[i] <= j <= i; query head h
 // reads kv head h / (n_head / n_kv_head); out [B, T, n_head hs], lse [B, n_head, T] the log-sum-exp
 // of the scores, kept for the backward). Three kernels, simplest first, each validated against the
 // CPU reference and timed in the same program.
 //   kernel 1  naive: one thread per (row, head, query), three passes over its visible keys straight
 //             from global memory (the max of the scores, the sum of exponentials, the weighted sum of
 //             the values), each recomputing q.k. No reuse of a key between the queries that read it.
-//   kernel 2  attention_detail::forward_simple (llmc/attention.cuh): 16 queries per block share each
+//   kernel 2  attention_detail::forward_simple (llmc/ops/attention.cuh): 16 queries per block share each
 //             32-key tile staged in shared memory as fp32, and one pass with an online softmax (the
 //             running max rescales the running sum and output); fp32 math on the CUDA cores. The
 //             trainer's path for head sizes other than 64 and 128.
@@ -21,8 +21,8 @@
 #include <cstdlib>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/attention.h"
-#include "llmc/attention.cuh"
+#include "llmc/ops/cpu/attention.h"
+#include "llmc/ops/attention.cuh"
 
 using namespace bench;
 

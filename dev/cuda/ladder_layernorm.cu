@@ -1,6 +1,6 @@
 // The LayerNorm ladder: out = (x - mean) rstd w + b over each row of C channels (eps 1e-5, the
 // biased variance), bf16 in and out, mean and rstd saved in fp32 for the backward. Three kernels,
-// simplest first, each validated against the CPU reference (llmc/cpu/layernorm.h) and timed in the
+// simplest first, each validated against the CPU reference (llmc/ops/cpu/layernorm.h) and timed in the
 // same program. LayerNorm is memory-bound: the figure of merit is GB/s against the copy bandwidth.
 //   kernel 1  naive: one thread per row, three passes over the row (mean, variance, output). Adjacent
 //             threads walk rows C elements apart, so no load is coalesced, and one thread per row
@@ -8,7 +8,7 @@
 //   kernel 2  one warp per row: the 32 lanes stride the row together (coalesced loads), the mean and
 //             the variance are warp-shuffle reductions; still three passes over global memory (the
 //             second and third mostly from L1/L2).
-//   kernel 3  production: llmc/layernorm.cuh (what the trainer runs: the row read once into
+//   kernel 3  production: llmc/ops/layernorm.cuh (what the trainer runs: the row read once into
 //             registers with 16-byte vector loads, the statistics from them).
 // GPU-unverified: written and compiled without a GPU (CI has none); the first run on a device is
 // its check (validation exits 1 on a mismatch before anything is timed).
@@ -17,8 +17,8 @@
 #include <cstdlib>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/layernorm.h"
-#include "llmc/layernorm.cuh"
+#include "llmc/ops/cpu/layernorm.h"
+#include "llmc/ops/layernorm.cuh"
 
 using namespace bench;
 

@@ -1,6 +1,6 @@
 // The matmul ladder, the first op family to read: out[BT, OC] = inp[BT, C] W[OC, C]^T + bias, bf16
 // in and out, fp32 accumulation. Three kernels, simplest first, each validated against the CPU
-// reference (llmc/cpu/matmul.h) and timed on one GPT-sized shape in the same program.
+// reference (llmc/ops/cpu/matmul.h) and timed on one GPT-sized shape in the same program.
 //   kernel 1  naive: one thread per output element, a dot product of length C straight from global
 //             memory. The lanes of a warp read 32 different rows of W, C elements apart: every load
 //             is its own transaction, and every input is read OC (or BT) times from DRAM / L2.
@@ -8,7 +8,7 @@
 //             block stages 32 x 32 tiles of inp and W in shared memory, each loaded by consecutive
 //             lanes at consecutive k (coalesced), so each element fetched from global memory serves 32
 //             multiply-adds. Still CUDA-core fp32 math, one output per thread.
-//   kernel 3  production: llmc/matmul.cuh (cuBLASLt on the bf16 tensor cores, the bias fused in the
+//   kernel 3  production: llmc/ops/matmul.cuh (cuBLASLt on the bf16 tensor cores, the bias fused in the
 //             epilogue) - what the trainer runs.
 // GPU-unverified: written and compiled without a GPU (CI has none); the first run on a device is
 // its check (validation exits 1 on a mismatch before anything is timed).
@@ -17,8 +17,8 @@
 #include <cstdlib>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/matmul.h"
-#include "llmc/matmul.cuh"
+#include "llmc/ops/cpu/matmul.h"
+#include "llmc/ops/matmul.cuh"
 
 using namespace bench;
 

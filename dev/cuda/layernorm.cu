@@ -1,6 +1,6 @@
-// LayerNorm benchmark (llmc/layernorm.cuh).
+// LayerNorm benchmark (llmc/ops/layernorm.cuh).
 //   1. validates layernorm_forward, fused_residual_layernorm_forward and layernorm_backward against
-//      the CPU twin (llmc/cpu/layernorm.h) on random bf16-rounded inputs (C = 768 and a ragged 769;
+//      the CPU twin (llmc/ops/cpu/layernorm.h) on random bf16-rounded inputs (C = 768 and a ragged 769;
 //      the fused one against the CPU LayerNorm of the bf16-rounded residual, as the GPU defines it),
 //      the backward twice (bitwise determinism); exits 1 on a mismatch
 //   2. times N = B*T = 65536 rows at C = 768, 1024, 2048.
@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/layernorm.h"
-#include "llmc/layernorm.cuh"
+#include "llmc/ops/cpu/layernorm.h"
+#include "llmc/ops/layernorm.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 

@@ -1,5 +1,5 @@
-// Matmul benchmark (llmc/matmul.cuh: cuBLASLt, bf16 in/out, fp32 accumulation).
-//   1. validates matmul_forward / matmul_backward against the CPU twin (llmc/cpu/matmul.h) on
+// Matmul benchmark (llmc/ops/matmul.cuh: cuBLASLt, bf16 in/out, fp32 accumulation).
+//   1. validates matmul_forward / matmul_backward against the CPU twin (llmc/ops/cpu/matmul.h) on
 //      random bf16-rounded inputs, a GPT-like and two ragged shapes; exits 1 on a mismatch
 //   2. measures the achievable bf16 matmul rate: a square 8192^3 GEMM in each of the three layouts
 //      the linear layer uses (TN forward, NN dinp, NT dweight); the fastest is "the ceiling"
@@ -14,8 +14,8 @@
 #include <cstdlib>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/matmul.h"
-#include "llmc/matmul.cuh"
+#include "llmc/ops/cpu/matmul.h"
+#include "llmc/ops/matmul.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 

@@ -1,5 +1,5 @@
-// Mixture-of-experts benchmark (llmc/moe.cuh + the batched matmuls of llmc/matmul.cuh).
-//   1. validates every op against its CPU twin (llmc/cpu/moe.h, llmc/cpu/matmul.h) on random inputs:
+// Mixture-of-experts benchmark (llmc/ops/moe.cuh + the batched matmuls of llmc/ops/matmul.cuh).
+//   1. validates every op against its CPU twin (llmc/ops/cpu/moe.h, llmc/ops/cpu/matmul.h) on random inputs:
 //      the routing must be identical (integers), the float ops within bf16 tolerance; exits 1 on a
 //      mismatch
 //   2. routing at n = B*T = 65536 tokens (B = 64, T = 1024), C = 1024, c = 2, E = 8, 16, 32, 64:
@@ -21,11 +21,11 @@
 #include <cstdlib>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/matmul.h"
-#include "llmc/cpu/moe.h"
-#include "llmc/matmul.cuh"
-#include "llmc/mlp.cuh"
-#include "llmc/moe.cuh"
+#include "llmc/ops/cpu/matmul.h"
+#include "llmc/ops/cpu/moe.h"
+#include "llmc/ops/matmul.cuh"
+#include "llmc/ops/mlp.cuh"
+#include "llmc/ops/moe.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 

@@ -1,5 +1,5 @@
-// SwiGLU benchmark (swiglu_forward / swiglu_backward of llmc/mlp.cuh).
-//   1. validates both against the CPU twin (llmc/cpu/mlp.h) on random bf16-rounded inputs (H = 2048,
+// SwiGLU benchmark (swiglu_forward / swiglu_backward of llmc/ops/mlp.cuh).
+//   1. validates both against the CPU twin (llmc/ops/cpu/mlp.h) on random bf16-rounded inputs (H = 2048,
 //      the 16-byte path, and a ragged H = 11, the scalar path); exits 1 on a mismatch
 //   2. times N = B*T = 65536 rows at H = 2048 (the SwiGLU width of a C = 768 model: 8/3 C rounded up)
 //      and H = 5472 (C = 2048).
@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <vector>
 #include "dev/cuda/common.cuh"
-#include "llmc/cpu/mlp.h"
-#include "llmc/mlp.cuh"
+#include "llmc/ops/cpu/mlp.h"
+#include "llmc/ops/mlp.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
 

@@ -8,7 +8,7 @@ Tokenizers (--tokenizer):
                   Face `tokenizers` (its NFC normalizer, GPT-2's byte-level pre-tokenizer, its BPE
                   trainer); <|endoftext|> is a special token (id 0). Written next to the shards:
                   tokenizer.json (the `tokenizers` file, for Python) and tokenizer.bin (token id ->
-                  bytes, which train_gpt reads to decode samples; format in llmc/tokenizer.h:
+                  bytes, which train_gpt reads to decode samples; format in llmc/io/tokenizer.h:
                   "LLMCVOCB", uint32 version 1, uint32 vocab_size, uint32 eot_token, uint32 0, then
                   per token uint32 n_bytes + the bytes). Install: pip install tokenizers.
 Every document is written as EOT followed by its tokens (GPT-2 convention: EOT opens a document),
@@ -22,7 +22,7 @@ fortune's .dat index files and symlinks), split by --sep:
   file      each file is one document
 Documents are shuffled with --seed, --val_frac of them go to the val split.
 
-Shard format (little-endian), read by llmc/dataloader.h:
+Shard format (little-endian), read by llmc/io/dataloader.h:
   64-byte header: magic b"LLMCSHRD", uint32 version (1), uint32 token_bytes (2 or 4),
   uint64 num_tokens, uint32 vocab_size, uint32 eot_token, zero padding to 64 bytes;
   then num_tokens tokens of token_bytes bytes each.

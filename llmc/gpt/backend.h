@@ -1,19 +1,19 @@
 // A chapter of train_gpt.cu (included once, there): the backend. Which op implementations the
-// build runs (the CPU references of llmc/cpu/ or the CUDA kernels of llmc/*.cuh, same signatures)
+// build runs (the CPU references of llmc/ops/cpu/ or the CUDA kernels of llmc/ops/*.cuh, same signatures)
 // and where its buffers live (host memory, or device memory and pinned host memory): floatX, the
 // buffer allocation and copies, the sync, the memory the run can use.
 
 #ifdef LLMC_CPU
-#include "llmc/cpu/encoder.h"
-#include "llmc/cpu/layernorm.h"
-#include "llmc/cpu/matmul.h"
-#include "llmc/cpu/attention.h"
-#include "llmc/cpu/mlp.h"
-#include "llmc/cpu/classifier.h"
-#include "llmc/cpu/adamw.h"
-#include "llmc/cpu/global_norm.h"
-#include "llmc/cpu/moe.h"
-#include "llmc/cpu/accumulate.h"
+#include "llmc/ops/cpu/encoder.h"
+#include "llmc/ops/cpu/layernorm.h"
+#include "llmc/ops/cpu/matmul.h"
+#include "llmc/ops/cpu/attention.h"
+#include "llmc/ops/cpu/mlp.h"
+#include "llmc/ops/cpu/classifier.h"
+#include "llmc/ops/cpu/adamw.h"
+#include "llmc/ops/cpu/global_norm.h"
+#include "llmc/ops/cpu/moe.h"
+#include "llmc/ops/cpu/accumulate.h"
 using namespace cpu;
 typedef float floatX;  // the element type of params, grads and activations
 static const char* backend_name() { return "cpu (fp32 reference)"; }
@@ -33,9 +33,9 @@ static std::string backend_share_cores(int local_ranks) {
     return "";
 #endif
 }
-// --offload optimizer's copies (llmc/offload.h): the "device" is host memory
+// --offload optimizer's copies (llmc/parallel/offload.h): the "device" is host memory
 using OffloadCopies = HostOffloadCopies;
-// the gradient norm's sums (llmc/zero.h): fixed chunks, each a loop in double (bitwise the
+// the gradient norm's sums (llmc/parallel/zero.h): fixed chunks, each a loop in double (bitwise the
 // unsharded norm in every layout)
 static constexpr bool norm_per_chunk = true;
 static void add_squares(double& sum, const float* p, size_t n) {
@@ -76,7 +76,7 @@ static void copy_buffer_2d(void* dst, size_t dst_pitch, const void* src, size_t 
 static void backend_sync() {}
 // the ops' scratch and the matmul workspace: the CPU ops need none (their arena is empty)
 static void backend_bind_scratch(void*, size_t) {}
-// the SM count that the plan of a GPU's op scratch assumes (llmc/op_scratch.h): the GPUs of --plan
+// the SM count that the plan of a GPU's op scratch assumes (llmc/ops/op_scratch.h): the GPUs of --plan
 // --device (H100 / H200 SXM) have 132
 static int plan_sm_count() { return 132; }
 // memory the run's buffers can use: host memory (MemAvailable), for the memory guard
@@ -92,19 +92,19 @@ static std::string measured_memory(double) {
 }
 #else
 // The CUDA build: bf16 params, grads and activations, fp32 master weights and Adam moments, fp32
-// statistics. The ops (llmc/<op>.cuh) have the signatures of their CPU twins.
-#include "llmc/cuda_common.cuh"
-#include "llmc/encoder.cuh"
-#include "llmc/layernorm.cuh"
-#include "llmc/matmul.cuh"
-#include "llmc/attention.cuh"
-#include "llmc/mlp.cuh"
-#include "llmc/classifier.cuh"
-#include "llmc/adamw.cuh"
-#include "llmc/global_norm.cuh"
-#include "llmc/cpu/moe.h"  // for moe_capacity (host arithmetic)
-#include "llmc/moe.cuh"
-#include "llmc/accumulate.cuh"
+// statistics. The ops (llmc/ops/<op>.cuh) have the signatures of their CPU twins.
+#include "llmc/ops/cuda_common.cuh"
+#include "llmc/ops/encoder.cuh"
+#include "llmc/ops/layernorm.cuh"
+#include "llmc/ops/matmul.cuh"
+#include "llmc/ops/attention.cuh"
+#include "llmc/ops/mlp.cuh"
+#include "llmc/ops/classifier.cuh"
+#include "llmc/ops/adamw.cuh"
+#include "llmc/ops/global_norm.cuh"
+#include "llmc/ops/cpu/moe.h"  // for moe_capacity (host arithmetic)
+#include "llmc/ops/moe.cuh"
+#include "llmc/ops/accumulate.cuh"
 static const char* backend_name() {
     static char name[320];
     cudaDeviceProp p;
@@ -198,7 +198,7 @@ static void backend_sync() { cudaCheck(cudaStreamSynchronize(llmc_stream())); }
 // of host and device; the pipeline is timed (with syncs) only for --pp_trace
 static constexpr bool host_timing_is_exact = false;
 // The ops' scratch (cuda_scratch) and the cuBLASLt workspace from the model's MEM_SCRATCH arena
-// (llmc/op_scratch.h: the workspace first, then the scratch); nullptr: the ops' own again.
+// (llmc/ops/op_scratch.h: the workspace first, then the scratch); nullptr: the ops' own again.
 static void backend_bind_scratch(void* arena, size_t bytes) {
     matmul_bind_workspace(arena);
     if (arena) matmul_setup();  // the handle (a workspace is bound: nothing is allocated)
@@ -208,9 +208,9 @@ static void backend_bind_scratch(void* arena, size_t bytes) {
 static int plan_sm_count() { return layernorm_detail::sm_count(); }
 // the host threads (OpenMP: the offloaded AdamW step) are left as OMP_NUM_THREADS or the runtime sets them
 static std::string backend_share_cores(int) { return ""; }
-// --offload optimizer's copies (llmc/offload.h): side streams, an event per piece
+// --offload optimizer's copies (llmc/parallel/offload.h): side streams, an event per piece
 using OffloadCopies = CudaOffloadCopies;
-// the gradient norm's sums (llmc/zero.h): each rank's slice of a segment in one kernel
+// the gradient norm's sums (llmc/parallel/zero.h): each rank's slice of a segment in one kernel
 static constexpr bool norm_per_chunk = false;
 static void add_squares(double& sum, const float* p, size_t n) { sum += global_norm_squared(p, n); }
 #endif

@@ -1,7 +1,7 @@
 // A chapter of train_gpt.cu (included once, there): the model's config and its parameter table.
 // The config (stored in every checkpoint), the table of every tensor (name, shape, offset in the
 // flat buffers, init, weight decay; the checkpoint order), the pointers into a flat buffer laid
-// out by it, and the segments the flat buffers are cut into for ZeRO (llmc/zero.h).
+// out by it, and the segments the flat buffers are cut into for ZeRO (llmc/parallel/zero.h).
 
 enum MlpKind { MLP_SWIGLU = 0, MLP_GELU = 1 };
 enum PosKind { POS_ALIBI = 0, POS_LEARNED = 1 };
@@ -14,7 +14,7 @@ struct GPTConfig {
     int ffn_hidden = 0;            // 0: derived (swiglu: 8/3 C rounded up to 32; gelu: 4 C)
     int max_seq_len = 1024;
     int mlp = MLP_SWIGLU, pos = POS_ALIBI;
-    // mixture of experts (llmc/cpu/moe.h): n_expert 0 = dense; every moe_every-th block's FFN
+    // mixture of experts (llmc/ops/cpu/moe.h): n_expert 0 = dense; every moe_every-th block's FFN
     // (layers l with (l + 1) % moe_every == 0) is a set of SwiGLU experts of size expert_hidden
     int n_expert = 0, moe_every = 1, expert_hidden = 0;  // expert_hidden 0: ffn_hidden
     float capacity_factor = 2.0f;
@@ -162,7 +162,7 @@ struct ModelTensors {
     std::vector<LayerTensors> layers;
 };
 
-// The segments of the flat buffers (llmc/zero.h): the embedding, each block, the final LayerNorm,
+// The segments of the flat buffers (llmc/parallel/zero.h): the embedding, each block, the final LayerNorm,
 // and each MoE layer's experts (sharded over the expert-dp group). Segment of layer l is 1 + l; the
 // final LayerNorm's is n_layer + 1; layer l's experts' n_layer + 2 + l.
 static bool is_expert_tensor(const std::string& name) {

@@ -95,7 +95,7 @@ static bool run_from_flags(int argc, char** argv, Run& r) {
     return true;
 }
 
-// out_dir ownership (llmc/run_dir.h): one trainer at a time, and a fresh run does not mix with an
+// out_dir ownership (llmc/io/run_dir.h): one trainer at a time, and a fresh run does not mix with an
 // earlier run's checkpoints. Rank 0 alone creates the directory and holds the lock.
 static void claim_run_dir(const Run& r, RunDirLock& lock) {
     if (comm_world().world_rank == 0) {
@@ -228,7 +228,7 @@ static void print_plan_only(const Run& r) {
     const std::string device = args.str("device");
     if (!device.empty()) {
         // the free memory cudaMemGetInfo reports on that GPU (after the CUDA context); the plan's
-        // buffers and the headroom (llmc/op_scratch.h) must fit it
+        // buffers and the headroom (llmc/ops/op_scratch.h) must fit it
         LLMC_CHECK(device == "h200" || device == "h100", "--device: expected h200 or h100, got '%s'", device.c_str());
         in.elem_bytes = 2;
         in.device_bytes = (device == "h200" ? 139.8 : 79.1) * 1073741824.0;
@@ -439,7 +439,7 @@ static void report_step(const Run& r, const GPT& model, int step, int start_step
 }
 
 // After step `step`: the evaluation, the sample and the checkpoint that are due, and the stop that
-// a signal on any rank asks for (llmc/run_stop.h: every rank stops after the same step, with a
+// a signal on any rank asks for (llmc/io/run_stop.h: every rank stops after the same step, with a
 // checkpoint). Returns true when the run stops here.
 static bool after_step(const Run& r, GPT& model, RunData& d, Rng& sample_rng, int step, int bad_in_a_row,
                        JsonlLogger& log, std::vector<int>& in, std::vector<int>& tgt, std::vector<int>& ds) {

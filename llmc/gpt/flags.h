@@ -222,7 +222,7 @@ static std::string config_value_text(const std::string& field, int v) {
     return v >= 0 && v < (int)names.size() ? names[v] : std::to_string(v);
 }
 // A checkpoint's config: every field range-checked, by its name in the file, before it is
-// narrowed to an int (llmc/checkpoint.h: checkpoint_int_field), then the config's own checks.
+// narrowed to an int (llmc/io/checkpoint.h: checkpoint_int_field), then the config's own checks.
 static GPTConfig config_from_checkpoint(const Checkpoint& ck, const std::string& path) {
     GPTConfig c;
     for (auto& [name, field] : config_fields(c)) {
@@ -243,7 +243,7 @@ static GPTConfig config_from_checkpoint(const Checkpoint& ck, const std::string&
 }
 
 // What the run was started with beyond what a resume must keep (the config, the batch shape, the
-// seed): stored in every checkpoint, so a resume says what it changes (llmc/checkpoint.h:
+// seed): stored in every checkpoint, so a resume says what it changes (llmc/io/checkpoint.h:
 // checkpoint_run_changes) instead of changing it silently.
 static std::vector<CheckpointField> run_settings(const Args& args, const DataLoader& train) {
     std::vector<CheckpointField> out;

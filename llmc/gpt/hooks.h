@@ -2,21 +2,21 @@
 // math and the layouts, the named entry points through which the forward, backward and update
 // meet ZeRO, tensor / sequence parallelism, expert parallelism and the pipeline. The contract: the
 // model code calls them at fixed points and never reads a rank number or a group itself.
-//   ZeRO (llmc/zero.h)          params_needed / params_done around a segment's use (stage 3
+//   ZeRO (llmc/parallel/zero.h)          params_needed / params_done around a segment's use (stage 3
 //                               gathers), grads_needed / grads_ready around its weight gradients
 //                               (zeroed, then folded into the owners' fp32 accumulators),
 //                               head_weights / head_done (the tied lm head), zero_complete_grads
 //                               before the norm and zero_gather_params after the update
 //   tensor parallel             row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
-//   (llmc/tensor_parallel.h)    (canonical reductions over the tp group), vocab_parallel_loss
+//   (llmc/parallel/tensor_parallel.h)    (canonical reductions over the tp group), vocab_parallel_loss
 //   sequence parallel (--sp)    stream_rows / sp_row0 (the rank's rows), sp_gather, ln_gathered,
 //                               sp_gather_from
 //   expert parallel (--ep)      expert_dispatch_buffer, expert_dispatch, expert_return
-//   pipeline (llmc/pipeline.h)  slot_for / stash_for (micro-batches in flight), pipe_transfer (a
+//   pipeline (llmc/parallel/pipeline.h)  slot_for / stash_for (micro-batches in flight), pipe_transfer (a
 //                               stage transfer's bytes), tied_embedding_sum / tied_embedding_refresh
 // With one process and no flags every hook is a no-op or the plain op.
 
-// ZeRO glue for the model code (llmc/zero.h), by model segment id. At stages 0-2 the parameters are
+// ZeRO glue for the model code (llmc/parallel/zero.h), by model segment id. At stages 0-2 the parameters are
 // always in place and the param calls do nothing; at stage 3 a segment is all-gathered into a slot
 // before its first use and the slot is released after its last. grads_needed zeroes a segment's
 // leaf gradient before its weight gradients are written; grads_ready sums it into the owners' fp32
@@ -121,7 +121,7 @@ static void head_done(GPT& m) {
     if (!m.head_params) params_done(m, 0);
 }
 
-// ---- tensor-parallel glue (llmc/tensor_parallel.h) ----
+// ---- tensor-parallel glue (llmc/parallel/tensor_parallel.h) ----
 // The residual stream of a micro-batch: all B*T tokens, or with --sp this rank's contiguous
 // B*T/tp of them (rows [sp_row0, sp_row0 + stream_rows)).
 static int stream_rows(const GPT& m) { return m.ls.sp ? m.B * m.T / m.ls.tp : m.B * m.T; }

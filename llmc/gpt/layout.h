@@ -4,7 +4,7 @@
 // ZeRO layout of its stage's segments, and the micro-batches a schedule keeps in flight. Nothing
 // here allocates or touches a buffer; Layout gathers what a rank's allocation is planned from.
 
-// A rank's slice of the model. Tensor parallelism (llmc/tensor_parallel.h): each tensor-parallel
+// A rank's slice of the model. Tensor parallelism (llmc/parallel/tensor_parallel.h): each tensor-parallel
 // rank holds a slice of the split tensors and a copy of the others; expert parallelism (--ep): each
 // rank of an ep group holds n_expert / ep of every MoE layer's experts. Its local table lays its tensors out as the table does
 // (same order, local shapes); pieces map every local element to its place in the table, which
@@ -73,7 +73,7 @@ static LocalShape local_shape(const GPTConfig& c, int tp, int rank, bool sp, int
     return s;
 }
 
-// The canonical chunk count of the tensor-parallel reductions (llmc/tensor_parallel.h): the lcm of
+// The canonical chunk count of the tensor-parallel reductions (llmc/parallel/tensor_parallel.h): the lcm of
 // every tp that local_shape accepts, so that each of them splits the chunks evenly
 static int tp_chunk_count(const GPTConfig& c) {
     int g = 1;
@@ -159,7 +159,7 @@ static std::vector<ParamTensor> local_param_table(const GPTConfig& c, const std:
     return local;
 }
 
-// The pipeline partition (llmc/pipeline.h runs the schedule). The model's blocks are cut into
+// The pipeline partition (llmc/parallel/pipeline.h runs the schedule). The model's blocks are cut into
 // P * V contiguous virtual stages; pipeline stage s runs virtual stages s, P + s, 2P + s, ... (its
 // chunks 0..V-1; V > 1 only for the interleaved schedule). Virtual stage 0 also holds the
 // embedding, the last one the final LayerNorm, the lm head and the loss. One process is P = 1.

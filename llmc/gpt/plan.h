@@ -119,7 +119,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const La
                "internal: the tp ranks sharing a kv head have no group (comm_make_kv_group)");
     LLMC_CHECK(!m.ls.sp || ((int64_t)B * T) % tp.size == 0,
                "--sp: the B*T = %lld tokens of a micro-batch must split evenly over --tp %d ranks", (long long)B * T, tp.size);
-    // the canonical chunks of the CPU build make tensor parallelism bitwise (llmc/tensor_parallel.h)
+    // the canonical chunks of the CPU build make tensor parallelism bitwise (llmc/parallel/tensor_parallel.h)
     const bool canonical = m.elem_bytes == sizeof(float) && sizeof(floatX) == sizeof(float);
     m.canonical = canonical;
     const int G = tp_chunk_count(config), G_tok = tp_token_chunks(config, (long)B * T);
@@ -185,7 +185,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const La
     for (const ParamTensor& t : m.local) tensors.push_back({t.offset, t.numel, t.decay});
     m.update_pieces = table_update_pieces(zero_update_pieces(z, tensors), m.pieces);
     // --offload optimizer: the pieces whose gradient download can start at their segment's last
-    // grads_ready of a step (llmc/offload.h): not the embedding's (the tied head adds to it after
+    // grads_ready of a step (llmc/parallel/offload.h): not the embedding's (the tied head adds to it after
     // the backward), not a segment that -z 0 replicates (the all-gather before the norm completes it)
     m.early_pieces.assign(z.segs.size(), {});
     m.ready_count.assign(z.segs.size(), 0);
@@ -286,7 +286,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const La
         m.d_ln = take_act(m, BT * C);
         m.host_losses.resize(BT);
     }
-    // the tensor-parallel reductions' scratch (llmc/tensor_parallel.h): a subtree's temporaries
+    // the tensor-parallel reductions' scratch (llmc/parallel/tensor_parallel.h): a subtree's temporaries
     // where a rank computes several canonical leaves, the parts and receive buffers of a group's
     // reduction, the leaves' operand slices
     int max_leaves = 1, levels = 0, nodes = 1;
@@ -338,7 +338,7 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const La
         m.kv_lse_recv = take_stats(m, BT * ls.n_head * kv_share);
         m.kv_lse = take_stats(m, BT * ls.n_head * kv_share);
     }
-    // the CUDA ops' scratch and the cuBLASLt workspace for the rank's shapes (llmc/op_scratch.h),
+    // the CUDA ops' scratch and the cuBLASLt workspace for the rank's shapes (llmc/ops/op_scratch.h),
     // wherever the plan is the CUDA build's (bf16); the CPU ops need none
     if (m.elem_bytes == 2) {
         const int widest_biased = std::max({(int)C, ls.qkv(), ls.fc(config.mlp)});

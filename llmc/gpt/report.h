@@ -229,7 +229,7 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
     double& a2a = theory[COMM_ALL_TO_ALL];
     double& ag = theory[COMM_ALL_GATHER];
     // a canonical reduction sends each of its tree nodes (the most a rank of the split holds:
-    // llmc/tensor_parallel.h); an order-free one (max, embedding, target logit) one
+    // llmc/parallel/tensor_parallel.h); an order-free one (max, embedding, target logit) one
     const double n_attn = split_nodes(m.split_attn), n_ffn = split_nodes(m.split_ffn),
                  n_expert = split_nodes(m.split_expert), n_vocab = split_nodes(m.split_vocab),
                  n_tok = split_nodes(m.split_tokens);

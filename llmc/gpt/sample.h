@@ -70,7 +70,7 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
 
 static void print_sample(GPT& m, int n_tokens, float temperature, int top_k, const Tokenizer& tokenizer, Rng& rng) {
     std::vector<int> out = gpt_sample(m, {tokenizer.eot}, n_tokens, temperature, top_k, tokenizer.eot, rng);
-    const std::string text = tokenizer.decode(out);  // whole UTF-8 characters only (llmc/tokenizer.h)
+    const std::string text = tokenizer.decode(out);  // whole UTF-8 characters only (llmc/io/tokenizer.h)
     if (comm_world().world_rank != 0) return;  // every rank samples (stage 3 gathers), rank 0 prints
     printf("---- sample ----\n%s\n----------------\n", text.c_str());
     fflush(stdout);

@@ -15,7 +15,7 @@
 // Model state, in the table's layout (init, checkpoints, llm.c files, tests) <-> wherever this rank
 // keeps it. With master weights the fp32 values live in the master and params hold their rounding.
 // Segment padding stays zero. Both directions stream: the state passes through host staging of at
-// most staging_elems() elements per array (llmc/checkpoint.h), never the whole table.
+// most staging_elems() elements per array (llmc/io/checkpoint.h), never the whole table.
 
 // The optimizer state's buffers (master, moments) are device buffers, or host arenas with
 // --offload optimizer: copies between them and the caller's host memory.
@@ -167,7 +167,7 @@ static void own_table_slices(const GPT& m, const float* shard_values, std::vecto
     }
 }
 
-// This rank's part of a checkpoint being written (out, llmc/checkpoint.h), streamed: its own slices
+// This rank's part of a checkpoint being written (out, llmc/io/checkpoint.h), streamed: its own slices
 // chunk by chunk, copied out of the buffers (fp32 params from the master, or the params themselves;
 // the moments) into host staging, checked finite (a diverged state is never written: a later
 // --resume would continue from it), each owned table run written at its place in the file. Host
@@ -327,7 +327,7 @@ static std::string latest_checkpoint(const std::string& out_dir, Checkpoint& ck)
     LLMC_FAIL("--resume latest: no checkpoint in %s loads (looked for ckpt_*.bin)", out_dir.c_str());
 }
 
-// llm.c's GPT-2 model files (llmc/llmc_format.h) and our model: the config a file describes, our
+// llm.c's GPT-2 model files (llmc/io/llmc_format.h) and our model: the config a file describes, our
 // config in llm.c's terms (refused, naming the field, when it is not GPT-2's shape), and the
 // conversions between the two parameter orders.
 static TableIndex table_index(const std::vector<ParamTensor>& table) {

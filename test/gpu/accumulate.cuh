@@ -1,4 +1,4 @@
-// GPU grad_accumulate (llmc/accumulate.cuh) vs the CPU twin (llmc/cpu/accumulate.h).
+// GPU grad_accumulate (llmc/ops/accumulate.cuh) vs the CPU twin (llmc/ops/cpu/accumulate.h).
 // Exact equality: bf16 -> fp32 is exact and each element is one fp32 addition rounded to nearest
 // on both sides, so any difference in any bit is a bug (a wrong element, a missed or doubled
 // element, an addition done in bf16). Elements outside [0, n) of the accumulator are poisoned and
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 #include "test/gpu/harness.cuh"
-#include "llmc/cpu/accumulate.h"
-#include "llmc/accumulate.cuh"
+#include "llmc/ops/cpu/accumulate.h"
+#include "llmc/ops/accumulate.cuh"
 
 namespace accumulate_test {
 using namespace gpu_test;

@@ -1,18 +1,18 @@
-// GPU AdamW (llmc/adamw.cuh) vs the CPU twin (llmc/cpu/adamw.h), and the stochastic rounding of
+// GPU AdamW (llmc/ops/adamw.cuh) vs the CPU twin (llmc/ops/cpu/adamw.h), and the stochastic rounding of
 // the bf16 params: neighbours of the fp32 result, unbiased, reproducible per seed.
 #pragma once
 #include <cstdint>
 #include <cstring>
 #include <vector>
 #include "test/gpu/harness.cuh"
-#include "llmc/cpu/adamw.h"
-#include "llmc/adamw.cuh"
+#include "llmc/ops/cpu/adamw.h"
+#include "llmc/ops/adamw.cuh"
 
 namespace adamw_test {
 using namespace gpu_test;
 
 // The CPU twin is gaining a trailing `seed` argument (meaningless for fp32 params). Call whichever
-// signature llmc/cpu/adamw.h has: the first overload exists only when the 14-argument call
+// signature llmc/ops/cpu/adamw.h has: the first overload exists only when the 14-argument call
 // compiles (and wins by the int/long tie-break), the second is the 13-argument form.
 template <typename T>
 auto cpu_adamw_call(int, T* params, const float* grads, float* m, float* v, size_t n, float lr, float b1, float b2,

@@ -1,4 +1,4 @@
-// GPU attention (llmc/attention.cuh) vs the CPU twin (llmc/cpu/attention.h), both implementations:
+// GPU attention (llmc/ops/attention.cuh) vs the CPU twin (llmc/ops/cpu/attention.h), both implementations:
 // the flash path (tensor cores, hs 64 and 128, what attention_forward / attention_backward dispatch to
 // for those head sizes) and the simple path (any hs; called directly for hs 64 and 128 as well, so
 // both are checked on the same grid points and against each other).

@@ -1,4 +1,4 @@
-// GPU fused_classifier (llmc/classifier.cuh) vs the CPU twin (llmc/cpu/classifier.h), and the
+// GPU fused_classifier (llmc/ops/classifier.cuh) vs the CPU twin (llmc/ops/cpu/classifier.h), and the
 // vocab-parallel ops (classifier_max, _sumexp, _target, _backward) vs theirs (at the end).
 //
 // Tolerances. losses (fp32): relative max <= 1e-4: both sides read the same bf16 logits; they differ
@@ -14,8 +14,8 @@
 #include <memory>
 #include <vector>
 #include "test/gpu/harness.cuh"
-#include "llmc/cpu/classifier.h"
-#include "llmc/classifier.cuh"
+#include "llmc/ops/cpu/classifier.h"
+#include "llmc/ops/classifier.cuh"
 
 namespace classifier_test {
 using namespace gpu_test;

@@ -1,4 +1,4 @@
-// GPU encoder_forward / encoder_backward (llmc/encoder.cuh) vs the CPU twin (llmc/cpu/encoder.h), the
+// GPU encoder_forward / encoder_backward (llmc/ops/encoder.cuh) vs the CPU twin (llmc/ops/cpu/encoder.h), the
 // whole vocabulary and vocab ranges (tensor parallel: a rank holds the wte rows [vocab_begin,
 // vocab_begin + vocab_count)).
 #pragma once
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 #include "test/gpu/harness.cuh"
-#include "llmc/cpu/encoder.h"
-#include "llmc/encoder.cuh"
+#include "llmc/ops/cpu/encoder.h"
+#include "llmc/ops/encoder.cuh"
 
 namespace encoder_test {
 using namespace gpu_test;
@@ -318,10 +318,10 @@ TEST_CASE("sanitizer: encoder forward and backward, vocab ranges with out-of-ran
 
 }  // namespace encoder_test
 
-// The memory plan bounds cub's radix-sort temporaries by 12n + 64 KiB (llmc/op_scratch.h, from cub's
+// The memory plan bounds cub's radix-sort temporaries by 12n + 64 KiB (llmc/ops/op_scratch.h, from cub's
 // onesweep allocation list); cub's own answer on this GPU must stay within it for the sort the
 // encoder backward runs (n pairs, 32 key bits for tokens, fewer for positions).
-TEST_CASE("encoder_backward: cub's sort temporaries are within the plan's bound (llmc/op_scratch.h)") {
+TEST_CASE("encoder_backward: cub's sort temporaries are within the plan's bound (llmc/ops/op_scratch.h)") {
     for (int n : {1, 100, 4096, 8192, 65536, 1 << 20, 1 << 22})
         for (int bits : {1, 10, 12, 32}) {
             size_t bytes = 0;

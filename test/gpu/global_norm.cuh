@@ -1,12 +1,12 @@
-// GPU global_norm_squared (llmc/global_norm.cuh) vs the CPU twin (llmc/cpu/global_norm.h), for bf16
+// GPU global_norm_squared (llmc/ops/global_norm.cuh) vs the CPU twin (llmc/ops/cpu/global_norm.h), for bf16
 // values and for fp32 values (the fp32 gradient accumulator).
 #pragma once
 #include <cstring>
 #include <memory>
 #include <vector>
 #include "test/gpu/harness.cuh"
-#include "llmc/cpu/global_norm.h"
-#include "llmc/global_norm.cuh"
+#include "llmc/ops/cpu/global_norm.h"
+#include "llmc/ops/global_norm.cuh"
 
 namespace global_norm_test {
 using namespace gpu_test;

@@ -1,7 +1,7 @@
 // Helpers for the GPU tests (test/test_gpu.cu includes this, then one test/gpu/<family>.cuh per
 // kernel family). Pattern of every kernel test:
 //   1. random inputs on the host (never zero: normal(0,1) + small offsets), fp32
-//   2. the CPU twin (cpu::<op>, llmc/cpu/<op>.h) on the bf16-rounded inputs, in fp32
+//   2. the CPU twin (cpu::<op>, llmc/ops/cpu/<op>.h) on the bf16-rounded inputs, in fp32
 //   3. inputs to the device as bf16, outputs poisoned first (NaN bytes), the GPU op, copy back
 //   4. compare with check_bf16 (bf16 outputs: relative L2 <= 1e-2 AND max-norm error, so one wrong
 //      row cannot hide in a large tensor's norm) or rel_max (fp32 statistics: ~1e-5..1e-3)
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 #include <doctest/doctest.h>
-#include "llmc/cuda_common.cuh"
+#include "llmc/ops/cuda_common.cuh"
 #include "llmc/rand.h"
 
 namespace gpu_test {

@@ -1,5 +1,5 @@
-// GPU layernorm_forward / fused_residual_layernorm_forward / layernorm_backward (llmc/layernorm.cuh)
-// vs the CPU twin (llmc/cpu/layernorm.h).
+// GPU layernorm_forward / fused_residual_layernorm_forward / layernorm_backward (llmc/ops/layernorm.cuh)
+// vs the CPU twin (llmc/ops/cpu/layernorm.h).
 //
 // Tolerances. bf16 outputs: relative L2 <= 1e-2 (BF16_TOL; one bf16 rounding is ~2e-3). mean and
 // rstd (fp32): relative max <= 1e-4. Both sides see the same bf16 inputs, so they differ only by the
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 #include "test/gpu/harness.cuh"
-#include "llmc/cpu/layernorm.h"
-#include "llmc/layernorm.cuh"
+#include "llmc/ops/cpu/layernorm.h"
+#include "llmc/ops/layernorm.cuh"
 
 namespace layernorm_test {
 using namespace gpu_test;
@@ -194,10 +194,10 @@ TEST_CASE("layernorm_backward is bitwise deterministic") {
 
 }  // namespace layernorm_test
 
-// The memory plan reserves layernorm_scratch_bytes(N, C, SMs) (llmc/op_scratch.h, host arithmetic: at
+// The memory plan reserves layernorm_scratch_bytes(N, C, SMs) (llmc/ops/op_scratch.h, host arithmetic: at
 // most 16 blocks per SM); the backward's real grid comes from the occupancy query: it must stay
 // within the bound on this GPU, for both paths and every width the kernels take.
-TEST_CASE("layernorm_backward: its grid's scratch is within the plan's bound (llmc/op_scratch.h)") {
+TEST_CASE("layernorm_backward: its grid's scratch is within the plan's bound (llmc/ops/op_scratch.h)") {
     using namespace layernorm_detail;
     for (int C : {8, 37, 64, 256, 768, 1024, 2048, 4096, 8192, 16384})
         for (int N : {1, 7, 1000, 4096, 65536, 1 << 20})

@@ -1,4 +1,4 @@
-// GPU matmul (llmc/matmul.cuh) vs the CPU twin (llmc/cpu/matmul.h) in fp32 on the same bf16-rounded
+// GPU matmul (llmc/ops/matmul.cuh) vs the CPU twin (llmc/ops/cpu/matmul.h) in fp32 on the same bf16-rounded
 // inputs. The GPU rounds its outputs to bf16 (relative error <= 2^-9 per element, ~1e-3 relative
 // L2), and sums in a different order in fp32 (~1e-6), so:
 //  - relative L2 <= gpu_test::BF16_TOL (1e-2)
@@ -12,8 +12,8 @@
 #include <cstring>
 #include <vector>
 #include "test/gpu/harness.cuh"
-#include "llmc/cpu/matmul.h"
-#include "llmc/matmul.cuh"
+#include "llmc/ops/cpu/matmul.h"
+#include "llmc/ops/matmul.cuh"
 
 namespace matmul_test {
 

@@ -1,12 +1,12 @@
-// GPU swiglu_forward / swiglu_backward / gelu_forward / gelu_backward (llmc/mlp.cuh) vs the CPU
-// twin (llmc/cpu/mlp.h). Outputs are overwritten: they are poisoned first, so an element the kernel
+// GPU swiglu_forward / swiglu_backward / gelu_forward / gelu_backward (llmc/ops/mlp.cuh) vs the CPU
+// twin (llmc/ops/cpu/mlp.h). Outputs are overwritten: they are poisoned first, so an element the kernel
 // skips is a NaN and fails rel_l2. Tolerance BF16_TOL (one bf16 rounding of the result, ~2e-3).
 #pragma once
 #include <memory>
 #include <vector>
 #include "test/gpu/harness.cuh"
-#include "llmc/cpu/mlp.h"
-#include "llmc/mlp.cuh"
+#include "llmc/ops/cpu/mlp.h"
+#include "llmc/ops/mlp.cuh"
 
 namespace mlp_test {
 using namespace gpu_test;

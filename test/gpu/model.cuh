@@ -368,7 +368,7 @@ TEST_CASE("model: activation recomputation (-r 1, -r 2) gives bitwise the -r 0 t
     }
 }
 
-// --offload optimizer: the AdamW step on the host (llmc/offload.h: the CPU twin, then the kernel's
+// --offload optimizer: the AdamW step on the host (llmc/parallel/offload.h: the CPU twin, then the kernel's
 // stochastic rounding, per piece over side streams) gives the device optimizer's training: the
 // same losses, bf16 params and master weights bit for bit, and the same moments except where a
 // value is denormal (the kernel's --use_fast_math flushes denormals to zero, the host keeps them).

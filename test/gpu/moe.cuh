@@ -1,5 +1,5 @@
-// GPU mixture-of-experts ops (llmc/moe.cuh) and the batched matmuls (llmc/matmul.cuh) vs their CPU
-// twins (llmc/cpu/moe.h, llmc/cpu/matmul.h).
+// GPU mixture-of-experts ops (llmc/ops/moe.cuh) and the batched matmuls (llmc/ops/matmul.cuh) vs their CPU
+// twins (llmc/ops/cpu/moe.h, llmc/ops/cpu/matmul.h).
 //  - routing (moe_select) must be IDENTICAL to cpu::moe_select (integers), ties included: random
 //    continuous scores, scores with bitwise-equal values planted exactly at each expert's threshold,
 //    scores from a handful of levels (ties everywhere), all-equal scores, exact zeros; both groupings,
@@ -18,10 +18,10 @@
 #include <memory>
 #include <vector>
 #include "test/gpu/harness.cuh"
-#include "llmc/cpu/matmul.h"
-#include "llmc/cpu/moe.h"
-#include "llmc/matmul.cuh"
-#include "llmc/moe.cuh"
+#include "llmc/ops/cpu/matmul.h"
+#include "llmc/ops/cpu/moe.h"
+#include "llmc/ops/matmul.cuh"
+#include "llmc/ops/moe.cuh"
 
 namespace moe_test {
 using namespace gpu_test;

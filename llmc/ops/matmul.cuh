@@ -1,4 +1,4 @@
-// Matmul (the linear layer) on the GPU, the twin of llmc/cpu/matmul.h:
+// Matmul (the linear layer) on the GPU, the twin of llmc/ops/cpu/matmul.h:
 //   forward    out[BT, OC]  = inp[BT, C] W[OC, C]^T + bias[OC]     (overwritten; bias may be null)
 //   backward   dinp[BT, C]  = dout[BT, OC] W[OC, C]                (overwritten)
 //              dweight[OC, C] += dout^T inp                        (accumulated)
@@ -34,7 +34,7 @@
 // aligned offset (rounding each parameter tensor's offset up to a multiple of 8 elements does it).
 //
 // Setup and caching. One cuBLASLt handle, created by matmul_setup() (idempotent; the ops call it),
-// and one 32 MiB workspace (MATMUL_WORKSPACE_BYTES, llmc/op_scratch.h): the trainer binds one from
+// and one 32 MiB workspace (MATMUL_WORKSPACE_BYTES, llmc/ops/op_scratch.h): the trainer binds one from
 // its memory plan (matmul_bind_workspace), so no allocation happens inside a step; without one,
 // matmul_setup allocates its own. matmul_teardown() frees them. The matmul descriptor, the three
 // layouts and the heuristic's algorithm are cached per (product, shape, alignments) in a small
@@ -62,8 +62,8 @@
 #include <map>
 #include <tuple>
 #include <cublasLt.h>
-#include "cuda_common.cuh"
-#include "op_scratch.h"  // MATMUL_WORKSPACE_BYTES, the dbias chunk rows and scratch sizes
+#include "llmc/ops/cuda_common.cuh"
+#include "llmc/ops/op_scratch.h"  // MATMUL_WORKSPACE_BYTES, the dbias chunk rows and scratch sizes
 
 inline void matmul_cublas_check(cublasStatus_t status, const char* file, int line) {
     if (status != CUBLAS_STATUS_SUCCESS)
@@ -380,7 +380,7 @@ inline void bias_grad(floatX* dbias, const floatX* dout, int BT, int OC) {
 }  // namespace matmul_detail
 
 // ------------------------------------------------------------------------------------------------
-// the ops (same names and argument order as llmc/cpu/matmul.h)
+// the ops (same names and argument order as llmc/ops/cpu/matmul.h)
 
 // out[BT, OC] = inp[BT, C] W[OC, C]^T + bias[OC] (bias may be null); out overwritten
 inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias, int BT, int C,
@@ -404,7 +404,7 @@ inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const 
 
 // ------------------------------------------------------------------------------------------------
 // Batched products: n_batch independent linear layers with contiguous operands (the experts of an
-// MoE layer, llmc/moe.cuh), the twins of cpu::matmul_forward_batched / cpu::matmul_backward_batched:
+// MoE layer, llmc/ops/moe.cuh), the twins of cpu::matmul_forward_batched / cpu::matmul_backward_batched:
 //   forward    out[b] [BT, OC] = inp[b] [BT, C] W[b] [OC, C]^T + bias[b] [OC]   (overwritten)
 //   backward   dinp[b] = dout[b] W[b] (overwritten), dweight[b] += dout[b]^T inp[b], dbias[b] += colsum
 // One strided-batched cuBLASLt call per product (CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT and

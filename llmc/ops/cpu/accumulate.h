@@ -4,7 +4,7 @@
 // keeps the small late contributions that a bf16 running sum would round away.
 //   acc[i] += (float)x[i]        (acc accumulated, x read only)
 // Each element is one fp32 addition, rounded to nearest: the result does not depend on the thread
-// count, and the GPU twin (llmc/accumulate.cuh) produces the same bits.
+// count, and the GPU twin (llmc/ops/accumulate.cuh) produces the same bits.
 #pragma once
 #include <cstddef>
 
@@ -16,7 +16,7 @@ void grad_accumulate(float* acc, const T* x, size_t n) {
     for (size_t i = 0; i < n; i++) acc[i] += (float)x[i];
 }
 
-// Tensor-parallel reductions (llmc/tensor_parallel.h): a row-parallel layer's bias, added once
+// Tensor-parallel reductions (llmc/parallel/tensor_parallel.h): a row-parallel layer's bias, added once
 // after its partial sums are reduced, and the running maximum of the vocab-parallel softmax.
 //   out[r, o] += bias[o]         a[i] = max(a[i], b[i])
 template <typename T>

@@ -17,7 +17,7 @@
 #include <cstdio>
 #include <string>
 #include <vector>
-#include "utils.h"
+#include "llmc/utils.h"
 
 constexpr uint32_t LLMC_TOKENIZER_MAGIC = 20240328;  // llm.c's gpt2_tokenizer.bin
 constexpr uint32_t VOCAB_FILE_VERSION = 1;           // our LLMCVOCB file

@@ -1,9 +1,9 @@
-// Mixture-of-experts FFN with expert-choice routing on the GPU: the twin of llmc/cpu/moe.h (its top
+// Mixture-of-experts FFN with expert-choice routing on the GPU: the twin of llmc/ops/cpu/moe.h (its top
 // comment has the math). With n = B*T tokens, E experts and cap = cpu::moe_capacity(...) tokens per
 // expert, one MoE layer is
 //   scores [n, E] = softmax(x Wr^T) (fp32)  ->  moe_select: expert_tokens [E, cap], token_slots [n, E]
 //   -> moe_gather xe [E, cap, C] -> the experts as strided-batched matmuls (matmul_forward_batched in
-//   llmc/matmul.cuh) + SwiGLU -> ye [E, cap, C] -> moe_combine_forward out [n, C]
+//   llmc/ops/matmul.cuh) + SwiGLU -> ye [E, cap, C] -> moe_combine_forward out [n, C]
 // and the backward runs the same ops' twins in reverse. Every launcher has the name and argument order
 // of its CPU twin; scores are float, tensors floatX, routing int, all device pointers.
 //
@@ -41,18 +41,18 @@
 //      memory; a thread owns E/8 experts x 4 channels and sums its chunk in token order); stage 2: a
 //      thread per (e, c) adds the chunk partials in chunk order to drouter_w.
 //
-// Scratch (cuda_scratch; moe_scratch_bytes(B, T, C, E) in llmc/op_scratch.h is the largest; n = B*T):
+// Scratch (cuda_scratch; moe_scratch_bytes(B, T, C, E) in llmc/ops/op_scratch.h is the largest; n = B*T):
 //   moe_select            (1024 + 2) * E + 2 * E * ceil(n / 256) ints
 //   moe_router_backward   n * E + ceil(n / 2048) * E * C floats
 //   the others            none
-// (the batched expert matmuls' dbias needs matmul_batched_scratch_bytes(E, cap, OC), llmc/op_scratch.h)
+// (the batched expert matmuls' dbias needs matmul_batched_scratch_bytes(E, cap, OC), llmc/ops/op_scratch.h)
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
-#include "cuda_common.cuh"
-#include "op_scratch.h"  // RW_TOKENS, SEL_RUN, SEL_CHUNK and the scratch sizes
-#include "cpu/moe.h"
+#include "llmc/ops/cuda_common.cuh"
+#include "llmc/ops/op_scratch.h"  // RW_TOKENS, SEL_RUN, SEL_CHUNK and the scratch sizes
+#include "llmc/ops/cpu/moe.h"
 
 namespace moe_detail {
 
@@ -68,7 +68,7 @@ constexpr int RW_SUB = 32;            // tokens staged in shared memory at a tim
 constexpr int RW_COLS = 128;          // channels of one drouter_w stage-1 block (32 lanes x 4)
 constexpr int HIST_TOKENS = 1024;     // tokens of one histogram block
 
-using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
+using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/ops/cuda_common.cuh)
 
 __device__ inline float warp_sum(float v) {
 #pragma unroll

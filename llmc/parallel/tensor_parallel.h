@@ -24,14 +24,14 @@
 //
 // The group's reduction is an all-to-all of 1/T blocks of each node (as many as the rank with the
 // most nodes holds) and the tree's top levels over the received blocks (no float sum inside MPI or
-// NCCL, as llmc/zero.h's reduce_scatter_add), then, for an all-reduce, an all-gather of the summed
+// NCCL, as llmc/parallel/zero.h's reduce_scatter_add), then, for an all-reduce, an all-gather of the summed
 // blocks: with one node per rank the bytes of a ring all-reduce, 2 (T-1)/T of the buffer.
 #pragma once
 #include <algorithm>
 #include <cstddef>
 #include <vector>
-#include "comm.h"
-#include "utils.h"
+#include "llmc/parallel/comm.h"
+#include "llmc/utils.h"
 
 constexpr int TP_MAX_LEVELS = 16;  // the tree's depth bound: up to 2^16 chunks
 

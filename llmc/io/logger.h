@@ -21,7 +21,7 @@
 #include <string>
 #include <utility>
 #include <vector>
-#include "utils.h"
+#include "llmc/utils.h"
 
 // One JSON number, or null when not finite (JSON has no NaN/Inf). Integral values are written
 // exactly (steps, counters); others with 9 significant digits (enough to round-trip a float).

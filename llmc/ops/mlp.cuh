@@ -1,4 +1,4 @@
-// The FFN nonlinearities on the GPU: the twin of llmc/cpu/mlp.h.
+// The FFN nonlinearities on the GPU: the twin of llmc/ops/cpu/mlp.h.
 //   SwiGLU  inp row n = [a (H gate features) | u (H up features)],  out[n, i] = silu(a_i) * u_i,
 //           silu(a) = a * sig(a), sig(a) = 1 / (1 + exp(-a))
 //           backward: da = dout * u * sig * (1 + a (1 - sig)),  du = dout * silu(a)   (dinp overwritten)
@@ -11,14 +11,14 @@
 // Scratch: none.
 #pragma once
 #include <cstdint>
-#include "cuda_common.cuh"
+#include "llmc/ops/cuda_common.cuh"
 
 namespace mlp_detail {
 
 constexpr int THREADS = 256;
 constexpr float GELU_SCALE = 0.7978845608028654f;  // sqrt(2 / pi)
 
-using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
+using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/ops/cuda_common.cuh)
 
 __device__ inline float sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
 

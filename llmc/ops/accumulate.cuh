@@ -1,4 +1,4 @@
-// Gradient accumulation in fp32 on the GPU, the twin of llmc/cpu/accumulate.h:
+// Gradient accumulation in fp32 on the GPU, the twin of llmc/ops/cpu/accumulate.h:
 //   acc[i] += (float)x[i]        acc: fp32 [n] (accumulated), x: bf16 [n] (the micro-batch's leaf
 //                                gradient, read only)
 // The trainer calls this after each micro-batch's backward, in micro-batch order, so the step's
@@ -22,7 +22,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include "cuda_common.cuh"
+#include "llmc/ops/cuda_common.cuh"
 
 constexpr int ACCUMULATE_THREADS = 256;
 
@@ -109,7 +109,7 @@ inline void grad_accumulate(float* acc, const float* x, size_t n) {
     cudaCheckLaunch();
 }
 
-// Tensor-parallel reductions (llmc/tensor_parallel.h; CPU twins in llmc/cpu/accumulate.h): the bias
+// Tensor-parallel reductions (llmc/parallel/tensor_parallel.h; CPU twins in llmc/ops/cpu/accumulate.h): the bias
 // of a row-parallel layer, added once after the reduction (out[r, o] += bias[o], one thread per
 // element, fp32 add rounded once to bf16), and the running maximum of the vocab-parallel softmax.
 __global__ void add_bias_kernel(floatX* out, const floatX* bias, size_t n, int OC) {

@@ -4,11 +4,11 @@
 // build) and the AdamW step runs on the CPU. The device keeps the params (bf16 in the CUDA build),
 // the gradients and the activations. One optimizer step (offload_adamw_step):
 //
-//   1. the fp32 accumulated gradient of every update piece (llmc/zero.h: UpdatePiece, a run of one
+//   1. the fp32 accumulated gradient of every update piece (llmc/parallel/zero.h: UpdatePiece, a run of one
 //      tensor inside the rank's shard) is copied device -> host into the staging buffer (the state
 //      space: piece k at its state_index), on a side stream, every piece queued at once with an
 //      event after each;
-//   2. piece by piece, as its gradient arrives: cpu::adamw_update (llmc/cpu/adamw.h, the CPU
+//   2. piece by piece, as its gradient arrives: cpu::adamw_update (llmc/ops/cpu/adamw.h, the CPU
 //      reference: OpenMP, a vectorisable loop; the one AdamW of the project) on the host master
 //      and moments; then the new master rounded to the params' type, written over the piece's own
 //      staging (its gradient is spent, and a bf16 takes half of an fp32's bytes);
@@ -34,14 +34,14 @@
 // the master (so the CPU build with offload holds 4 more bytes per updated element, in the host
 // arena). cpu::adamw_update is the function the CPU build's own step calls: the results (losses,
 // checkpoints) are bitwise those without offload (test_hardening.cpp, test/test_dist.sh).
-// The CUDA build: the kernel (llmc/adamw.cuh) spells every fp32 op of the CPU twin as the same
+// The CUDA build: the kernel (llmc/ops/adamw.cuh) spells every fp32 op of the CPU twin as the same
 // round-to-nearest op in the twin's order, and nvcc's host compiler (no -march: no FMA contraction)
 // evaluates the twin as written, so master, m and v come out as the kernel's bits, except where a
 // value is denormal (the kernel is built with --use_fast_math, whose -ftz flushes denormals to
 // zero; the host keeps them; a denormal m or v moves the update far below the master's precision).
 // The bf16 rounding is the kernel's stochastic rounding, bit for bit: element i of a piece draws
 // adamw_random_bits(step_seed + table_offset, i) through the same host/device functions
-// (llmc_hash, stochastic_round_bf16 in llmc/cuda_common.cuh).
+// (llmc_hash, stochastic_round_bf16 in llmc/ops/cuda_common.cuh).
 //
 // Host threads: the CPU step uses the OpenMP threads; with several ranks per node give each rank its
 // share of the cores (OMP_NUM_THREADS = cores / ranks per node).
@@ -54,11 +54,11 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "cpu/adamw.h"
-#include "utils.h"
-#include "zero.h"
+#include "llmc/ops/cpu/adamw.h"
+#include "llmc/utils.h"
+#include "llmc/parallel/zero.h"
 #ifdef __CUDACC__
-#include "adamw.cuh"  // adamw_random_bits: the kernel's stochastic-rounding bits (and cuda_common.cuh)
+#include "llmc/ops/adamw.cuh"  // adamw_random_bits: the kernel's stochastic-rounding bits (and cuda_common.cuh)
 #endif
 
 enum OffloadKind { OFFLOAD_NONE = 0, OFFLOAD_OPTIMIZER = 1 };

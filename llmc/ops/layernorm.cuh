@@ -1,4 +1,4 @@
-// LayerNorm on the GPU: the twin of llmc/cpu/layernorm.h.
+// LayerNorm on the GPU: the twin of llmc/ops/cpu/layernorm.h.
 //   forward   mean = sum_c x_c / C,  rstd = 1 / sqrt(sum_c (x_c - mean)^2 / C + 1e-5)  (biased variance)
 //             out_c = (x_c - mean) * rstd * w_c + b_c                                  (mean, rstd saved, fp32)
 //   fused     residual = bf16(inp1 + inp2), then the forward of that bf16 residual (what the backward
@@ -28,12 +28,12 @@
 //            atomics, so the result is bitwise reproducible.
 //
 // Scratch: layernorm_forward / fused: none; layernorm_backward: G * 2 * C floats,
-//   bounded by layernorm_scratch_bytes(N, C) (llmc/op_scratch.h: G <= 16 blocks per SM: 13 MB at C = 768).
+//   bounded by layernorm_scratch_bytes(N, C) (llmc/ops/op_scratch.h: G <= 16 blocks per SM: 13 MB at C = 768).
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include "cuda_common.cuh"
-#include "op_scratch.h"  // layernorm_scratch_bytes: the backward's scratch bound
+#include "llmc/ops/cuda_common.cuh"
+#include "llmc/ops/op_scratch.h"  // layernorm_scratch_bytes: the backward's scratch bound
 
 namespace layernorm_detail {
 
@@ -43,7 +43,7 @@ constexpr int BWD_THREADS = 256;  // target threads per backward block
 constexpr int FWD_MAX_X = 1024;   // most threads across one row, forward
 constexpr int BWD_MAX_X = 512;    // ... backward, 16-byte path (more state per thread: <= 128 registers)
 
-using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
+using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/ops/cuda_common.cuh)
 
 __device__ inline float warp_sum(float v) {
 #pragma unroll
@@ -369,7 +369,7 @@ inline void forward_launch(floatX* residual, floatX* out, float* mean, float* rs
 }  // namespace layernorm_detail
 
 // bytes of cuda_scratch that layernorm_backward may take for N rows of C channels on this GPU (the
-// forwards take none): the plan's bound (llmc/op_scratch.h), which the backward checks
+// forwards take none): the plan's bound (llmc/ops/op_scratch.h), which the backward checks
 inline size_t layernorm_scratch_bytes(int N, int C) { return layernorm_scratch_bytes(N, C, layernorm_detail::sm_count()); }
 
 // out [N, C] overwritten, mean, rstd [N] (fp32) overwritten
@@ -412,7 +412,7 @@ inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, con
     const BackwardGrid g = backward_grid(N, C, vec);
     const Shape& s = g.shape;
     LLMC_CHECK((size_t)g.blocks * 2 * C * sizeof(float) <= layernorm_scratch_bytes(N, C),
-               "internal: layernorm_backward's grid of %d blocks exceeds the bound of llmc/op_scratch.h", g.blocks);
+               "internal: layernorm_backward's grid of %d blocks exceeds the bound of llmc/ops/op_scratch.h", g.blocks);
     float* partials = cuda_scratch<float>((size_t)g.blocks * 2 * C, "layernorm_backward");
     using Kernel = void (*)(floatX*, float*, const floatX*, const floatX*, const floatX*, const float*, const float*,
                             int, int, int);

@@ -1,4 +1,4 @@
-// Fused softmax + cross-entropy + dlogits on the GPU: the twin of llmc/cpu/classifier.h.
+// Fused softmax + cross-entropy + dlogits on the GPU: the twin of llmc/ops/cpu/classifier.h.
 //   over the real vocabulary (the first V of Vp padded columns) of row n, target t = targets[n]:
 //   lse = log sum_v exp(x_v)   (the sum in double)   losses[n] = lse - x_t   (0 when t == -1)
 //   when dloss != 0, the row is overwritten in place with dlogits:
@@ -17,7 +17,7 @@
 // Scratch: none.
 //
 // ---- Vocab-parallel cross-entropy (tensor parallelism): classifier_max, _sumexp, _target, _backward ----
-// The twins of the CPU ops of the same names (llmc/cpu/classifier.h has the math and how the caller
+// The twins of the CPU ops of the same names (llmc/ops/cpu/classifier.h has the math and how the caller
 // reduces between them). A rank holds ld columns of each logits row (global columns v0 .. v0 + ld), the
 // first n_real of them real tokens; the statistics are fp32 arrays of N. bf16 logits, fp32 math, except
 // the sums of exponentials (double, rounded once) and the loss ((max - x_t) + log(sum) in double).
@@ -32,13 +32,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include "cuda_common.cuh"
+#include "llmc/ops/cuda_common.cuh"
 
 namespace classifier_detail {
 
 constexpr int MAX_THREADS = 512;  // per block (a row); 2 blocks per SM fit the register file
 
-using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
+using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/ops/cuda_common.cuh)
 
 // (m, s) <- the pair for the union of two sets of logits, each given as (max, sum exp(x - max));
 // an empty set is (-inf, 0). Symmetric, so a butterfly gives every lane the same bits.

@@ -2,7 +2,7 @@
 //
 // Some CUDA ops need temporary device memory: the partial sums of their deterministic two-stage
 // reductions, the buffers of a radix sort. They take it from one scratch arena (cuda_scratch,
-// llmc/cuda_common.cuh), and cuBLASLt takes one workspace. The memory plan (llmc/memory.h, kind
+// llmc/ops/cuda_common.cuh), and cuBLASLt takes one workspace. The memory plan (llmc/memory.h, kind
 // MEM_SCRATCH) counts both, in the CUDA build and in the CPU build's `--plan --device h200`, so
 // their sizes are host arithmetic here, from the shapes and the GPU's SM count; the ops' headers
 // take their scratch layouts from these functions.
@@ -13,10 +13,10 @@
 #pragma once
 #include <algorithm>
 #include <cstddef>
-#include "utils.h"
+#include "llmc/utils.h"
 
 // ------------------------------------------------------------------------------------------------
-// matmul (llmc/matmul.cuh): the dbias column sum's stage-1 partials, one fp32 row per 256-row chunk
+// matmul (llmc/ops/matmul.cuh): the dbias column sum's stage-1 partials, one fp32 row per 256-row chunk
 
 constexpr int MATMUL_DBIAS_ROWS_PER_CHUNK = 256;
 // cuBLASLt's workspace: plenty for Hopper's split-K and stream-K kernels (the heuristic is asked for
@@ -32,18 +32,18 @@ inline size_t matmul_batched_scratch_bytes(int n_batch, int BT, int OC) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// attention (llmc/attention.cuh): the backward's D = rowsum(dO * O), one float per (query, head)
+// attention (llmc/ops/attention.cuh): the backward's D = rowsum(dO * O), one float per (query, head)
 
 inline size_t attention_scratch_bytes(int B, int T, int n_head) { return (size_t)B * n_head * T * sizeof(float); }
 
 // ------------------------------------------------------------------------------------------------
-// global norm (llmc/global_norm.cuh): pass 1's partials in double, and the total
+// global norm (llmc/ops/global_norm.cuh): pass 1's partials in double, and the total
 
 constexpr int GN_MAX_BLOCKS = 528;  // pass 1 grid cap: 4 blocks on each of the H200's 132 SMs, all resident
 inline size_t global_norm_scratch_bytes() { return (GN_MAX_BLOCKS + 1) * sizeof(double); }
 
 // ------------------------------------------------------------------------------------------------
-// layernorm (llmc/layernorm.cuh): the backward's per-block partial [2][C] rows. Its grid is one
+// layernorm (llmc/ops/layernorm.cuh): the backward's per-block partial [2][C] rows. Its grid is one
 // resident wave (SMs x the occupancy query's blocks per SM), at most one block per row. A backward
 // block has more than 128 threads (row_shape: x * y > BWD_THREADS / 2 = 128), and an SM holds at most
 // 2048 threads (Hopper, Ampere), so at most 16 blocks per SM: the bound.
@@ -55,7 +55,7 @@ inline size_t layernorm_scratch_bytes(int N, int C, int sm_count) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// encoder (llmc/encoder.cuh): the backward sorts (key, row) pairs (four int arrays of n = B*T), sums
+// encoder (llmc/ops/encoder.cuh): the backward sorts (key, row) pairs (four int arrays of n = B*T), sums
 // runs of CHUNK sorted rows into 2*C-float partials, and gives cub its temporaries. cub's onesweep
 // radix sort of n 4-byte keys with 4-byte values takes: a second keys and values buffer (8n), the
 // lookback (one 256-digit counter row per tile of >= 256 items: <= 4n + 1 KiB), the bins and counters
@@ -85,7 +85,7 @@ inline Scratch scratch_layout(int B, int T, int C) {
 inline size_t encoder_scratch_bytes(int B, int T, int C) { return encoder_detail::scratch_layout(B, T, C).total; }
 
 // ------------------------------------------------------------------------------------------------
-// mixture of experts (llmc/moe.cuh): the selection's histograms and compaction offsets, the router
+// mixture of experts (llmc/ops/moe.cuh): the selection's histograms and compaction offsets, the router
 // backward's dlogits and drouter_w chunk partials (n = B*T tokens, E experts)
 
 namespace moe_detail {

@@ -1,4 +1,4 @@
-// AdamW on the GPU, the twin of llmc/cpu/adamw.h (PyTorch's AdamW, decoupled weight decay):
+// AdamW on the GPU, the twin of llmc/ops/cpu/adamw.h (PyTorch's AdamW, decoupled weight decay):
 //   g = grad * grad_scale                                  (grad_scale: global-norm clipping)
 //   p = master (fp32), or the bf16 param when master_params == nullptr
 //   p -= lr * weight_decay * p
@@ -23,7 +23,7 @@
 // seeds of consecutive steps that differ by less than n would reuse bits of neighbouring elements.
 //
 // Gradients are fp32: the trainer sums each micro-batch's bf16 gradient into an fp32 accumulator
-// (grad_accumulate, llmc/accumulate.cuh) and the optimizer reads that sum, never rounded to bf16.
+// (grad_accumulate, llmc/ops/accumulate.cuh) and the optimizer reads that sum, never rounded to bf16.
 //
 // Parallel decomposition: purely elementwise, memory bound (30 bytes per element with master
 // weights: read grad 4 + master 4 + m 4 + v 4, write param 2 + master 4 + m 4 + v 4; 24 without).
@@ -41,7 +41,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include "cuda_common.cuh"
+#include "llmc/ops/cuda_common.cuh"
 
 constexpr int ADAMW_THREADS = 256;
 
@@ -75,7 +75,7 @@ inline AdamwArgs adamw_make_args(float lr, float beta1, float beta2, float eps, 
 }
 
 // The 32 random bits of element i (see the header comment); the host's offloaded step
-// (llmc/offload.h) draws the same bits.
+// (llmc/parallel/offload.h) draws the same bits.
 __host__ __device__ inline uint32_t adamw_random_bits(uint64_t seed, size_t i) {
     const uint64_t x = seed + (uint64_t)i;
     return llmc_hash((uint32_t)x ^ llmc_hash((uint32_t)(x >> 32) ^ 0x9e3779b9u));

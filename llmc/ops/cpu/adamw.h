@@ -1,7 +1,7 @@
 // AdamW (Loshchilov & Hutter 2019) with PyTorch's conventions: decoupled decay p -= lr*wd*p first,
 // then the bias-corrected Adam step. t is the 1-based step. grad_scale multiplies the gradient
 // (gradient clipping). grads are fp32 whatever T is: the optimizer reads the fp32 accumulator the
-// micro-batches' gradients were summed into (grad_accumulate, llmc/cpu/accumulate.h), so the
+// micro-batches' gradients were summed into (grad_accumulate, llmc/ops/cpu/accumulate.h), so the
 // summed gradient is never rounded to the params' type. master_params is the fp32 copy the GPU
 // build keeps next to bf16 params; the CPU build trains fp32 params directly and passes nullptr.
 // seed drives the stochastic rounding of bf16 params in the CUDA build (random bits of element i

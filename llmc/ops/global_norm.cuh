@@ -1,6 +1,6 @@
 // Sum of squares of a bf16 or fp32 buffer (the gradient, for global-norm clipping), the twin of
-// llmc/cpu/global_norm.h: returns sum_i values[i]^2 as a host double. The trainer calls the fp32
-// overload on its fp32 gradient accumulator (llmc/accumulate.cuh); the bf16 one serves bf16 buffers.
+// llmc/ops/cpu/global_norm.h: returns sum_i values[i]^2 as a host double. The trainer calls the fp32
+// overload on its fp32 gradient accumulator (llmc/ops/accumulate.cuh); the bf16 one serves bf16 buffers.
 //
 // Accuracy, bf16 values: a bf16 has an 8-bit significand, so its square is exact in fp32; a thread sums the 8
 // squares of one 16-byte vector in fp32 (relative error < 8 * 2^-24 for these positive terms) and
@@ -36,8 +36,8 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include "cuda_common.cuh"
-#include "op_scratch.h"  // GN_MAX_BLOCKS, global_norm_scratch_bytes
+#include "llmc/ops/cuda_common.cuh"
+#include "llmc/ops/op_scratch.h"  // GN_MAX_BLOCKS, global_norm_scratch_bytes
 
 constexpr int GN_THREADS = 256;        // pass 1 block size
 constexpr int GN_UNROLL = 4;           // 16-byte loads in flight per thread

@@ -13,7 +13,7 @@
 // checksum of the whole content) last, fsyncs and renames <path>.tmp to <path>. A crash at any
 // moment leaves either no <path> or a complete one; a .tmp never loads, nor counts as a run's
 // checkpoint, and the next trainer on the out_dir removes it once it holds the lock
-// (llmc/run_dir.h). A write that fails on a rank (disk full, an fsync error, a non-finite state)
+// (llmc/io/run_dir.h). A write that fails on a rank (disk full, an fsync error, a non-finite state)
 // removes the .tmp on its way out (the writer's destructor), so it does not hold the space.
 //
 // Reading is two passes, neither of which holds the file: verify_checkpoint (collective, before the
@@ -40,8 +40,8 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "comm.h"
-#include "utils.h"
+#include "llmc/parallel/comm.h"
+#include "llmc/utils.h"
 
 struct CheckpointField {
     std::string name;

@@ -65,7 +65,7 @@
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
-#include "utils.h"
+#include "llmc/utils.h"
 #ifdef LLMC_MPI
 #include <mpi.h>
 #endif
@@ -77,7 +77,7 @@
 #include <nccl.h>
 #endif
 #if !defined(LLMC_CPU) && defined(LLMC_MPI)
-#include "cuda_common.cuh"  // the CUDA build under mpirun: each rank picks its GPU in comm_init
+#include "llmc/ops/cuda_common.cuh"  // the CUDA build under mpirun: each rank picks its GPU in comm_init
 #endif
 
 // what the byte counters are kept by

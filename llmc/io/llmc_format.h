@@ -22,7 +22,7 @@
 #include <string>
 #include <utility>
 #include <vector>
-#include "utils.h"
+#include "llmc/utils.h"
 
 constexpr int32_t LLMC_MODEL_MAGIC = 20240326;
 constexpr int LLMC_MODEL_HEADER_BYTES = 256 * 4;

@@ -31,8 +31,8 @@
 #include <functional>
 #include <string>
 #include <vector>
-#include "comm.h"
-#include "utils.h"
+#include "llmc/parallel/comm.h"
+#include "llmc/utils.h"
 
 enum PipeKind { PIPE_GPIPE = 0, PIPE_1F1B = 1, PIPE_INTERLEAVED = 2, PIPE_ZB1 = 3 };
 

@@ -29,8 +29,8 @@
 #include <algorithm>
 #include <string>
 #include <vector>
-#include "comm.h"
-#include "utils.h"
+#include "llmc/parallel/comm.h"
+#include "llmc/utils.h"
 
 // The gradient norm is summed over fixed chunks of each segment; a shard holds whole chunks.
 constexpr size_t NORM_CHUNK = 2048;

@@ -1,5 +1,5 @@
 // Causal self-attention over packed documents with grouped-query heads and ALiBi, on the GPU: the
-// twin of llmc/cpu/attention.h (same names, argument order and saved state).
+// twin of llmc/ops/cpu/attention.h (same names, argument order and saved state).
 //   qkv row (one token): [q heads: n_head*hs | k heads: n_kv_head*hs | v heads: n_kv_head*hs]
 //   query head h reads kv head h / (n_head / n_kv_head)
 //   s_ij = q_i.k_j / sqrt(hs) - slope_h * (i - j)   (ALiBi term only when alibi_n_head > 0)
@@ -73,7 +73,7 @@
 // construction), only the work they skip is tighter when it is.
 //
 // Scratch (cuda_scratch): attention_forward none; attention_backward B * n_head * T floats (D), both
-// paths: attention_scratch_bytes(B, T, n_head) (llmc/op_scratch.h).
+// paths: attention_scratch_bytes(B, T, n_head) (llmc/ops/op_scratch.h).
 // Shared memory (dynamic): flash forward 5 tiles of 64 x (hs + 8) bf16 (45 KB at hs 64, 85 KB at 128),
 // flash dQ and dK/dV 6 tiles (54 KB, 102 KB; dK/dV + 1.5 KB static); simple forward
 // 32(hs+4) + 32 hs + 16 hs floats (41.5 KB at hs = 128), simple dQ and dK/dV 2 * 32(hs+4) + 2 * 16 hs
@@ -83,8 +83,8 @@
 #include <initializer_list>
 #include <cmath>
 #include <cstdint>
-#include "llmc/cuda_common.cuh"
-#include "llmc/op_scratch.h"  // attention_scratch_bytes
+#include "llmc/ops/cuda_common.cuh"
+#include "llmc/ops/op_scratch.h"  // attention_scratch_bytes
 
 
 namespace attention_detail {

@@ -1,4 +1,4 @@
-// Token (+ learned position) embedding on the GPU: the twin of llmc/cpu/encoder.h.
+// Token (+ learned position) embedding on the GPU: the twin of llmc/ops/cpu/encoder.h.
 //   forward   out[i,:] = (v_i in range ? wte[v_i - vocab_begin,:] : 0) + wpe[p_i,:],  v_i = tokens[i],
 //             p_i = (i % T) - doc_start[i] (position inside the document); wpe == nullptr (ALiBi models)
 //             means no position term; "in range": vocab_begin <= v_i < vocab_begin + vocab_count.
@@ -34,14 +34,14 @@
 //
 // Scratch (cuda_scratch, encoder_scratch_bytes(B, T, C)): with n = B*T, four int arrays of n (sort
 //   keys and values, in and out), 2*C floats per chunk (ceil(n/64) chunks) and cub's temporary
-//   storage (about 8n bytes + the lookback; bounded by 12n + 64 KiB, llmc/op_scratch.h, and checked
+//   storage (about 8n bytes + the lookback; bounded by 12n + 64 KiB, llmc/ops/op_scratch.h, and checked
 //   at each call). At B*T = 65536, C = 768: ~8 MB.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
-#include "cuda_common.cuh"
-#include "op_scratch.h"  // CHUNK and the scratch layout (encoder_scratch_bytes)
+#include "llmc/ops/cuda_common.cuh"
+#include "llmc/ops/op_scratch.h"  // CHUNK and the scratch layout (encoder_scratch_bytes)
 
 namespace encoder_detail {
 
@@ -53,7 +53,7 @@ __host__ __device__ inline bool in_vocab_range(int token, int vocab_begin, int v
     return token >= vocab_begin && token - vocab_begin < vocab_count;
 }
 
-using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/cuda_common.cuh)
+using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/ops/cuda_common.cuh)
 
 // fp32 partials: VEC == 8 is two 16-byte accesses (p 32-byte aligned)
 template <int VEC>
@@ -231,13 +231,13 @@ inline void grouped_row_sum(floatX* grad, const floatX* dout, const int* tokens,
     encoder_keys_kernel<<<ceil_div(n, 256), 256, 0, llmc_stream()>>>(keys_in, vals_in, tokens, doc_start, T, n,
                                                                      by_position, vocab_begin, vocab_count);
     cudaCheckLaunch();
-    // cub's own need for this sort, within the bound the plan reserved (llmc/op_scratch.h)
+    // cub's own need for this sort, within the bound the plan reserved (llmc/ops/op_scratch.h)
     const int key_bits = by_position ? position_bits(T) : 32;
     size_t cub_bytes = 0;
     cudaCheck(cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes, (const unsigned*)nullptr, (unsigned*)nullptr,
                                               (const int*)nullptr, (int*)nullptr, n, 0, key_bits, llmc_stream()));
     LLMC_CHECK(cub_bytes <= s.cub_bytes, "internal: encoder_backward: cub's radix sort of %d pairs needs %zu bytes, more "
-               "than the %zu of cub_sort_bytes_bound (llmc/op_scratch.h)", n, cub_bytes, s.cub_bytes);
+               "than the %zu of cub_sort_bytes_bound (llmc/ops/op_scratch.h)", n, cub_bytes, s.cub_bytes);
     cudaCheck(cub::DeviceRadixSort::SortPairs(base + s.cub, cub_bytes, keys_in, keys_out, vals_in, vals_out, n, 0, key_bits,
                                               llmc_stream()));
     cudaCheckLaunch();

@@ -3,7 +3,7 @@
 // (kernels never cudaMalloc inside a training step), bf16 helpers (stochastic rounding; namespace
 // bf16x8: 16-byte vectors of 8 bf16 <-> fp32).
 //
-// Conventions of the GPU ops (llmc/<op>.cuh), the twins of llmc/cpu/<op>.h:
+// Conventions of the GPU ops (llmc/ops/<op>.cuh), the twins of llmc/ops/cpu/<op>.h:
 //  - same function name and argument order as the CPU reference; tensors are floatX (bf16),
 //    statistics (LayerNorm mean/rstd, attention log-sum-exp, losses) are float; all pointers
 //    are device pointers unless the name says host_
@@ -18,7 +18,7 @@
 #include <utility>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include "utils.h"
+#include "llmc/utils.h"
 
 typedef __nv_bfloat16 floatX;
 
@@ -47,7 +47,7 @@ inline void with_pow2(int x, F&& f) {
 }
 
 // Scratch arena: handed out by ops that need temporary space (the partial sums of deterministic
-// reductions; sizes in llmc/op_scratch.h). An op asking for more than the arena holds fails with a
+// reductions; sizes in llmc/ops/op_scratch.h). An op asking for more than the arena holds fails with a
 // clear message instead of allocating. The trainer binds a part of its memory plan (the MEM_SCRATCH
 // arena, llmc/memory.h) with cuda_scratch_bind; tests and benchmarks reserve their own with
 // cuda_scratch_reserve (grown on demand, owned here), which binding nullptr returns to.
@@ -79,14 +79,14 @@ inline void cuda_scratch_reserve(size_t bytes) {
 template <typename T>
 inline T* cuda_scratch(size_t count, const char* who) {
     CudaScratch& s = cuda_scratch_arena();
-    LLMC_CHECK(count * sizeof(T) <= s.bytes, "%s needs %zu bytes of scratch, the arena holds %zu (llmc/op_scratch.h)",
+    LLMC_CHECK(count * sizeof(T) <= s.bytes, "%s needs %zu bytes of scratch, the arena holds %zu (llmc/ops/op_scratch.h)",
                who, count * sizeof(T), s.bytes);
     return (T*)s.base;
 }
 
 // Stochastic rounding fp32 -> bf16 (unbiased in expectation): add uniform random bits below the
 // bf16 mantissa before truncating. random is a 32-bit hash of (seed, index). Integer operations
-// only, so the host computes the same bits (--offload optimizer rounds on the CPU, llmc/offload.h).
+// only, so the host computes the same bits (--offload optimizer rounds on the CPU, llmc/parallel/offload.h).
 __host__ __device__ inline uint32_t llmc_hash(uint32_t x) {
     x ^= x >> 16; x *= 0x7feb352dU; x ^= x >> 15; x *= 0x846ca68bU; x ^= x >> 16;
     return x;

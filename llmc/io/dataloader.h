@@ -33,8 +33,8 @@
 #include <vector>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include "rand.h"
-#include "utils.h"
+#include "llmc/rand.h"
+#include "llmc/utils.h"
 
 constexpr uint32_t SHARD_VERSION = 1;
 constexpr int SHARD_HEADER_BYTES = 64;

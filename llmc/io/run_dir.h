@@ -23,7 +23,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "utils.h"
+#include "llmc/utils.h"
 
 struct RunDirLock {
     int fd = -1;

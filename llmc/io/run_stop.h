@@ -7,7 +7,7 @@
 // (collectively), prints "stopped by signal at step N; continue with --resume latest" and exits
 // with STOP_EXIT_CODE. A second signal exits at once with 128 + its number (the shell's code for a
 // process killed by that signal); the checkpoint being written, if any, stays a .tmp that the next
-// start removes (llmc/run_dir.h).
+// start removes (llmc/io/run_dir.h).
 //
 // SIGXFSZ is ignored for the same life: a file size limit (ulimit -f) then fails the write with
 // EFBIG, which is reported naming the file (and a checkpoint write cleans up its .tmp), instead of
@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <unistd.h>
-#include "comm.h"
+#include "llmc/parallel/comm.h"
 
 constexpr int STOP_EXIT_CODE = 75;  // sysexits' EX_TEMPFAIL: stopped early, resumable
 
