@@ -200,14 +200,10 @@ static PlanInputs plan_inputs_of(const Run& r, const PipelinePlan& pipe) {
     in.config = r.config;
     in.B = r.B;
     in.T = r.T;
-    in.zero_stage = r.zero_stage;
-    in.recompute = r.recompute;
-    in.offload = r.offload;
-    in.dp = r.world;
-    in.tp = r.tp;
-    in.sp = r.sp;
-    in.ep = r.ep;
-    in.pipe = pipe;
+    in.layout = layout_of(r, pipe);
+    in.layout.plan_dp = r.world;
+    in.layout.plan_tp = r.tp;
+    in.layout.plan_ep = r.ep;
     return in;
 }
 
@@ -218,19 +214,19 @@ static void print_plan_only(const Run& r) {
     LLMC_CHECK(ranks % (r.n_stages * r.tp) == 0, "--plan_ranks %d is not a multiple of --pp %d x --tp %d", ranks, r.n_stages,
                r.tp);
     PlanInputs in = plan_inputs_of(r, PipelinePlan());
-    in.dp = ranks / (r.n_stages * r.tp);
-    const int64_t per_micro = (int64_t)r.B * r.T * in.dp;
+    in.layout.plan_dp = ranks / (r.n_stages * r.tp);
+    const int64_t per_micro = (int64_t)r.B * r.T * in.layout.plan_dp;
     LLMC_CHECK(r.total_batch_flag == 0 || r.total_batch_flag % per_micro == 0,
                "--total_batch_tokens %lld is not a multiple of B*T*dp = %lld for --plan_ranks %d",
                (long long)r.total_batch_flag, (long long)per_micro, ranks);
     const int plan_m = r.total_batch_flag > 0 ? (int)(r.total_batch_flag / per_micro) : 1;
-    in.pipe = pipeline_plan(r.config, r.B, r.T, r.n_stages, r.pp_virtual, plan_m, r.pp_kind, args.str("pp_layers"), 0);
+    in.layout.pipe = pipeline_plan(r.config, r.B, r.T, r.n_stages, r.pp_virtual, plan_m, r.pp_kind, args.str("pp_layers"), 0);
     const std::string device = args.str("device");
     if (!device.empty()) {
         // the free memory cudaMemGetInfo reports on that GPU (after the CUDA context); the plan's
         // buffers and the headroom (llmc/ops/op_scratch.h) must fit it
         LLMC_CHECK(device == "h200" || device == "h100", "--device: expected h200 or h100, got '%s'", device.c_str());
-        in.elem_bytes = 2;
+        in.layout.elem_bytes = 2;
         in.device_bytes = (device == "h200" ? 139.8 : 79.1) * 1073741824.0;
         in.device_name = device == "h200" ? "an H200 (CUDA build, bf16)" : "an H100 80GB (CUDA build, bf16)";
     }

@@ -2,30 +2,21 @@
 // ZeRO stage, the pipeline per stage, --plan / --max_fit, the bytes each collective sends per step
 // next to the layout's theory, and the --pp_trace timeline.
 
-// The inputs of a memory plan: the model, the batch, and the layout of one rank.
+// The inputs of a memory plan: the model, the batch, and the layout of one rank (for a plan, the
+// group sizes in plan_dp / plan_tp / plan_ep are the grid's, never 0).
 struct PlanInputs {
     GPTConfig config;
-    int B = 1, T = 1, zero_stage = 0, recompute = 0, dp = 1, tp = 1, ep = 1;
-    bool sp = false;
-    int offload = OFFLOAD_NONE;  // --offload
-    PipelinePlan pipe;  // its stage is the rank's
-    // --device: plan the CUDA build (bf16 params and activations, fp32 master) on a GPU of that
-    // memory, from any machine; device_bytes 0: this build on this machine
-    size_t elem_bytes = sizeof(floatX);
+    int B = 1, T = 1;
+    Layout layout;  // its pipe's stage is the rank's
+    // --device: plan the CUDA build (layout.elem_bytes 2: bf16 params and activations, fp32 master)
+    // on a GPU of that memory, from any machine; device_bytes 0: this build on this machine
     double device_bytes = 0;
     std::string device_name;
     MemoryEstimate estimate(int zero, int stage, int r) const {
-        Layout l;
+        Layout l = layout;
         l.zero_stage = zero;
-        l.pipe = pipe;
         l.pipe.stage = stage;
         l.recompute = r;
-        l.sp = sp;
-        l.offload = offload;
-        l.plan_dp = dp;
-        l.plan_tp = tp;
-        l.plan_ep = ep;
-        l.elem_bytes = elem_bytes;
         return gpt_memory_estimate(config, B, T, l);
     }
     double need(const MemoryEstimate& e) const { return device_bytes > 0 ? e.buffers() : plan_need_bytes(e); }
@@ -39,21 +30,22 @@ struct PlanInputs {
 #endif
     }
     double host_need(const MemoryEstimate& e) const {
-        return offload == OFFLOAD_OPTIMIZER && host_apart() ? plan_host_bytes(e) : 0.0;
+        return layout.offload == OFFLOAD_OPTIMIZER && host_apart() ? plan_host_bytes(e) : 0.0;
     }
 };
 
 // One rank's memory for every ZeRO stage (the current one marked): the plan of gpt_allocate.
 static void print_memory_plan(const PlanInputs& in) {
+    const Layout& L = in.layout;
     MemoryEstimate mem[4];
-    for (int z = 0; z < 4; z++) mem[z] = in.estimate(z, in.pipe.stage, in.recompute);
-    printf("memory per rank (MiB), dp %d%s%s%s, -r %d%s:  %10s %10s %10s %10s\n", in.dp,
-           in.tp > 1 ? (", tp " + std::to_string(in.tp) + (in.sp ? " + sp" : "")).c_str() : "",
-           in.ep > 1 ? (", ep " + std::to_string(in.ep)).c_str() : "",
-           in.pipe.P > 1 ? (", pipeline stage " + std::to_string(in.pipe.stage)).c_str() : "", in.recompute,
-           in.offload == OFFLOAD_OPTIMIZER ? ", --offload optimizer" : "",
-           in.zero_stage == 0 ? "[-z 0]" : "-z 0", in.zero_stage == 1 ? "[-z 1]" : "-z 1",
-           in.zero_stage == 2 ? "[-z 2]" : "-z 2", in.zero_stage == 3 ? "[-z 3]" : "-z 3");
+    for (int z = 0; z < 4; z++) mem[z] = in.estimate(z, L.pipe.stage, L.recompute);
+    printf("memory per rank (MiB), dp %d%s%s%s, -r %d%s:  %10s %10s %10s %10s\n", L.plan_dp,
+           L.plan_tp > 1 ? (", tp " + std::to_string(L.plan_tp) + (L.sp ? " + sp" : "")).c_str() : "",
+           L.plan_ep > 1 ? (", ep " + std::to_string(L.plan_ep)).c_str() : "",
+           L.pipe.P > 1 ? (", pipeline stage " + std::to_string(L.pipe.stage)).c_str() : "", L.recompute,
+           L.offload == OFFLOAD_OPTIMIZER ? ", --offload optimizer" : "",
+           L.zero_stage == 0 ? "[-z 0]" : "-z 0", L.zero_stage == 1 ? "[-z 1]" : "-z 1",
+           L.zero_stage == 2 ? "[-z 2]" : "-z 2", L.zero_stage == 3 ? "[-z 3]" : "-z 3");
     auto row = [&](const char* name, double MemoryEstimate::*field) {
         printf("  %-34s", name);
         for (int z = 0; z < 4; z++) printf(" %10.2f", (field ? mem[z].*field : mem[z].buffers()) / 1048576.0);
@@ -67,7 +59,7 @@ static void print_memory_plan(const PlanInputs& in) {
     row("batch", &MemoryEstimate::batch);
     row("op scratch + cuBLASLt workspace", &MemoryEstimate::scratch);
     row("total", nullptr);
-    if (in.offload != OFFLOAD_OPTIMIZER) return;
+    if (L.offload != OFFLOAD_OPTIMIZER) return;
     row("host: master weights (fp32)", &MemoryEstimate::host_master);
     row("host: adam moments (fp32)", &MemoryEstimate::host_moments);
     row("host: gradient staging (fp32)", &MemoryEstimate::host_staging);
@@ -80,7 +72,8 @@ static void print_memory_plan(const PlanInputs& in) {
 // the micro-batches it keeps in flight and its activation memory (the plan for that stage), and the
 // schedule's theoretical bubble.
 static void print_pipeline(const PlanInputs& in) {
-    const PipelinePlan& p = in.pipe;
+    const Layout& L = in.layout;
+    const PipelinePlan& p = L.pipe;
     const GPTConfig& c = in.config;
     const int B = in.B, T = in.T;
     const std::vector<ParamTensor> table = build_param_table(c);
@@ -107,7 +100,7 @@ static void print_pipeline(const PlanInputs& in) {
         if (ps.has_head()) flops += head_flops(c, B, T);
         int in_flight = 0, stashed = 0;
         for (int ch = 0; ch < p.V; ch++) { in_flight += n_slots[ch]; stashed += n_stashes[ch]; }
-        const MemoryEstimate e = in.estimate(in.zero_stage, s, in.recompute);
+        const MemoryEstimate e = in.estimate(L.zero_stage, s, L.recompute);
         printf("  stage %d: blocks %-12s%s%s params %10.0f | %.3g GFLOP per micro-batch | %d micro-batch%s in flight%s | "
                "activations %.2f MiB, total %.2f MiB\n", s, layers.c_str(), ps.has_embedding() ? " +embedding" : "",
                ps.has_head() ? " +head" : "", params, flops / 1e9, in_flight, in_flight == 1 ? "" : "es",
@@ -120,26 +113,27 @@ static void print_pipeline(const PlanInputs& in) {
 // (or LLMC_MEMORY_LIMIT), and with --max_fit the largest micro-batch and the largest dN-shaped model
 // that fit per -r level; nothing is allocated.
 static void print_plan(const PlanInputs& in, bool max_fit) {
+    const Layout& L = in.layout;
     std::string source = in.device_name, host_source = "host memory of the GPU machine: unknown, not checked";
     double avail = in.device_bytes > 0 ? in.device_bytes : available_buffer_memory(source);
     const double GiB = 1073741824.0;
-    const bool headroom = in.elem_bytes == 2 && avail > 0;  // a GPU's plan (the CUDA build, or --device)
-    if (headroom) avail -= device_headroom_bytes(in.dp, in.pipe.P, in.tp, in.ep);
+    const bool headroom = L.elem_bytes == 2 && avail > 0;  // a GPU's plan (the CUDA build, or --device)
+    if (headroom) avail -= device_headroom_bytes(L.plan_dp, L.pipe.P, L.plan_tp, L.plan_ep);
     // --offload optimizer on the CUDA build: the host side is checked against this machine's host
     // memory; with --device it is reported (the GPU machine's host memory is not known here)
     const double host_avail = in.device_bytes > 0 ? -1 : available_host_memory(host_source);
-    if (in.pipe.P > 1) print_pipeline(in);
-    for (int s = 0; s < in.pipe.P; s++) {
+    if (L.pipe.P > 1) print_pipeline(in);
+    for (int s = 0; s < L.pipe.P; s++) {
         PlanInputs one = in;
-        one.pipe.stage = s;
+        one.layout.pipe.stage = s;
         print_memory_plan(one);
     }
     // the most any stage needs; host: the most any stage needs of host memory apart (and of that, in
     // the offload arenas)
     auto worst = [&](const PlanInputs& p, int r, double* host = nullptr, double* arenas = nullptr) {
         double need = 0, h = 0, a = 0;
-        for (int s = 0; s < p.pipe.P; s++) {
-            const MemoryEstimate e = p.estimate(p.zero_stage, s, r);
+        for (int s = 0; s < p.layout.pipe.P; s++) {
+            const MemoryEstimate e = p.estimate(p.layout.zero_stage, s, r);
             need = std::max(need, p.need(e));
             if (p.host_need(e) > h) { h = p.host_need(e); a = e.host_arenas(); }
         }
@@ -152,12 +146,12 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
         const double need = worst(p, r, &h);
         return need <= avail && (host_avail <= 0 || h <= host_avail);
     };
-    const int procs = in.pipe.P * in.dp * in.tp;
+    const int procs = L.pipe.P * L.plan_dp * L.plan_tp;
     printf("plan: %d process%s (pp %d x dp %d x tp %d%s), -z %d%s; available: %s %.2f GiB\n", procs, procs == 1 ? "" : "es",
-           in.pipe.P, in.dp, in.tp, in.sp ? " + sp" : "", in.zero_stage,
-           in.offload == OFFLOAD_OPTIMIZER ? ", --offload optimizer" : "", source.c_str(), avail / GiB);
-    if (headroom) printf("  available is after %s\n", device_headroom_text(in.dp, in.pipe.P, in.tp, in.ep).c_str());
-    const bool host_line = in.offload == OFFLOAD_OPTIMIZER && in.host_apart();
+           L.pipe.P, L.plan_dp, L.plan_tp, L.sp ? " + sp" : "", L.zero_stage,
+           L.offload == OFFLOAD_OPTIMIZER ? ", --offload optimizer" : "", source.c_str(), avail / GiB);
+    if (headroom) printf("  available is after %s\n", device_headroom_text(L.plan_dp, L.pipe.P, L.plan_tp, L.plan_ep).c_str());
+    const bool host_line = L.offload == OFFLOAD_OPTIMIZER && in.host_apart();
     if (host_line) {
         if (host_avail > 0) printf("  host side: %s %.2f GiB\n", host_source.c_str(), host_avail / GiB);
         else printf("  host side: %s\n", host_source.c_str());
@@ -182,7 +176,7 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
         while (hi <= (1 << 20) && fits_b(hi)) { lo = hi; hi *= 2; }
         while (hi - lo > 1) { const int mid = (lo + hi) / 2; (fits_b(mid) ? lo : hi) = mid; }
         int best_n = 0;  // the largest dN of the flags' shape (n_layer N, n_embd 64 N, n_head N)
-        for (int n = std::max(1, in.pipe.n_vs()); n <= 1024; n++) {
+        for (int n = std::max(1, L.pipe.n_vs()); n <= 1024; n++) {
             PlanInputs p = in;
             p.config.n_layer = n;
             p.config.n_embd = 64 * n;
@@ -194,7 +188,7 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
             bool ok = false;
             try {
                 p.config.finalize();
-                p.pipe = pipeline_plan(p.config, p.B, p.T, in.pipe.P, in.pipe.V, in.pipe.M, in.pipe.kind, "", 0);
+                p.layout.pipe = pipeline_plan(p.config, p.B, p.T, L.pipe.P, L.pipe.V, L.pipe.M, L.pipe.kind, "", 0);
                 ok = fits(p, r);
             } catch (const LlmcError&) { ok = false; }
             if (!ok) break;
