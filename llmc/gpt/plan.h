@@ -85,26 +85,16 @@ static LayerActs alloc_layer_acts(GPT& m, int l, int keep, size_t fc_max = 0, si
     return a;
 }
 
-// The memory plan: everything is allocated here, once; the training step allocates nothing. With
-// mem.plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
-static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const Layout& layout = Layout()) {
+// The layout of this rank's part of the model (llmc/gpt/layout.h): its groups (a plan's: those it
+// plans for), its tensor / expert slice, the canonical reductions, the pipeline stage, the tables
+// and the ZeRO layout of its segments. dp, edp: the data-parallel and expert-dp groups.
+static void gpt_lay_out(GPT& m, const GPTConfig& config, int B, int T, const Layout& layout, CommGroup& dp,
+                        CommGroup& edp) {
     const int zero_stage = layout.zero_stage, recompute = layout.recompute;
     const bool sp = layout.sp;
-    m.offload = layout.offload;
-    if (m.mem.plan_only) {
-        m.plan_dp = layout.plan_dp;
-        m.plan_tp = layout.plan_tp;
-        m.plan_ep = layout.plan_ep;
-        m.elem_bytes = layout.elem_bytes;
-    } else {  // the arenas: one allocation per kind, at the plan's size (for the ranks started)
-        LLMC_CHECK(!layout.plan_dp && !layout.plan_tp && !layout.plan_ep && layout.elem_bytes == sizeof(floatX),
-                   "internal: a layout for planning only (other groups or another build's element size) to allocate");
-        GPT plan;
-        plan.mem.plan_only = true;
-        gpt_allocate(plan, config, B, T, layout);
-        m.mem.allocate_as(plan.mem, {buffer_alloc, buffer_free, host_buffer_alloc, host_buffer_free});
-    }
-    CommGroup dp = comm_world().dp, tp = comm_world().tp, ep = comm_world().ep, edp = comm_world().edp;
+    dp = comm_world().dp;
+    edp = comm_world().edp;
+    CommGroup tp = comm_world().tp, ep = comm_world().ep;
     if (m.mem.plan_only && m.plan_dp > 0) dp = CommGroup{0, m.plan_dp};
     if (m.mem.plan_only && m.plan_tp > 0) tp = CommGroup{0, m.plan_tp};
     if (m.mem.plan_only && (m.plan_dp > 0 || m.plan_ep > 0)) {
@@ -141,6 +131,16 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const La
     const ZeroLayout& z = m.zero;
     m.seg_local.assign(2 * config.n_layer + 2, -1);
     for (int s = 0; s < (int)z.segs.size(); s++) m.seg_local[z.segs[s].id] = s;
+}
+
+// The model's state buffers: params, leaf gradients, the fp32 accumulators, master weights and
+// moments (--offload: in the host arenas), the tied head's, ZeRO-3's gathered segments and the
+// pointers into them; then what the update, the offload and the norm need from the layout.
+static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp) {
+    const GPTConfig& config = m.config;
+    const PipelinePlan& pp = m.pipe;
+    const ZeroLayout& z = m.zero;
+    const int zero_stage = z.stage;
     const size_t fx = m.elem_bytes;
     m.params = (floatX*)take(m, MEM_PARAMS, z.params_elems() * fx);
     m.grad_acc = (float*)take(m, MEM_GRADS, z.acc_elems() * sizeof(float));
@@ -206,7 +206,14 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const La
                 if (!owner) m.norm_skip.push_back({at, at + n});
             });
     }
+}
 
+// The activations of B x T tokens: each chunk's layers once per micro-batch the schedule keeps in
+// flight (-r: less per slot), the zero-bubble stashes, one layer's backward scratch and the head's.
+static void alloc_activations(GPT& m, int B, int T) {
+    const GPTConfig& config = m.config;
+    const PipelinePlan& pp = m.pipe;
+    const int recompute = m.recompute;
     const LocalShape& ls = m.ls;
     const size_t BT = (size_t)B * T, C = config.n_embd, E = config.n_expert, rows = ls.sp ? BT / ls.tp : BT;
     m.max_B = B;
@@ -286,8 +293,15 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const La
         m.d_ln = take_act(m, BT * C);
         m.host_losses.resize(BT);
     }
-    // the tensor-parallel reductions' scratch (llmc/parallel/tensor_parallel.h): a subtree's temporaries
-    // where a rank computes several canonical leaves, the parts and receive buffers of a group's
+}
+
+// The tensor-parallel reductions' buffers for B x T tokens (llmc/parallel/tensor_parallel.h).
+static void alloc_tp_scratch(GPT& m, int B, int T) {
+    const GPTConfig& config = m.config;
+    const LocalShape& ls = m.ls;
+    const size_t BT = (size_t)B * T, C = config.n_embd, E = config.n_expert;
+    const size_t expert_rows = E > 0 ? E * config.moe_capacity(B, T) : 0, He = ls.expert_hidden;
+    // a subtree's temporaries where a rank computes several canonical leaves, the parts and receive buffers of a group's
     // reduction, the leaves' operand slices
     int max_leaves = 1, levels = 0, nodes = 1;
     for (const ChunkSplit* sp : {&m.split_attn, &m.split_ffn, &m.split_expert, &m.split_vocab, &m.split_tokens}) {
@@ -338,8 +352,14 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const La
         m.kv_lse_recv = take_stats(m, BT * ls.n_head * kv_share);
         m.kv_lse = take_stats(m, BT * ls.n_head * kv_share);
     }
-    // the CUDA ops' scratch and the cuBLASLt workspace for the rank's shapes (llmc/ops/op_scratch.h),
-    // wherever the plan is the CUDA build's (bf16); the CPU ops need none
+}
+
+// The CUDA ops' scratch and the cuBLASLt workspace for the rank's shapes (llmc/ops/op_scratch.h),
+// wherever the plan is the CUDA build's (bf16); the CPU ops need none.
+static void alloc_op_scratch(GPT& m, int B, int T) {
+    const GPTConfig& config = m.config;
+    const LocalShape& ls = m.ls;
+    const size_t C = config.n_embd, E = config.n_expert, He = ls.expert_hidden;
     if (m.elem_bytes == 2) {
         const int widest_biased = std::max({(int)C, ls.qkv(), ls.fc(config.mlp)});
         m.op_scratch_bytes = MATMUL_WORKSPACE_BYTES +
@@ -347,6 +367,31 @@ static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const La
                                               E > 0 ? config.moe_capacity(B, T) : 0, (int)He, plan_sm_count());
         m.op_scratch = take(m, MEM_SCRATCH, m.op_scratch_bytes);
     }
+}
+
+// The memory plan: everything is allocated here, once; the training step allocates nothing. With
+// mem.plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
+static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const Layout& layout = Layout()) {
+    m.offload = layout.offload;
+    if (m.mem.plan_only) {
+        m.plan_dp = layout.plan_dp;
+        m.plan_tp = layout.plan_tp;
+        m.plan_ep = layout.plan_ep;
+        m.elem_bytes = layout.elem_bytes;
+    } else {  // the arenas: one allocation per kind, at the plan's size (for the ranks started)
+        LLMC_CHECK(!layout.plan_dp && !layout.plan_tp && !layout.plan_ep && layout.elem_bytes == sizeof(floatX),
+                   "internal: a layout for planning only (other groups or another build's element size) to allocate");
+        GPT plan;
+        plan.mem.plan_only = true;
+        gpt_allocate(plan, config, B, T, layout);
+        m.mem.allocate_as(plan.mem, {buffer_alloc, buffer_free, host_buffer_alloc, host_buffer_free});
+    }
+    CommGroup dp, edp;
+    gpt_lay_out(m, config, B, T, layout, dp, edp);
+    alloc_model_state(m, dp, edp);
+    alloc_activations(m, B, T);
+    alloc_tp_scratch(m, B, T);
+    alloc_op_scratch(m, B, T);
     m.mem.check_used();  // allocated == planned, byte for byte
     if (!m.mem.plan_only) bind_op_scratch(m);
 }
