@@ -2,18 +2,20 @@
 // math and the layouts, the named entry points through which the forward, backward and update
 // meet ZeRO, tensor / sequence parallelism, expert parallelism and the pipeline. The contract: the
 // model code calls them at fixed points and never reads a rank number or a group itself.
-//   ZeRO (llmc/parallel/zero.h)          params_needed / params_done around a segment's use (stage 3
-//                               gathers), grads_needed / grads_ready around its weight gradients
-//                               (zeroed, then folded into the owners' fp32 accumulators),
-//                               head_weights / head_done (the tied lm head), zero_complete_grads
-//                               before the norm and zero_gather_params after the update
-//   tensor parallel             row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
-//   (llmc/parallel/tensor_parallel.h)    (canonical reductions over the tp group), vocab_parallel_loss
-//   sequence parallel (--sp)    stream_rows / sp_row0 (the rank's rows), sp_gather, ln_gathered,
-//                               sp_gather_from
-//   expert parallel (--ep)      expert_dispatch_buffer, expert_dispatch, expert_return
-//   pipeline (llmc/parallel/pipeline.h)  slot_for / stash_for (micro-batches in flight), pipe_transfer (a
-//                               stage transfer's bytes), tied_embedding_sum / tied_embedding_refresh
+//   ZeRO                 params_needed / params_done around a segment's use (stage 3 gathers),
+//   (parallel/zero.h)    grads_needed / grads_ready around its weight gradients (zeroed, then
+//                        folded into the owners' fp32 accumulators), head_weights / head_done and
+//                        head_grads_ready (the tied lm head), zero_complete_grads before the norm,
+//                        zero_gather_params after the update
+//   tensor parallel      row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
+//   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss,
+//   tensor_parallel.h)   tp_attention_backward (a kv head shared by several ranks)
+//   sequence parallel    stream_rows / sp_row0 (the rank's rows), sp_gather, ln_gathered,
+//   (--sp)               sp_gather_from
+//   expert parallel      expert_dispatch_buffer, expert_dispatch, expert_return
+//   pipeline             slot_for / stash_for (micro-batches in flight), pipe_transfer (a stage
+//   (parallel/           transfer's bytes), tied_embedding_sum / tied_embedding_refresh
+//   pipeline.h)
 // With one process and no flags every hook is a no-op or the plain op.
 
 // ZeRO glue for the model code (llmc/parallel/zero.h), by model segment id. At stages 0-2 the parameters are
