@@ -389,11 +389,11 @@ TEST_CASE("model: --offload optimizer (AdamW on the host) trains bitwise as the 
         for (int off = 0; off < 2; off++) {
             gpu::Layout layout;
             layout.zero_stage = zero;
-            layout.offload = off ? gpu::OFFLOAD_OPTIMIZER : gpu::OFFLOAD_NONE;
+            layout.offload = off ? OFFLOAD_OPTIMIZER : OFFLOAD_NONE;
             gpu::GPT g;
             const size_t host0 = gpu::host_bytes_allocated();
             gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T, layout);
-            const gpu::MemoryEstimate e = gpu::gpt_memory_estimate(convert_config<gpu::GPTConfig>(rc), B, T, layout);
+            const MemoryEstimate e = gpu::gpt_memory_estimate(convert_config<gpu::GPTConfig>(rc), B, T, layout);
             CHECK(e.host_arenas() == (double)(gpu::host_bytes_allocated() - host0));
             gpu::gpt_set_state(g, p.data(), zeros.data(), zeros.data());
             losses[off] = train_steps<gpu::GPT, gpu::OptimizerConfig>(
