@@ -1,4 +1,4 @@
-// Per-op throughput of the CPU build's ops (llmc/cpu/*.h) at one model shape, as the trainer calls
+// Per-op throughput of the CPU build's ops (llmc/ops/cpu/*.h) at one model shape, as the trainer calls
 // them, against this machine's own rooflines: a large square gemm (the matmul kernel itself) for
 // the matmuls and the attention, and a streaming pass of the same bytes for the activations.
 // Run by scripts/bench_cpu.sh (a benchmark, not a test): OMP_NUM_THREADS sets the threads.
@@ -20,9 +20,9 @@
 #include <vector>
 #include <ctime>
 
-#include "llmc/cpu/attention.h"
-#include "llmc/cpu/matmul.h"
-#include "llmc/cpu/mlp.h"
+#include "llmc/ops/cpu/attention.h"
+#include "llmc/ops/cpu/matmul.h"
+#include "llmc/ops/cpu/mlp.h"
 
 namespace {
 
