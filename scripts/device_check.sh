@@ -27,6 +27,7 @@
 #      (FlexAttention and SDPA, torch.compile per shape)
 #   8. the memory-limit run: the largest dN model --max_fit finds at -r 2 (~7e9 parameters
 #      initialised and uploaded: the riskiest and slowest step), then the other dev/cuda benchmarks
+#      (the matmul / attention / layernorm ladders first: each kernel version checked and timed)
 #   9. the summary table, printed last
 # $OUT (default out/device_check) gets ONE combined log (device_check.log, every step's output,
 # head and tail of each, at most LOG_TOTAL_CAP in all), summary.txt and the training runs'
@@ -368,7 +369,8 @@ fi
     --out_dir "$WORK/mem_maxfit_r2" -e "d$MAXFIT_N" -b 8 -t $T -r 2 --max_steps 2 --warmup 1 --sample_len 0 --ckpt_every -1
 
 # then the other benchmarks, while the budget lasts
-for name in layernorm classifier moe adamw encoder swiglu gelu global_norm accumulate attention_lib; do bench "$name" 15; done
+for name in ladder_matmul ladder_attention ladder_layernorm layernorm classifier moe adamw encoder swiglu gelu global_norm \
+            accumulate attention_lib; do bench "$name" 15; done
 
 # ------------------------------------------------------------------------------------------------
 # 9. summary, last
