@@ -124,7 +124,8 @@ struct GPT {
     std::vector<ParamTensor> table;  // the model's tensors: the layout-independent index space
     size_t n_params = 0;             // elements of the parameter table (with alignment padding): checkpoints
     size_t param_count = 0;          // the model's parameters (what is reported and counted for FLOPs)
-    ModelTensors p, g;               // pointers into params and grads (stage 3: into the slots, while gathered)
+    ModelTensors<floatX> p;          // pointers into params (stage 3: into the slots, while gathered)
+    ModelTensors<float> g;           // ... and into the fp32 leaf gradients (stage 3: the slots)
 
     // ---- the layout
     // tensor parallel: this rank's slice of the model (local_param_table; one process: the table)
@@ -154,17 +155,19 @@ struct GPT {
     // ---- the buffers (llmc/memory.h: every one from `mem`; mem.plan_only: only counted)
     MemoryArenas mem;
     floatX* params = nullptr;    // stage 0-2: every segment (padded space); stage 3: this rank's shard
-    floatX* grads = nullptr;     // leaf gradients of one micro-batch (padded space; stage 3: slots)
+    float* grads = nullptr;      // fp32 leaf gradients of one micro-batch (padded space; stage 3: slots)
     float* grad_acc = nullptr;   // fp32 sum of the leaves over the step's global micro-batches
     float* master = nullptr;     // fp32 master weights when params are not fp32 (the CUDA build), or offloaded
     float *adam_m = nullptr, *adam_v = nullptr;
     float* grad_staging = nullptr;  // offload: host fp32 [state_elems], the gradients down, the params up
-    floatX* comm_scratch = nullptr;  // reduce_scatter_add's receive buffer (dp > 1)
-    SegmentSlots<floatX> param_slots, grad_slots;  // stage 3: gathered segments
+    float* comm_scratch = nullptr;  // reduce_scatter_add's receive buffer (dp > 1)
+    SegmentSlots<floatX> param_slots;  // stage 3: gathered segments
+    SegmentSlots<float> grad_slots;
     // The tied lm head (on the last stage) and its gradient. Its gradient is summed over the step in
     // its own accumulator and added to the embedding's once per step (tied_embedding_sum); with
     // pp > 1 the last stage keeps a copy of the embedding's weights, refreshed after every update.
-    floatX *head_leaf = nullptr, *head_params = nullptr;  // [head.padded]; head_params: pp > 1 only
+    float* head_leaf = nullptr;     // [head.padded] fp32
+    floatX* head_params = nullptr;  // [head.padded]; pp > 1 only
     float* head_acc = nullptr;  // [shard]: this rank's slice (stage 0 with pp > 1: the receive buffer)
     std::vector<std::vector<ChunkSlot>> slots;     // [chunk][k]: activations of micro-batches in flight
     std::vector<std::vector<ChunkStash>> stashes;  // [chunk][k]: zero-bubble B -> W stash
@@ -185,7 +188,7 @@ struct GPT {
            *kv_out = nullptr;
     float *kv_lse_recv = nullptr, *kv_lse = nullptr;
     floatX* tp_full = nullptr;      // [B*T, C] --sp: a gathered stream gradient; MoE: the combined output
-    floatX* tp_ln_grads = nullptr;  // [2C] a LayerNorm's weight and bias gradients
+    float* tp_ln_grads = nullptr;   // [2C] a LayerNorm's weight and bias gradients (fp32)
     floatX* ln_full[2] = {};        // [B*T, C] --sp: a block's LN1 and LN2 outputs, gathered (ln_gathered)
     float *ce_max = nullptr, *ce_sum = nullptr, *ce_target = nullptr;  // [B*T] vocab-parallel softmax
     void* op_scratch = nullptr;     // the CUDA ops' scratch and the cuBLASLt workspace (MEM_SCRATCH)
@@ -243,8 +246,8 @@ static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
     if (s.host_targets && m.dloss_scale != 0.0f) {
         // m.logits holds dlogits now: the head's weight gradient (this rank's vocabulary rows) and
         // the gradient at the final LayerNorm's output (summed over the vocabulary chunks)
-        buffer_zero(m.head_leaf, m.head.padded_total * sizeof(floatX));
-        matmul_backward((floatX*)nullptr, m.head_leaf, (floatX*)nullptr, m.logits, m.lnf, (const floatX*)nullptr, BT, C, Vl);
+        buffer_zero(m.head_leaf, m.head.padded_total * sizeof(float));
+        matmul_backward((floatX*)nullptr, m.head_leaf, (float*)nullptr, m.logits, m.lnf, (const floatX*)nullptr, BT, C, Vl);
         head_grads_ready(m);
         const size_t per = (size_t)Vl / m.split_vocab.count;
         column_parallel_dinp(m, m.d_ln, m.logits, wte, 1, BT, C, Vl, m.split_vocab,
@@ -252,7 +255,7 @@ static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         const int final_ln = c.n_layer + 1;
         grads_needed(m, final_ln);
         buffer_zero(s.d_stream, (size_t)rows * C * sizeof(floatX));
-        layernorm_backward(s.d_stream, (floatX*)nullptr, (floatX*)nullptr, m.d_ln, x_final, m.p.lnfw, m.lnf_mean, m.lnf_rstd,
+        layernorm_backward(s.d_stream, (float*)nullptr, (float*)nullptr, m.d_ln, x_final, m.p.lnfw, m.lnf_mean, m.lnf_rstd,
                            rows, C);
         layernorm_weight_grads(m, m.g.lnfw, m.g.lnfb, m.d_ln, x_final, m.lnf_mean, m.lnf_rstd);
         grads_ready(m, final_ln);
@@ -295,7 +298,7 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
     const LocalShape& ls = m.ls;
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, rows = stream_rows(m);
     const size_t row0 = sp_row0(m);
-    const LayerTensors& w = m.p.layers[l];
+    const LayerTensors<floatX>& w = m.p.layers[l];
     matmul_forward(a.qkv, ln_gathered(m, a.ln1, 0), w.qkvw, w.qkvb, BT, C, ls.qkv());
     attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, ls.n_head, ls.n_kv_head, ls.hs,
                       c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
@@ -343,7 +346,7 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
 static void recompute_block(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
     const int BT = m.B * m.T, C = c.n_embd, rows = stream_rows(m);
-    const LayerTensors& w = m.p.layers[l];
+    const LayerTensors<floatX>& w = m.p.layers[l];
     if (m.recompute == 0) return;
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, rows, C);
     if (m.recompute == 2) {
@@ -411,7 +414,7 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = c.n_embd;
-    const LayerTensors& dw = m.g.layers[l];
+    const LayerTensors<float>& dw = m.g.layers[l];
     if (c.is_moe(l)) {
         // the experts' weight gradients, one leaf per source rank (--ep: the rows of ep rank p go
         // to leaf p, which folds as that rank's micro-batch would: zero.h's reduce_scatter_add)
@@ -438,7 +441,7 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
 static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
     const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = m.config.n_embd;
-    const LayerTensors& dw = m.g.layers[l];
+    const LayerTensors<float>& dw = m.g.layers[l];
     matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT,
                     ls.n_head * ls.hs, C);
     matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
@@ -458,7 +461,7 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     const LocalShape& ls = m.ls;
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, rows = stream_rows(m);
     const size_t row0 = sp_row0(m);
-    const LayerTensors& w = m.p.layers[l];
+    const LayerTensors<floatX>& w = m.p.layers[l];
     const size_t stream_bytes = (size_t)rows * C * sizeof(floatX);
     // the gradient at a branch output for all B*T tokens: the stream's (copied when stashed)
     auto branch_grad = [&](floatX* stash_buf) -> floatX* {
@@ -477,7 +480,7 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
         floatX* dxe = expert_dispatch_buffer(m, m.d_expert_in);
         for (int p = 0; p < ls.ep; p++) {
             const size_t rows = (size_t)p * ls.n_expert * cap;
-            matmul_backward_batched(m.d_fch_act + rows * He, (floatX*)nullptr, (floatX*)nullptr, d.d_ffn_out + rows * C,
+            matmul_backward_batched(m.d_fch_act + rows * He, (float*)nullptr, (float*)nullptr, d.d_ffn_out + rows * C,
                                     a.fch_act + rows * He, w.fcprojw, ls.n_expert, cap, He, C);
         }
         swiglu_backward(d.d_fch, m.d_fch_act, a.fch, E * cap, He);
@@ -491,30 +494,30 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
         floatX* d_ln2_all = ls.sp ? m.tp_full : d.d_ln2;
         buffer_zero(d_ln2_all, (size_t)BT * C * sizeof(floatX));
         moe_gather_backward(d_ln2_all, m.d_expert_in, a.token_slots, BT, E, cap, C);
-        moe_router_backward(d_ln2_all, (floatX*)nullptr, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1), w.routerw,
+        moe_router_backward(d_ln2_all, (float*)nullptr, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1), w.routerw,
                             BT, C, E);
         if (ls.sp) copy_buffer(d.d_ln2, d_ln2_all + row0 * C, stream_bytes);
     } else {
         const int H = ls.ffn;
         d.d_ffn_out = branch_grad(d.d_ffn_out);
-        matmul_backward(m.d_fch_act, (floatX*)nullptr, (floatX*)nullptr, d.d_ffn_out, a.fch_act, w.fcprojw, BT, H, C);
+        matmul_backward(m.d_fch_act, (float*)nullptr, (float*)nullptr, d.d_ffn_out, a.fch_act, w.fcprojw, BT, H, C);
         if (c.mlp == MLP_SWIGLU) swiglu_backward(d.d_fch, m.d_fch_act, a.fch, BT, H);
         else gelu_backward(d.d_fch, m.d_fch_act, a.fch, (long)BT * H);
         column_parallel_dinp(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
                              [&](int j) { return fc_leaf_rows(m, j, false); }, ls.sp);
     }
     if (!stash) ffn_weight_grads(m, l, a, d);
-    layernorm_backward(dres, (floatX*)nullptr, (floatX*)nullptr, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd,
+    layernorm_backward(dres, (float*)nullptr, (float*)nullptr, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd,
                        rows, C);
     // dres = dL/d residual2 now; the attention branch
     d.d_attn_out = branch_grad(d.d_attn_out);
-    matmul_backward(m.d_atty, (floatX*)nullptr, (floatX*)nullptr, d.d_attn_out, a.atty, w.attprojw, BT,
+    matmul_backward(m.d_atty, (float*)nullptr, (float*)nullptr, d.d_attn_out, a.atty, w.attprojw, BT,
                     ls.n_head * ls.hs, C);
     tp_attention_backward(m, d.d_qkv, m.d_atty, a, doc_start);
     column_parallel_dinp(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(), m.split_attn,
                          [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
     if (!stash) attn_weight_grads(m, l, a, d, x);
-    layernorm_backward(dres, (floatX*)nullptr, (floatX*)nullptr, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, rows, C);
+    layernorm_backward(dres, (float*)nullptr, (float*)nullptr, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, rows, C);
 }
 
 // the embedding's weight gradients (the token and position tables), from the gradient at its

@@ -1128,7 +1128,7 @@ TEST_CASE("gpt_backward's MoE branch equals the ops composed in double on the mo
         L.B = B, L.T = T, L.C = C, L.E = E, L.He = He, L.n = BT, L.cf = c.capacity_factor;
         L.by_pos = c.moe_group == MOE_GROUP_POSITION;
         L.cap = c.moe_capacity(B, T);
-        const LayerTensors& w = m.p.layers[l];
+        const LayerTensors<floatX>& w = m.p.layers[l];
         L.x = dvec(a.ln2, (size_t)BT * C);
         L.rw = dvec(w.routerw, (size_t)E * C);
         L.fcw = dvec(w.fcw, (size_t)E * 2 * He * C);
@@ -1286,7 +1286,7 @@ TEST_CASE("MoE parameter table: names in the documented order, shapes, init, wei
             CAPTURE(l);
             const std::string h = "h" + std::to_string(l) + ".";
             const std::string ffn = c.is_moe(l) ? h + "moe." : h + "mlp.";
-            const LayerTensors& w = m.p.layers[l];
+            const LayerTensors<floatX>& w = m.p.layers[l];
             CHECK(w.fcw == m.params + gpt_padded_index(m, param_offset(m, ffn + "fc.w")));
             CHECK(w.fcb == m.params + gpt_padded_index(m, param_offset(m, ffn + "fc.b")));
             CHECK(w.fcprojw == m.params + gpt_padded_index(m, param_offset(m, ffn + "proj.w")));

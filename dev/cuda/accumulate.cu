@@ -1,11 +1,11 @@
-// fp32 gradient accumulation benchmark (llmc/ops/accumulate.cuh): acc[i] += (float)x[i], acc fp32,
-// x bf16, at GPT-2 small (124M) and XL (1.5B) parameter counts.
+// fp32 gradient accumulation benchmark (llmc/ops/accumulate.cuh): acc[i] += x[i], acc and x fp32 (the
+// leaf gradients are fp32), at GPT-2 small (124M) and XL (1.5B) parameter counts.
 //   version 1: one element per thread (the scalar path grad_accumulate takes for misaligned slices)
 //   version 2: 8 elements per thread, every access 16 bytes wide (the path for aligned buffers)
 // Both evaluate the same per-element addition, so they must agree bit for bit; both are checked
 // against the CPU twin (llmc/ops/cpu/accumulate.h) first, bitwise (the addition rounds the same way on
 // both sides).
-// Bytes counted per element: read x 2 + acc 4, write acc 4 = 10. Reported as GB/s, as a fraction
+// Bytes counted per element: read x 4 + acc 4, write acc 4 = 12. Reported as GB/s, as a fraction
 // of the measured copy bandwidth, and as a fraction of the H200's nominal 4.8 TB/s HBM3e.
 //   nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -I. dev/cuda/accumulate.cu -lcublasLt -lcublas -o accumulate
 #include <cstring>
@@ -36,9 +36,9 @@ static bool validate(size_t n, size_t acc_off, size_t x_off) {
     }
     std::vector<float> want = acc;
     cpu::grad_accumulate<float>(want.data(), x.data(), n);
-    std::vector<floatX> xb(x_off + n);
-    for (size_t i = 0; i < n; i++) xb[x_off + i] = __float2bfloat16(x[i]);
-    floatX* d_x = to_device(xb);
+    std::vector<float> xb(x_off + n);
+    for (size_t i = 0; i < n; i++) xb[x_off + i] = x[i];
+    float* d_x = to_device(xb);
     float* d_acc = dev_alloc<float>(acc_off + n);
     bool ok = true;
     std::vector<float> out[2];
@@ -72,8 +72,10 @@ int main() {
     const size_t sizes[2] = {124475904, 1557611200};  // GPT-2 small and XL (padded vocab)
     const size_t n_max = sizes[1];
     float* acc = dev_alloc<float>(n_max);
-    floatX* x = alloc_random(n_max, 7, 1e-3f);
+    float* x = dev_alloc<float>(n_max);
     fill_acc<<<132 * 16, 256, 0, llmc_stream()>>>(acc, n_max);
+    cudaCheckLaunch();
+    fill_acc<<<132 * 16, 256, 0, llmc_stream()>>>(x, n_max);
     cudaCheckLaunch();
     for (size_t n : sizes) {
         const int repeats = n > 500000000 ? 20 : 50;
@@ -81,7 +83,7 @@ int main() {
             const float ms = bench::time_ms([&] { grad_accumulate_launch(version == 2, acc, x, n); }, 3, repeats);
             char what[128];
             snprintf(what, sizeof(what), "grad_accumulate v%d n=%.0fM", version, n / 1e6);
-            const double bytes = 10.0 * n;
+            const double bytes = 12.0 * n;
             bench::print_bandwidth(what, ms, bytes);
             printf("%-48s %5.1f%% of the H200's 4.8 TB/s\n", "", 100.0 * bytes / (ms * 1e-3) / H200_HBM_BYTES_PER_S);
         }

@@ -185,6 +185,13 @@ inline floatX* alloc_random(size_t n, uint32_t seed, float scale, float offset =
     return p;
 }
 
+// device buffer of n fp32 zeros (the weight gradients' accumulators in the timing runs)
+inline float* alloc_zeros_f32(size_t n) {
+    float* p = dev_alloc<float>(n);
+    cudaCheck(cudaMemset(p, 0, n * sizeof(float)));
+    return p;
+}
+
 // doc_start of B rows of T tokens: packed = documents of random length in [1, T/4) (mean ~T/8), the
 // row starting inside a document; unpacked = one document per row
 inline std::vector<int> make_doc_start(int B, int T, bool packed, uint64_t seed) {

@@ -76,17 +76,17 @@ static bool validate(int B, int T, int C, int V) {
     const double e_out = max_row_rel_l2(to_host_bf16(d_out, n * C), out, C);
     std::vector<float> got_wte[2], got_wpe[2];
     for (int rep = 0; rep < 2; rep++) {
-        floatX *d_dwte = to_device_bf16(dwte0), *d_dwpe = to_device_bf16(dwpe0);
+        float *d_dwte = to_device(dwte0), *d_dwpe = to_device(dwpe0);  // fp32 gradients
         encoder_backward(d_dwte, d_dwpe, d_dout, d_tokens, d_ds, B, T, C, 0, V);
-        got_wte[rep] = to_host_bf16(d_dwte, (size_t)V * C);
-        got_wpe[rep] = to_host_bf16(d_dwpe, (size_t)T * C);
+        got_wte[rep] = to_host(d_dwte, (size_t)V * C);
+        got_wpe[rep] = to_host(d_dwpe, (size_t)T * C);
         cudaCheck(cudaFree(d_dwte));
         cudaCheck(cudaFree(d_dwpe));
     }
     const double e_wte = max_row_rel_l2(got_wte[0], dwte, C), e_wpe = max_row_rel_l2(got_wpe[0], dwpe, C);
     const bool same = got_wte[0] == got_wte[1] && got_wpe[0] == got_wpe[1];
-    const double tol = 1e-2;
-    const bool ok = e_out <= tol && e_wte <= tol && e_wpe <= tol && same;
+    const double tol = 1e-2, f32_tol = 1e-5;  // bf16 output; fp32 gradients (sums reordered)
+    const bool ok = e_out <= tol && e_wte <= f32_tol && e_wpe <= f32_tol && same;
     printf("validate B=%d T=%d C=%d V=%d: out %.2e, dwte %.2e, dwpe %.2e (worst row rel L2), deterministic %s: %s\n",
            B, T, C, V, e_out, e_wte, e_wpe, same ? "yes" : "NO", ok ? "ok" : "MISMATCH");
     for (void* p : {(void*)d_tokens, (void*)d_ds, (void*)d_wte, (void*)d_wpe, (void*)d_dout, (void*)d_out})
@@ -110,9 +110,10 @@ static void run_bench(int B, int T, int C, int V, int Vp) {
     cuda_scratch_reserve(encoder_scratch_bytes(B, T, C));
     int *d_tokens = to_device(tokens), *d_ds = to_device(ds);
     floatX *wte = alloc_random((size_t)Vp * C, 1, 0.1f), *wpe = alloc_random((size_t)T * C, 2, 0.1f);
-    floatX *dwte = alloc_random((size_t)Vp * C, 3, 0.1f), *dwpe = alloc_random((size_t)T * C, 4, 0.1f);
+    float *dwte = alloc_zeros_f32((size_t)Vp * C), *dwpe = alloc_zeros_f32((size_t)T * C);
     floatX *out = alloc_random(n * C, 5, 1.0f), *dout = alloc_random(n * C, 6, 1.0f);
-    const double row = (double)C * sizeof(floatX), ids = 2.0 * n * sizeof(int);
+    // dout rows are bf16; a gradient row is read and written once, in fp32
+    const double row = (double)C * sizeof(floatX), grow = (double)C * sizeof(float), ids = 2.0 * n * sizeof(int);
     printf("B*T = %zu tokens (%zu distinct, %zu distinct positions), C = %d\n", n, distinct_tok, distinct_pos, C);
 
     float ms = bench::time_ms([&] { encoder_forward(out, d_tokens, d_ds, wte, wpe, B, T, C, 0, Vp); });
@@ -120,9 +121,9 @@ static void run_bench(int B, int T, int C, int V, int Vp) {
     ms = bench::time_ms([&] { encoder_forward(out, d_tokens, d_ds, wte, nullptr, B, T, C, 0, Vp); });
     bench::print_bandwidth("  forward (wte only, ALiBi)", ms, 2.0 * n * row + ids);
     ms = bench::time_ms([&] { encoder_backward(dwte, dwpe, dout, d_tokens, d_ds, B, T, C, 0, Vp); });
-    bench::print_bandwidth("  backward (dwte + dwpe)", ms, n * row + 2.0 * (distinct_tok + distinct_pos) * row + ids);
+    bench::print_bandwidth("  backward (dwte + dwpe)", ms, n * row + 2.0 * (distinct_tok + distinct_pos) * grow + ids);
     ms = bench::time_ms([&] { encoder_backward(dwte, nullptr, dout, d_tokens, d_ds, B, T, C, 0, Vp); });
-    bench::print_bandwidth("  backward (dwte only)", ms, n * row + 2.0 * distinct_tok * row + ids);
+    bench::print_bandwidth("  backward (dwte only)", ms, n * row + 2.0 * distinct_tok * grow + ids);
     // the sort alone (keys + cub radix sort of the token ids): the price of determinism
     {
         using namespace encoder_detail;

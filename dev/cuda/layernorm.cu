@@ -58,19 +58,21 @@ static bool validate(int N, int C) {
     cudaCheck(cudaMemcpy(d_rstd, rstd.data(), N * sizeof(float), cudaMemcpyHostToDevice));
     std::vector<float> got[2][3];
     for (int rep = 0; rep < 2; rep++) {
-        floatX *d_dinp = to_device_bf16(dinp0), *d_dw = to_device_bf16(dw0), *d_db = to_device_bf16(db0);
+        floatX* d_dinp = to_device_bf16(dinp0);
+        float *d_dw = to_device(dw0), *d_db = to_device(db0);  // fp32 gradients
         layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
         got[rep][0] = to_host_bf16(d_dinp, nc);
-        got[rep][1] = to_host_bf16(d_dw, C);
-        got[rep][2] = to_host_bf16(d_db, C);
-        for (floatX* p : {d_dinp, d_dw, d_db}) cudaCheck(cudaFree(p));
+        got[rep][1] = to_host(d_dw, C);
+        got[rep][2] = to_host(d_db, C);
+        cudaCheck(cudaFree(d_dinp));
+        for (float* p : {d_dw, d_db}) cudaCheck(cudaFree(p));
     }
     e[5] = rel_l2(got[0][0], dinp);
     e[6] = rel_l2(got[0][1], dw);
     e[7] = rel_l2(got[0][2], db);
     const bool same = got[0][0] == got[1][0] && got[0][1] == got[1][1] && got[0][2] == got[1][2];
     const bool ok = e[0] <= 1e-2 && e[1] <= 1e-4 && e[2] <= 1e-2 && e[3] <= 1e-2 && e[4] <= 1e-4 && e[5] <= 1e-2 &&
-                    e[6] <= 1e-2 && e[7] <= 1e-2 && same;
+                    e[6] <= 1e-5 && e[7] <= 1e-5 && same;  // dw, db: fp32 sums (reordered)
     printf("validate N=%d C=%d: fwd out %.1e stats %.1e | fused res %.1e out %.1e stats %.1e | bwd dinp %.1e dw %.1e "
            "db %.1e deterministic %s: %s\n",
            N, C, e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], same ? "yes" : "NO", ok ? "ok" : "MISMATCH");
@@ -85,8 +87,8 @@ static void run_bench(int N, int C) {
     cuda_scratch_reserve(layernorm_scratch_bytes(N, C));
     floatX *inp = alloc_random(nc, 1, 1.0f), *inp2 = alloc_random(nc, 2, 1.0f), *res = alloc_random(nc, 3, 1.0f);
     floatX *out = alloc_random(nc, 4, 1.0f), *dout = alloc_random(nc, 5, 1.0f), *dinp = alloc_random(nc, 6, 1.0f);
-    floatX *w = alloc_random(C, 7, 0.1f, 1.0f), *b = alloc_random(C, 8, 0.1f), *dw = alloc_random(C, 9, 0.1f),
-           *db = alloc_random(C, 10, 0.1f);
+    floatX *w = alloc_random(C, 7, 0.1f, 1.0f), *b = alloc_random(C, 8, 0.1f);
+    float *dw = alloc_zeros_f32(C), *db = alloc_zeros_f32(C);
     float *mean, *rstd;
     cudaCheck(cudaMalloc(&mean, N * sizeof(float)));
     cudaCheck(cudaMalloc(&rstd, N * sizeof(float)));
@@ -98,7 +100,7 @@ static void run_bench(int N, int C) {
     ms = bench::time_ms([&] { fused_residual_layernorm_forward(res, out, mean, rstd, inp, inp2, w, b, N, C); });
     bench::print_bandwidth("  fused_residual_layernorm_forward", ms, 4 * t + stats + wb);
     ms = bench::time_ms([&] { layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C); });
-    bench::print_bandwidth("  layernorm_backward", ms, 4 * t + stats + 3 * wb);
+    bench::print_bandwidth("  layernorm_backward", ms, 4 * t + stats + wb + 4 * wb);  // w; dw, db fp32 read + written
     for (void* p : {(void*)inp, (void*)inp2, (void*)res, (void*)out, (void*)dout, (void*)dinp, (void*)w, (void*)b,
                     (void*)dw, (void*)db, (void*)mean, (void*)rstd})
         cudaCheck(cudaFree(p));

@@ -149,17 +149,20 @@ static size_t count_params(const std::vector<ParamTensor>& table) {
     return table.back().offset + (table.back().numel + 7) / 8 * 8;
 }
 
-// Pointers into a flat buffer (params or grads) laid out by the table.
+// Pointers into a flat buffer laid out by the table, of element type T: the parameters (floatX)
+// or the gradients (fp32 in both builds: every op's weight gradient is an fp32 sum, llmc/ops/).
+template <typename T>
 struct LayerTensors {
-    floatX *ln1w = nullptr, *ln1b = nullptr, *qkvw = nullptr, *qkvb = nullptr, *attprojw = nullptr,
-           *attprojb = nullptr, *ln2w = nullptr, *ln2b = nullptr;
+    T *ln1w = nullptr, *ln1b = nullptr, *qkvw = nullptr, *qkvb = nullptr, *attprojw = nullptr, *attprojb = nullptr,
+      *ln2w = nullptr, *ln2b = nullptr;
     // dense FFN, or the stacked experts' of an MoE layer
-    floatX *fcw = nullptr, *fcb = nullptr, *fcprojw = nullptr, *fcprojb = nullptr;
-    floatX* routerw = nullptr;  // MoE layers only
+    T *fcw = nullptr, *fcb = nullptr, *fcprojw = nullptr, *fcprojb = nullptr;
+    T* routerw = nullptr;  // MoE layers only
 };
+template <typename T>
 struct ModelTensors {
-    floatX *wte = nullptr, *wpe = nullptr, *lnfw = nullptr, *lnfb = nullptr;
-    std::vector<LayerTensors> layers;
+    T *wte = nullptr, *wpe = nullptr, *lnfw = nullptr, *lnfb = nullptr;
+    std::vector<LayerTensors<T>> layers;
 };
 
 // The segments of the flat buffers (llmc/parallel/zero.h): the embedding, each block, the final LayerNorm,
@@ -200,20 +203,21 @@ static std::vector<SegmentSpec> segment_specs(const GPTConfig& c, const std::vec
 }
 
 // Points the fields of the tensors of segment `seg` at base (the segment's first element), or
-// at nullptr (stage 3: the segment is not gathered).
-static void point_segment(ModelTensors& t, const GPTConfig& c, const std::vector<ParamTensor>& table,
-                          const Segment& seg, floatX* base) {
+// at nullptr (stage 3: the segment is not gathered). (T is taken from t alone: base may be nullptr.)
+template <typename T>
+static void point_segment(ModelTensors<T>& t, const GPTConfig& c, const std::vector<ParamTensor>& table,
+                          const Segment& seg, typename std::common_type<T>::type* base) {
     t.layers.resize(c.n_layer);
     for (const ParamTensor& p : table) {
         if (segment_of(p.name, c.n_layer) != seg.id) continue;
-        floatX* ptr = base ? base + (p.offset - seg.begin) : nullptr;
+        T* ptr = base ? base + (p.offset - seg.begin) : nullptr;
         if (p.name == "wte") { t.wte = ptr; continue; }
         if (p.name == "wpe") { t.wpe = ptr; continue; }
         if (p.name == "lnf.w") { t.lnfw = ptr; continue; }
         if (p.name == "lnf.b") { t.lnfb = ptr; continue; }
-        LayerTensors& L = t.layers[segment_layer(seg.id, c.n_layer)];
+        LayerTensors<T>& L = t.layers[segment_layer(seg.id, c.n_layer)];
         const std::string f = p.name.substr(p.name.find('.') + 1);
-        floatX** field = f == "ln1.w" ? &L.ln1w : f == "ln1.b" ? &L.ln1b : f == "attn.qkv.w" ? &L.qkvw
+        T** field = f == "ln1.w" ? &L.ln1w : f == "ln1.b" ? &L.ln1b : f == "attn.qkv.w" ? &L.qkvw
                        : f == "attn.qkv.b" ? &L.qkvb : f == "attn.proj.w" ? &L.attprojw : f == "attn.proj.b" ? &L.attprojb
                        : f == "ln2.w" ? &L.ln2w : f == "ln2.b" ? &L.ln2b : f == "moe.router.w" ? &L.routerw
                        : (f == "mlp.fc.w" || f == "moe.fc.w") ? &L.fcw : (f == "mlp.fc.b" || f == "moe.fc.b") ? &L.fcb

@@ -67,12 +67,12 @@ static void params_done(GPT& m, int seg) {
 static void grads_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
     for (int s : local_segments(m, seg)) {
-        const size_t bytes = z.segs[s].n_leaves * z.segs[s].padded * sizeof(floatX);
+        const size_t bytes = z.segs[s].n_leaves * z.segs[s].padded * sizeof(float);
         if (!z.params_sharded()) {
             buffer_zero(m.grads + z.segs[s].leaf_offset, bytes);
             continue;
         }
-        floatX* slot = m.grad_slots.acquire(s, "gradient");
+        float* slot = m.grad_slots.acquire(s, "gradient");
         buffer_zero(slot, bytes);
         point_segment(m.g, m.config, m.local, z.segs[s], slot);
     }
@@ -80,7 +80,7 @@ static void grads_needed(GPT& m, int seg) {
 static void grads_ready(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
     for (int s : local_segments(m, seg)) {
-        const floatX* leaf = z.params_sharded() ? m.grad_slots.find(s) : m.grads + z.segs[s].leaf_offset;
+        const float* leaf = z.params_sharded() ? m.grad_slots.find(s) : m.grads + z.segs[s].leaf_offset;
         reduce_scatter_add(AccumulateGrads(), seg_group(z, s), m.grad_acc + z.acc_own(s), leaf, z.shard_len(s),
                            m.comm_scratch, z.segs[s].n_leaves);
         // the step's last micro-batch of this segment: its gradient is final, its download can start
@@ -234,7 +234,7 @@ static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const
     auto leaf = [&](int g, floatX* dst) {
         const SplitRanges r = ranges(g - split.first);
         if (covers(r, OC)) {
-            matmul_backward_batched(dst, (floatX*)nullptr, (floatX*)nullptr, dout, (const floatX*)nullptr, W, n_batch, rows, C, OC);
+            matmul_backward_batched(dst, (float*)nullptr, (float*)nullptr, dout, (const floatX*)nullptr, W, n_batch, rows, C, OC);
             return;
         }
         const size_t w = gather_columns(m.tp_copy_a, dout, (size_t)n_batch * rows, OC, r);
@@ -245,7 +245,7 @@ static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const
                 at += x.n;
             }
         }
-        matmul_backward_batched(dst, (floatX*)nullptr, (floatX*)nullptr, m.tp_copy_a, (const floatX*)nullptr, m.tp_copy_b,
+        matmul_backward_batched(dst, (float*)nullptr, (float*)nullptr, m.tp_copy_a, (const floatX*)nullptr, m.tp_copy_b,
                                 n_batch, rows, C, (int)w);
     };
     tp_sum(tp_group(), split, m.tpx, dinp, n, !scatter, leaf, tp_add, tp_copy);
@@ -320,7 +320,7 @@ static void tp_attention_backward(GPT& m, floatX* dqkv, const floatX* dout, cons
 
 // LayerNorm weight and bias gradients, summed over canonical token chunks (the rank's stream rows:
 // with --sp the tp group adds the chunks of every rank; otherwise every rank has all of them).
-static void layernorm_weight_grads(GPT& m, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+static void layernorm_weight_grads(GPT& m, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
                                    const float* mean, const float* rstd) {
     const int C = m.config.n_embd;
     // the canonical token chunks of this micro-batch (B*T may be below the allocated maximum)
@@ -329,15 +329,15 @@ static void layernorm_weight_grads(GPT& m, floatX* dweight, floatX* dbias, const
     const ChunkSplit split = m.ls.sp ? chunk_split(n, G, m.ls.tp, m.ls.rank, m.canonical)
                                      : chunk_split(n, G, 1, 0, m.canonical);
     const size_t per = (size_t)stream_rows(m) / split.count;
-    auto leaf = [&](int g, floatX* dst) {
+    auto leaf = [&](int g, float* dst) {
         const size_t t0 = (g - split.first) * per;
-        buffer_zero(dst, 2 * (size_t)C * sizeof(floatX));
+        buffer_zero(dst, 2 * (size_t)C * sizeof(float));
         layernorm_backward((floatX*)nullptr, dst, dst + C, dout + t0 * C, inp + t0 * C, (const floatX*)nullptr, mean + t0,
                            rstd + t0, (int)per, C);
     };
-    tp_sum(m.ls.sp ? tp_group() : tp_single(), split, m.tpx, m.tp_ln_grads, 2 * (size_t)C, true, leaf, tp_add, tp_copy);
-    tp_add(dweight, m.tp_ln_grads, C);
-    tp_add(dbias, m.tp_ln_grads + C, C);
+    tp_sum(m.ls.sp ? tp_group() : tp_single(), split, m.tpf, m.tp_ln_grads, 2 * (size_t)C, true, leaf, tp_add_f, tp_copy_f);
+    tp_add_f(dweight, m.tp_ln_grads, C);
+    tp_add_f(dbias, m.tp_ln_grads + C, C);
 }
 
 // ---- micro-batches in flight (the pipeline schedule's activation slots and stashes) ----

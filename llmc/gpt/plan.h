@@ -156,23 +156,23 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
         const std::vector<SegmentSpec> all = segment_specs(config, m.local);
         m.head = zero_layout({all[0]}, count_params(m.local), zero_stage, dp.size, dp.rank);
         m.head_acc = (float*)take(m, MEM_GRADS, m.head.shard_len(0) * sizeof(float));
-        if (pp.has_head()) m.head_leaf = (floatX*)take(m, MEM_GRADS, m.head.padded_total * fx);
+        if (pp.has_head()) m.head_leaf = (float*)take(m, MEM_GRADS, m.head.padded_total * sizeof(float));
         if (pp.has_head() && pp.P > 1) m.head_params = (floatX*)take(m, MEM_PARAMS, m.head.padded_total * fx);
     }
     const size_t scratch_elems = std::max(z.max_leaves, m.head.segs.empty() ? 0 : m.head.max_padded);
-    if (dp.size > 1) m.comm_scratch = (floatX*)take(m, MEM_GRADS, scratch_elems * fx);
+    if (dp.size > 1) m.comm_scratch = (float*)take(m, MEM_GRADS, scratch_elems * sizeof(float));
     if (z.params_sharded()) {
         // a block's forward holds its segments and the next block's (MoE: a block is two segments)
         const int param_slots = ZERO3_PARAM_SLOTS * (config.n_expert > 0 ? 2 : 1);
         const int grad_slots = ZERO3_GRAD_SLOTS;
         for (int k = 0; k < param_slots; k++) m.param_slots.buf.push_back((floatX*)take(m, MEM_PARAMS, z.max_padded * fx));
-        for (int k = 0; k < grad_slots; k++) m.grad_slots.buf.push_back((floatX*)take(m, MEM_GRADS, z.max_leaves * fx));
+        for (int k = 0; k < grad_slots; k++) m.grad_slots.buf.push_back((float*)take(m, MEM_GRADS, z.max_leaves * sizeof(float)));
         m.param_slots.holds.assign(param_slots, -1);
         m.grad_slots.holds.assign(grad_slots, -1);
         m.p.layers.resize(config.n_layer);  // pointers appear while a segment is gathered
         m.g.layers.resize(config.n_layer);
     } else {
-        m.grads = (floatX*)take(m, MEM_GRADS, z.leaf_total * fx);
+        m.grads = (float*)take(m, MEM_GRADS, z.leaf_total * sizeof(float));
         m.p.layers.resize(config.n_layer);
         m.g.layers.resize(config.n_layer);
         if (!m.mem.plan_only)
@@ -310,7 +310,8 @@ static void alloc_tp_scratch(GPT& m, int B, int T) {
         if (ls.tp > 1) nodes = std::max(nodes, split_nodes(*sp));
     }
     LLMC_CHECK(levels <= TP_MAX_LEVELS, "internal: %d canonical chunks per rank", max_leaves);
-    const size_t red_x = std::max({BT * C, expert_rows * C, 2 * C}), red_f = BT;
+    // (the LayerNorm weight gradients, 2C, are fp32: tpf)
+    const size_t red_x = std::max(BT * C, expert_rows * C), red_f = std::max(BT, 2 * C);
     m.tpx.capacity = red_x;
     m.tpf.capacity = red_f;
     m.tpx.levels = m.tpf.levels = levels;
@@ -330,7 +331,7 @@ static void alloc_tp_scratch(GPT& m, int B, int T) {
         }
     }
     if (ls.sp) m.tpx.part = take_act(m, red_x);
-    m.tp_ln_grads = take_act(m, 2 * C);
+    m.tp_ln_grads = take_stats(m, 2 * C);
     if (ls.sp) {
         m.tp_full = take_act(m, BT * C);
         for (floatX*& buf : m.ln_full) buf = take_act(m, BT * C);

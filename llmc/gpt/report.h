@@ -294,12 +294,12 @@ static void print_comm_volume(const GPT& m, int grad_accum) {
     const double head = pp.has_head() ? (double)m.head.padded_total : 0.0;
     double theory[COMM_N_OPS] = {};
     // ZeRO, per segment over its group (the experts' over the expert-dp ranks, one leaf per ep rank)
-    theory[COMM_ALL_TO_ALL] = grad_accum * share * fx * head;
+    theory[COMM_ALL_TO_ALL] = grad_accum * share * 4.0 * head;  // (leaf gradients are fp32 in both builds)
     for (int s = 0; s < (int)z.segs.size(); s++) {
         const Segment& seg = z.segs[s];
         const double sh = (double)(seg.dp - 1) / seg.dp, n = (double)seg.padded;
         const bool block = segment_layer(seg.id, m.config.n_layer) >= 0;
-        theory[COMM_ALL_TO_ALL] += grad_accum * sh * fx * n * seg.n_leaves;    // reduce_scatter_add of the leaves
+        theory[COMM_ALL_TO_ALL] += grad_accum * sh * 4.0 * n * seg.n_leaves;   // reduce_scatter_add of the fp32 leaves
         if (z.stage <= 1) theory[COMM_ALL_GATHER] += sh * 4.0 * n;            // completes the all-reduce
         if (z.stage == 1 || z.stage == 2) theory[COMM_ALL_GATHER] += sh * fx * n;  // updated params
         if (z.stage == 3)  // per micro-batch: every segment in the forward (the embedding again for the head in one stage), blocks in the backward

@@ -4,6 +4,7 @@
 //             means no position term; "in range": vocab_begin <= v_i < vocab_begin + vocab_count.
 //   backward  dwte[v - vocab_begin,:] += sum_{i : v_i == v} dout[i,:] for v in range,
 //             dwpe[p,:] += sum_{i : p_i == p} dout[i,:] (every token)
+//             dwte, dwpe fp32; each row gets its sum in one add (the gradient-path contract)
 // Vocab-parallel embedding (tensor parallelism): each rank holds the rows [vocab_begin, vocab_begin +
 //   vocab_count) of wte; the ranks' outputs sum to the full embedding (out-of-range tokens give exact
 //   zeros), and their dwte rows are the full table's rows. Without it: vocab_begin 0, vocab_count = rows.
@@ -22,8 +23,8 @@
 //   2. encoder_chunk_sum_kernel: the sorted list is cut into CHUNK = 64 entries; a block owns one
 //      chunk x one slice of channels (a thread owns VEC channels) and walks the chunk in order,
 //      summing dout rows in fp32 registers (UNROLL rows loaded at a time). A run of equal keys that
-//      lies wholly inside the chunk is added to its gradient row at once (bf16 read-modify-write: no
-//      other block touches that row). A run that crosses a chunk boundary instead leaves its fp32
+//      lies wholly inside the chunk is added to its gradient row at once (fp32 read-modify-write:
+//      no other block touches that row). A run that crosses a chunk boundary instead leaves its fp32
 //      partial in scratch: slot 0 of a chunk is its first run when that run started in an earlier
 //      chunk, slot 1 its last run when that run started here and continues into the next chunk.
 //   3. encoder_combine_kernel: the chunk where a crossing run starts (its "owner") adds its slot 1
@@ -76,14 +77,14 @@ __device__ inline void store_f32(float* p, const float (&f)[VEC]) {
         for (int k = 0; k < VEC; k++) p[k] = f[k];
     }
 }
-// row[c .. c+VEC) += acc, rounded once to bf16
+// row[c .. c+VEC) += acc: the fp32 gradient row's one add of its run's sum
 template <int VEC>
-__device__ inline void add_to_row(floatX* row, const float (&acc)[VEC]) {
+__device__ inline void add_to_row(float* row, const float (&acc)[VEC]) {
     float old[VEC];
-    load_bf16<VEC>(old, row);
+    load_f32<VEC>(old, row);
 #pragma unroll
-    for (int k = 0; k < VEC; k++) old[k] += acc[k];
-    store_bf16<VEC>(row, old);
+    for (int k = 0; k < VEC; k++) old[k] = __fadd_rn(old[k], acc[k]);
+    store_f32<VEC>(row, old);
 }
 
 // one thread per VEC channels of one output row (VEC divides C)
@@ -129,7 +130,7 @@ __global__ void encoder_keys_kernel(unsigned* keys, int* vals, const int* tokens
 // Step 2 (see the top of the file). keys/rows: the sorted keys and their dout row indices.
 // partials: [n_chunks][2][C] fp32. grid (n_chunks, channel slices), blockDim.x * VEC channels each.
 template <int VEC>
-__global__ void encoder_chunk_sum_kernel(floatX* __restrict__ grad, float* __restrict__ partials,
+__global__ void encoder_chunk_sum_kernel(float* __restrict__ grad, float* __restrict__ partials,
                                          const floatX* __restrict__ dout, const unsigned* __restrict__ keys,
                                          const int* __restrict__ rows, int n, int C) {
     __shared__ unsigned s_key[CHUNK];
@@ -186,7 +187,7 @@ __global__ void encoder_chunk_sum_kernel(floatX* __restrict__ grad, float* __res
 
 // Step 3: the owner of a run crossing chunk boundaries sums its partials in chunk order.
 template <int VEC>
-__global__ void encoder_combine_kernel(floatX* __restrict__ grad, const float* __restrict__ partials,
+__global__ void encoder_combine_kernel(float* __restrict__ grad, const float* __restrict__ partials,
                                        const unsigned* __restrict__ keys, int n, int C) {
     const int chunk = blockIdx.x;
     const int begin = chunk * CHUNK;
@@ -217,7 +218,7 @@ inline int position_bits(int T) {  // bits of the largest position, T - 1 (at le
 
 // dwte or dwpe += dout rows grouped by key (local token rows of the tokens in the vocab range, or
 // positions in the document when by_position)
-inline void grouped_row_sum(floatX* grad, const floatX* dout, const int* tokens, const int* doc_start, int B, int T,
+inline void grouped_row_sum(float* grad, const floatX* dout, const int* tokens, const int* doc_start, int B, int T,
                             int C, bool by_position, int vocab_begin, int vocab_count) {
     const int n = B * T;
     const Scratch s = scratch_layout(B, T, C);
@@ -281,9 +282,9 @@ inline void encoder_forward(floatX* out, const int* tokens, const int* doc_start
     cudaCheckLaunch();
 }
 
-// dwte [vocab_count, C] += (rows of the tokens in range), dwpe [max_T, C] += (or nullptr);
-// deterministic. Scratch: encoder_scratch_bytes.
-inline void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* tokens, const int* doc_start,
+// dwte [vocab_count, C] += (rows of the tokens in range), dwpe [max_T, C] += (or nullptr); fp32, one
+// add per row per call; deterministic. Scratch: encoder_scratch_bytes.
+inline void encoder_backward(float* dwte, float* dwpe, const floatX* dout, const int* tokens, const int* doc_start,
                              int B, int T, int C, int vocab_begin, int vocab_count) {
     if ((size_t)B * T == 0 || C == 0) return;
     LLMC_CHECK((size_t)B * T < (size_t)INT32_MAX, "encoder_backward: B*T = %zu too large", (size_t)B * T);

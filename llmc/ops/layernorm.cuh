@@ -5,7 +5,7 @@
 //             will read back), in one kernel and one pass over memory
 //   backward  xhat = (x - mean) * rstd, g = dout * w
 //             dinp += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat))
-//             dweight += sum_rows dout * xhat,  dbias += sum_rows dout
+//             dweight += sum_rows dout * xhat,  dbias += sum_rows dout   (fp32, one add per element)
 //
 // Parallel decomposition (all kernels): a row of C channels is spread over blockDim.x threads (one
 // warp, or several for wide rows), thread x owning K groups of VEC consecutive channels,
@@ -24,8 +24,9 @@
 //            in fp32 registers over all of its rows; at the end the row groups of a block fold
 //            together in order 0, 1, 2, ... through shared memory and the block writes one partial
 //            row [2][C] to scratch. A second kernel sums the G partials of each channel in a fixed
-//            order (32 strided lanes, then those 32 in order) and adds them to dweight/dbias: no
-//            atomics, so the result is bitwise reproducible.
+//            order (32 strided lanes, then those 32 in order) and adds the total to the fp32
+//            dweight/dbias once (dw = dw + S, the gradient-path contract): no atomics, so the
+//            result is bitwise reproducible.
 //
 // Scratch: layernorm_forward / fused: none; layernorm_backward: G * 2 * C floats,
 //   bounded by layernorm_scratch_bytes(N, C) (llmc/ops/op_scratch.h: G <= 16 blocks per SM: 13 MB at C = 768).
@@ -260,10 +261,10 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
     }
 }
 
-// dweight[c] += sum_p partials[p][0][c], dbias[c] += sum_p partials[p][1][c]. block (32, 32):
+// dweight[c] += sum_p partials[p][0][c], dbias[c] += sum_p partials[p][1][c] (fp32, one add). block (32, 32):
 // lane x owns channel blockIdx.x * 32 + x, lane y sums partials y, y + 32, ...; then the 32 in order.
 // grid (ceil(C / 32), 2): blockIdx.y 0 is dweight, 1 dbias.
-__global__ void layernorm_param_grad_kernel(floatX* __restrict__ dweight, floatX* __restrict__ dbias,
+__global__ void layernorm_param_grad_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
                                             const float* __restrict__ partials, int n_parts, int C) {
     __shared__ float red[32][33];
     const int c = blockIdx.x * 32 + threadIdx.x;
@@ -276,8 +277,8 @@ __global__ void layernorm_param_grad_kernel(floatX* __restrict__ dweight, floatX
     if (threadIdx.y == 0 && c < C) {
         float t = 0.0f;
         for (int y = 0; y < 32; y++) t += red[y][threadIdx.x];
-        floatX* dst = which == 0 ? dweight : dbias;
-        dst[c] = __float2bfloat16_rn(__bfloat162float(dst[c]) + t);
+        float* dst = which == 0 ? dweight : dbias;
+        dst[c] = __fadd_rn(dst[c], t);
     }
 }
 
@@ -399,10 +400,10 @@ inline void residual_forward(floatX* out, const floatX* inp1, const floatX* inp2
     cudaCheckLaunch();
 }
 
-// dinp += (the residual stream's gradient), dweight +=, dbias += (deterministic). dinp may be null
+// dinp += (the residual stream's gradient), dweight +=, dbias += (fp32, one add each; deterministic). dinp may be null
 // (weight is then not read), or dweight and dbias both null: input and weight gradients in two calls.
 // Scratch: layernorm_scratch_bytes(N, C).
-inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+inline void layernorm_backward(floatX* dinp, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
                                const floatX* weight, const float* mean, const float* rstd, int N, int C) {
     using namespace layernorm_detail;
     if (N == 0 || C == 0) return;

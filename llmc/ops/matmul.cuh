@@ -1,12 +1,17 @@
 // Matmul (the linear layer) on the GPU, the twin of llmc/ops/cpu/matmul.h:
 //   forward    out[BT, OC]  = inp[BT, C] W[OC, C]^T + bias[OC]     (overwritten; bias may be null)
 //   backward   dinp[BT, C]  = dout[BT, OC] W[OC, C]                (overwritten)
-//              dweight[OC, C] += dout^T inp                        (accumulated)
-//              dbias[OC]      += sum over rows of dout             (accumulated; may be null)
-// The three products run on cuBLASLt with bf16 inputs and outputs and fp32 accumulation
-// (CUBLAS_COMPUTE_32F); the forward bias is fused into the GEMM epilogue (CUBLASLT_EPILOGUE_BIAS), the
-// dweight += is beta = 1 in the same call. dbias needs +=, which the BGRAD epilogues cannot do (they
-// overwrite), so it is our own deterministic column-sum kernel (below).
+//              dweight[OC, C] += dout^T inp                        (fp32, accumulated)
+//              dbias[OC]      += sum over rows of dout             (fp32, accumulated; may be null)
+// The weight gradients are fp32 and each call adds to them once: dw[i] = dw[i] + S[i], S the call's
+// sum computed apart from dw's prior content (the gradient-path contract, llmc/ops/cpu/matmul.h).
+// The three products run on cuBLASLt with bf16 inputs A, B and fp32 accumulation
+// (CUBLAS_COMPUTE_32F, fp32 alpha/beta); out and dinp are bf16, dweight is an fp32 C = D (bf16 A/B,
+// fp32 C/D is one of cuBLASLt's supported type combinations). The forward bias is fused into the
+// GEMM epilogue (CUBLASLT_EPILOGUE_BIAS); dweight's += is beta = 1 in the same call: the kernel's
+// fp32 accumulator holds S, the epilogue adds C once. dbias needs +=, which the BGRAD epilogues
+// cannot do (they overwrite, and want a bf16 or D-typed vector), so it is our own deterministic
+// column-sum kernel (below), which also adds once.
 //
 // Row-major <-> cuBLAS column-major. A row-major tensor X[R, K] is, byte for byte, the column-major
 // matrix X^T of shape [K, R] with leading dimension K. So every product is computed transposed:
@@ -42,22 +47,29 @@
 // allocation); every later call only sets the bias pointer and launches.
 //
 // Determinism. cuBLAS is bitwise reproducible run to run for a fixed algorithm on the same GPU, and
-// the cached algorithm is fixed per shape. We restrict split-K to reductions in fp32
+// the cached algorithm is fixed per shape. For out and dinp we restrict split-K to reductions in fp32
 // (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, plus none): that keeps the fp32 accumulation promise
 // (the INPLACE and OUTPUT_TYPE schemes add partial sums in bf16) and stages partials in the
-// workspace, summed in a fixed order.
+// workspace, summed in a fixed order. The fp32 dweight plans take no split-K at all (the contract's
+// "one add of an independent sum"; INPLACE would add partials into C itself): the heuristic is asked
+// for up to MATMUL_HEURISTIC_RESULTS algorithms and the first whose configuration reads
+// CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 1 and REDUCTION_SCHEME = NONE is taken; if it offers none, its
+// first is reconfigured to SPLITK_NUM 1 / NONE and must pass cublasLtMatmulAlgoCheck, else the
+// first call of that shape fails naming it. matmul_fp32_plans_max_split_k() reads the cached plans'
+// splits back (test/gpu/matmul.cuh asserts 1).
 //
-// dbias column sum, two stages with a fixed partition (deterministic, fp32 throughout):
+// dbias column sum, two stages with a fixed partition (deterministic, fp32 throughout, one add):
 //   stage 1: grid (column strips, row chunks of 256 rows). A block is 32 x 8 threads; thread (tx, ty)
 //            owns VEC consecutive columns (VEC = 8: one 16-byte load of bf16 per row, when OC % 8 == 0
 //            and dout is 16-byte aligned; VEC = 1 otherwise) and sums rows ty, ty + 8, ... of its
 //            chunk in order; the 8 row-strands are combined in shared memory in order ty = 0..7 and
 //            the block writes one fp32 partial per column: partial[chunk][OC].
 //   stage 2: thread (tx, ty) of a 32 x 8 block sums chunks ty, ty + 8, ... of column blockIdx.x*32+tx;
-//            the 8 strands are combined in order and added to dbias (one bf16 rounding).
+//            the 8 strands are combined in order and added to the fp32 dbias (one add, __fadd_rn).
 // Scratch (cuda_scratch): matmul_backward with dbias needs ceil(BT / 256) * OC floats
 // (matmul_scratch_bytes); the forward and the backward without dbias need none.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <tuple>
@@ -72,6 +84,10 @@ inline void matmul_cublas_check(cublasStatus_t status, const char* file, int lin
 #ifndef cublasCheck
 #define cublasCheck(status) matmul_cublas_check((status), __FILE__, __LINE__)
 #endif
+
+// heuristic results asked for where split-K is excluded (the fp32 dweight plans): the first
+// without split-K among them is taken
+constexpr int MATMUL_HEURISTIC_RESULTS = 8;
 
 
 // ------------------------------------------------------------------------------------------------
@@ -151,8 +167,8 @@ __global__ void __launch_bounds__(256) matmul_dbias_partial_kernel(float* __rest
 
 // Stage 2, for the single and the batched products: grid (column strips of 32, batch: 1 for the single
 // product), block 32 x 8: thread (tx, ty) sums chunks ty, ty + 8, ... of its column of partial[b]
-// [nchunks][OC]; the 8 strands are combined in order and added to dbias[b] (one bf16 rounding).
-__global__ void __launch_bounds__(256) matmul_dbias_finish_kernel(floatX* __restrict__ dbias,
+// [nchunks][OC]; the 8 strands are combined in order and added to the fp32 dbias[b] once.
+__global__ void __launch_bounds__(256) matmul_dbias_finish_kernel(float* __restrict__ dbias,
                                                                  const float* __restrict__ partial, int nchunks, int OC) {
     const int tx = threadIdx.x, ty = threadIdx.y, b = blockIdx.y;
     const int col = blockIdx.x * 32 + tx;
@@ -169,8 +185,8 @@ __global__ void __launch_bounds__(256) matmul_dbias_finish_kernel(floatX* __rest
         float t = 0.0f;
 #pragma unroll
         for (int y = 0; y < 8; y++) t += strand[y][tx];
-        floatX* db = dbias + (size_t)b * OC + col;
-        *db = __float2bfloat16(__bfloat162float(*db) + t);
+        float* db = dbias + (size_t)b * OC + col;
+        *db = __fadd_rn(*db, t);
     }
 }
 
@@ -188,12 +204,13 @@ inline uint32_t pointer_alignment(const void* p) {
 }
 
 struct GemmKey {
-    bool transa, transb, bias;
+    bool transa, transb, bias, d_fp32;
     int m, n, k;
     uint32_t align_a, align_b, align_d, align_bias;
     bool operator<(const GemmKey& o) const {
-        return std::tie(transa, transb, bias, m, n, k, align_a, align_b, align_d, align_bias) <
-               std::tie(o.transa, o.transb, o.bias, o.m, o.n, o.k, o.align_a, o.align_b, o.align_d, o.align_bias);
+        return std::tie(transa, transb, bias, d_fp32, m, n, k, align_a, align_b, align_d, align_bias) <
+               std::tie(o.transa, o.transb, o.bias, o.d_fp32, o.m, o.n, o.k, o.align_a, o.align_b, o.align_d,
+                        o.align_bias);
     }
 };
 
@@ -271,11 +288,29 @@ inline cublasLtMatmulDesc_t make_matmul_desc(bool transa, bool transb, const flo
     return desc;
 }
 
-// The heuristic's first algorithm for a plan's descriptor and layouts under our preferences: the
+// an algorithm's configured K splits (1: none)
+inline int algo_split_k(const cublasLtMatmulAlgo_t& algo) {
+    int32_t splits = 1;
+    size_t written = 0;
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits),
+                                                     &written));
+    return splits;
+}
+inline uint32_t algo_reduction(const cublasLtMatmulAlgo_t& algo) {
+    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    size_t written = 0;
+    cublasCheck(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                                     sizeof(scheme), &written));
+    return scheme;
+}
+
+// The heuristic's algorithm for a plan's descriptor and layouts under our preferences: the
 // workspace, split-K partials in fp32 (or no split-K), the operands' alignments in bytes (C is D).
+// no_split_k (the fp32 dweight plans): the first of its results without split-K, else its first
+// reconfigured to one K split, if cublasLtMatmulAlgoCheck accepts that (see the top of the file).
 // found == 0 (or a status other than success): there is none.
 inline cublasStatus_t find_algo(const GemmPlan& p, uint32_t align_a, uint32_t align_b, uint32_t align_d,
-                                cublasLtMatmulHeuristicResult_t& result, int& found) {
+                                bool no_split_k, cublasLtMatmulHeuristicResult_t& result, int& found) {
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = MATMUL_WORKSPACE_BYTES;
@@ -291,17 +326,32 @@ inline cublasStatus_t find_algo(const GemmPlan& p, uint32_t align_a, uint32_t al
                                                      sizeof(uint32_t)));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                      sizeof(uint32_t)));
-    result = {};
+    cublasLtMatmulHeuristicResult_t results[MATMUL_HEURISTIC_RESULTS] = {};
     found = 0;
-    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(state().handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result,
-                                                           &found);
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(state().handle, p.desc, p.a, p.b, p.d, p.d, pref,
+                                                           no_split_k ? MATMUL_HEURISTIC_RESULTS : 1, results, &found);
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    if (status != CUBLAS_STATUS_SUCCESS || found == 0) return status;
+    result = results[0];
+    if (!no_split_k) return status;
+    for (int i = 0; i < found; i++)
+        if (algo_split_k(results[i].algo) == 1 && algo_reduction(results[i].algo) == CUBLASLT_REDUCTION_SCHEME_NONE) {
+            result = results[i];
+            return status;
+        }
+    const int32_t one = 1;
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasCheck(cublasLtMatmulAlgoConfigSetAttribute(&result.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)));
+    cublasCheck(cublasLtMatmulAlgoConfigSetAttribute(&result.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+                                                     sizeof(none)));
+    status = cublasLtMatmulAlgoCheck(state().handle, p.desc, p.a, p.b, p.d, p.d, &result.algo, &result);
+    if (status != CUBLAS_STATUS_SUCCESS) found = 0;
     return status;
 }
 
 // D = op(A) op(B) (+ bias) + beta * D with a plan's algorithm, on llmc_stream(); the bias pointer
 // must have the alignment the plan was made with (it is in the plan's key)
-inline cublasStatus_t run_plan(GemmPlan& p, floatX* d, const floatX* a, const floatX* b, const floatX* bias,
+inline cublasStatus_t run_plan(GemmPlan& p, void* d, const floatX* a, const floatX* b, const floatX* bias,
                                float beta) {
     State& s = state();
     if (bias)
@@ -311,18 +361,25 @@ inline cublasStatus_t run_plan(GemmPlan& p, floatX* d, const floatX* a, const fl
                           MATMUL_WORKSPACE_BYTES, llmc_stream());
 }
 
+// D's element type: bf16 (out, dinp) or fp32 (dweight, with no split-K)
+inline cudaDataType d_type(const floatX*) { return CUDA_R_16BF; }
+inline cudaDataType d_type(const float*) { return CUDA_R_32F; }
+
 // D[m, n] (column-major, ld m) = op(A) op(B) (+ bias[m] broadcast over columns) + beta * D
 //   A stored [k, m] (ld k) if transa else [m, k] (ld m); B stored [n, k] (ld n) if transb else [k, n] (ld k)
+//   A, B bf16; D bf16 or fp32 (DT)
 // `what`, BT, C, OC only name the caller's shape in error messages.
-inline void gemm(const char* what, floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n,
-                 int k, bool transa, bool transb, float beta, int BT, int C, int OC) {
+template <typename DT>
+inline void gemm(const char* what, DT* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                 bool transa, bool transb, float beta, int BT, int C, int OC) {
     LLMC_CHECK(m > 0 && n > 0 && k > 0, "%s: empty shape (BT=%d, C=%d, OC=%d)", what, BT, C, OC);
     matmul_setup();
     State& s = state();
-    GemmKey key{transa, transb, bias != nullptr, m, n, k, pointer_alignment(a), pointer_alignment(b),
+    constexpr bool d_fp32 = std::is_same<DT, float>::value;
+    GemmKey key{transa, transb, bias != nullptr, d_fp32, m, n, k, pointer_alignment(a), pointer_alignment(b),
                 pointer_alignment(d), bias ? pointer_alignment(bias) : 0u};
-    LLMC_CHECK(key.align_a >= 2 && key.align_b >= 2 && key.align_d >= 2,
-               "%s: bf16 tensors must be 2-byte aligned (BT=%d, C=%d, OC=%d; pointers %p %p %p)", what, BT, C, OC,
+    LLMC_CHECK(key.align_a >= 2 && key.align_b >= 2 && key.align_d >= sizeof(DT),
+               "%s: tensors must be element-aligned (BT=%d, C=%d, OC=%d; pointers %p %p %p)", what, BT, C, OC,
                (const void*)a, (const void*)b, (void*)d);
     LLMC_CHECK(!bias || key.align_bias >= 16,
                "%s: the bias pointer %p must be 16-byte aligned for the cuBLASLt bias epilogue (BT=%d, C=%d, OC=%d)",
@@ -335,20 +392,21 @@ inline void gemm(const char* what, floatX* d, const floatX* a, const floatX* b, 
         p.desc = make_matmul_desc(transa, transb, bias);
         cublasCheck(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, transa ? k : m, transa ? m : k, transa ? k : m));
         cublasCheck(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, transb ? n : k, transb ? k : n, transb ? n : k));
-        cublasCheck(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_16BF, m, n, m));
+        cublasCheck(cublasLtMatrixLayoutCreate(&p.d, d_type(d), m, n, m));
         cublasLtMatmulHeuristicResult_t result;
         int found;
-        const cublasStatus_t status = find_algo(p, key.align_a, key.align_b, key.align_d, result, found);
+        const cublasStatus_t status = find_algo(p, key.align_a, key.align_b, key.align_d, d_fp32, result, found);
         if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
             cublasLtMatrixLayoutDestroy(p.a);
             cublasLtMatrixLayoutDestroy(p.b);
             cublasLtMatrixLayoutDestroy(p.d);
             cublasLtMatmulDescDestroy(p.desc);
             LLMC_FAIL("%s: cuBLASLt found no algorithm (%s) for BT=%d, C=%d, OC=%d: D[%d, %d] = op%s(A) op%s(B), k=%d, "
-                      "bias %s, alignments A %u B %u D %u bias %u bytes",
+                      "bias %s, D %s%s, alignments A %u B %u D %u bias %u bytes",
                       what, status != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(status) : "no result", BT, C,
-                      OC, m, n, transa ? "T" : "N", transb ? "T" : "N", k, bias ? "yes" : "no", key.align_a,
-                      key.align_b, key.align_d, key.align_bias);
+                      OC, m, n, transa ? "T" : "N", transb ? "T" : "N", k, bias ? "yes" : "no",
+                      d_fp32 ? "fp32" : "bf16", d_fp32 ? " without split-K" : "", key.align_a, key.align_b,
+                      key.align_d, key.align_bias);
         }
         p.algo = result.algo;
         it = s.plans.emplace(key, p).first;
@@ -359,8 +417,8 @@ inline void gemm(const char* what, floatX* d, const floatX* a, const floatX* b, 
     cudaCheckLaunch();
 }
 
-// dbias[OC] += column sums of dout[BT, OC] (two deterministic stages through cuda_scratch)
-inline void bias_grad(floatX* dbias, const floatX* dout, int BT, int OC) {
+// dbias[OC] += column sums of dout[BT, OC] (fp32; two deterministic stages through cuda_scratch, one add)
+inline void bias_grad(float* dbias, const floatX* dout, int BT, int OC) {
     LLMC_CHECK(BT > 0 && OC > 0, "matmul_backward dbias: empty shape (BT=%d, OC=%d)", BT, OC);
     const int nchunks = ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK);
     LLMC_CHECK(nchunks <= 65535, "matmul_backward dbias: BT=%d exceeds the grid's %d rows", BT,
@@ -389,9 +447,10 @@ inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
                         /*transb*/ false, /*beta*/ 0.0f, BT, C, OC);
 }
 
-// dinp[BT, C] = dout W (overwritten); dweight[OC, C] += dout^T inp; dbias[OC] += column sums of dout.
-// Each may be null: the zero-bubble pipeline asks for dinp and for (dweight, dbias) in two calls.
-inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+// dinp[BT, C] = dout W (overwritten); dweight[OC, C] += dout^T inp and dbias[OC] += column sums of
+// dout (fp32, one add each). Each may be null: the zero-bubble pipeline asks for dinp and for
+// (dweight, dbias) in two calls.
+inline void matmul_backward(floatX* dinp, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
                             const floatX* weight, int BT, int C, int OC) {
     if (dbias) matmul_detail::bias_grad(dbias, dout, BT, OC);
     if (dinp)
@@ -407,9 +466,11 @@ inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const 
 // MoE layer, llmc/ops/moe.cuh), the twins of cpu::matmul_forward_batched / cpu::matmul_backward_batched:
 //   forward    out[b] [BT, OC] = inp[b] [BT, C] W[b] [OC, C]^T + bias[b] [OC]   (overwritten)
 //   backward   dinp[b] = dout[b] W[b] (overwritten), dweight[b] += dout[b]^T inp[b], dbias[b] += colsum
+//              (dweight, dbias fp32, one add each, as matmul_backward)
 // One strided-batched cuBLASLt call per product (CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT and
 // STRIDED_BATCH_OFFSET; the batch strides are the packed sizes of one batch's matrices), with the
-// same column-major view, fp32 split-K rule and alignment preferences as the single products above;
+// same column-major view, split-K rules (none for the fp32 dweight) and alignment preferences as the
+// single products above;
 // the alignment of a batched operand is that of its base pointer AND of its batch stride in bytes.
 // Forward bias: the BIAS epilogue with CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE = OC when every
 // batch's bias vector is 16-byte aligned (base aligned, OC % 8 == 0) and the heuristic offers an
@@ -470,21 +531,21 @@ __global__ void __launch_bounds__(256) matmul_dbias_batched_partial_kernel(float
 
 namespace matmul_detail {
 
-// alignment of every batch's pointer base + i * stride (stride in bf16 elements)
-inline uint32_t batched_alignment(const void* base, int64_t stride) {
+// alignment of every batch's pointer base + i * stride (stride in elements of elem_bytes)
+inline uint32_t batched_alignment(const void* base, int64_t stride, size_t elem_bytes = sizeof(floatX)) {
     uint32_t align = pointer_alignment(base);
-    const uint64_t stride_bytes = (uint64_t)stride * sizeof(floatX);
+    const uint64_t stride_bytes = (uint64_t)stride * elem_bytes;
     while (align > 1 && stride_bytes % align != 0) align >>= 1;
     return align;
 }
 
 struct BatchedGemmKey {
-    bool transa, transb, bias;
+    bool transa, transb, bias, d_fp32;
     int m, n, k, batch;
     uint32_t align_a, align_b, align_d, align_bias;
     bool operator<(const BatchedGemmKey& o) const {
-        return std::tie(transa, transb, bias, m, n, k, batch, align_a, align_b, align_d, align_bias) <
-               std::tie(o.transa, o.transb, o.bias, o.m, o.n, o.k, o.batch, o.align_a, o.align_b, o.align_d,
+        return std::tie(transa, transb, bias, d_fp32, m, n, k, batch, align_a, align_b, align_d, align_bias) <
+               std::tie(o.transa, o.transb, o.bias, o.d_fp32, o.m, o.n, o.k, o.batch, o.align_a, o.align_b, o.align_d,
                         o.align_bias);
     }
 };
@@ -510,9 +571,9 @@ inline BatchedPlans& batched_plans() {
     return s;
 }
 
-inline cublasLtMatrixLayout_t batched_layout(int rows, int cols, int batch) {
+inline cublasLtMatrixLayout_t batched_layout(int rows, int cols, int batch, cudaDataType type = CUDA_R_16BF) {
     cublasLtMatrixLayout_t l;
-    cublasCheck(cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, rows, cols, rows));
+    cublasCheck(cublasLtMatrixLayoutCreate(&l, type, rows, cols, rows));
     const int32_t count = batch;
     const int64_t stride = (int64_t)rows * cols;
     cublasCheck(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
@@ -522,26 +583,30 @@ inline cublasLtMatrixLayout_t batched_layout(int rows, int cols, int batch) {
 
 // For each of `batch` products (operands packed back to back, batch strides m*k, k*n, m*n and m):
 //   D[m, n] (column-major, ld m) = op(A) op(B) (+ bias[m] broadcast over columns) + beta * D
-// with A, B stored as in gemm() above. Returns false, having done nothing, only when a bias is given
-// and cuBLASLt has no algorithm for the batched bias epilogue (the caller then adds the bias itself).
-inline bool gemm_batched(const char* what, floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
-                         int n, int k, bool transa, bool transb, float beta, int batch, int BT, int C, int OC) {
+// with A, B stored as in gemm() above (D bf16 or fp32, as there). Returns false, having done nothing,
+// only when a bias is given and cuBLASLt has no algorithm for the batched bias epilogue (the caller
+// then adds the bias itself).
+template <typename DT>
+inline bool gemm_batched(const char* what, DT* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n,
+                         int k, bool transa, bool transb, float beta, int batch, int BT, int C, int OC) {
     LLMC_CHECK(m > 0 && n > 0 && k > 0 && batch > 0, "%s: empty shape (n_batch=%d, BT=%d, C=%d, OC=%d)", what, batch,
                BT, C, OC);
     matmul_setup();
+    constexpr bool d_fp32 = std::is_same<DT, float>::value;
     BatchedGemmKey key{transa,
                        transb,
                        bias != nullptr,
+                       d_fp32,
                        m,
                        n,
                        k,
                        batch,
                        batched_alignment(a, (int64_t)m * k),
                        batched_alignment(b, (int64_t)k * n),
-                       batched_alignment(d, (int64_t)m * n),
+                       batched_alignment(d, (int64_t)m * n, sizeof(DT)),
                        bias ? batched_alignment(bias, m) : 0u};
-    LLMC_CHECK(key.align_a >= 2 && key.align_b >= 2 && key.align_d >= 2,
-               "%s: bf16 tensors must be 2-byte aligned (n_batch=%d, BT=%d, C=%d, OC=%d; pointers %p %p %p)", what,
+    LLMC_CHECK(key.align_a >= 2 && key.align_b >= 2 && key.align_d >= sizeof(DT),
+               "%s: tensors must be element-aligned (n_batch=%d, BT=%d, C=%d, OC=%d; pointers %p %p %p)", what,
                batch, BT, C, OC, (const void*)a, (const void*)b, (void*)d);
     LLMC_CHECK(!bias || key.align_bias >= 16,
                "%s: every batch's bias must be 16-byte aligned for the epilogue (n_batch=%d, BT=%d, C=%d, OC=%d)", what,
@@ -560,10 +625,10 @@ inline bool gemm_batched(const char* what, floatX* d, const floatX* a, const flo
         }
         p.a = transa ? batched_layout(k, m, batch) : batched_layout(m, k, batch);
         p.b = transb ? batched_layout(n, k, batch) : batched_layout(k, n, batch);
-        p.d = batched_layout(m, n, batch);
+        p.d = batched_layout(m, n, batch, d_type(d));
         cublasLtMatmulHeuristicResult_t result;
         int found;
-        const cublasStatus_t status = find_algo(p, key.align_a, key.align_b, key.align_d, result, found);
+        const cublasStatus_t status = find_algo(p, key.align_a, key.align_b, key.align_d, d_fp32, result, found);
         bp.found = status == CUBLAS_STATUS_SUCCESS && found > 0;
         if (bp.found) p.algo = result.algo;
         else if (!bias)
@@ -582,8 +647,8 @@ inline bool gemm_batched(const char* what, floatX* d, const floatX* a, const flo
     return true;
 }
 
-// dbias[b][OC] += column sums of dout[b] [BT, OC] for every batch b (two deterministic stages)
-inline void bias_grad_batched(floatX* dbias, const floatX* dout, int n_batch, int BT, int OC) {
+// dbias[b][OC] += column sums of dout[b] [BT, OC] for every batch b (fp32; two deterministic stages, one add)
+inline void bias_grad_batched(float* dbias, const floatX* dout, int n_batch, int BT, int OC) {
     const int nchunks = ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK);
     LLMC_CHECK(nchunks <= 65535 && n_batch <= 65535, "matmul_backward_batched dbias: n_batch=%d, BT=%d exceed the grid",
                n_batch, BT);
@@ -625,8 +690,8 @@ inline void matmul_forward_batched(floatX* out, const floatX* inp, const floatX*
 }
 
 // per batch b: dinp[b] = dout[b] W[b] (overwritten); dweight[b] += dout[b]^T inp[b]; dbias[b] += column
-// sums of dout[b] (each may be null, as matmul_backward)
-inline void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout,
+// sums of dout[b] (fp32, one add each; each may be null, as matmul_backward)
+inline void matmul_backward_batched(floatX* dinp, float* dweight, float* dbias, const floatX* dout,
                                     const floatX* inp, const floatX* weight, int n_batch, int BT, int C, int OC) {
     if ((size_t)n_batch * BT == 0) return;  // no rows: dinp is empty, the += terms are zero
     using namespace matmul_detail;
@@ -637,4 +702,16 @@ inline void matmul_backward_batched(floatX* dinp, floatX* dweight, floatX* dbias
     if (dweight)
         gemm_batched("matmul_backward_batched (dweight)", dweight, inp, dout, nullptr, /*m*/ C, /*n*/ OC, /*k*/ BT,
                      false, true, 1.0f, n_batch, BT, C, OC);
+}
+
+// The most K splits of any cached fp32 (dweight) plan, single or batched: 1 when none splits K (the
+// contract of the top of the file; test/gpu/matmul.cuh checks it after the backward of each shape).
+inline int matmul_fp32_plans_max_split_k() {
+    using namespace matmul_detail;
+    int most = 1;
+    for (const auto& kv : state().plans)
+        if (kv.first.d_fp32) most = std::max(most, algo_split_k(kv.second.algo));
+    for (const auto& kv : batched_plans().plans)
+        if (kv.first.d_fp32 && kv.second.found) most = std::max(most, algo_split_k(kv.second.p.algo));
+    return most;
 }

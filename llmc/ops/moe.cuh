@@ -39,7 +39,8 @@
 //      expert order. (b) drouter_w += dlogit^T x in two stages with a fixed partition: stage 1 blocks
 //      own 128 channels x all experts x a 2048-token chunk (32-token tiles of dlogit and x in shared
 //      memory; a thread owns E/8 experts x 4 channels and sums its chunk in token order); stage 2: a
-//      thread per (e, c) adds the chunk partials in chunk order to drouter_w.
+//      thread per (e, c) adds the chunk partials in chunk order and adds the total to the fp32
+//      drouter_w once.
 //
 // Scratch (cuda_scratch; moe_scratch_bytes(B, T, C, E) in llmc/ops/op_scratch.h is the largest; n = B*T):
 //   moe_select            (1024 + 2) * E + 2 * E * ceil(n / 256) ints
@@ -680,15 +681,15 @@ __global__ void __launch_bounds__(THREADS) moe_router_dw_partial_kernel(float* _
     }
 }
 
-// drouter_w stage 2: a thread per (e, c) adds the chunk partials in chunk order (one bf16 rounding)
-__global__ void __launch_bounds__(THREADS) moe_router_dw_finish_kernel(floatX* __restrict__ drouter_w,
+// drouter_w stage 2: a thread per (e, c) sums the chunk partials in chunk order, then one fp32 add
+__global__ void __launch_bounds__(THREADS) moe_router_dw_finish_kernel(float* __restrict__ drouter_w,
                                                                       const float* __restrict__ partial, int nchunks,
                                                                       int E, int C) {
     const size_t idx = (size_t)blockIdx.x * THREADS + threadIdx.x, total = (size_t)E * C;
     if (idx >= total) return;
     float s = 0.0f;
     for (int k = 0; k < nchunks; k++) s += partial[(size_t)k * total + idx];
-    drouter_w[idx] = __float2bfloat16_rn(__bfloat162float(drouter_w[idx]) + s);
+    drouter_w[idx] = __fadd_rn(drouter_w[idx], s);
 }
 
 }  // namespace moe_detail
@@ -827,8 +828,9 @@ inline void moe_combine_backward(floatX* dye, float* dscores, const floatX* dout
     cudaCheckLaunch();
 }
 
-// through the softmax: dlogit = S (dS - sum_f S dS); drouter_w [E, C] += dlogit^T x; dx [n, C] += dlogit router_w
-inline void moe_router_backward(floatX* dx, floatX* drouter_w, const float* dscores, const float* scores,
+// through the softmax: dlogit = S (dS - sum_f S dS); drouter_w [E, C] += dlogit^T x (fp32, one add);
+// dx [n, C] += dlogit router_w
+inline void moe_router_backward(floatX* dx, float* drouter_w, const float* dscores, const float* scores,
                                 const floatX* x, const floatX* router_w, int n, int C, int E) {
     using namespace moe_detail;
     LLMC_CHECK(n > 0 && C > 0 && E > 0 && E <= ROUTER_MAX_EXPERTS,

@@ -106,8 +106,8 @@ inline void check_backward(const std::vector<int>& tokens, int V, int B, int T, 
     const size_t n = (size_t)B * T;
     const std::vector<int> doc_start = make_doc_start(B, T, mean_doc, seed);
     const std::vector<float> dout = bf16_round(random_vector(n * C, seed + 1));
-    const std::vector<float> dwte0 = bf16_round(random_vector((size_t)V * C, seed + 2, 0.5f));
-    const std::vector<float> dwpe0 = bf16_round(random_vector((size_t)T * C, seed + 3, 0.5f));
+    const std::vector<float> dwte0 = random_vector((size_t)V * C, seed + 2, 0.5f);  // fp32 gradients
+    const std::vector<float> dwpe0 = random_vector((size_t)T * C, seed + 3, 0.5f);
     std::vector<float> want_wte = dwte0, want_wpe = dwpe0;
     cpu::encoder_backward<float>(want_wte.data(), with_wpe ? want_wpe.data() : nullptr, dout.data(), tokens.data(),
                                  doc_start.data(), B, T, C, 0, V);
@@ -116,13 +116,19 @@ inline void check_backward(const std::vector<int>& tokens, int V, int B, int T, 
     DeviceBuffer<int> d_tokens(n), d_ds(n);
     upload(d_tokens, tokens);
     upload(d_ds, doc_start);
-    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout)), d_wte(to_device_bf16(dwte0)),
-        d_wpe(to_device_bf16(dwpe0));
+    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout));
+    std::unique_ptr<DeviceBuffer<float>> d_wte(to_device(dwte0)), d_wpe(to_device(dwpe0));
     encoder_backward(*d_wte, with_wpe ? d_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, 0, V);
-    const std::vector<float> got_wte = download_bf16(*d_wte), got_wpe = download_bf16(*d_wpe);
-    CHECK_CLOSE("dwte (worst row)", max_row_rel_l2(got_wte, want_wte, C), BF16_TOL);
+    const std::vector<float> got_wte = download(*d_wte), got_wpe = download(*d_wpe);
+    CHECK_CLOSE("dwte (worst row)", max_row_rel_l2(got_wte, want_wte, C), F32_TOL);
     // without wpe, dwpe must be untouched (want_wpe is still the prefill)
-    CHECK_CLOSE("dwpe (worst row)", max_row_rel_l2(got_wpe, want_wpe, C), with_wpe ? BF16_TOL : 0.0);
+    CHECK_CLOSE("dwpe (worst row)", max_row_rel_l2(got_wpe, want_wpe, C), with_wpe ? F32_TOL : 0.0);
+    // one add per row of a sum independent of the destination: the same call into zeros
+    std::unique_ptr<DeviceBuffer<float>> z_wte(to_device(std::vector<float>(dwte0.size(), 0.0f))),
+        z_wpe(to_device(std::vector<float>(dwpe0.size(), 0.0f)));
+    encoder_backward(*z_wte, with_wpe ? z_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, 0, V);
+    check_single_add("dwte", dwte0, got_wte, download(*z_wte));
+    if (with_wpe) check_single_add("dwpe", dwpe0, got_wpe, download(*z_wpe));
 }
 
 TEST_CASE("encoder_backward: accumulates like the CPU twin (ragged C, random tokens, with/without wpe)") {
@@ -172,15 +178,15 @@ TEST_CASE("encoder_backward: bitwise deterministic (repeated tokens, wpe)") {
     upload(d_tokens, tokens);
     upload(d_ds, doc_start);
     std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout));
-    std::vector<std::vector<floatX>> wte_runs, wpe_runs;
+    std::vector<std::vector<float>> wte_runs, wpe_runs;
     for (int rep = 0; rep < 2; rep++) {
-        std::unique_ptr<DeviceBuffer<floatX>> d_wte(to_device_bf16(dwte0)), d_wpe(to_device_bf16(dwpe0));
+        std::unique_ptr<DeviceBuffer<float>> d_wte(to_device(dwte0)), d_wpe(to_device(dwpe0));
         encoder_backward(*d_wte, *d_wpe, *d_dout, d_tokens, d_ds, B, T, C, 0, V);
         wte_runs.push_back(download(*d_wte));
         wpe_runs.push_back(download(*d_wpe));
     }
-    CHECK(std::memcmp(wte_runs[0].data(), wte_runs[1].data(), wte_runs[0].size() * sizeof(floatX)) == 0);
-    CHECK(std::memcmp(wpe_runs[0].data(), wpe_runs[1].data(), wpe_runs[0].size() * sizeof(floatX)) == 0);
+    CHECK(same_bytes(wte_runs[0], wte_runs[1]));
+    CHECK(same_bytes(wpe_runs[0], wpe_runs[1]));
 }
 
 // Vocab ranges, forward: every range's output is bitwise bf16 of the CPU twin's (the position term on
@@ -243,8 +249,8 @@ inline void check_backward_range(const std::vector<int>& tokens, int B, int T, i
     const size_t n = (size_t)B * T;
     const std::vector<int> doc_start = make_doc_start(B, T, 50, seed);
     const std::vector<float> dout = bf16_round(random_vector(n * C, seed + 1));
-    const std::vector<float> dwte0 = bf16_round(random_vector((size_t)nv * C, seed + 2, 0.5f));
-    const std::vector<float> dwpe0 = bf16_round(random_vector((size_t)T * C, seed + 3, 0.5f));
+    const std::vector<float> dwte0 = random_vector((size_t)nv * C, seed + 2, 0.5f);
+    const std::vector<float> dwpe0 = random_vector((size_t)T * C, seed + 3, 0.5f);
     std::vector<float> want_wte = dwte0, want_wpe = dwpe0;
     cpu::encoder_backward<float>(want_wte.data(), with_wpe ? want_wpe.data() : nullptr, dout.data(), tokens.data(),
                                  doc_start.data(), B, T, C, v0, nv);
@@ -252,12 +258,12 @@ inline void check_backward_range(const std::vector<int>& tokens, int B, int T, i
     DeviceBuffer<int> d_tokens(n), d_ds(n);
     upload(d_tokens, tokens);
     upload(d_ds, doc_start);
-    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout)), d_wte(to_device_bf16(dwte0)),
-        d_wpe(to_device_bf16(dwpe0));
+    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout));
+    std::unique_ptr<DeviceBuffer<float>> d_wte(to_device(dwte0)), d_wpe(to_device(dwpe0));
     encoder_backward(*d_wte, with_wpe ? d_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, v0, nv);
-    const std::vector<float> got_wte = download_bf16(*d_wte), got_wpe = download_bf16(*d_wpe);
-    if (nv > 0) CHECK_CLOSE("dwte rows of the range (worst row)", max_row_rel_l2(got_wte, want_wte, C), BF16_TOL);
-    CHECK_CLOSE("dwpe (worst row)", max_row_rel_l2(got_wpe, want_wpe, C), with_wpe ? BF16_TOL : 0.0);
+    const std::vector<float> got_wte = download(*d_wte), got_wpe = download(*d_wpe);
+    if (nv > 0) CHECK_CLOSE("dwte rows of the range (worst row)", max_row_rel_l2(got_wte, want_wte, C), F32_TOL);
+    CHECK_CLOSE("dwpe (worst row)", max_row_rel_l2(got_wpe, want_wpe, C), with_wpe ? F32_TOL : 0.0);
     std::vector<char> hit(nv, 0);
     for (int t : tokens)
         if (t >= v0 && t < v0 + nv) hit[t - v0] = 1;

@@ -5,6 +5,10 @@
 //   3. inputs to the device as bf16, outputs poisoned first (NaN bytes), the GPU op, copy back
 //   4. compare with check_bf16 (bf16 outputs: relative L2 <= 1e-2 AND max-norm error, so one wrong
 //      row cannot hide in a large tensor's norm) or rel_max (fp32 statistics: ~1e-5..1e-3)
+// The weight gradients (fp32, accumulated with one add per element: the gradient-path contract)
+// are checked on a random NON-zero destination with check_f32 (F32_TOL: both sides sum the same
+// bf16-exact products in fp32, only the order differs) and, bitwise, with check_single_add: the op
+// into a prefill acc equals acc + (the op into zeros), elementwise in fp32 (DevF32 buffers).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -119,6 +123,27 @@ struct DevBF16 {
     void poison() { buf.poison(); }
 };
 
+// The fp32 twin of DevBF16 (the weight gradients): n floats `offset` elements into a poisoned
+// allocation (offset 1: 4 mod 16 bytes, the scalar paths)
+struct DevF32 {
+    DeviceBuffer<float> buf;
+    size_t n, offset;
+    DevF32(size_t count, size_t off = 0) : buf(count + off), n(count), offset(off) { buf.poison(); }
+    DevF32(const std::vector<float>& v, size_t off = 0) : DevF32(v.size(), off) { upload(v); }
+    float* ptr() const { return buf.ptr + offset; }
+    void upload(const std::vector<float>& v) {
+        REQUIRE(v.size() == n);
+        cudaCheck(cudaMemcpy(ptr(), v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    std::vector<float> get() const {
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<float> h(n);
+        cudaCheck(cudaMemcpy(h.data(), ptr(), n * sizeof(float), cudaMemcpyDeviceToHost));
+        return h;
+    }
+    void poison() { buf.poison(); }
+};
+
 // bitwise equal (the determinism checks: two runs of an op on the same inputs)
 template <typename T>
 inline bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
@@ -173,6 +198,33 @@ inline void check_bf16(const std::string& what, const std::vector<float>& got, c
               << ")");
     CHECK(l2 <= l2_tol);
     CHECK(mx <= max_tol);
+}
+
+// fp32 outputs summed from bf16-exact inputs in fp32 on both sides (the weight gradients): the
+// sums differ only by fp32 reordering (~k * 2^-24 of the terms' magnitude at worst, far less for
+// random signs), so 1e-5 relative; a lost prefill or a bf16 rounding is O(1) or ~4e-3 here.
+constexpr double F32_TOL = 1e-5;
+inline void check_f32(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
+                      double tol = F32_TOL) {
+    const double l2 = rel_l2(got, want), mx = rel_max(got, want);
+    INFO(what << ": rel_l2 " << l2 << ", rel_max " << mx << " (tolerance " << tol << ")");
+    CHECK(l2 <= tol);
+    CHECK(mx <= tol);
+}
+
+// The contract's single add, bitwise: got_acc (the op into the prefill acc0) == acc0 + got_zero
+// (the same op into zeros), one fp32 addition per element
+inline void check_single_add(const std::string& what, const std::vector<float>& acc0, const std::vector<float>& got_acc,
+                             const std::vector<float>& got_zero) {
+    REQUIRE(acc0.size() == got_acc.size());
+    REQUIRE(acc0.size() == got_zero.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < acc0.size(); i++) {
+        const float want = acc0[i] + got_zero[i];
+        differ += std::memcmp(&want, &got_acc[i], sizeof(float)) != 0;
+    }
+    INFO(what << ": op(acc) vs acc + op(0), elements that differ bitwise: " << differ << " of " << acc0.size());
+    CHECK(differ == 0);
 }
 
 }  // namespace gpu_test

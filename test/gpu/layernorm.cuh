@@ -101,8 +101,9 @@ inline void check_backward(int C, int N, size_t shift) {
     const std::vector<float> dout = bf16_round(random_vector(nc, seed + 3));
     // the prefills: dinp (the residual gradient so far), dweight and dbias of earlier micro-steps
     const std::vector<float> dinp0 = bf16_round(random_vector(nc, seed + 4));
-    const std::vector<float> dw0 = bf16_round(random_vector(C, seed + 5));
-    const std::vector<float> db0 = bf16_round(random_vector(C, seed + 6));
+    // (fp32 gradients: full fp32 values)
+    const std::vector<float> dw0 = random_vector(C, seed + 5);
+    const std::vector<float> db0 = random_vector(C, seed + 6);
     // mean, rstd from the CPU forward (the saved statistics both sides use)
     std::vector<float> y(nc), mean(N), rstd(N);
     cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
@@ -111,29 +112,22 @@ inline void check_backward(int C, int N, size_t shift) {
                                    w.data(), mean.data(), rstd.data(), N, C);
 
     cuda_scratch_reserve(layernorm_scratch_bytes(N, C));
-    DevBF16 d_x(x, shift), d_w(w, shift), d_dout(dout, shift), d_dinp(dinp0, shift), d_dw(dw0, shift),
-        d_db(db0, shift);
+    DevBF16 d_x(x, shift), d_w(w, shift), d_dout(dout, shift), d_dinp(dinp0, shift);
+    DevF32 d_dw(dw0, shift), d_db(db0, shift);
     DeviceBuffer<float> d_mean(N), d_rstd(N);
     upload(d_mean, mean);
     upload(d_rstd, rstd);
     layernorm_backward(d_dinp.ptr(), d_dw.ptr(), d_db.ptr(), d_dout.ptr(), d_x.ptr(), d_w.ptr(), d_mean,
                        d_rstd, N, C);
     check_bf16("dinp", d_dinp.get(), want_dinp);
-    check_bf16("dweight", d_dw.get(), want_dw);
-    check_bf16("dbias", d_db.get(), want_db);
-    // the increments alone (the prefill is O(1) like them, so this is a check of the sums,
-    // not of the prefill passing through): want - prefill vs got - prefill
-    std::vector<float> got_inc = d_dw.get(), want_inc = want_dw;
-    for (int c = 0; c < C; c++) {
-        got_inc[c] -= dw0[c];
-        want_inc[c] -= dw0[c];
-    }
-    check_bf16("dweight increment", got_inc, want_inc, BF16_TOL, 2 * BF16_MAX_TOL);  // the bf16 rounding of prefill + increment, against the increment alone
+    check_f32("dweight", d_dw.get(), want_dw);
+    check_f32("dbias", d_db.get(), want_db);
 
     // the split backward (zero-bubble pipeline): dinp alone (weight gradients untouched), then the
     // weight gradients alone (weight not needed, dinp untouched): bitwise the one-call results
     const std::vector<float> one_dinp = d_dinp.get(), one_dw = d_dw.get(), one_db = d_db.get();
-    DevBF16 s_dinp(dinp0, shift), s_dw(dw0, shift), s_db(db0, shift);
+    DevBF16 s_dinp(dinp0, shift);
+    DevF32 s_dw(dw0, shift), s_db(db0, shift);
     layernorm_backward(s_dinp.ptr(), nullptr, nullptr, d_dout.ptr(), d_x.ptr(), d_w.ptr(), d_mean, d_rstd, N, C);
     CHECK(std::memcmp(s_dinp.get().data(), one_dinp.data(), nc * sizeof(float)) == 0);
     CHECK(std::memcmp(s_dw.get().data(), dw0.data(), C * sizeof(float)) == 0);
@@ -141,6 +135,11 @@ inline void check_backward(int C, int N, size_t shift) {
     CHECK(std::memcmp(s_dw.get().data(), one_dw.data(), C * sizeof(float)) == 0);
     CHECK(std::memcmp(s_db.get().data(), one_db.data(), C * sizeof(float)) == 0);
     CHECK(std::memcmp(s_dinp.get().data(), one_dinp.data(), nc * sizeof(float)) == 0);
+    // one add of a sum independent of the destination: into zeros, then dw0 + that
+    DevF32 z_dw(std::vector<float>(C, 0.0f), shift), z_db(std::vector<float>(C, 0.0f), shift);
+    layernorm_backward(nullptr, z_dw.ptr(), z_db.ptr(), d_dout.ptr(), d_x.ptr(), nullptr, d_mean, d_rstd, N, C);
+    check_single_add("dweight", dw0, one_dw, z_dw.get());
+    check_single_add("dbias", db0, one_db, z_db.get());
 }
 
 TEST_CASE("layernorm_backward accumulates like the CPU twin (ragged C, N, scalar path)") {
@@ -177,18 +176,20 @@ TEST_CASE("layernorm_backward is bitwise deterministic") {
     DeviceBuffer<float> d_mean(N), d_rstd(N);
     upload(d_mean, mean);
     upload(d_rstd, rstd);
-    std::vector<std::vector<floatX>> runs[3];
+    std::vector<std::vector<floatX>> dinp_runs;
+    std::vector<std::vector<float>> runs[2];
     for (int rep = 0; rep < 2; rep++) {
-        std::unique_ptr<DeviceBuffer<floatX>> d_dinp(to_device_bf16(dinp0)), d_dw(to_device_bf16(dw0)),
-            d_db(to_device_bf16(db0));
+        std::unique_ptr<DeviceBuffer<floatX>> d_dinp(to_device_bf16(dinp0));
+        std::unique_ptr<DeviceBuffer<float>> d_dw(to_device(dw0)), d_db(to_device(db0));
         layernorm_backward(*d_dinp, *d_dw, *d_db, *d_dout, *d_x, *d_w, d_mean, d_rstd, N, C);
-        runs[0].push_back(download(*d_dinp));
-        runs[1].push_back(download(*d_dw));
-        runs[2].push_back(download(*d_db));
+        dinp_runs.push_back(download(*d_dinp));
+        runs[0].push_back(download(*d_dw));
+        runs[1].push_back(download(*d_db));
     }
-    for (int k = 0; k < 3; k++) {
+    CHECK(same_bytes(dinp_runs[0], dinp_runs[1]));
+    for (int k = 0; k < 2; k++) {
         CAPTURE(k);
-        CHECK(std::memcmp(runs[k][0].data(), runs[k][1].data(), runs[k][0].size() * sizeof(floatX)) == 0);
+        CHECK(same_bytes(runs[k][0], runs[k][1]));
     }
 }
 

@@ -1,10 +1,13 @@
 // GPU matmul (llmc/ops/matmul.cuh) vs the CPU twin (llmc/ops/cpu/matmul.h) in fp32 on the same bf16-rounded
-// inputs. The GPU rounds its outputs to bf16 (relative error <= 2^-9 per element, ~1e-3 relative
-// L2), and sums in a different order in fp32 (~1e-6), so:
+// inputs. out and dinp: the GPU rounds them to bf16 (relative error <= 2^-9 per element, ~1e-3
+// relative L2), and sums in a different order in fp32 (~1e-6), so:
 //  - relative L2 <= gpu_test::BF16_TOL (1e-2)
 //  - max-norm: max |got - want| / max |want| <= 1e-2: every element is within one bf16 rounding of
 //    its exact value (<= 2^-8 of its own magnitude), so a single wrong or unwritten element in a
 //    ragged edge, which relative L2 over a big tensor could hide, fails here.
+// dweight and dbias are fp32 (the gradient-path contract): the same bf16-exact products summed in
+// fp32 on both sides, so gpu_test::F32_TOL (1e-5); and bitwise, the op into the prefill equals the
+// prefill + the op into zeros (one add per element), and no cached dweight plan splits K.
 // Scales are chosen so that every term matters: W ~ N(0, 1/C) makes out ~ N(0, 1) next to bias ~
 // N(0, 1); dout ~ N(0, 1/BT) makes dout^T inp and the column sums ~ N(0, 1) next to the prefill ~
 // N(0, 1) of the accumulated dweight and dbias (a missing bias or a lost += is an O(1) error).
@@ -35,16 +38,18 @@ struct Inputs {
         bias = bf16_round(random_vector(OC, seed + 3, 1.0f, 0.2f));
         // zero mean: a mean would add BT * mean to every column sum and drown the prefill
         dout = bf16_round(random_vector((size_t)BT * OC, seed + 4, 1.0f / std::sqrt((float)BT)));
-        dweight0 = bf16_round(random_vector((size_t)OC * C, seed + 5));
-        dbias0 = bf16_round(random_vector(OC, seed + 6));
+        dweight0 = random_vector((size_t)OC * C, seed + 5);  // fp32 gradients: full fp32 values
+        dbias0 = random_vector(OC, seed + 6);
     }
 };
 
 // the same shape's device tensors; the bias vectors always start 256-byte aligned (the epilogue's
 // documented requirement is 16 bytes), the others `offset` elements into their allocation
 struct Device {
-    DevBF16 inp, weight, out, dout, dinp, dweight;
-    DeviceBuffer<floatX> bias, dbias;
+    DevBF16 inp, weight, out, dout, dinp;
+    gpu_test::DevF32 dweight;
+    DeviceBuffer<floatX> bias;
+    DeviceBuffer<float> dbias;
     Device(const Inputs& in, int offset)
         : inp((size_t)in.BT * in.C, offset), weight((size_t)in.OC * in.C, offset), out((size_t)in.BT * in.OC, offset),
           dout((size_t)in.BT * in.OC, offset), dinp((size_t)in.BT * in.C, offset),
@@ -60,7 +65,11 @@ struct Device {
         out.poison();
         dinp.poison();
         dweight.upload(in.dweight0);
-        gpu_test::upload_bf16(dbias, in.dbias0);
+        gpu_test::upload(dbias, in.dbias0);
+    }
+    void zero_grads() {
+        cudaCheck(cudaMemset(dweight.ptr(), 0, dweight.n * sizeof(float)));
+        cudaCheck(cudaMemset(dbias.ptr, 0, dbias.n * sizeof(float)));
     }
 };
 
@@ -92,12 +101,18 @@ inline void check_backward(const Inputs& in, bool with_dbias, int offset) {
     std::vector<float> got_dinp = d.dinp.get(), got_dweight = d.dweight.get();
     CHECK_CLOSE("dinp rel_l2", gpu_test::rel_l2(got_dinp, dinp), BF16_TOL);
     CHECK_CLOSE("dinp rel_max", gpu_test::rel_max(got_dinp, dinp), MAX_TOL);
-    CHECK_CLOSE("dweight rel_l2", gpu_test::rel_l2(got_dweight, dweight), BF16_TOL);
-    CHECK_CLOSE("dweight rel_max", gpu_test::rel_max(got_dweight, dweight), MAX_TOL);
-    std::vector<float> got_dbias = gpu_test::download_bf16(d.dbias);
+    gpu_test::check_f32("dweight", got_dweight, dweight);
+    std::vector<float> got_dbias = gpu_test::download(d.dbias);
     // without dbias the prefill must be untouched (bitwise)
-    CHECK_CLOSE("dbias rel_l2", gpu_test::rel_l2(got_dbias, dbias), with_dbias ? BF16_TOL : 0.0);
-    CHECK_CLOSE("dbias rel_max", gpu_test::rel_max(got_dbias, dbias), with_dbias ? MAX_TOL : 0.0);
+    gpu_test::check_f32("dbias", got_dbias, dbias, with_dbias ? gpu_test::F32_TOL : 0.0);
+    CHECK(matmul_fp32_plans_max_split_k() == 1);
+    // one add of a sum that does not depend on the destination: the same op into zeros
+    Device z(in, offset);
+    z.zero_grads();
+    matmul_backward(nullptr, z.dweight.ptr(), with_dbias ? z.dbias.ptr : nullptr, z.dout.ptr(), z.inp.ptr(), nullptr,
+                    in.BT, in.C, in.OC);
+    gpu_test::check_single_add("dweight", in.dweight0, got_dweight, z.dweight.get());
+    if (with_dbias) gpu_test::check_single_add("dbias", in.dbias0, got_dbias, gpu_test::download(z.dbias));
 
     // the split backward (zero-bubble pipeline): dinp alone, then dweight + dbias alone, each call
     // leaving the other outputs untouched: bitwise the one-call results
@@ -111,8 +126,8 @@ inline void check_backward(const Inputs& in, bool with_dbias, int offset) {
     matmul_backward(nullptr, s.dweight.ptr(), with_dbias ? s.dbias.ptr : nullptr, s.dout.ptr(), s.inp.ptr(), nullptr,
                     in.BT, in.C, in.OC);
     cudaCheck(cudaDeviceSynchronize());
-    CHECK(s.dweight.get() == got_dweight);
-    CHECK(gpu_test::download_bf16(s.dbias) == got_dbias);
+    CHECK(gpu_test::same_bytes(s.dweight.get(), got_dweight));
+    CHECK(gpu_test::same_bytes(gpu_test::download(s.dbias), got_dbias));
     CHECK(std::memcmp(s.dinp.get().data(), poisoned.data(), poisoned.size() * sizeof(float)) == 0);  // NaN != NaN
 }
 
@@ -138,7 +153,7 @@ TEST_CASE("matmul_forward vs cpu, with and without bias") {
     }
 }
 
-TEST_CASE("matmul_backward vs cpu: dinp overwritten, dweight and dbias accumulated") {
+TEST_CASE("matmul_backward vs cpu: dinp overwritten, fp32 dweight and dbias accumulated with one add") {
     matmul_setup();
     uint64_t seed = 200;
     for (const matmul_test::Shape& s : matmul_test::shapes()) {
@@ -166,7 +181,8 @@ TEST_CASE("matmul: bitwise deterministic, plans cached per shape") {
         matmul_test::Inputs in(s.BT, s.C, s.OC, 400 + s.C);
         matmul_test::Device d(in, 0);
         cuda_scratch_reserve(matmul_scratch_bytes(s.BT, s.OC));
-        std::vector<floatX> out[2], dinp[2], dweight[2], dbias[2];
+        std::vector<floatX> out[2], dinp[2];
+        std::vector<float> dweight[2], dbias[2];
         size_t plans_after_first = 0;
         for (int run = 0; run < 2; run++) {
             d.reset_grads(in);
@@ -175,7 +191,7 @@ TEST_CASE("matmul: bitwise deterministic, plans cached per shape") {
                             s.C, s.OC);
             out[run] = d.out.raw();
             dinp[run] = d.dinp.raw();
-            dweight[run] = d.dweight.raw();
+            dweight[run] = d.dweight.get();
             dbias[run] = gpu_test::download(d.dbias);
             if (run == 0) plans_after_first = matmul_cached_plans();
         }
@@ -202,4 +218,15 @@ TEST_CASE("matmul: misaligned bias fails clearly; teardown then lazy setup gives
     matmul_forward(d.out.ptr(), d.inp.ptr(), d.weight.ptr(), d.bias.ptr, in.BT, in.C, in.OC);  // sets up again
     CHECK(gpu_test::same_bytes(before, d.out.raw()));
     matmul_setup();  // idempotent
+}
+
+// small shapes for compute-sanitizer (scripts/device_check.sh: test_gpu -tc='sanitizer*'): the fp32
+// dweight product, the 16-byte and the scalar dbias paths, aligned and 2-byte aligned operands
+TEST_CASE("sanitizer: matmul forward and backward (fp32 dweight, dbias), small shapes") {
+    for (const matmul_test::Shape& s : {matmul_test::Shape{7, 37, 19}, matmul_test::Shape{300, 64, 296}})
+        for (int offset : {0, 1}) {
+            matmul_test::Inputs in(s.BT, s.C, s.OC, 600 + s.C + offset);
+            matmul_test::check_forward(in, true, offset);
+            matmul_test::check_backward(in, true, offset);
+        }
 }
