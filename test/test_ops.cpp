@@ -3,7 +3,9 @@
 //  - every backward against central finite differences in double (L = sum(out * R), dout = R),
 //  - accumulate (+=) vs overwrite semantics: overwritten outputs are poisoned with NaN first,
 //    accumulated ones are pre-filled and must end as prefill + contribution,
-//  - bitwise independence of the result from the OpenMP thread count.
+//  - bitwise independence of the result from the OpenMP thread count,
+//  - the gradient-path contract of the weight gradients: an op accumulating into acc gives bitwise
+//    acc + (the op on zeros), one addition of a complete sum per element.
 #include <doctest/doctest.h>
 #include <omp.h>
 
@@ -30,6 +32,7 @@
 #include "llmc/ops/cpu/layernorm.h"
 #include "llmc/ops/cpu/matmul.h"
 #include "llmc/ops/cpu/mlp.h"
+#include "llmc/ops/cpu/moe.h"
 #include "llmc/ops/cpu/vec_math.h"
 #include "test_util.h"
 
@@ -1465,6 +1468,127 @@ TEST_CASE("thread-count independence: gemm, matmul_forward/backward, layernorm_b
                 return vector<vector<float>>{dqkv};
             });
         }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The gradient-path contract: every weight-gradient output gets one fp32 addition per element of a
+// sum computed without its prior content, so op(acc) == acc + op(zeros) bitwise. (A repeated +=
+// into the destination, per token or per k block, rounds at every step and fails this.)
+
+// run(dst) applies the op to the destinations; acc0 the random non-zero accumulators
+void check_adds_once(const std::string& what, const vector<vector<float>>& acc0,
+                     const std::function<void(vector<vector<float>>&)>& run) {
+    auto acc = acc0;
+    run(acc);
+    vector<vector<float>> zero;
+    for (const auto& a : acc0) zero.emplace_back(a.size(), 0.0f);
+    run(zero);
+    for (size_t k = 0; k < acc0.size(); k++) {
+        vector<float> want(acc0[k].size());
+        for (size_t i = 0; i < want.size(); i++) want[i] = acc0[k][i] + zero[k][i];
+        check_bitwise(what + " output " + std::to_string(k) + ": op(acc) vs acc + op(0)", acc[k], want);
+    }
+}
+
+TEST_CASE("gradient-path contract: op(acc) == acc + op(zeros) bitwise for every weight gradient (float)") {
+    Rng r(40);
+    // accumulators of the sums' magnitude, so that the rounding of a running += shows
+    auto accs = [&](std::initializer_list<size_t> sizes) {
+        vector<vector<float>> v;
+        for (size_t n : sizes) v.push_back(rand_vec<float>(r, n, 1.0, 10.0));
+        return v;
+    };
+    SUBCASE("gemm (accumulate)") {
+        const GemmShape shapes[] = {{50, 40, 200}, {200, 33, 600}, {13, 37, 300}};
+        for (const auto& s : shapes)
+            for (int transA = 0; transA < 2; transA++) {
+                CAPTURE(s.K);
+                CAPTURE(transA);
+                auto A = rand_vec<float>(r, (size_t)s.M * s.K), Bm = rand_vec<float>(r, (size_t)s.K * s.N);
+                const long sam = transA ? 1 : s.K, sak = transA ? s.M : 1;
+                check_adds_once("gemm", accs({(size_t)s.M * s.N}), [&](vector<vector<float>>& d) {
+                    cpu::gemm<float>(d[0].data(), A.data(), sam, sak, Bm.data(), s.M, s.N, s.K, true);
+                });
+                // and overwriting gives the sum itself
+                vector<float> over((size_t)s.M * s.N, NAN), zero((size_t)s.M * s.N, 0.0f);
+                cpu::gemm<float>(over.data(), A.data(), sam, sak, Bm.data(), s.M, s.N, s.K, false);
+                cpu::gemm<float>(zero.data(), A.data(), sam, sak, Bm.data(), s.M, s.N, s.K, true);
+                check_bitwise("gemm: overwrite vs accumulate onto zeros", over, zero);
+            }
+    }
+    SUBCASE("matmul_backward dweight, dbias (one k block, several, several row groups)") {
+        // {260, 1100, 1000}: dweight is 1000 x 1100 over 260 tokens, more than one scratch row group
+        const MatmulShape shapes[] = {{7, 5, 19}, {100, 70, 50}, {600, 33, 150}, {260, 1100, 1000}};
+        for (const auto& s : shapes) {
+            CAPTURE(s.BT);
+            CAPTURE(s.C);
+            CAPTURE(s.OC);
+            auto x = rand_vec<float>(r, (size_t)s.BT * s.C), W = rand_vec<float>(r, (size_t)s.OC * s.C),
+                 dout = rand_vec<float>(r, (size_t)s.BT * s.OC);
+            auto run = [&](vector<vector<float>>& d) {
+                cpu::matmul_backward<float>((float*)nullptr, d[0].data(), d[1].data(), dout.data(), x.data(),
+                                            W.data(), s.BT, s.C, s.OC);
+            };
+            check_adds_once("matmul_backward", accs({(size_t)s.OC * s.C, (size_t)s.OC}), run);
+            // the row groups' sums are the whole product's
+            vector<vector<float>> z{vector<float>((size_t)s.OC * s.C, 0.0f), vector<float>(s.OC, 0.0f)};
+            run(z);
+            vector<double> rdW((size_t)s.OC * s.C, 0.0);
+            for (int i = 0; i < s.BT; i++)
+                for (int o = 0; o < s.OC; o++) {
+                    const double g = dout[(size_t)i * s.OC + o];
+                    for (int c = 0; c < s.C; c++) rdW[(size_t)o * s.C + c] += g * x[(size_t)i * s.C + c];
+                }
+            check_close("matmul_backward<float> dweight on zeros", z[0], rdW, fwd_rtol<float>() * 2);
+        }
+    }
+    SUBCASE("matmul_backward_batched dweight, dbias") {
+        const int n_batch = 3, BT = 300, C = 20, OC = 24;
+        auto x = rand_vec<float>(r, (size_t)n_batch * BT * C), W = rand_vec<float>(r, (size_t)n_batch * OC * C),
+             dout = rand_vec<float>(r, (size_t)n_batch * BT * OC);
+        check_adds_once("matmul_backward_batched", accs({(size_t)n_batch * OC * C, (size_t)n_batch * OC}),
+                        [&](vector<vector<float>>& d) {
+                            cpu::matmul_backward_batched<float>((float*)nullptr, d[0].data(), d[1].data(),
+                                                                dout.data(), x.data(), W.data(), n_batch, BT, C, OC);
+                        });
+    }
+    SUBCASE("layernorm_backward dweight, dbias") {
+        const int N = 300, C = 70;
+        auto x = rand_vec<float>(r, (size_t)N * C), w = rand_vec<float>(r, C), b = rand_vec<float>(r, C),
+             dout = rand_vec<float>(r, (size_t)N * C);
+        vector<float> out((size_t)N * C), mean(N), rstd(N);
+        cpu::layernorm_forward<float>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+        check_adds_once("layernorm_backward", accs({(size_t)C, (size_t)C}), [&](vector<vector<float>>& d) {
+            cpu::layernorm_backward<float>((float*)nullptr, d[0].data(), d[1].data(), dout.data(), x.data(),
+                                           (const float*)nullptr, mean.data(), rstd.data(), N, C);
+        });
+    }
+    SUBCASE("encoder_backward dwte, dwpe (repeated tokens, a vocab range)") {
+        const int B = 4, T_ = 64, C = 40, V = 9;
+        auto ds = make_doc_start(B, T_, r);
+        vector<int> tokens(B * T_);
+        for (auto& t : tokens) t = r.randint(0, V - 1);
+        auto dout = rand_vec<float>(r, (size_t)B * T_ * C);
+        for (int v0 : {0, 3}) {
+            const int n = v0 == 0 ? V : 4;
+            CAPTURE(v0);
+            check_adds_once("encoder_backward", accs({(size_t)n * C, (size_t)T_ * C}), [&](vector<vector<float>>& d) {
+                cpu::encoder_backward<float>(d[0].data(), d[1].data(), dout.data(), tokens.data(), ds.data(), B, T_,
+                                             C, v0, n);
+            });
+        }
+    }
+    SUBCASE("moe_router_backward drouter_w") {
+        const int n = 200, C = 30, E = 4;
+        auto x = rand_vec<float>(r, (size_t)n * C), w = rand_vec<float>(r, (size_t)E * C, 0.01, 0.1),
+             ds = rand_vec<float>(r, (size_t)n * E);
+        vector<float> scores((size_t)n * E);
+        cpu::moe_router_forward(scores.data(), x.data(), w.data(), n, C, E);
+        check_adds_once("moe_router_backward", accs({(size_t)E * C}), [&](vector<vector<float>>& d) {
+            cpu::moe_router_backward<float, float>((float*)nullptr, d[0].data(), ds.data(), scores.data(), x.data(),
+                                                   w.data(), n, C, E);
+        });
     }
 }
 

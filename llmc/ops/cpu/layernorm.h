@@ -53,11 +53,13 @@ void residual_forward(T* out, const T* inp1, const T* inp2, long N) {
     for (long i = 0; i < N; i++) out[i] = inp1[i] + inp2[i];
 }
 
-// dinp += dx (it is the residual stream's gradient), dweight += , dbias +=. dinp may be null (then
-// weight is not read) or dweight and dbias both null: the input and the weight gradients in two
-// calls (the zero-bubble pipeline's split backward).
-template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+// dinp += dx (it is the residual stream's gradient); dweight += , dbias += with one addition of the
+// complete sum over the rows per element (so accumulating into acc gives bitwise acc + the gradient
+// computed alone). dinp may be null (then weight is not read) or dweight and dbias both null: the
+// input and the weight gradients in two calls (the zero-bubble pipeline's split backward).
+// G: the gradients' type (float; double in the finite-difference tests).
+template <typename T, typename G>
+void layernorm_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
                         const T* mean, const T* rstd, int N, int C) {
     constexpr int CB = 32;
 #pragma omp parallel
@@ -81,19 +83,25 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
                 for (int c = 0; c < C; c++) dx[c] += s * (d[c] * weight[c] - g_mean - (x[c] - m) * s * gx_mean);
             }
         }
-        // parameter gradients: threads own channel ranges and sum rows in order (deterministic);
-        // they write other buffers than the loop above, so no barrier between the two
+        // parameter gradients: threads own channel ranges and sum rows in order (deterministic),
+        // then add the sums once; they write other buffers than the loop above, so no barrier
+        // between the two
         if (dweight) {
 #pragma omp for schedule(static)
             for (int c0 = 0; c0 < C; c0 += CB) {
-                int c1 = std::min(C, c0 + CB);
+                const int c1 = std::min(C, c0 + CB);
+                G sw[CB] = {}, sb[CB] = {};
                 for (int n = 0; n < N; n++) {
                     const T* d = dout + (size_t)n * C;
                     const T* x = inp + (size_t)n * C;
                     for (int c = c0; c < c1; c++) {
-                        dweight[c] += d[c] * (x[c] - mean[n]) * rstd[n];
-                        dbias[c] += d[c];
+                        sw[c - c0] += (G)(d[c] * (x[c] - mean[n]) * rstd[n]);
+                        sb[c - c0] += (G)d[c];
                     }
+                }
+                for (int c = c0; c < c1; c++) {
+                    dweight[c] += sw[c - c0];
+                    dbias[c] += sb[c - c0];
                 }
             }
         }

@@ -5,12 +5,16 @@
 // (zero-padded at the edges), so the register tile reads contiguous memory whatever the strides
 // (a weight-gradient product reads dout column-wise; a 4 KB row stride aliases in the cache).
 // Every output element gets the same arithmetic wherever its tile falls and whatever the shape:
-//   acc = 0; acc += A(m, k) B(k, n) for the KC k's of a block in order; Cm = Cm + acc
-// block by block, Cm starting at its old value (accumulate), the bias or 0. So the result of an
+//   a_b = 0; a_b += A(m, k) B(k, n) for the KC k's of block b in order
+//   S = (((base + a_0) + a_1) + ...)        base: the bias or 0
+// and Cm = S (overwrite) or Cm = Cm + S with base 0 (accumulate: one addition into Cm per call, so
+// accumulating into acc gives bitwise acc + the product computed alone, which is what lets gradient
+// accumulation over micro-batches be reproduced by any parallel layout). So the result of an
 // element does not depend on the matrix's shape (a tensor-parallel rank's slice of a matmul gives
 // bitwise the elements of the whole matmul), on the tile sizes MR x NR (chosen per instruction set
 // below: an AVX2 and an AVX-512 machine agree), or on the number of OpenMP threads (each element is
-// owned by one thread).
+// owned by one thread). T is the operands' type, G the output's: the same in a forward product;
+// a weight gradient is G = float (double in the finite-difference tests).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -26,6 +30,9 @@ constexpr int MR = 6, NR = 32;  // 24 accumulators of 8 floats: AVX-512 has 32 v
 constexpr int MR = 6, NR = 16;  // 12 accumulators: fits AVX2's 16 registers
 #endif
 constexpr int MC = 96;  // at most this many rows of A per task: MC x KC of packed A stays in the L2 cache
+// An accumulating product of more than one k block keeps its running sums S in a scratch (added
+// into Cm with the last block) of at most this many elements: a taller Cm is done in row groups.
+constexpr long PARTIAL_ELEMS = 1 << 20;
 
 // The packed blocks of one gemm (caller-owned, so one allocation serves an op's several products).
 template <typename T>
@@ -38,11 +45,41 @@ struct Packs {
     }
 };
 
-// acc = A panel (element (r, k) at ap[r * a_rs + k * a_ks]) x bp [kc][NR]; Cm's mr x nr corner =
-// base + acc (base: Cm, the bias row or 0)
-template <typename T>
-inline void micro_tile(T* __restrict Cm, int ldc, const T* __restrict ap, long a_rs, long a_ks,
-                       const T* __restrict bp, int kc, int mr, int nr, int base_mode, const T* __restrict bias) {
+// where a block's sums acc land in Cm's tile c (p: the same tile of the running sums' scratch)
+enum class Base {
+    kOut,      // c = c + acc       (a later block; or an accumulating product of one block)
+    kBias,     // c = bias + acc    (the first block of a forward with a bias)
+    kZero,     // c = 0 + acc       (the first block, no bias: the same additions as a zero-filled c)
+    kPartial,  // c = c + (p + acc) (the last block of an accumulating product of several blocks)
+};
+
+template <Base base, typename T, typename G>
+inline void store_tile(G* __restrict Cm, int ldc, const G* __restrict p, const T (&acc)[MR][NR], int mr, int nr,
+                       const T* __restrict bias) {
+    auto one = [&](int r, int j) {
+        G* c = Cm + (size_t)r * ldc;
+        if constexpr (base == Base::kOut) c[j] = c[j] + (G)acc[r][j];
+        if constexpr (base == Base::kBias) c[j] = (G)bias[j] + (G)acc[r][j];
+        if constexpr (base == Base::kZero) c[j] = G(0) + (G)acc[r][j];
+        if constexpr (base == Base::kPartial) c[j] = c[j] + (p[(size_t)r * ldc + j] + (G)acc[r][j]);
+    };
+    if (mr == MR && nr == NR) {
+        for (int r = 0; r < MR; r++) {
+#pragma omp simd
+            for (int j = 0; j < NR; j++) one(r, j);
+        }
+        return;
+    }
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) one(r, j);
+}
+
+// acc = A panel (element (r, k) at ap[r * a_rs + k * a_ks]) x bp [kc][NR]; then Cm's mr x nr corner
+// as base says
+template <typename T, typename G>
+inline void micro_tile(G* __restrict Cm, int ldc, const G* __restrict p, const T* __restrict ap, long a_rs,
+                       long a_ks, const T* __restrict bp, int kc, int mr, int nr, Base base,
+                       const T* __restrict bias) {
     T acc[MR][NR] = {};
     for (int k = 0; k < kc; k++) {
         const T* b = bp + (size_t)k * NR;
@@ -52,28 +89,18 @@ inline void micro_tile(T* __restrict Cm, int ldc, const T* __restrict ap, long a
             for (int j = 0; j < NR; j++) acc[r][j] += a * b[j];
         }
     }
-    // base_mode 0: Cm + acc; 1: bias + acc; 2: 0 + acc (the same additions as a zero-filled Cm)
-    if (mr == MR && nr == NR) {
-        for (int r = 0; r < MR; r++) {
-            T* c = Cm + (size_t)r * ldc;
-#pragma omp simd
-            for (int j = 0; j < NR; j++)
-                c[j] = (base_mode == 0 ? c[j] : base_mode == 1 ? bias[j] : T(0)) + acc[r][j];
-        }
-        return;
-    }
-    for (int r = 0; r < mr; r++) {
-        T* c = Cm + (size_t)r * ldc;
-        for (int j = 0; j < nr; j++) c[j] = (base_mode == 0 ? c[j] : base_mode == 1 ? bias[j] : T(0)) + acc[r][j];
+    switch (base) {  // one loop per case: the vector loop has no branch
+        case Base::kOut: store_tile<Base::kOut>(Cm, ldc, p, acc, mr, nr, bias); break;
+        case Base::kBias: store_tile<Base::kBias>(Cm, ldc, p, acc, mr, nr, bias); break;
+        case Base::kZero: store_tile<Base::kZero>(Cm, ldc, p, acc, mr, nr, bias); break;
+        case Base::kPartial: store_tile<Base::kPartial>(Cm, ldc, p, acc, mr, nr, bias); break;
     }
 }
 
-// Cm [M, N] = (accumulate ? Cm : bias or 0) + A(M x K) B(K x N), inside an OpenMP parallel region
-// (every thread of the team calls it; orphaned worksharing loops, so an op runs several products
-// in one region). packs: reserved for M, N by the caller, shared by the team.
-template <typename T>
-void gemm_team(T* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, long sbn, int M, int N, int K,
-               bool accumulate, const T* bias, Packs<T>& packs) {
+// gemm_team on M rows; partial: an M x N scratch when accumulating over several k blocks, else null
+template <typename T, typename G>
+void gemm_rows(G* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, long sbn, int M, int N, int K,
+               bool accumulate, const T* bias, Packs<T>& packs, G* partial) {
     const bool pack_a = sak != 1;
     T* ap_all = packs.a.data();
     T* bp_all = packs.b.data();
@@ -85,7 +112,7 @@ void gemm_team(T* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, lon
 #pragma omp for schedule(static)
         for (int m = 0; m < M; m++)
             for (int n = 0; n < N; n++)
-                if (!accumulate) Cm[(size_t)m * N + n] = bias ? bias[n] : T(0);
+                if (!accumulate) Cm[(size_t)m * N + n] = bias ? (G)bias[n] : G(0);
         return;
     }
     for (int k0 = 0; k0 < K; k0 += KC) {
@@ -131,7 +158,11 @@ void gemm_team(T* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, lon
                     for (int r = 0; r < MR; r++) edge_a[k * MR + r] = r < mr ? A[(m0 + r) * sam + (k0 + k) * sak] : T(0);
             }
         }
-        const int base_mode = (k0 > 0 || accumulate) ? 0 : bias ? 1 : 2;
+        // the running sums go to Cm, or to the scratch until the last block adds them into Cm
+        const bool first = k0 == 0, last = k0 + KC >= K;
+        G* dst = partial && !last ? partial : Cm;
+        const Base base = partial ? (first ? Base::kZero : last ? Base::kPartial : Base::kOut)
+                                  : (!first || accumulate) ? Base::kOut : bias ? Base::kBias : Base::kZero;
         // a task: up to MC rows of A (in L2) times one B panel (in L1); every element is owned by one
         // task, so a dynamic schedule (which balances the threads when other jobs share the cores)
         // leaves the result as it is
@@ -143,63 +174,109 @@ void gemm_team(T* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, lon
                 const int mp_end = std::min(m_panels, (mc + 1) * chunk_panels);
                 for (int mp = mc * chunk_panels; mp < mp_end; mp++) {
                     const int m0 = mp * MR, mr = std::min(MR, M - m0);
-                    T* c = Cm + (size_t)m0 * N + n0;
+                    const size_t at = (size_t)m0 * N + n0;
+                    G* c = dst + at;
+                    const G* pt = partial ? partial + at : nullptr;
                     const T* bias_n = bias ? bias + n0 : nullptr;
                     if (pack_a)
-                        micro_tile(c, N, ap_all + (size_t)mp * MR * KC, 1, MR, bp, kc, mr, nr, base_mode, bias_n);
+                        micro_tile(c, N, pt, ap_all + (size_t)mp * MR * KC, 1, MR, bp, kc, mr, nr, base, bias_n);
                     else if (mr == MR)
-                        micro_tile(c, N, A + m0 * sam + k0 * sak, sam, 1, bp, kc, mr, nr, base_mode, bias_n);
+                        micro_tile(c, N, pt, A + m0 * sam + k0 * sak, sam, 1, bp, kc, mr, nr, base, bias_n);
                     else
-                        micro_tile(c, N, edge_a, 1, MR, bp, kc, mr, nr, base_mode, bias_n);
+                        micro_tile(c, N, pt, edge_a, 1, MR, bp, kc, mr, nr, base, bias_n);
                 }
             }
     }
 }
+// the rows of a row group of an accumulating product (whole tasks, the scratch within PARTIAL_ELEMS)
+inline int partial_rows(int N) { return (int)std::max<long>(MC, PARTIAL_ELEMS / std::max(N, 1) / MC * MC); }
+
+// the scratch gemm_team needs for an accumulating M x N x K product (grows only; before the region)
+template <typename G>
+void reserve_partial(std::vector<G>& partial, int M, int N, int K) {
+    if (K > KC) partial.resize(std::max(partial.size(), (size_t)std::min(M, partial_rows(N)) * N));
+}
+
+// Cm [M, N] = (accumulate ? Cm + S : S), S = (bias or 0) + A(M x K) B(K x N) (see the top of the
+// file), inside an OpenMP parallel region (every thread of the team calls it; orphaned worksharing
+// loops, so an op runs several products in one region). packs: reserved for M, N by the caller,
+// shared by the team; partial: reserve_partial's scratch when accumulating. A row group's elements
+// get the arithmetic of the whole product's (every element's sums are its own), so the groups leave
+// the result as it is.
+template <typename T, typename G>
+void gemm_team(G* Cm, const T* A, long sam, long sak, const T* Bm, long sbk, long sbn, int M, int N, int K,
+               bool accumulate, const T* bias, Packs<T>& packs, std::vector<G>& partial) {
+    if (!accumulate || K <= KC) {  // the k blocks' sums go straight into Cm: the first one onto its base
+        gemm_rows<T, G>(Cm, A, sam, sak, Bm, sbk, sbn, M, N, K, accumulate, bias, packs, nullptr);
+        return;
+    }
+    const int rows = partial_rows(N);
+    for (int m0 = 0; m0 < M; m0 += rows)
+        gemm_rows<T, G>(Cm + (size_t)m0 * N, A + m0 * sam, sam, sak, Bm, sbk, sbn, std::min(rows, M - m0), N, K, true,
+                        nullptr, packs, partial.data());
+}
 static_assert(MC % MR == 0, "a task's rows are whole panels");
 }  // namespace gemm_detail
 
-// Cm [M, N] = (accumulate ? Cm : 0) + A(M x K) * Bm[K, N]
+// Cm [M, N] = (accumulate ? Cm + S : S), S = A(M x K) * Bm[K, N]
 template <typename T>
 void gemm(T* Cm, const T* A, long sam, long sak, const T* Bm, int M, int N, int K, bool accumulate) {
     static thread_local gemm_detail::Packs<T> packs;  // (thread_local: the team uses the caller's)
+    static thread_local std::vector<T> partial;
     packs.reserve(M, N);
+    if (accumulate) gemm_detail::reserve_partial(partial, M, N, K);
     gemm_detail::Packs<T>* p = &packs;
+    std::vector<T>* q = &partial;
 #pragma omp parallel
-    gemm_detail::gemm_team<T>(Cm, A, sam, sak, Bm, N, 1, M, N, K, accumulate, nullptr, *p);
+    gemm_detail::gemm_team<T, T>(Cm, A, sam, sak, Bm, N, 1, M, N, K, accumulate, nullptr, *p, *q);
 }
 
 // out[BT, OC] = inp[BT, C] W[OC, C]^T + bias[OC] (bias may be null)
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int BT, int C, int OC) {
     static thread_local gemm_detail::Packs<T> packs;
+    static thread_local std::vector<T> unused;  // (no scratch without accumulation)
     packs.reserve(BT, OC);
     gemm_detail::Packs<T>* p = &packs;
+    std::vector<T>* q = &unused;
     // B(k = c, n = o) = W[o, c]: the packing reads W's rows, no transposed copy
 #pragma omp parallel
-    gemm_detail::gemm_team<T>(out, inp, C, 1, weight, 1, C, BT, OC, C, false, bias, *p);
+    gemm_detail::gemm_team<T, T>(out, inp, C, 1, weight, 1, C, BT, OC, C, false, bias, *p, *q);
 }
 
-// dinp[BT, C] = dout W (overwritten); dweight += dout^T inp; dbias += column sums of dout. Any of the
-// three may be null: the zero-bubble pipeline computes the input gradient (dinp) and the weight
-// gradients (dweight, dbias) in two calls of this same function, at different times.
-template <typename T>
-void matmul_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                     int BT, int C, int OC) {
+// dinp[BT, C] = dout W (overwritten); dweight += dout^T inp; dbias += column sums of dout, each
+// weight-gradient element with one addition of its complete sum (so accumulating into acc gives
+// bitwise acc + the gradient computed alone). Any of the three may be null: the zero-bubble
+// pipeline computes the input gradient (dinp) and the weight gradients (dweight, dbias) in two
+// calls of this same function, at different times. G: the gradients' type (float; double in the
+// finite-difference tests).
+template <typename T, typename G>
+void matmul_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight, int BT, int C,
+                     int OC) {
     static thread_local gemm_detail::Packs<T> packs;
+    static thread_local std::vector<T> unused;
+    static thread_local std::vector<G> partial;
     if (dinp) packs.reserve(BT, C);
-    if (dweight) packs.reserve(OC, C);
+    if (dweight) {
+        packs.reserve(OC, C);
+        gemm_detail::reserve_partial(partial, OC, C, BT);
+    }
     gemm_detail::Packs<T>* p = &packs;
+    std::vector<T>* u = &unused;
+    std::vector<G>* q = &partial;
 #pragma omp parallel
     {
-        if (dinp) gemm_detail::gemm_team<T>(dinp, dout, OC, 1, weight, C, 1, BT, C, OC, false, nullptr, *p);
-        if (dweight) gemm_detail::gemm_team<T>(dweight, dout, 1, OC, inp, C, 1, OC, C, BT, true, nullptr, *p);
-        if (dbias) {
+        if (dinp) gemm_detail::gemm_team<T, T>(dinp, dout, OC, 1, weight, C, 1, BT, C, OC, false, nullptr, *p, *u);
+        if (dweight) gemm_detail::gemm_team<T, G>(dweight, dout, 1, OC, inp, C, 1, OC, C, BT, true, nullptr, *p, *q);
+        if (dbias) {  // a thread's OB columns summed over the rows in order, then added once
             constexpr int OB = 64;
 #pragma omp for schedule(static)
             for (int o0 = 0; o0 < OC; o0 += OB) {
                 const int o1 = std::min(OC, o0 + OB);
+                G sum[OB] = {};
                 for (int bt = 0; bt < BT; bt++)
-                    for (int o = o0; o < o1; o++) dbias[o] += dout[(size_t)bt * OC + o];
+                    for (int o = o0; o < o1; o++) sum[o - o0] += (G)dout[(size_t)bt * OC + o];
+                for (int o = o0; o < o1; o++) dbias[o] += sum[o - o0];
             }
         }
     }
@@ -218,9 +295,10 @@ void matmul_forward_batched(T* out, const T* inp, const T* weight, const T* bias
                        bias ? bias + (size_t)b * OC : nullptr, BT, C, OC);
 }
 
-// the backward of each product, as matmul_backward: dinp overwritten, dweight and dbias +=; each may be null
-template <typename T>
-void matmul_backward_batched(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int n_batch,
+// the backward of each product, as matmul_backward: dinp overwritten, dweight and dbias += (one addition
+// of the complete sum per element); each may be null
+template <typename T, typename G>
+void matmul_backward_batched(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight, int n_batch,
                              int BT, int C, int OC) {
     for (int b = 0; b < n_batch; b++)
         matmul_backward(dinp ? dinp + (size_t)b * BT * C : nullptr, dweight ? dweight + (size_t)b * OC * C : nullptr,

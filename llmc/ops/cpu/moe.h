@@ -164,9 +164,11 @@ void moe_combine_backward(T* dye, S* dscores, const T* dout, const T* ye, const 
 }
 
 // Through the softmax: dlogit[i, e] = S[i, e] (dS[i, e] - sum_f S[i, f] dS[i, f]); then
-// drouter_w [E, C] += dlogit^T x, dx [n, C] += dlogit router_w. Either may be null (the split backward).
-template <typename T, typename S>
-void moe_router_backward(T* dx, T* drouter_w, const S* dscores, const S* scores, const T* x, const T* router_w,
+// drouter_w [E, C] += dlogit^T x (each element one addition of its complete sum over the tokens, in
+// token order), dx [n, C] += dlogit router_w. Either may be null (the split backward).
+// G: the router gradient's type (float; double in the finite-difference tests).
+template <typename T, typename S, typename G>
+void moe_router_backward(T* dx, G* drouter_w, const S* dscores, const S* scores, const T* x, const T* router_w,
                          int n, int C, int E) {
     std::vector<S> dlogit((size_t)n * E);
 #pragma omp parallel for schedule(static)
@@ -183,12 +185,19 @@ void moe_router_backward(T* dx, T* drouter_w, const S* dscores, const S* scores,
         }
     }
     if (!drouter_w) return;
-#pragma omp parallel for schedule(static)
-    for (int e = 0; e < E; e++)
-        for (int i = 0; i < n; i++) {
-            const T dl = (T)dlogit[(size_t)i * E + e];
-            for (int c = 0; c < C; c++) drouter_w[(size_t)e * C + c] += dl * x[(size_t)i * C + c];
+#pragma omp parallel
+    {
+        std::vector<G> sum(C);  // one expert's row, summed over the tokens before the one addition
+#pragma omp for schedule(static)
+        for (int e = 0; e < E; e++) {
+            std::fill(sum.begin(), sum.end(), G(0));
+            for (int i = 0; i < n; i++) {
+                const T dl = (T)dlogit[(size_t)i * E + e];
+                for (int c = 0; c < C; c++) sum[c] += (G)(dl * x[(size_t)i * C + c]);
+            }
+            for (int c = 0; c < C; c++) drouter_w[(size_t)e * C + c] += sum[c];
         }
+    }
 }
 
 }  // namespace cpu
