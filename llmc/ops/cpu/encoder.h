@@ -35,32 +35,40 @@ void encoder_forward(T* out, const int* tokens, const int* doc_start, const T* w
 }
 
 namespace encoder_detail {
-// the tokens bt in [0, n) with key(bt) >= 0, ordered by key and, within a key, by bt (a stable sort);
-// starts: where each key's run begins, plus n_listed at the end
+// The tokens bt in [0, n) grouped by key(bt) in [0, n_keys) (-1: skipped), by a counting sort: stable,
+// so a group lists its tokens in increasing bt. Group g: key runs[g].key, tokens order[runs[g].begin ..
+// runs[g + 1].begin) (a last entry closes the list).
+struct Run {
+    int key, begin;
+};
 template <typename Key>
-void group_by_key(std::vector<int>& order, std::vector<int>& starts, int n, Key key) {
-    order.clear();
+void group_by_key(std::vector<int>& order, std::vector<Run>& runs, std::vector<int>& next, int n, int n_keys, Key key) {
+    next.assign((size_t)n_keys + 1, 0);
     for (int bt = 0; bt < n; bt++)
-        if (key(bt) >= 0) order.push_back(bt);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key(a) < key(b); });
-    starts.clear();
-    for (size_t i = 0; i < order.size(); i++)
-        if (i == 0 || key(order[i]) != key(order[i - 1])) starts.push_back((int)i);
-    starts.push_back((int)order.size());
+        if (key(bt) >= 0) next[key(bt) + 1]++;
+    runs.clear();
+    for (int k = 0; k < n_keys; k++) {
+        if (next[k + 1] > 0) runs.push_back({k, next[k]});
+        next[k + 1] += next[k];
+    }
+    runs.push_back({-1, next[n_keys]});
+    order.resize(next[n_keys]);
+    for (int bt = 0; bt < n; bt++)
+        if (key(bt) >= 0) order[next[key(bt)]++] = bt;
 }
 
-// rows[key, c0 .. c1) += the sum over a run's tokens (in token order) of dout[bt, c0 .. c1), once per run
-template <typename T, typename G, typename Key>
-void add_runs(G* rows, const T* dout, const std::vector<int>& order, const std::vector<int>& starts, Key key,
-              int C, int c0, int c1) {
+// rows[key, c0 .. c1) += the sum over a group's tokens (in token order) of dout[bt, c0 .. c1), once per group
+template <typename T, typename G>
+void add_runs(G* rows, const T* dout, const std::vector<int>& order, const std::vector<Run>& runs, int C, int c0,
+              int c1) {
     constexpr int CB = 32;
-    for (size_t g = 0; g + 1 < starts.size(); g++) {
+    for (size_t g = 0; g + 1 < runs.size(); g++) {
         G sum[CB] = {};
-        for (int i = starts[g]; i < starts[g + 1]; i++) {
+        for (int i = runs[g].begin; i < runs[g + 1].begin; i++) {
             const T* d = dout + (size_t)order[i] * C;
             for (int c = c0; c < c1; c++) sum[c - c0] += (G)d[c];
         }
-        G* row = rows + (size_t)key(order[starts[g]]) * C;
+        G* row = rows + (size_t)runs[g].key * C;
         for (int c = c0; c < c1; c++) row[c] += sum[c - c0];
     }
 }
@@ -80,15 +88,17 @@ void encoder_backward(G* dwte, G* dwpe, const T* dout, const int* tokens, const 
         return in_vocab_range(tokens[bt], vocab_begin, vocab_count) ? tokens[bt] - vocab_begin : -1;
     };
     auto position = [&](int bt) { return bt % T_ - doc_start[bt]; };
-    static thread_local std::vector<int> te_order, te_starts, pe_order, pe_starts;
-    encoder_detail::group_by_key(te_order, te_starts, n, row_of_token);
-    if (dwpe) encoder_detail::group_by_key(pe_order, pe_starts, n, position);
-    const std::vector<int>&to = te_order, &ts = te_starts, &po = pe_order, &ps = pe_starts;
+    static thread_local std::vector<int> te_order, pe_order, scratch;
+    static thread_local std::vector<encoder_detail::Run> te_runs, pe_runs;
+    encoder_detail::group_by_key(te_order, te_runs, scratch, n, vocab_count, row_of_token);
+    if (dwpe) encoder_detail::group_by_key(pe_order, pe_runs, scratch, n, T_, position);
+    const std::vector<int>&to = te_order, &po = pe_order;
+    const std::vector<encoder_detail::Run>&tr = te_runs, &pr = pe_runs;
 #pragma omp parallel for schedule(static)
     for (int c0 = 0; c0 < C; c0 += CB) {
         const int c1 = std::min(C, c0 + CB);
-        encoder_detail::add_runs(dwte, dout, to, ts, row_of_token, C, c0, c1);
-        if (dwpe) encoder_detail::add_runs(dwpe, dout, po, ps, position, C, c0, c1);
+        encoder_detail::add_runs(dwte, dout, to, tr, C, c0, c1);
+        if (dwpe) encoder_detail::add_runs(dwpe, dout, po, pr, C, c0, c1);
     }
 }
 
