@@ -155,20 +155,20 @@ struct GPT {
     // ---- the buffers (llmc/memory.h: every one from `mem`; mem.plan_only: only counted)
     MemoryArenas mem;
     floatX* params = nullptr;    // stage 0-2: every segment (padded space); stage 3: this rank's shard
-    float* grads = nullptr;      // fp32 leaf gradients of one micro-batch (padded space; stage 3: slots)
-    float* grad_acc = nullptr;   // fp32 sum of the leaves over the step's global micro-batches
+    float* grad_acc = nullptr;   // fp32 gradient of the step (stages 0-1: m.g points into it)
     float* master = nullptr;     // fp32 master weights when params are not fp32 (the CUDA build), or offloaded
     float *adam_m = nullptr, *adam_v = nullptr;
     float* grad_staging = nullptr;  // offload: host fp32 [state_elems], the gradients down, the params up
-    float* comm_scratch = nullptr;  // reduce_scatter_add's receive buffer (dp > 1)
+    float* comm_scratch = nullptr;  // a segment reduction's receive buffer (dp > 1)
     SegmentSlots<floatX> param_slots;  // stage 3: gathered segments
-    SegmentSlots<float> grad_slots;
+    SegmentSlots<float> grad_slots;    // stages 2-3: a micro-batch's segment gradients until reduced
     // The tied lm head (on the last stage) and its gradient. Its gradient is summed over the step in
     // its own accumulator and added to the embedding's once per step (tied_embedding_sum); with
     // pp > 1 the last stage keeps a copy of the embedding's weights, refreshed after every update.
-    float* head_leaf = nullptr;     // [head.padded] fp32
-    floatX* head_params = nullptr;  // [head.padded]; pp > 1 only
-    float* head_acc = nullptr;  // [shard]: this rank's slice (stage 0 with pp > 1: the receive buffer)
+    float* head_leaf = nullptr;      // [head.padded] the head's gradient of one micro-batch
+    floatX* head_params = nullptr;   // [head.padded] pp > 1 only
+    float* head_acc = nullptr;  // stages 0-1: [head.padded], the rank's micro-batches; 2-3: [shard], this
+                                // rank's slice (the first stage with pp > 1: [shard], the receive buffer)
     std::vector<std::vector<ChunkSlot>> slots;     // [chunk][k]: activations of micro-batches in flight
     std::vector<std::vector<ChunkStash>> stashes;  // [chunk][k]: zero-bubble B -> W stash
     LayerGrads layer_douts{};  // one layer's output gradients, when its weight gradients follow at once
@@ -197,14 +197,18 @@ struct GPT {
     double activation_bytes = 0;
 
     // ---- the call in progress: the micro-batches the forwards read (B x T tokens each), their loss
-    // scale, the last stage's losses; the latest forward's slot per chunk (MoE statistics); with
-    // --offload, grads_ready's count per local segment (a segment's last one starts its download)
+    // scale, the last stage's losses; the latest forward's slot per chunk (MoE statistics);
+    // grads_ready's count per local segment this step: at reduce_at (the step's micro-batches; 0 in
+    // a lone gpt_backward) the segment's gradient is final: stages 0-1 start its reduction (reduced:
+    // started), --offload its download (count_ready)
     int B = 0, T = 0;
     std::vector<MicroBatch> batches;
     float dloss_scale = 0.0f;
     std::vector<double> mb_loss;
     std::vector<const ChunkSlot*> last_forward;
     std::vector<int> ready_count;
+    std::vector<char> reduced;
+    int reduce_at = 0;
     bool count_ready = false;
 };
 
@@ -416,10 +420,11 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
     const int BT = m.B * m.T, C = c.n_embd;
     const LayerTensors<float>& dw = m.g.layers[l];
     if (c.is_moe(l)) {
-        // the experts' weight gradients, one leaf per source rank (--ep: the rows of ep rank p go
-        // to leaf p, which folds as that rank's micro-batch would: zero.h's reduce_scatter_add)
+        // the experts' weight gradients, one per source rank (--ep: the rows of ep rank p go to leaf
+        // p, which folds as that rank's micro-batch would: zero.h's reduce_scatter_add; stages 0-1
+        // add them into the accumulator in source order)
         const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(m.B, m.T);
-        const size_t leaf = m.zero.segs[m.seg_local[c.n_layer + 2 + l]].padded;
+        const size_t leaf = m.zero.leaf_stride(m.seg_local[c.n_layer + 2 + l]);
         for (int p = 0; p < ls.ep; p++) {
             const size_t rows = (size_t)p * ls.n_expert * cap, at = p * leaf;
             matmul_backward_batched((floatX*)nullptr, dw.fcprojw + at, dw.fcprojb + at, d.d_ffn_out + rows * C,
@@ -653,18 +658,23 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     pm.release = [&](int mb, int c) { release_slot(m, c, mb); };
     pm.transfer = [&](const PipeAction& a) { return pipe_transfer(m, a); };
     pm.sync = backend_sync;
-    // --offload optimizer: each segment's gradient download starts at its last grads_ready
-    std::fill(m.ready_count.begin(), m.ready_count.end(), 0);
+    // each segment's gradient is final at its last grads_ready of the step: stages 0-1 reduce it
+    // there, --offload starts its download
+    m.reduce_at = dloss_scale != 0.0f ? (int)batches.size() : 0;
     m.count_ready = m.offload == OFFLOAD_OPTIMIZER && dloss_scale != 0.0f;
     offload_early_reset(m.update_pieces.size());
     const PipeTimes times = pipeline_execute(m.pipe.schedule[m.pipe.stage], comm_world().pp, pm, measure, trace);
+    m.reduce_at = 0;
     m.count_ready = false;
     return times;
 }
 
+// the step's gradient starts at zero (and so do its reductions)
 static void gpt_zero_grad(GPT& m) {
     buffer_zero(m.grad_acc, m.zero.acc_elems() * sizeof(float));
-    if (m.head_acc) buffer_zero(m.head_acc, m.head.shard_len(0) * sizeof(float));
+    if (m.head_acc) buffer_zero(m.head_acc, head_acc_elems(m) * sizeof(float));
+    std::fill(m.ready_count.begin(), m.ready_count.end(), 0);
+    std::fill(m.reduced.begin(), m.reduced.end(), 0);
 }
 
 struct OptimizerConfig {
@@ -674,11 +684,13 @@ struct OptimizerConfig {
 // The optimizer step, after the step's last backward, in two parts so the training loop can
 // look at the norm (and the loss) before deciding to update: a step with a non-finite loss or
 // norm is skipped (see train_main).
-// gpt_grad_norm: adds the lm head's part of the tied embedding's gradient, then (ZeRO stages 0-1)
-// completes the all-reduce of the gradients (all-gather of the reduced slices); returns the norm
-// of the whole model's gradient, every stage's (collective over the world).
+// gpt_grad_norm: (ZeRO stages 0-1) completes the segments' reductions, adds the lm head's part of
+// the tied embedding's gradient, then (stage 0) completes the all-reduce of the gradients
+// (all-gather of the reduced slices); returns the norm of the whole model's gradient, every
+// stage's (collective over the world).
 static float gpt_grad_norm(GPT& m) {
     bind_op_scratch(m);
+    zero_reduce_finish(m);
     tied_embedding_sum(m);
     zero_complete_grads(m);
     return (float)std::sqrt(grad_norm_squared(m.zero, m.grad_acc, m.norm_skip, norm_per_chunk, add_squares));

@@ -1291,10 +1291,10 @@ TEST_CASE("MoE parameter table: names in the documented order, shapes, init, wei
             CHECK(w.fcb == m.params + gpt_padded_index(m, param_offset(m, ffn + "fc.b")));
             CHECK(w.fcprojw == m.params + gpt_padded_index(m, param_offset(m, ffn + "proj.w")));
             CHECK(w.fcprojb == m.params + gpt_padded_index(m, param_offset(m, ffn + "proj.b")));
-            CHECK(m.g.layers[l].fcw == m.grads + gpt_padded_index(m, param_offset(m, ffn + "fc.w")));
+            CHECK(m.g.layers[l].fcw == m.grad_acc + gpt_padded_index(m, param_offset(m, ffn + "fc.w")));
             if (c.is_moe(l)) {
                 CHECK(w.routerw == m.params + gpt_padded_index(m, param_offset(m, h + "moe.router.w")));
-                CHECK(m.g.layers[l].routerw == m.grads + gpt_padded_index(m, param_offset(m, h + "moe.router.w")));
+                CHECK(m.g.layers[l].routerw == m.grad_acc + gpt_padded_index(m, param_offset(m, h + "moe.router.w")));
             } else {
                 CHECK(w.routerw == nullptr);
             }

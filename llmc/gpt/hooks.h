@@ -3,9 +3,11 @@
 // meet ZeRO, tensor / sequence parallelism, expert parallelism and the pipeline. The contract: the
 // model code calls them at fixed points and never reads a rank number or a group itself.
 //   ZeRO                 params_needed / params_done around a segment's use (stage 3 gathers),
-//   (parallel/zero.h)    grads_needed / grads_ready around its weight gradients (zeroed, then
-//                        folded into the owners' fp32 accumulators), head_weights / head_done and
-//                        head_grads_ready (the tied lm head), zero_complete_grads before the norm,
+//   (parallel/zero.h)    grads_needed / grads_ready around its weight gradients (stages 0-1:
+//                        into the accumulator, reduced once per step from the last micro-batch's
+//                        grads_ready; 2-3: a zeroed slot folded into the owners' fp32 accumulators),
+//                        head_weights / head_done and head_grads_ready (the tied lm head),
+//                        zero_reduce_finish and zero_complete_grads before the norm,
 //                        zero_gather_params after the update
 //   tensor parallel      row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
 //   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss,
@@ -20,13 +22,17 @@
 
 // ZeRO glue for the model code (llmc/parallel/zero.h), by model segment id. At stages 0-2 the parameters are
 // always in place and the param calls do nothing; at stage 3 a segment is all-gathered into a slot
-// before its first use and the slot is released after its last. grads_needed zeroes a segment's
-// leaf gradient before its weight gradients are written; grads_ready sums it into the owners' fp32
-// accumulators right after (on the GPU the next segment's work is queued behind it).
-// zero.h's fold of a leaf gradient into the fp32 accumulator: the backend's grad_accumulate
+// before its first use and the slot is released after its last. The gradients: at stages 0-1 the
+// segment's pointers are into the fp32 accumulator (zeroed once per step) and grads_ready counts the
+// step's micro-batches, starting the segment's reduction at its last one (zero_reduce_start); at
+// stages 2-3 grads_needed points them at a zeroed slot and grads_ready reduce-scatters it into the
+// owners' accumulators (on the GPU the next segment's work is queued behind it).
+// zero.h's fold of a gradient into the fp32 accumulator: the backend's grad_accumulate
 struct AccumulateGrads {
-    template <typename T>
-    void operator()(float* acc, const T* leaf, size_t n) const { grad_accumulate(acc, leaf, n); }
+    void operator()(float* acc, const float* x, size_t n) const { grad_accumulate(acc, x, n); }
+};
+struct ZeroFloats {
+    void operator()(float* p, size_t n) const { buffer_zero(p, n * sizeof(float)); }
 };
 // the group a segment is sharded and reduced over: the experts' over the expert-dp ranks
 static const CommGroup& seg_group(const ZeroLayout& z, int s) {
@@ -66,41 +72,65 @@ static void params_done(GPT& m, int seg) {
 }
 static void grads_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
+    if (z.grads_in_acc()) return;
     for (int s : local_segments(m, seg)) {
-        const size_t bytes = z.segs[s].n_leaves * z.segs[s].padded * sizeof(float);
-        if (!z.params_sharded()) {
-            buffer_zero(m.grads + z.segs[s].leaf_offset, bytes);
-            continue;
-        }
         float* slot = m.grad_slots.acquire(s, "gradient");
-        buffer_zero(slot, bytes);
+        buffer_zero(slot, z.segs[s].n_leaves * z.segs[s].padded * sizeof(float));
         point_segment(m.g, m.config, m.local, z.segs[s], slot);
     }
+}
+// --offload optimizer: local segment s's gradient is final (reduced into the accumulator); its
+// pieces' download can start (not the embedding's: the tied head adds to it before the norm)
+static void offload_start(GPT& m, int s) {
+    if (m.count_ready && !m.early_pieces[s].empty())
+        offload_download_early<OffloadCopies>(m.update_pieces, m.early_pieces[s], m.grad_acc, m.grad_staging);
+}
+// Stages 0-1: local segment s's once-per-step reduction over its group (reduce_scatter_sum: the
+// owners' slices hold the sums in rank order), started where its gradient is final. The offload's
+// early download follows it.
+static void zero_reduce_start(GPT& m, int s) {
+    const ZeroLayout& z = m.zero;
+    if (m.reduced[s]) return;
+    m.reduced[s] = 1;
+    float* acc = m.grad_acc + z.segs[s].padded_offset;
+    reduce_scatter_sum_start(seg_group(z, s), acc, z.shard_len(s), m.comm_scratch);
+    reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), seg_group(z, s), acc, z.shard_len(s), m.comm_scratch);
+    offload_start(m, s);
 }
 static void grads_ready(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
     for (int s : local_segments(m, seg)) {
-        const float* leaf = z.params_sharded() ? m.grad_slots.find(s) : m.grads + z.segs[s].leaf_offset;
-        reduce_scatter_add(AccumulateGrads(), seg_group(z, s), m.grad_acc + z.acc_own(s), leaf, z.shard_len(s),
-                           m.comm_scratch, z.segs[s].n_leaves);
-        // the step's last micro-batch of this segment: its gradient is final, its download can start
-        if (m.count_ready && ++m.ready_count[s] == (int)m.batches.size() && !m.early_pieces[s].empty())
-            offload_download_early<OffloadCopies>(m.update_pieces, m.early_pieces[s], m.grad_acc, m.grad_staging);
-        if (z.params_sharded()) {
-            m.grad_slots.release(s);
-            point_segment(m.g, m.config, m.local, z.segs[s], nullptr);
+        // the step's last micro-batch of this segment: its gradient is final
+        const bool last = m.reduce_at > 0 && ++m.ready_count[s] == m.reduce_at;
+        if (z.grads_in_acc()) {
+            if (last) zero_reduce_start(m, s);
+            continue;
         }
+        reduce_scatter_add(AccumulateGrads(), seg_group(z, s), m.grad_acc + z.acc_own(s), m.grad_slots.find(s),
+                           z.shard_len(s), m.comm_scratch, z.segs[s].n_leaves);
+        if (last) offload_start(m, s);
+        m.grad_slots.release(s);
+        point_segment(m.g, m.config, m.local, z.segs[s], (float*)nullptr);
     }
 }
-// The tied lm head's leaf gradient of this micro-batch into its accumulator, over the dp group.
+// The tied lm head's gradient of this micro-batch (head_leaf, fp32) into its accumulator: stages
+// 0-1 fold it locally (reduced once per step in tied_embedding_sum), stages 2-3 reduce-scatter it
+// over the dp group.
 static void head_grads_ready(GPT& m) {
-    reduce_scatter_add(AccumulateGrads(), comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
+    if (m.head.grads_in_acc()) grad_accumulate(m.head_acc, m.head_leaf, m.head.padded_total);
+    else reduce_scatter_add(AccumulateGrads(), comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
 }
-// Before the norm, ZeRO stages 0-1: completes the all-reduce of the gradients (every rank all-gathers
-// the reduced slices of the others). After the update, stages 1-2: all-gathers the updated params.
+// Before the norm, stages 0-1: every segment's reduction completes (one not started in the
+// backward, e.g. after gpt_backward, runs now).
+static void zero_reduce_finish(GPT& m) {
+    if (!m.zero.grads_in_acc()) return;
+    for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_reduce_start(m, s);
+}
+// Before the norm, ZeRO stage 0: completes the all-reduce of the gradients (every rank all-gathers
+// the reduced slices of the others; stage 1 updates only its slice). After the update, stages 1-2: all-gathers the updated params.
 static void zero_complete_grads(GPT& m) {
     const ZeroLayout& z = m.zero;
-    if (!z.acc_sharded())
+    if (z.stage == 0)
         for (int s = 0; s < (int)z.segs.size(); s++)
             if (seg_group(z, s).size > 1)
                 all_gather(seg_group(z, s), m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
@@ -319,7 +349,8 @@ static void tp_attention_backward(GPT& m, floatX* dqkv, const floatX* dout, cons
 }
 
 // LayerNorm weight and bias gradients, summed over canonical token chunks (the rank's stream rows:
-// with --sp the tp group adds the chunks of every rank; otherwise every rank has all of them).
+// with --sp the tp group adds the chunks of every rank; otherwise every rank has all of them) in
+// fp32, then added into the gradients once.
 static void layernorm_weight_grads(GPT& m, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
                                    const float* mean, const float* rstd) {
     const int C = m.config.n_embd;
@@ -432,19 +463,30 @@ static P2POp pipe_transfer(GPT& m, const PipeAction& a) {
 }
 
 // The tied embedding (Press & Wolf 2017): the lm head's gradient of wte, summed over the step in
-// head_acc, is added to the embedding's accumulator once per step, in every layout the same single
-// fp32 addition per element (Megatron's rule for the embedding group: the first stage holds the
+// head_acc (at stages 0-1 each rank's micro-batches, then reduced over dp here, once per step), is
+// added to the embedding's accumulator once per step, in every layout the same single fp32
+// addition per element (Megatron's rule for the embedding group: the first stage holds the
 // embedding, the last the head; here the last stage sends its sum to the first, which owns wte's
 // optimizer state, and gets the updated weights back after the step: tied_embedding_refresh).
+// head_acc's elements: the whole head at stages 0-1 on the last stage, else the rank's slice
+static size_t head_acc_elems(const GPT& m) {
+    return m.pipe.has_head() && m.head.grads_in_acc() ? m.head.padded_total : m.head.shard_len(0);
+}
 static void tied_embedding_sum(GPT& m) {
     const PipelinePlan& pp = m.pipe;
     if (!pp.has_embedding() && !pp.has_head()) return;
     const size_t n = m.head.shard_len(0);
-    if (pp.P > 1 && pp.has_head())
-        p2p_group(comm_world().pp, {{true, m.head_acc, n * sizeof(float), 0, TIED_EMBEDDING_TAG}});
+    float* own = m.head_acc;  // this rank's slice of the head's step gradient
+    if (pp.has_head() && m.head.grads_in_acc()) {  // stages 0-1: the step's local sums, reduced over dp once
+        const CommGroup& dp = comm_world().dp;
+        reduce_scatter_sum_start(dp, m.head_acc, n, m.comm_scratch);
+        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), dp, m.head_acc, n, m.comm_scratch);
+        own = m.head_acc + m.head.own_begin(0);
+    }
+    if (pp.P > 1 && pp.has_head()) p2p_group(comm_world().pp, {{true, own, n * sizeof(float), 0, TIED_EMBEDDING_TAG}});
     if (!pp.has_embedding()) return;
-    if (pp.P > 1) p2p_group(comm_world().pp, {{false, m.head_acc, n * sizeof(float), pp.P - 1, TIED_EMBEDDING_TAG}});
-    grad_accumulate(m.grad_acc + m.zero.acc_own(m.seg_local[0]), m.head_acc, n);
+    if (pp.P > 1) p2p_group(comm_world().pp, {{false, own, n * sizeof(float), pp.P - 1, TIED_EMBEDDING_TAG}});
+    grad_accumulate(m.grad_acc + m.zero.acc_own(m.seg_local[0]), own, n);
 }
 static void tied_embedding_refresh(GPT& m) {
     const PipelinePlan& pp = m.pipe;

@@ -14,9 +14,9 @@ static float* take_stats(GPT& m, size_t n) { return (float*)take(m, MEM_ACTIVATI
 static int* take_ints(GPT& m, size_t n) { return (int*)take(m, MEM_ACTIVATIONS, n * sizeof(int)); }
 
 // Stage 3 keeps this many gathered segments at once: parameters of the current and the next
-// segment (a block's forward ends with the next block's LN1); leaf gradients of the segment in
-// its backward (and one to spare).
-constexpr int ZERO3_PARAM_SLOTS = 2, ZERO3_GRAD_SLOTS = 2;
+// segment (a block's forward ends with the next block's LN1). Stages 2-3 keep the gradient of the
+// segment in its backward until it is reduced (times two in an MoE block: its experts' segment).
+constexpr int ZERO3_PARAM_SLOTS = 2, ZERO_GRAD_SLOTS = 1;
 
 // tp > 1: the table's alignment padding after the split tensors of this stage belongs to no local
 // tensor; dp rank 0 of tp rank 0 reports it (zeros), so that a checkpoint covers every element once
@@ -133,9 +133,10 @@ static void gpt_lay_out(GPT& m, const GPTConfig& config, int B, int T, const Lay
     for (int s = 0; s < (int)z.segs.size(); s++) m.seg_local[z.segs[s].id] = s;
 }
 
-// The model's state buffers: params, leaf gradients, the fp32 accumulators, master weights and
-// moments (--offload: in the host arenas), the tied head's, ZeRO-3's gathered segments and the
-// pointers into them; then what the update, the offload and the norm need from the layout.
+// The model's state buffers: params, the fp32 gradient accumulators (stages 0-1: where the ops add
+// the gradients), master weights and moments (--offload: in the host arenas), the tied head's, the
+// gradient slots of stages 2-3 and ZeRO-3's gathered segments, and the pointers into them; then
+// what the update, the offload and the norm need from the layout.
 static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp) {
     const GPTConfig& config = m.config;
     const PipelinePlan& pp = m.pipe;
@@ -155,32 +156,31 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     if (pp.has_head() || (pp.has_embedding() && pp.P > 1)) {
         const std::vector<SegmentSpec> all = segment_specs(config, m.local);
         m.head = zero_layout({all[0]}, count_params(m.local), zero_stage, dp.size, dp.rank);
-        m.head_acc = (float*)take(m, MEM_GRADS, m.head.shard_len(0) * sizeof(float));
+        m.head_acc = (float*)take(m, MEM_GRADS, head_acc_elems(m) * sizeof(float));
         if (pp.has_head()) m.head_leaf = (float*)take(m, MEM_GRADS, m.head.padded_total * sizeof(float));
         if (pp.has_head() && pp.P > 1) m.head_params = (floatX*)take(m, MEM_PARAMS, m.head.padded_total * fx);
     }
-    const size_t scratch_elems = std::max(z.max_leaves, m.head.segs.empty() ? 0 : m.head.max_padded);
+    const size_t scratch_elems = std::max(z.max_reduced(), m.head.segs.empty() ? 0 : m.head.max_padded);
     if (dp.size > 1) m.comm_scratch = (float*)take(m, MEM_GRADS, scratch_elems * sizeof(float));
+    // a block's forward holds its segments and the next block's (MoE: a block is two segments)
+    const int per_block = config.n_expert > 0 ? 2 : 1;
     if (z.params_sharded()) {
-        // a block's forward holds its segments and the next block's (MoE: a block is two segments)
-        const int param_slots = ZERO3_PARAM_SLOTS * (config.n_expert > 0 ? 2 : 1);
-        const int grad_slots = ZERO3_GRAD_SLOTS;
-        for (int k = 0; k < param_slots; k++) m.param_slots.buf.push_back((floatX*)take(m, MEM_PARAMS, z.max_padded * fx));
-        for (int k = 0; k < grad_slots; k++) m.grad_slots.buf.push_back((float*)take(m, MEM_GRADS, z.max_leaves * sizeof(float)));
-        m.param_slots.holds.assign(param_slots, -1);
-        m.grad_slots.holds.assign(grad_slots, -1);
-        m.p.layers.resize(config.n_layer);  // pointers appear while a segment is gathered
-        m.g.layers.resize(config.n_layer);
-    } else {
-        m.grads = (float*)take(m, MEM_GRADS, z.leaf_total * sizeof(float));
-        m.p.layers.resize(config.n_layer);
-        m.g.layers.resize(config.n_layer);
-        if (!m.mem.plan_only)
-            for (const Segment& s : z.segs) {
-                point_segment(m.p, config, m.local, s, m.params + s.padded_offset);
-                point_segment(m.g, config, m.local, s, m.grads + s.leaf_offset);
-            }
+        for (int k = 0; k < ZERO3_PARAM_SLOTS * per_block; k++)
+            m.param_slots.buf.push_back((floatX*)take(m, MEM_PARAMS, z.max_padded * fx));
+        m.param_slots.holds.assign(m.param_slots.buf.size(), -1);
     }
+    if (!z.grads_in_acc()) {
+        for (int k = 0; k < ZERO_GRAD_SLOTS * per_block; k++)
+            m.grad_slots.buf.push_back((float*)take(m, MEM_GRADS, z.max_leaves * sizeof(float)));
+        m.grad_slots.holds.assign(m.grad_slots.buf.size(), -1);
+    }
+    m.p.layers.resize(config.n_layer);  // stage 3: pointers appear while a segment is gathered
+    m.g.layers.resize(config.n_layer);  // stages 2-3: while its slot is held
+    if (!m.mem.plan_only)
+        for (const Segment& s : z.segs) {
+            if (!z.params_sharded()) point_segment(m.p, config, m.local, s, m.params + s.padded_offset);
+            if (z.grads_in_acc()) point_segment(m.g, config, m.local, s, m.grad_acc + s.padded_offset);
+        }
     std::vector<TensorRange> tensors;
     for (const ParamTensor& t : m.local) tensors.push_back({t.offset, t.numel, t.decay});
     m.update_pieces = table_update_pieces(zero_update_pieces(z, tensors), m.pieces);
@@ -189,6 +189,7 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     // the backward), not a segment that -z 0 replicates (the all-gather before the norm completes it)
     m.early_pieces.assign(z.segs.size(), {});
     m.ready_count.assign(z.segs.size(), 0);
+    m.reduced.assign(z.segs.size(), 0);
     for (int k = 0; k < (int)m.update_pieces.size() && m.offload == OFFLOAD_OPTIMIZER; k++)
         for (int s = 0; s < (int)z.segs.size(); s++) {
             const size_t at = m.update_pieces[k].acc_index, own = z.acc_own(s);

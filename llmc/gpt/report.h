@@ -236,7 +236,7 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
         else all_reduce(bytes, bytes / fx, nodes);
     };
     auto gather = [&](double bytes) { if (ls.sp) ag += f * bytes; };  // --sp only
-    auto ln_grads = [&]() { if (ls.sp) all_reduce(2.0 * c.n_embd * fx, 2.0 * c.n_embd, n_tok); };
+    auto ln_grads = [&]() { if (ls.sp) all_reduce(2.0 * c.n_embd * 4.0, 2.0 * c.n_embd, n_tok); };  // fp32 (layernorm_weight_grads)
     // one forward of block l (the attention output and the FFN's; with --sp the LN outputs' gathers)
     auto block_fwd = [&](int l) {
         gather(S);
@@ -286,25 +286,58 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
     }
 }
 
+// The data-parallel gradient and parameter traffic of this stage per optimizer step, and what the
+// anchors send for the same gradient elements: PyTorch DDP with no_sync (one all-reduce per step),
+// Megatron's distributed optimizer (one reduce-scatter of fp32 gradients, one all-gather of the
+// params per step), ZeRO-2 (a reduce-scatter per micro-batch, an all-gather of the params per step),
+// ZeRO-3 / FSDP (per micro-batch two all-gathers of the params and a reduce-scatter). Each with a
+// ring's (N - 1) / N of the bytes per rank, on the same flat buffer (segments padded to a multiple
+// of dp * NORM_CHUNK: the anchors pad their buckets too), fp32 gradients (4 bytes) and the build's
+// params (sizeof(floatX)). head: the tied head's gradient, which is reduced on its own (the tied
+// embedding's two accumulators add once per step, after the reductions: tied_embedding_sum), a cost
+// the anchors do not pay (they add the two uses of the tied weight before reducing).
+struct ZeroVolume {
+    double all_to_all = 0, all_gather = 0, head = 0;
+    double ddp = 0, megatron = 0, zero2 = 0, zero3 = 0;
+    double total() const { return all_to_all + all_gather; }
+    double anchor(int stage) const { return stage == 0 ? ddp : stage == 1 ? megatron : stage == 2 ? zero2 : zero3; }
+};
+static ZeroVolume zero_comm_volume(const GPT& m, int grad_accum) {
+    const ZeroLayout& z = m.zero;
+    const PipelinePlan& pp = m.pipe;
+    const double k = grad_accum, fx = sizeof(floatX), g4 = sizeof(float);
+    ZeroVolume v;
+    // the tied head's gradient, over the dp group: once per step at stages 0-1, per micro-batch at 2-3
+    if (pp.has_head()) v.head = (z.grads_in_acc() ? 1.0 : k) * (z.dp - 1.0) / z.dp * g4 * m.head.padded_total;
+    v.all_to_all = v.head;
+    for (int s = 0; s < (int)z.segs.size(); s++) {
+        const Segment& seg = z.segs[s];
+        const double sh = (seg.dp - 1.0) / seg.dp, n = (double)seg.padded;
+        const bool block = segment_layer(seg.id, m.config.n_layer) >= 0;
+        // stages 0-1: reduce_scatter_sum of the accumulator once per step; 2-3: reduce_scatter_add
+        // of every micro-batch's leaves (one per source rank of an expert segment)
+        v.all_to_all += z.grads_in_acc() ? sh * g4 * n : k * sh * g4 * n * seg.n_leaves;
+        if (z.stage == 0) v.all_gather += sh * g4 * n;                          // completes the all-reduce
+        if (z.stage == 1 || z.stage == 2) v.all_gather += sh * fx * n;          // updated params
+        if (z.stage == 3)  // per micro-batch: every segment in the forward (the embedding again for the head in one stage), blocks in the backward
+            v.all_gather += k * sh * fx * n * (1 + block + (seg.id == 0 && pp.P == 1));
+        v.ddp += 2 * sh * g4 * n;
+        v.megatron += sh * g4 * n + sh * fx * n;
+        v.zero2 += k * sh * g4 * n + sh * fx * n;
+        v.zero3 += k * (2 * sh * fx * n + sh * g4 * n);
+    }
+    return v;
+}
+
 static void print_comm_volume(const GPT& m, int grad_accum) {
     const Comm& c = comm_world();
     const ZeroLayout& z = m.zero;
     const PipelinePlan& pp = m.pipe;
     const double share = (double)(z.dp - 1) / z.dp, fx = sizeof(floatX);
-    const double head = pp.has_head() ? (double)m.head.padded_total : 0.0;
     double theory[COMM_N_OPS] = {};
-    // ZeRO, per segment over its group (the experts' over the expert-dp ranks, one leaf per ep rank)
-    theory[COMM_ALL_TO_ALL] = grad_accum * share * 4.0 * head;  // (leaf gradients are fp32 in both builds)
-    for (int s = 0; s < (int)z.segs.size(); s++) {
-        const Segment& seg = z.segs[s];
-        const double sh = (double)(seg.dp - 1) / seg.dp, n = (double)seg.padded;
-        const bool block = segment_layer(seg.id, m.config.n_layer) >= 0;
-        theory[COMM_ALL_TO_ALL] += grad_accum * sh * 4.0 * n * seg.n_leaves;   // reduce_scatter_add of the fp32 leaves
-        if (z.stage <= 1) theory[COMM_ALL_GATHER] += sh * 4.0 * n;            // completes the all-reduce
-        if (z.stage == 1 || z.stage == 2) theory[COMM_ALL_GATHER] += sh * fx * n;  // updated params
-        if (z.stage == 3)  // per micro-batch: every segment in the forward (the embedding again for the head in one stage), blocks in the backward
-            theory[COMM_ALL_GATHER] += grad_accum * sh * fx * n * (1 + block + (seg.id == 0 && pp.P == 1));
-    }
+    const ZeroVolume zv = zero_comm_volume(m, grad_accum);
+    theory[COMM_ALL_TO_ALL] = zv.all_to_all;
+    theory[COMM_ALL_GATHER] = zv.all_gather;
     // expert parallel: each MoE layer's rows to the experts' owners and back, forward and backward
     // (and again in a recomputed forward, -r 2)
     if (m.ls.ep > 1) {
@@ -336,6 +369,11 @@ static void print_comm_volume(const GPT& m, int grad_accum) {
         else printf("%s %llu (theory %.0f), ", comm_op_name(k), (unsigned long long)c.sent_bytes[k], theory[k]);
     }
     printf("\n");
+    if (z.dp == 1) return;
+    printf("data-parallel gradients and params per step, rank %d, dp %d, %d micro-batch%s: -z %d sends %.0f (tied head "
+           "%.0f of it); anchors: DDP all-reduce %.0f, Megatron distributed optimizer %.0f, ZeRO-2 %.0f, ZeRO-3/FSDP %.0f\n",
+           c.world_rank, z.dp, grad_accum, grad_accum == 1 ? "" : "es", z.stage, zv.total(), zv.head, zv.ddp, zv.megatron,
+           zv.zero2, zv.zero3);
 }
 
 // --pp_trace: every rank's executed actions of one step, gathered to rank 0 and written as JSON

@@ -248,14 +248,16 @@ static void gather_to_table(const GPT& m, const float* own_shard, float* table_o
 
 // The accumulated gradient of the step so far, in table layout, on every rank (collective; tests).
 // In one stage the lm head's part of the tied embedding is added here as tied_embedding_sum will
-// (with pp > 1, call it after tied_embedding_sum).
+// (with pp > 1, call it after tied_embedding_sum). ZeRO stages 0-1 with dp > 1: after the step's
+// reductions (zero_reduce_finish, and for the head tied_embedding_sum).
 [[maybe_unused]] static std::vector<float> gpt_grads(const GPT& m) {
     const ZeroLayout& z = m.zero;
     std::vector<float> acc(z.acc_elems()), own(z.shard_total), out(m.n_params, 0.0f), head;
     copy_from_buffer(acc.data(), m.grad_acc, acc.size() * 4);
     if (m.pipe.P == 1 && m.head_acc) {
         head.resize(m.head.shard_len(0));
-        copy_from_buffer(head.data(), m.head_acc, head.size() * 4);
+        const size_t at = m.head.grads_in_acc() ? m.head.own_begin(0) : 0;  // the rank's slice of the head
+        copy_from_buffer(head.data(), m.head_acc + at, head.size() * 4);
     }
     for (int s = 0; s < (int)z.segs.size(); s++)
         for (size_t rel = z.own_begin(s); rel < z.own_begin(s) + z.shard_len(s); rel++) {

@@ -9,21 +9,29 @@
 //   padded  the segments back to back, each padded: the full buffers
 //   shard   the rank's slice of every segment, back to back: the sharded buffers
 //
-//   stage  params          leaf grads       grad_acc (fp32)   master, adam m/v   after the update
-//   0      padded (full)   padded           padded            padded             (all ranks updated all)
-//   1      padded          padded           padded            shard              all-gather params
-//   2      padded          padded           shard             shard              all-gather params
-//   3      shard           per-segment      shard             shard              (gathered per segment
-//                          slots                                                  before each use)
+//   stage  params          grad_acc (fp32)          unreduced gradient      master, adam m/v   after the update
+//   0      padded (full)   padded                   (in grad_acc)           padded             (all ranks updated all)
+//   1      padded          padded                   (in grad_acc)           shard              all-gather params
+//   2      padded          shard                    a segment-sized slot    shard              all-gather params
+//   3      shard           shard                    a segment-sized slot    shard              (gathered per segment
+//                                                                                              before each use)
 //
-// A layout moves bytes, not math. Each micro-batch's backward writes its own gradient (the leaf,
-// in the params' type, scaled by 1 / global micro-batches). Global micro-batch g = micro * dp +
-// rank. After a segment's backward, reduce_scatter_add sends every rank the slices it owns and the
-// owner adds them into its fp32 accumulator in rank order: acc += leaf(g) in increasing g, one g
-// at a time. One process with dp x accumulation micro-batches adds exactly the same values in
-// exactly the same order, so the gradients, and everything after them, are bitwise identical for
-// every dp and every stage (on the CPU build; the GPU kernels are deterministic too, but their
-// gradient norm is summed per segment, see grad_norm_squared).
+// A layout moves bytes, not math. Every op adds its weight gradient into its destination with one
+// fp32 addition per element of a sum it computed apart (op(acc) == acc + op(zeros)), so one
+// process folds acc += S(g) over the step's global micro-batches g = micro * dp + rank in order.
+//   Stages 2-3 (ZeRO-2, ZeRO-3 / FSDP): each micro-batch's segment gradient goes to a zeroed slot
+//   (scaled by 1 / global micro-batches); reduce_scatter_add sends every rank the slices it owns
+//   and the owner adds them into its fp32 accumulator in rank order: acc += S(g) in increasing g,
+//   one g at a time, exactly as one process does, for every dp: bitwise.
+//   Stages 0-1 (DDP with no_sync, Megatron's distributed optimizer): no leaf; the ops add straight
+//   into the rank's fp32 accumulator over all of its micro-batches, and each segment is reduced
+//   once per step, when its last micro-batch's gradient is final (reduce_scatter_sum: the owners
+//   add every rank's sum in rank order; stage 0 then all-gathers the reduced fp32 slices, stage 1
+//   the updated params). With one micro-batch per rank that is the one process's fold, bitwise;
+//   with more, each rank sums its own micro-batches first (DDP no_sync's order): the same
+//   gradient to fp32 rounding, not the same bits (docs/PARALLELISM.md).
+// (On the CPU build; the GPU kernels are deterministic too, but their gradient norm is summed per
+// segment, see grad_norm_squared.)
 #ifndef LLMC_ZERO_H
 #define LLMC_ZERO_H
 #include <algorithm>
@@ -38,9 +46,10 @@ constexpr size_t NORM_CHUNK = 2048;
 // Which part of the table a segment is: its number among all segments of the model (a pipeline
 // stage holds some of them) and its table range. Expert segments (an MoE layer's experts) are
 // sharded over the expert-data-parallel group (the ranks that hold the same experts, --ep) instead
-// of the whole dp group, and their leaf gradient is n_leaves leaves back to back: with expert
-// parallelism the experts' owner computes one leaf per source rank of its ep group, and the leaves
-// fold in global micro-batch order (reduce_scatter_add).
+// of the whole dp group, and with expert parallelism the experts' owner computes one gradient per
+// source rank of its ep group (n_leaves): stages 2-3 keep them apart, n_leaves leaves back to back,
+// folded in global micro-batch order (reduce_scatter_add); stages 0-1 add them straight into the
+// accumulator in source order.
 struct SegmentSpec {
     std::string name;
     int id = 0;
@@ -59,14 +68,13 @@ struct Segment {
     size_t padded = 0;          // len rounded up to a multiple of dp * NORM_CHUNK
     size_t padded_offset = 0;   // where it starts in the padded space
     size_t shard_offset = 0;    // where the rank's slice starts in the shard space
-    size_t leaf_offset = 0;     // where its leaves start in the leaf space (n_leaves * padded)
 };
 
 struct ZeroLayout {
     int stage = 0, dp = 1, rank = 0;
     std::vector<Segment> segs;
     size_t table_total = 0, padded_total = 0, shard_total = 0, max_padded = 0;
-    size_t leaf_total = 0, max_leaves = 0;  // the leaf space (leaf gradients); its largest segment
+    size_t max_leaves = 0;  // the largest segment's n_leaves * padded (a stage 2-3 gradient slot)
 
     size_t shard_len(int s) const { return segs[s].padded / segs[s].dp; }
     size_t own_begin(int s) const { return (size_t)segs[s].rank * shard_len(s); }  // segment-relative
@@ -80,6 +88,12 @@ struct ZeroLayout {
     size_t params_elems() const { return params_sharded() ? shard_total : padded_total; }
     size_t state_elems() const { return state_sharded() ? shard_total : padded_total; }
     size_t acc_elems() const { return acc_sharded() ? shard_total : padded_total; }
+    // stages 0-1: the ops add straight into the accumulator (several sources of an expert segment
+    // too, in source order); stages 2-3: into a slot of n_leaves leaves, padded elements apart
+    bool grads_in_acc() const { return !acc_sharded(); }
+    size_t leaf_stride(int s) const { return grads_in_acc() ? 0 : segs[s].padded; }
+    // the most elements one reduction of a segment sends (reduce_scatter_add / _sum's scratch)
+    size_t max_reduced() const { return grads_in_acc() ? max_padded : max_leaves; }
     // the rank's slice of segment s in the accumulator, master/moment and param buffers
     size_t acc_own(int s) const { return acc_sharded() ? segs[s].shard_offset : padded_index(s, own_begin(s)); }
     size_t state_own(int s) const { return state_sharded() ? segs[s].shard_offset : padded_index(s, own_begin(s)); }
@@ -112,10 +126,8 @@ inline ZeroLayout zero_layout(const std::vector<SegmentSpec>& specs, size_t tabl
         s.padded = (s.len + unit - 1) / unit * unit;
         s.padded_offset = z.padded_total;
         s.shard_offset = z.shard_total;
-        s.leaf_offset = z.leaf_total;
         z.padded_total += s.padded;
         z.shard_total += s.padded / s.dp;
-        z.leaf_total += s.n_leaves * s.padded;
         z.max_padded = std::max(z.max_padded, s.padded);
         z.max_leaves = std::max(z.max_leaves, s.n_leaves * s.padded);
         z.segs.push_back(s);
@@ -166,17 +178,34 @@ inline std::vector<UpdatePiece> zero_update_pieces(const ZeroLayout& z, const st
 // n_leaves > 1: send holds that many leaves (g.size * chunk each), rank r's leaf k being global
 // micro-batch r * n_leaves + k of the group's: they fold in (r, k) order. scratch holds n_leaves *
 // g.size * chunk elements. add(acc, leaf, n): acc[i] += leaf[i] in fp32 (the backend's op).
-template <typename floatX, typename Add>
-inline void reduce_scatter_add(const Add& add, const CommGroup& g, float* acc_own, const floatX* send, size_t chunk,
-                               floatX* scratch, int n_leaves = 1) {
+template <typename Add>
+inline void reduce_scatter_add(const Add& add, const CommGroup& g, float* acc_own, const float* send, size_t chunk,
+                               float* scratch, int n_leaves = 1) {
     const size_t leaf = (size_t)g.size * chunk;
     if (g.size == 1) {
         for (int k = 0; k < n_leaves; k++) add(acc_own, send + k * leaf, chunk);
         return;
     }
-    for (int k = 0; k < n_leaves; k++) all_to_all(g, send + k * leaf, scratch + k * leaf, chunk * sizeof(floatX));
+    for (int k = 0; k < n_leaves; k++) all_to_all(g, send + k * leaf, scratch + k * leaf, chunk * sizeof(float));
     for (int r = 0; r < g.size; r++)
         for (int k = 0; k < n_leaves; k++) add(acc_own, scratch + k * leaf + (size_t)r * chunk, chunk);
+}
+
+// Stages 0-1, once per step and segment: acc[rank * chunk, + chunk) = the sum over ranks r, in rank
+// order, of rank r's acc[rank * chunk, + chunk) (acc: the rank's whole segment, g.size * chunk
+// elements, summed in place over its micro-batches). In two halves so that the sends can run behind
+// the backward: reduce_scatter_sum_start queues the all-to-all into scratch (g.size * chunk), _finish
+// adds the received slices into the zeroed own slice. zero(p, n): p[0, n) = 0.
+inline void reduce_scatter_sum_start(const CommGroup& g, const float* acc, size_t chunk, float* scratch) {
+    if (g.size > 1) all_to_all(g, acc, scratch, chunk * sizeof(float));
+}
+template <typename Add, typename Zero>
+inline void reduce_scatter_sum_finish(const Add& add, const Zero& zero, const CommGroup& g, float* acc, size_t chunk,
+                                      const float* scratch) {
+    if (g.size == 1) return;
+    float* own = acc + (size_t)g.rank * chunk;
+    zero(own, chunk);
+    for (int r = 0; r < g.size; r++) add(own, scratch + (size_t)r * chunk, chunk);
 }
 
 // Squared L2 norm of the accumulated gradient over the whole model, the same on every rank of the
@@ -242,7 +271,8 @@ inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc, cons
 }
 
 // Stage 3: a few segment-sized buffers that hold gathered segments (parameters in the forward and
-// backward, leaf gradients in the backward) while they are in use.
+// backward) while they are in use; stages 2-3: the segment gradients of a micro-batch (fp32) from
+// grads_needed to their reduction.
 template <typename floatX>
 struct SegmentSlots {
     std::vector<floatX*> buf;
