@@ -26,14 +26,17 @@
 #include <cstddef>
 #include "utils.h"
 
+// MEM_GRADS is the fp32 gradient accumulator (a model state, what the ZeRO stages shard);
+// MEM_GRAD_BUFFERS the gradients in flight: the stage 2-3 gradient slots, a reduction's receive
+// buffer, the tied lm head's micro-batch gradient and its step accumulator.
 enum MemKind {
-    MEM_PARAMS = 0, MEM_GRADS, MEM_MASTER, MEM_MOMENTS, MEM_ACTIVATIONS, MEM_BATCH, MEM_SCRATCH,  // device
+    MEM_PARAMS = 0, MEM_GRADS, MEM_GRAD_BUFFERS, MEM_MASTER, MEM_MOMENTS, MEM_ACTIVATIONS, MEM_BATCH, MEM_SCRATCH,  // device
     MEM_HOST_MASTER, MEM_HOST_MOMENTS, MEM_HOST_STAGING,                             // host (--offload optimizer)
     MEM_KINDS
 };
 inline const char* mem_kind_name(int k) {
-    static const char* names[] = {"params", "grads", "master", "moments", "activations", "batch", "op scratch",
-                                  "host master", "host moments", "host staging"};
+    static const char* names[] = {"params", "grads", "grad buffers", "master", "moments", "activations", "batch",
+                                  "op scratch", "host master", "host moments", "host staging"};
     return names[k];
 }
 inline bool mem_kind_is_host(int k) { return k >= MEM_HOST_MASTER; }
@@ -89,15 +92,16 @@ struct MemoryArenas {
 // A plan by kind, in bytes: the device arenas, the host arenas (--offload optimizer), plus the
 // host-side staging in pageable memory (init, checkpoint copies, batch vectors).
 struct MemoryEstimate {
-    double params = 0, grads = 0, master = 0, moments = 0, activations = 0, batch = 0, scratch = 0;  // device
+    double params = 0, grads = 0, grad_buffers = 0, master = 0, moments = 0, activations = 0, batch = 0, scratch = 0;  // device
     double host_master = 0, host_moments = 0, host_staging = 0;                                      // host arenas
     double host = 0;
-    double buffers() const { return params + grads + master + moments + activations + batch + scratch; }
+    double buffers() const { return params + grads + grad_buffers + master + moments + activations + batch + scratch; }
     double host_arenas() const { return host_master + host_moments + host_staging; }
     static MemoryEstimate of(const MemoryArenas& a) {
         MemoryEstimate e;
         e.params = a.planned[MEM_PARAMS];
         e.grads = a.planned[MEM_GRADS];
+        e.grad_buffers = a.planned[MEM_GRAD_BUFFERS];
         e.master = a.planned[MEM_MASTER];
         e.moments = a.planned[MEM_MOMENTS];
         e.activations = a.planned[MEM_ACTIVATIONS];

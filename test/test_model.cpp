@@ -606,6 +606,59 @@ TEST_CASE("the memory plan's host staging is a chunk, not the table") {
     gpt_free(m);
 }
 
+TEST_CASE("the memory plan per parameter: the model states of every ZeRO stage, the gradient buffers apart") {
+    // the CUDA build's plan (bf16 params, fp32 gradients, master and moments) of the ZeRO paper's
+    // 7.5B example (Rajbhandari et al. 2020, fig. 1: 36 x 4096, the GPT-2 vocabulary) over N ranks,
+    // buffer by buffer from the layout's sizes; per parameter of the padded flat buffer P: -z 0 18 B
+    // (param 2 + gradient 4 + master 4 + moments 8), -z 1 6 + 12/N, -z 2 2 + 16/N, -z 3 18/N, and
+    // apart from them the gradient buffers (stage 2-3 slots, a reduction's receive buffer, the tied
+    // head's micro-batch gradient and its accumulator) and the stage-3 param slots
+    GPTConfig c;
+    c.n_layer = 36; c.n_embd = 4096; c.n_head = 32; c.n_kv_head = 32; c.vocab_size = 50257; c.max_seq_len = 1024;
+    c.finalize();
+    auto al = [](double bytes) { return std::ceil(bytes / BUFFER_ALIGN) * BUFFER_ALIGN; };
+    const double paper[4] = {120e9, 31.4e9, 16.6e9, 1.9e9};  // the paper's model states at N = 64 (fp16 gradients)
+    for (int N : {1, 4, 64})
+        for (int zero = 0; zero <= 3; zero++) {
+            CAPTURE(N);
+            CAPTURE(zero);
+            Layout l;
+            l.zero_stage = zero;
+            l.plan_dp = N;
+            l.elem_bytes = 2;
+            GPT plan;
+            plan.mem.plan_only = true;
+            gpt_allocate(plan, c, 1, 64, l);
+            const MemoryEstimate e = MemoryEstimate::of(plan.mem);
+            const ZeroLayout& z = plan.zero;
+            const ZeroLayout& h = plan.head;
+            const double P = (double)z.padded_total, own = (double)z.shard_total;
+            CHECK(own * N == P);
+            const double param_slots = zero == 3 ? ZERO3_PARAM_SLOTS * al(2.0 * z.max_padded) : 0.0;
+            CHECK(e.params == al(2.0 * (zero == 3 ? own : P)) + param_slots);
+            CHECK(e.grads == al(4.0 * (zero >= 2 ? own : P)));
+            CHECK(e.master == al(4.0 * (zero >= 1 ? own : P)));
+            CHECK(e.moments == 2 * al(4.0 * (zero >= 1 ? own : P)));
+            const double reduced = (double)(zero <= 1 ? z.max_padded : z.max_leaves);
+            CHECK(e.grad_buffers == al(4.0 * (zero <= 1 ? h.padded_total : h.shard_len(0))) + al(4.0 * h.padded_total) +
+                                        (N > 1 ? al(4.0 * std::max(reduced, (double)h.max_padded)) : 0.0) +
+                                        (zero >= 2 ? ZERO_GRAD_SLOTS * al(4.0 * z.max_leaves) : 0.0));
+            const double states = e.params - param_slots + e.grads + e.master + e.moments;
+            const double per_param[4] = {18.0, 6 + 12.0 / N, 2 + 16.0 / N, 18.0 / N};
+            CHECK(states / P <= per_param[zero] + 1e-6);
+            CHECK(states / P >= per_param[zero] - 1e-6);
+            if (N == 64) {
+                // the paper's figure plus our fp32 gradients' 2 more bytes per parameter (per rank's
+                // share at -z 2-3), within 10%
+                const double fp32 = (zero <= 1 ? 2.0 : 2.0 / N) * 7.5e9;
+                CHECK(std::fabs(states - (paper[zero] + fp32)) <= 0.1 * (paper[zero] + fp32));
+                MESSAGE(strfmt("7.5B shape, N 64, -z %d: model states %.1f GB (the paper %.1f + fp32 gradients %.2f), "
+                               "gradient buffers %.2f GB, param slots %.2f GB", zero, states / 1e9, paper[zero] / 1e9,
+                               fp32 / 1e9, e.grad_buffers / 1e9, param_slots / 1e9));
+            }
+        }
+}
+
 TEST_CASE("bad input: each a clear error") {
     TrainFixture fx;
     const std::string d = fx.dir;

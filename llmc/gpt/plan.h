@@ -156,12 +156,12 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     if (pp.has_head() || (pp.has_embedding() && pp.P > 1)) {
         const std::vector<SegmentSpec> all = segment_specs(config, m.local);
         m.head = zero_layout({all[0]}, count_params(m.local), zero_stage, dp.size, dp.rank);
-        m.head_acc = (float*)take(m, MEM_GRADS, head_acc_elems(m) * sizeof(float));
-        if (pp.has_head()) m.head_leaf = (float*)take(m, MEM_GRADS, m.head.padded_total * sizeof(float));
+        m.head_acc = (float*)take(m, MEM_GRAD_BUFFERS, head_acc_elems(m) * sizeof(float));
+        if (pp.has_head()) m.head_leaf = (float*)take(m, MEM_GRAD_BUFFERS, m.head.padded_total * sizeof(float));
         if (pp.has_head() && pp.P > 1) m.head_params = (floatX*)take(m, MEM_PARAMS, m.head.padded_total * fx);
     }
     const size_t scratch_elems = std::max(z.max_reduced(), m.head.segs.empty() ? 0 : m.head.max_padded);
-    if (dp.size > 1) m.comm_scratch = (float*)take(m, MEM_GRADS, scratch_elems * sizeof(float));
+    if (dp.size > 1) m.comm_scratch = (float*)take(m, MEM_GRAD_BUFFERS, scratch_elems * sizeof(float));
     // a block's forward holds its segments and the next block's (MoE: a block is two segments)
     const int per_block = config.n_expert > 0 ? 2 : 1;
     if (z.params_sharded()) {
@@ -171,7 +171,7 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     }
     if (!z.grads_in_acc()) {
         for (int k = 0; k < ZERO_GRAD_SLOTS * per_block; k++)
-            m.grad_slots.buf.push_back((float*)take(m, MEM_GRADS, z.max_leaves * sizeof(float)));
+            m.grad_slots.buf.push_back((float*)take(m, MEM_GRAD_BUFFERS, z.max_leaves * sizeof(float)));
         m.grad_slots.holds.assign(m.grad_slots.buf.size(), -1);
     }
     m.p.layers.resize(config.n_layer);  // stage 3: pointers appear while a segment is gathered
@@ -476,7 +476,7 @@ static void check_plan_fits(const MemoryEstimate& e, int B, int T, int offload, 
     std::vector<std::pair<double, std::string>> parts = {
         {e.activations, "the activations (" + acts + ")"},
         {state, "the optimizer state, master weights and Adam moments (" + opt + ")"},
-        {e.grads, "the gradients (--zero 2 shards the fp32 accumulators, --zero 3 the leaf gradients too; --pp splits "
+        {e.grads + e.grad_buffers, "the gradients (--zero 2 shards the fp32 accumulators; --pp splits "
                   "the layers)"},
         {e.params, "the parameters (--zero 3 shards them; --pp splits the layers)"},
         {e.scratch, "the op scratch and the cuBLASLt workspace (32 MiB plus the largest op's partial sums, which grow "
@@ -485,7 +485,7 @@ static void check_plan_fits(const MemoryEstimate& e, int B, int T, int offload, 
     LLMC_FAIL("memory: this run needs %.2f GiB (params %.1f MiB, grads %.1f MiB, master %.1f MiB, Adam moments %.1f "
               "MiB, activations %.1f MiB for B %d x T %d, op scratch %.1f MiB%s) but %s is %.2f GiB. The biggest part is %s; next %s. "
               "Or shard with --zero / split with --pp or --tp (--sp), or shrink the model (--n_layer, --n_embd, --vocab_size)",
-              need / GiB, (e.params) / MiB, e.grads / MiB, (e.master + (one_memory ? e.host_master : 0)) / MiB,
+              need / GiB, (e.params) / MiB, (e.grads + e.grad_buffers) / MiB, (e.master + (one_memory ? e.host_master : 0)) / MiB,
               (e.moments + (one_memory ? e.host_moments : 0)) / MiB, e.activations / MiB, B, T, e.scratch / MiB,
               one_memory ? strfmt(", host staging %.1f MiB%s", e.host / MiB,
                                   offloaded ? strfmt(", offload gradient staging %.1f MiB", e.host_staging / MiB).c_str()

@@ -52,7 +52,8 @@ static void print_memory_plan(const PlanInputs& in) {
         printf("\n");
     };
     row("params (+ stage-3 slots)", &MemoryEstimate::params);
-    row("grads (leaves, fp32 acc, comm)", &MemoryEstimate::grads);
+    row("grads (fp32 accumulator)", &MemoryEstimate::grads);
+    row("grad buffers (slots, recv, head)", &MemoryEstimate::grad_buffers);
     row("master weights (fp32)", &MemoryEstimate::master);
     row("adam moments (fp32)", &MemoryEstimate::moments);
     row("activations", &MemoryEstimate::activations);
