@@ -7,7 +7,7 @@
 # more than one micro-batch per rank (each rank sums its micro-batches, then the ranks' sums are
 # added: DDP no_sync's order), -z 0/1 with --ep over more than one expert-dp rank, and resumes that
 # change that grouping: those are held to 1e-6 relative on every logged loss and gradient norm
-# over 8 steps (close_run, test/compare_runs.py).
+# over 8 steps (close_run, test/compare_runs.py); an MoE model's to 1e-3 (MOE_RTOL says why).
 #   1. matrix: np 1..4 x --zero 0..3, a dense and an MoE model (parameter counts not divisible
 #      by 3 or 4), 8 steps of 2 micro-batches per rank, vs one process with np x 2 micro-batches;
 #      -z 0/1 with one micro-batch per rank (bitwise); the bytes per step of every collective ==
@@ -71,9 +71,14 @@ same_run() {  # same_run REF OUT STEP what [N: compare only the last N log recor
         [ "$(losses "$1" | tail -n $n)" = "$(losses "$2" | tail -n $n)" ]; then pass
     else fail "$4: checkpoint or losses differ ($1 vs $2)"; fi
 }
-close_run() {  # close_run REF OUT what: every logged loss and grad norm within 1e-6 relative (8+ steps)
-    local r; r=$(python3 test/compare_runs.py "$1" "$2" --rtol 1e-6 --min_steps ${4:-8}) && pass || fail "$3: $r ($1 vs $2)"
+close_run() {  # close_run REF OUT what [MIN_STEPS [RTOL]]: every logged loss and grad norm within RTOL (1e-6) relative
+    local r; r=$(python3 test/compare_runs.py "$1" "$2" --rtol ${5:-1e-6} --min_steps ${4:-8}) && pass || fail "$3: $r ($1 vs $2)"
 }
+# An MoE model's expert choice (each expert takes its top-capacity tokens by router score) is not
+# continuous in the scores: a rounding-level difference in a score can move a token to another
+# expert, and the runs part by that token's contribution (observed up to 1.4e-4 over 6 steps where
+# the dense model stays below 1e-7). Its non-bitwise layouts are held to this instead.
+MOE_RTOL=1e-3
 # the measured bytes of every collective == the theory on rank 0; with dp > 1 the data-parallel
 # gradient and parameter bytes (less the tied head's own reduction) <= the anchor of the ZeRO stage
 comm_theory() {  # comm_theory OUT WHAT
@@ -105,7 +110,8 @@ for model in dense moe; do
             out=$W/$model.np$np.z$z
             if run $np "$out" $ARGS -d $tokens -x $STEPS -z $z; then
                 # -z 0/1: each rank sums its 2 micro-batches before the ranks' sums are added
-                if [ $np -gt 1 ] && [ $z -le 1 ]; then close_run "$ref" "$out" "$model np $np -z $z vs one process"
+                if [ $np -gt 1 ] && [ $z -le 1 ]; then
+                    close_run "$ref" "$out" "$model np $np -z $z vs one process" 8 $([ $model = moe ] && echo $MOE_RTOL || echo 1e-6)
                 else same_run "$ref" "$out" $STEPS "$model np $np -z $z vs one process"; fi
                 if [ $np -gt 1 ] && [ $z -le 2 ]; then grep -q "params identical on all $np ranks" "$out.log" && pass || fail "$model np $np z$z: no rank-agreement line"; fi
                 [ $np -gt 1 ] && comm_theory "$out" "$model np $np z$z"
@@ -235,7 +241,9 @@ for model in dense moe; do
         dp=$(($1 / $2)); out=$W/pp.$model.np$1.pp$2.$3.z$5.r$6
         if run $1 "$out" $ARGS -d $((B * T * dp * 4)) -x 6 --pp $2 --pp_schedule $3 --pp_virtual $4 -z $5 -r $6; then
             # -z 0/1 with dp 2: each dp rank sums its 4 micro-batches first (6 steps of 4 micro-batches)
-            if [ $dp -gt 1 ] && [ $5 -le 1 ]; then close_run "$W/pp.$model.ref$dp" "$out" "$model pp $2 x dp $dp $3 -z $5 -r $6 vs one process" 6
+            if [ $dp -gt 1 ] && [ $5 -le 1 ]; then
+                close_run "$W/pp.$model.ref$dp" "$out" "$model pp $2 x dp $dp $3 -z $5 -r $6 vs one process" 6 \
+                    $([ $model = moe ] && echo $MOE_RTOL || echo 1e-6)
             else same_run "$W/pp.$model.ref$dp" "$out" 6 "$model pp $2 x dp $dp $3 -z $5 -r $6 vs one process"; fi
             [ $1 = 1 ] || comm_theory "$out" "$model pp $2 $3 -z $5"
         else
@@ -312,7 +320,8 @@ for model in dense moe; do
         dp=$((np / tp / pp)); out=$W/tp.$model.np$np.tp$tp.pp$pp.$(echo "$*" | tr -d ' -')
         if run $np "$out" $ARGS -d $((B * T * dp * 2)) -x 4 --tp $tp --pp $pp "$@"; then
             if [ $dp -gt 1 ] && [[ "$*" == *"-z 1"* ]]; then  # each dp rank sums its 2 micro-batches first
-                close_run "$W/tp.$model.ref$dp" "$out" "$model tp $tp x pp $pp x dp $dp $* vs one process" 4
+                close_run "$W/tp.$model.ref$dp" "$out" "$model tp $tp x pp $pp x dp $dp $* vs one process" 4 \
+                    $([ $model = moe ] && echo $MOE_RTOL || echo 1e-6)
             else same_run "$W/tp.$model.ref$dp" "$out" 4 "$model tp $tp x pp $pp x dp $dp $* vs one process"; fi
             comm_theory "$out" "$model tp $tp pp $pp $*"
         else fail "$model np $np tp $tp pp $pp $*: rc $?"; tail -5 "$out.log"; fi
@@ -426,7 +435,7 @@ for grouping in batch position; do
             out=$W/ep.$grouping.$every.np$np.ep$ep.$(echo "$*" | tr -d ' -')
             if run $np "$out" $ARGS -d $TOKEP -x 4 --ep $ep "$@"; then
                 # -z 1: each expert owner sums its ep group's sources, then the expert-dp ranks' sums add
-                if [[ "$*" == *"-z 1"* ]]; then close_run "$ref" "$out" "ep $ep $grouping every $every $* vs one process" 4
+                if [[ "$*" == *"-z 1"* ]]; then close_run "$ref" "$out" "ep $ep $grouping every $every $* vs one process" 4 $MOE_RTOL
                 else same_run "$ref" "$out" 4 "ep $ep $grouping every $every $* vs one process"; fi
                 comm_theory "$out" "ep $ep $grouping $*"
                 if [ "$np $*" = "4 -z 1" ]; then  # the same layout without --ep: the same host bytes
