@@ -33,6 +33,7 @@ static bool run_from_flags(int argc, char** argv, Run& r) {
     Args& args = r.args;
     if (!parse_args(argc, argv, args)) { if (rank0) print_usage(); return false; }
     comm_set_timeout(cm, args.f("comm_timeout"));
+    comm_set_sim_link(cm, parse_sim_link(args.str("sim_link")));
     r.config = config_from_args(args);
     const int B = r.B = args.i("batch_size", 1), T = r.T = args.i("seq_len", 1);
     LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);

@@ -80,6 +80,8 @@ static const Option OPTIONS[] = {
     {"ep", "", "1", "expert-parallel ranks: each MoE layer's experts are shared out over groups of ep data-parallel "
                     "ranks (divides dp and n_expert)"},
     {"sp", "", "0", "sequence parallel with --tp: LayerNorms and the residual stream hold B*T/tp tokens per rank (a switch)"},
+    {"sim_link", "", "", "GBIT_S[,LATENCY_US]: every buffer collective and pipeline transfer takes at least what a link "
+                         "of this bandwidth and latency would (one machine; measures overlap on the CPU build)"},
     {"comm_timeout", "", "300", "seconds a collective or transfer may wait for other ranks before the job aborts naming "
                                 "the ranks that did not arrive (10x for checkpoint I/O and the start-up; 0: none)"},
 };

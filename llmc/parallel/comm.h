@@ -125,6 +125,27 @@ struct CommRankState {
     uint64_t calls[COMM_N_GROUPS] = {};  // collectives entered on each group
 };
 
+// The simulated link's parameters (--sim_link GBIT_S[,LATENCY_US]); off when bytes_per_s is 0.
+struct SimLink {
+    double bytes_per_s = 0, latency_s = 0;
+    bool on() const { return bytes_per_s > 0; }
+};
+// What the link made this rank wait, summed over the run (tests, the benchmark, the timeline).
+struct CommSimStats {
+    uint64_t finished = 0;     // simulated operations finished
+    uint64_t held = 0;         // of those, the ones whose finish had to wait for the model's end
+    double model_s = 0;        // their model costs, summed
+    double held_s = 0;         // time spent waiting for the model's end after MPI had completed
+};
+// One finished operation, for the timeline: [start_s, done_s] it was in flight (done: the model's end,
+// or the MPI completion when later), [wait_s, end_s] the rank was blocked in its finish. Times are
+// comm_now_s().
+struct CommInterval {
+    int op, group;
+    size_t bytes;
+    double start_s, done_s, wait_s, end_s;
+};
+
 struct Comm {
     int world_rank = 0, world_size = 1;
     int stage = 0, n_stages = 1;  // this rank's pipeline stage, of pp
@@ -141,13 +162,18 @@ struct Comm {
     int long_work = 0;                          // CommLongWork sections open
     CommRankState state;                        // this rank's, as it answers
     double wait_t0 = 0;
+    // --sim_link (see "The simulated link" below)
+    SimLink link;
+    double link_free_s = 0;       // when this rank's link has carried what it was given so far
+    CommSimStats sim;
+    std::vector<CommInterval>* trace = nullptr;  // where finished operations are recorded (null: nowhere)
 #ifdef LLMC_MPI
     MPI_Comm diag = MPI_COMM_NULL;              // the timeout's questions and answers, apart from the traffic
     std::vector<CommRankState> answers;         // one send buffer per asking rank
 #endif
 #ifdef LLMC_NCCL
     cudaStream_t stream = nullptr;
-    cudaEvent_t compute_done = nullptr, comm_done = nullptr;
+    cudaEvent_t compute_done = nullptr;
 #endif
 };
 
@@ -313,7 +339,6 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1, int ep = 1) {
             if (g->size > 1) nccl_group_init(*g);
         cudaCheck(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&c.compute_done, cudaEventDisableTiming));
-        cudaCheck(cudaEventCreateWithFlags(&c.comm_done, cudaEventDisableTiming));
         for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.ep, &c.edp})
             if (g->nccl) nccl_watchdog_watch(*g);
         nccl_watchdog_start();
@@ -392,6 +417,28 @@ inline void comm_set_timeout(Comm& c, double seconds) {
                seconds);
     c.timeout_s = seconds;
 }
+// --sim_link (see "The simulated link" below): collective over the world (the ranks must share one
+// machine's clock); set before the first buffer collective
+inline void comm_set_sim_link(Comm& c, const SimLink& link) {
+    if (!link.on()) return;
+#ifdef LLMC_NCCL
+    LLMC_FAIL("--sim_link: the simulated link is the CPU build's (MPI moves the bytes); the GPU build's collectives "
+              "run on NCCL over the real links");
+#endif
+#ifdef LLMC_MPI
+    if (c.world_size > 1) {
+        MPI_Comm node;
+        int node_size = 0;
+        mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c.world_rank, MPI_INFO_NULL, &node));
+        mpiCheck(MPI_Comm_size(node, &node_size));
+        MPI_Comm_free(&node);
+        LLMC_CHECK(node_size == c.world_size, "--sim_link: the %d ranks span several machines (%d on this one): the "
+                   "simulated link compares start times on one machine's clock; run them on one machine",
+                   c.world_size, node_size);
+    }
+#endif
+    c.link = link;
+}
 // the training loop: the step about to run (1-based), and that the first one has completed
 inline void comm_begin_step(Comm& c, int64_t step) { c.step = step; }
 inline void comm_end_step(Comm& c) { c.started = true; }
@@ -414,6 +461,101 @@ inline double comm_bound_s(const Comm& c) {
 }
 inline std::string comm_step_text(int64_t step) {
     return step > 0 ? strfmt("at step %lld", (long long)step) : std::string("during the start-up");
+}
+
+// ---- The simulated link (--sim_link GBIT_S[,LATENCY_US]) ----
+// On one machine MPI moves bytes through shared memory, far faster than the network between nodes, so
+// nothing the overlap of communication with compute hides would show. The link makes every buffer
+// collective and transfer end no earlier than a network of BW bytes/s and latency a would let it
+// (bytes / rank block b, the group's size N):
+//   all_gather   ring: N-1 steps of b bytes                              (N-1) (a + b / BW)
+//   all_to_all   N-1 pairwise exchanges of b bytes ((N-1)/N of the send buffer)   (N-1) (a + b / BW)
+//   broadcast    binomial tree of the whole buffer                       ceil(log2 N) (a + bytes / BW)
+//   send         the message                                             a + bytes / BW
+// A rank's link carries one operation at a time, in the order the rank starts them (full duplex: a
+// receive costs the sender's link): an operation is ready at max(its start, the end of the rank's
+// previous one). A collective cannot begin before its last member is ready: every member sends its
+// ready time beside the data (a non-blocking all-gather of one double on the same communicator) and
+// each computes the same end, max(ready) + cost. A transfer ends cost after the sender was ready; the
+// sender sends that instant beside the data (the same tag, so it matches in order). The times are
+// comm_now_s() (steady_clock, CLOCK_MONOTONIC): one clock for the processes of one machine, so the
+// link is refused when the ranks span nodes. comm_finish returns at the later of the model's end and
+// MPI's completion; the bytes counted stay the real ones. Host collectives (losses, norms, flags, a few
+// bytes each) are not simulated.
+//
+// Non-blocking operations. *_start posts the MPI requests (the NCCL build: queues the collective on the
+// comm stream) and returns a CommRequest; comm_finish(req) completes it where its data is needed, in
+// the deadline loop of every wait (comm_wait: --comm_timeout and the state probe apply). MPI requests
+// progress inside MPI calls only: the tests at finish points and comm_progress() between computations
+// drive them (no progress thread: that would need MPI_THREAD_MULTIPLE and a core that the ranks'
+// compute uses; the ranks of a group reach their finish points at about the same time, every rank
+// doing the same work).
+struct P2POp {
+    bool send;
+    void* buf;
+    size_t bytes;
+    int peer, tag;
+};
+struct CommRequest {
+    int op = -1;                     // CommOp; -1: nothing to finish (one rank, or finished)
+    const CommGroup* g = nullptr;
+    size_t bytes = 0;                // sent by this rank (the timeline)
+    double start_s = 0, done_s = 0;  // the link's end (0 until known: a collective's members' times)
+    double cost_s = 0;
+    bool link = false;               // simulated
+#ifdef LLMC_MPI
+    std::vector<MPI_Request> reqs;   // the data's, then (link) the times'
+    std::vector<double> times;       // link: the members' ready times (a collective) / each transfer's end
+    std::vector<P2POp> p2p;          // a transfer group's transfers (a timeout names their peers)
+#endif
+#ifdef LLMC_NCCL
+    cudaEvent_t done = nullptr;      // recorded on the comm stream after the collective
+#endif
+    CommRequest() = default;
+    CommRequest(const CommRequest&) = delete;
+    CommRequest& operator=(const CommRequest&) = delete;
+    CommRequest(CommRequest&& o) noexcept { *this = std::move(o); }
+    CommRequest& operator=(CommRequest&& o) noexcept {
+        op = o.op; g = o.g; bytes = o.bytes; start_s = o.start_s; done_s = o.done_s; cost_s = o.cost_s; link = o.link;
+#ifdef LLMC_MPI
+        reqs = std::move(o.reqs); times = std::move(o.times); p2p = std::move(o.p2p);
+#endif
+#ifdef LLMC_NCCL
+        done = o.done;
+        o.done = nullptr;
+#endif
+        o.op = -1;
+        return *this;
+    }
+    bool active() const { return op >= 0; }
+};
+
+// "GBIT_S[,LATENCY_US]": gigabits per second, microseconds (default 0)
+inline SimLink parse_sim_link(const std::string& text) {
+    SimLink l;
+    if (text.empty()) return l;
+    const size_t comma = text.find(',');
+    const double gbit = parse_double(text.substr(0, comma), "sim_link");
+    const double lat_us = comma == std::string::npos ? 0.0 : parse_double(text.substr(comma + 1), "sim_link");
+    LLMC_CHECK(gbit > 0 && gbit <= 1e6, "--sim_link %s: the bandwidth must be > 0 and at most 1e6 Gbit/s, got %g",
+               text.c_str(), gbit);
+    LLMC_CHECK(lat_us >= 0 && lat_us <= 1e6, "--sim_link %s: the latency must be in [0, 1e6] microseconds, got %g",
+               text.c_str(), lat_us);
+    l.bytes_per_s = gbit * 1e9 / 8;
+    l.latency_s = lat_us * 1e-6;
+    return l;
+}
+// The model's time of one operation on this rank's link (the table above); bytes: the rank block
+// (all_gather, all_to_all) or the whole message (broadcast, send).
+inline double sim_link_cost_s(const SimLink& l, int op, int n, size_t bytes) {
+    const double step = l.latency_s + (double)bytes / l.bytes_per_s;
+    switch (op) {
+        case COMM_ALL_GATHER:
+        case COMM_ALL_TO_ALL: return (n - 1) * step;
+        case COMM_BROADCAST: return std::ceil(std::log2((double)n)) * step;
+        case COMM_P2P: return step;
+    }
+    return 0;
 }
 
 #ifdef LLMC_MPI
@@ -470,13 +612,27 @@ struct P2POp;
 [[noreturn]] inline void comm_timed_out(const CommGroup& g, int op, int n, MPI_Request* reqs, const P2POp* p2p,
                                         double waited_s, double bound_s);
 
+// the simulated end of a request whose MPI requests have completed (the members' times are in)
+inline double comm_link_done_s(const CommRequest& r) {
+    if (r.op == COMM_P2P) return *std::max_element(r.times.begin(), r.times.end());
+    return *std::max_element(r.times.begin(), r.times.end()) + r.cost_s;
+}
+
 // Completes n requests of an operation on group g within the deadline (p2p: the transfers, to
-// name the peers of the incomplete ones; null for a collective).
-inline void comm_wait(const CommGroup& g, int op, int n, MPI_Request* reqs, const P2POp* p2p = nullptr) {
+// name the peers of the incomplete ones; null for a collective). link: also waits for the simulated
+// end of that request (which these are the MPI requests of), counted in the link's statistics.
+inline void comm_wait(const CommGroup& g, int op, int n, MPI_Request* reqs, const P2POp* p2p = nullptr,
+                      CommRequest* link = nullptr) {
     Comm& c = comm_world();
     int done = 0;
     mpiCheck(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
-    if (done) return;
+    double mpi_done_s = 0;
+    if (done) {
+        if (!link) return;
+        mpi_done_s = comm_now_s();
+        link->done_s = comm_link_done_s(*link);
+        if (mpi_done_s >= link->done_s) return;
+    }
     const double t0 = comm_now_s(), bound = comm_bound_s(c);
     c.wait_t0 = t0;
     c.state.waiting = 1;
@@ -484,16 +640,42 @@ inline void comm_wait(const CommGroup& g, int op, int n, MPI_Request* reqs, cons
     c.state.group = g.id;
     c.state.bound_s = bound;
     for (;;) {
-        mpiCheck(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
-        if (done) break;
-        const double waited = comm_now_s() - t0;
+        if (!done) {
+            mpiCheck(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
+            if (done && link) {
+                mpi_done_s = comm_now_s();
+                link->done_s = comm_link_done_s(*link);
+            }
+        }
+        const double now = comm_now_s(), waited = now - t0;
+        if (done && (!link || now >= link->done_s)) break;
         if (bound > 0 && waited > bound) comm_timed_out(g, op, n, reqs, p2p, waited, bound);
         if (waited > 0.001) comm_answer(c);
-        comm_relax(waited);
+        if (done) {  // only the model's end is left: sleep (a peer that shares this core computes)
+            const double left = link->done_s - now;
+            const struct timespec ts = {0, (long)(std::min(left, 2e-4) * 1e9)};
+            nanosleep(&ts, nullptr);
+        } else {
+            comm_relax(waited);
+        }
+    }
+    if (link && link->done_s > mpi_done_s) {
+        c.sim.held++;
+        c.sim.held_s += comm_now_s() - std::max(mpi_done_s, t0);
     }
     c.state.waiting = 0;
 }
 #endif
+
+// Drives the MPI requests in flight between computations (MPI progresses them inside its calls).
+inline void comm_progress() {
+#ifdef LLMC_MPI
+    Comm& c = comm_world();
+    if (c.diag == MPI_COMM_NULL) return;
+    int flag = 0;  // a probe of a tag nobody sends: only the progress engine's turn
+    MPI_Iprobe(MPI_ANY_SOURCE, COMM_TAG_STATE + 1, c.diag, &flag, MPI_STATUS_IGNORE);
+#endif
+}
 
 #ifdef LLMC_NCCL
 // NCCL watchdog. An NCCL call only queues work on the comm stream: the host never waits inside
@@ -616,8 +798,10 @@ inline cudaEvent_t nccl_watchdog_event() {
     return e;
 }
 
-// buffer collectives: the comm stream starts after the work queued so far on the compute stream,
-// and the compute stream continues after the collective; the watchdog gets the two events
+// buffer collectives: the comm stream starts after the work queued so far on the compute stream;
+// the request's own event marks the collective's end, and comm_finish makes the compute stream wait
+// for it there, where the data is consumed (not right after the collective is queued); the
+// watchdog gets two more events (it recycles those)
 inline cudaEvent_t comm_stream_enter(Comm& c) {
     cudaCheck(cudaEventRecord(c.compute_done, llmc_stream()));
     cudaCheck(cudaStreamWaitEvent(c.stream, c.compute_done, 0));
@@ -625,77 +809,132 @@ inline cudaEvent_t comm_stream_enter(Comm& c) {
     cudaCheck(cudaEventRecord(start, c.stream));
     return start;
 }
-inline void comm_stream_leave(Comm& c, cudaEvent_t start, const CommGroup& g, int op) {
-    cudaCheck(cudaEventRecord(c.comm_done, c.stream));
-    cudaCheck(cudaStreamWaitEvent(llmc_stream(), c.comm_done, 0));
+inline void comm_stream_leave(Comm& c, cudaEvent_t start, const CommGroup& g, int op, CommRequest& r) {
+    r.done = nccl_watchdog_event();
+    cudaCheck(cudaEventRecord(r.done, c.stream));
     cudaEvent_t done = nccl_watchdog_event();
     cudaCheck(cudaEventRecord(done, c.stream));
     NcclWatchdog& w = nccl_watchdog();
     std::lock_guard<std::mutex> lock(w.mu);
     w.pending.push_back({start, done, op, g.id, c.step, comm_bound_s(c)});
 }
+// an event back to the pool once the compute stream's wait on it is queued (the wait keeps the
+// record it saw: a later record does not change it)
+inline void nccl_event_return(cudaEvent_t e) {
+    NcclWatchdog& w = nccl_watchdog();
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.spare.push_back(e);
+}
 #endif
 
+#ifdef LLMC_MPI
+// The link's part of a collective's start: this rank's ready time to the members, beside the data
+// (block_bytes: the rank block the cost is counted in).
+inline void comm_link_start(Comm& c, const CommGroup& g, CommRequest& r, size_t block_bytes) {
+    if (!c.link.on()) return;
+    r.link = true;
+    r.cost_s = sim_link_cost_s(c.link, r.op, g.size, block_bytes);
+    const double ready = std::max(r.start_s, c.link_free_s);
+    c.link_free_s = ready + r.cost_s;
+    r.times.assign(g.size, 0.0);
+    r.times[g.rank] = ready;
+    r.reqs.emplace_back();
+    mpiCheck(MPI_Iallgather(MPI_IN_PLACE, 1, MPI_DOUBLE, r.times.data(), 1, MPI_DOUBLE, g.mpi, &r.reqs.back()));
+}
+#endif
+
+// Completes a started operation (a no-op for one that has nothing to finish): MPI waits for its
+// requests and the link's end within the deadline; NCCL makes the compute stream wait for it.
+inline void comm_finish(CommRequest& r) {
+    if (!r.active()) return;
+    Comm& c = comm_world();
+    const double wait_s = comm_now_s();
+#if defined(LLMC_NCCL)
+    cudaCheck(cudaStreamWaitEvent(llmc_stream(), r.done, 0));
+    nccl_event_return(r.done);
+    r.done = nullptr;
+#elif defined(LLMC_MPI)
+    comm_wait(*r.g, r.op, (int)r.reqs.size(), r.reqs.data(), r.p2p.empty() ? nullptr : r.p2p.data(), r.link ? &r : nullptr);
+    if (r.link) {
+        c.sim.finished++;
+        c.sim.model_s += r.cost_s;
+        c.link_free_s = std::max(c.link_free_s, r.done_s);
+    }
+#endif
+    const double end_s = comm_now_s();
+    if (c.trace) c.trace->push_back({r.op, r.g->id, r.bytes, r.start_s, r.link ? r.done_s : end_s, wait_s, end_s});
+    r.op = -1;
+}
 
 // recv[r * bytes ...] = rank r's send (bytes each). In place when send == recv + rank * bytes.
-inline void all_gather(const CommGroup& g, const void* send, void* recv, size_t bytes) {
+inline CommRequest all_gather_start(const CommGroup& g, const void* send, void* recv, size_t bytes) {
     Comm& c = comm_world();
+    CommRequest r;
     if (g.size == 1) {  // callers gather in place or copy themselves (buffers may be device memory)
         LLMC_CHECK(send == recv, "all_gather on one rank must be in place");
-        return;
+        return r;
     }
     c.sent_bytes[COMM_ALL_GATHER] += bytes * (g.size - 1);
     c.recv_bytes[COMM_ALL_GATHER] += bytes * (g.size - 1);
+    r.op = COMM_ALL_GATHER;
+    r.g = &g;
+    r.bytes = bytes * (g.size - 1);
+    r.start_s = comm_now_s();
 #if defined(LLMC_NCCL)
     cudaEvent_t start = comm_stream_enter(c);
     ncclCheck(ncclAllGather(send, recv, bytes, ncclInt8, g.nccl, c.stream));
-    comm_stream_leave(c, start, g, COMM_ALL_GATHER);
+    comm_stream_leave(c, start, g, COMM_ALL_GATHER, r);
 #elif defined(LLMC_MPI)
     const bool in_place = send == (char*)recv + (size_t)g.rank * bytes;
-    MPI_Request req;
     c.state.calls[g.id]++;
+    r.reqs.emplace_back();
     mpiCheck(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes),
-                            MPI_BYTE, g.mpi, &req));
-    comm_wait(g, COMM_ALL_GATHER, 1, &req);
+                            MPI_BYTE, g.mpi, &r.reqs[0]));
+    comm_link_start(c, g, r, bytes);
 #endif
+    return r;
+}
+inline void all_gather(const CommGroup& g, const void* send, void* recv, size_t bytes) {
+    CommRequest r = all_gather_start(g, send, recv, bytes);
+    comm_finish(r);
 }
 
 // recv[r * bytes ...] = rank r's send[rank * bytes ...]: block r of send goes to rank r.
-inline void all_to_all(const CommGroup& g, const void* send, void* recv, size_t bytes) {
+inline CommRequest all_to_all_start(const CommGroup& g, const void* send, void* recv, size_t bytes) {
     Comm& c = comm_world();
     LLMC_CHECK(g.size > 1, "all_to_all on one rank: the caller uses its own data");
     c.sent_bytes[COMM_ALL_TO_ALL] += bytes * (g.size - 1);
     c.recv_bytes[COMM_ALL_TO_ALL] += bytes * (g.size - 1);
+    CommRequest r;
+    r.op = COMM_ALL_TO_ALL;
+    r.g = &g;
+    r.bytes = bytes * (g.size - 1);
+    r.start_s = comm_now_s();
 #if defined(LLMC_NCCL)
     cudaEvent_t start = comm_stream_enter(c);
     ncclCheck(ncclGroupStart());
-    for (int r = 0; r < g.size; r++) {
-        ncclCheck(ncclSend((const char*)send + (size_t)r * bytes, bytes, ncclInt8, r, g.nccl, c.stream));
-        ncclCheck(ncclRecv((char*)recv + (size_t)r * bytes, bytes, ncclInt8, r, g.nccl, c.stream));
+    for (int k = 0; k < g.size; k++) {
+        ncclCheck(ncclSend((const char*)send + (size_t)k * bytes, bytes, ncclInt8, k, g.nccl, c.stream));
+        ncclCheck(ncclRecv((char*)recv + (size_t)k * bytes, bytes, ncclInt8, k, g.nccl, c.stream));
     }
     ncclCheck(ncclGroupEnd());
-    comm_stream_leave(c, start, g, COMM_ALL_TO_ALL);
+    comm_stream_leave(c, start, g, COMM_ALL_TO_ALL, r);
 #elif defined(LLMC_MPI)
-    MPI_Request req;
     c.state.calls[g.id]++;
-    mpiCheck(MPI_Ialltoall(send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes), MPI_BYTE, g.mpi, &req));
-    comm_wait(g, COMM_ALL_TO_ALL, 1, &req);
+    r.reqs.emplace_back();
+    mpiCheck(MPI_Ialltoall(send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes), MPI_BYTE, g.mpi, &r.reqs[0]));
+    comm_link_start(c, g, r, bytes);
 #else
     (void)send;
     (void)recv;
 #endif
+    return r;
+}
+inline void all_to_all(const CommGroup& g, const void* send, void* recv, size_t bytes) {
+    CommRequest r = all_to_all_start(g, send, recv, bytes);
+    comm_finish(r);
 }
 
-// One group of point-to-point transfers (a pipeline's sends and receives between two computations):
-// every transfer is posted at once and the call returns when all have completed. A send completes
-// once its peer has posted the matching receive (the peer is in its own group at that moment), so
-// no buffer is still in flight after the call. tag tells transfers between the same two ranks apart.
-struct P2POp {
-    bool send;
-    void* buf;
-    size_t bytes;
-    int peer, tag;
-};
 #ifdef LLMC_MPI
 // how long a timed-out rank waits for the others' answers (a short timeout, in tests: shorter)
 inline double comm_probe_s(const Comm& c) { return std::min(COMM_PROBE_S, std::max(1.0, c.timeout_s)); }
@@ -795,14 +1034,23 @@ inline void comm_timed_out(const CommGroup& g, int op, int n, MPI_Request* reqs,
 }
 #endif
 
-inline void p2p_group(const CommGroup& g, const std::vector<P2POp>& ops) {
+// Point-to-point transfers (P2POp: a send or a receive of bytes at buf, with the peer's rank in the
+// group; tag tells transfers between the same two ranks apart), posted at once. The request
+// completes when all have: a send once its bytes have left the buffer (MPI: its peer has received
+// them), a receive once they have arrived. p2p_group is the blocking form.
+inline CommRequest p2p_start(const CommGroup& g, const std::vector<P2POp>& ops) {
     Comm& c = comm_world();
-    if (ops.empty()) return;
+    CommRequest r;
+    if (ops.empty()) return r;
     for (const P2POp& op : ops) {
         LLMC_CHECK(op.peer >= 0 && op.peer < g.size && op.peer != g.rank, "p2p: peer %d is not another rank of the group (%d ranks)",
                    op.peer, g.size);
         (op.send ? c.sent_bytes : c.recv_bytes)[COMM_P2P] += op.bytes;
+        if (op.send) r.bytes += op.bytes;
     }
+    r.op = COMM_P2P;
+    r.g = &g;
+    r.start_s = comm_now_s();
 #if defined(LLMC_NCCL)
     cudaEvent_t start = comm_stream_enter(c);
     ncclCheck(ncclGroupStart());
@@ -811,18 +1059,41 @@ inline void p2p_group(const CommGroup& g, const std::vector<P2POp>& ops) {
         else ncclCheck(ncclRecv(op.buf, op.bytes, ncclInt8, op.peer, g.nccl, c.stream));
     }
     ncclCheck(ncclGroupEnd());
-    comm_stream_leave(c, start, g, COMM_P2P);
+    comm_stream_leave(c, start, g, COMM_P2P, r);
 #elif defined(LLMC_MPI)
-    std::vector<MPI_Request> req(ops.size());
-    for (size_t k = 0; k < ops.size(); k++) {
+    const size_t n = ops.size();
+    r.link = c.link.on();
+    r.reqs.resize(r.link ? 2 * n : n);
+    r.p2p = ops;
+    for (size_t k = 0; k < n; k++) {
         const P2POp& op = ops[k];
-        if (op.send) mpiCheck(MPI_Isend(op.buf, mpi_count(op.bytes), MPI_BYTE, op.peer, op.tag, g.mpi, &req[k]));
-        else mpiCheck(MPI_Irecv(op.buf, mpi_count(op.bytes), MPI_BYTE, op.peer, op.tag, g.mpi, &req[k]));
+        if (op.send) mpiCheck(MPI_Isend(op.buf, mpi_count(op.bytes), MPI_BYTE, op.peer, op.tag, g.mpi, &r.reqs[k]));
+        else mpiCheck(MPI_Irecv(op.buf, mpi_count(op.bytes), MPI_BYTE, op.peer, op.tag, g.mpi, &r.reqs[k]));
     }
-    comm_wait(g, COMM_P2P, (int)req.size(), req.data(), ops.data());
+    if (r.link) {  // each send's end on this rank's link, to its receiver (same tag: matched after the data)
+        r.times.assign(n, 0.0);
+        r.p2p.insert(r.p2p.end(), ops.begin(), ops.end());
+        for (size_t k = 0; k < n; k++) {
+            const P2POp& op = ops[k];
+            if (op.send) {
+                const double cost = sim_link_cost_s(c.link, COMM_P2P, 2, op.bytes);
+                r.times[k] = std::max(r.start_s, c.link_free_s) + cost;
+                c.link_free_s = r.times[k];
+                r.cost_s += cost;
+                mpiCheck(MPI_Isend(&r.times[k], 1, MPI_DOUBLE, op.peer, op.tag, g.mpi, &r.reqs[n + k]));
+            } else {
+                mpiCheck(MPI_Irecv(&r.times[k], 1, MPI_DOUBLE, op.peer, op.tag, g.mpi, &r.reqs[n + k]));
+            }
+        }
+    }
 #else
     LLMC_FAIL("p2p: a transfer in a single-process build");
 #endif
+    return r;
+}
+inline void p2p_group(const CommGroup& g, const std::vector<P2POp>& ops) {
+    CommRequest r = p2p_start(g, ops);
+    comm_finish(r);
 }
 
 // root's buf to every rank of the group
@@ -831,18 +1102,24 @@ inline void broadcast(const CommGroup& g, void* buf, size_t bytes, int root) {
     if (g.size == 1) return;
     c.sent_bytes[COMM_BROADCAST] += g.rank == root ? bytes * (g.size - 1) : 0;
     c.recv_bytes[COMM_BROADCAST] += g.rank == root ? 0 : bytes;
+    CommRequest r;
+    r.op = COMM_BROADCAST;
+    r.g = &g;
+    r.bytes = g.rank == root ? bytes * (g.size - 1) : 0;
+    r.start_s = comm_now_s();
 #if defined(LLMC_NCCL)
     cudaEvent_t start = comm_stream_enter(c);
     ncclCheck(ncclBroadcast(buf, buf, bytes, ncclInt8, root, g.nccl, c.stream));
-    comm_stream_leave(c, start, g, COMM_BROADCAST);
+    comm_stream_leave(c, start, g, COMM_BROADCAST, r);
 #elif defined(LLMC_MPI)
-    MPI_Request req;
     c.state.calls[g.id]++;
-    mpiCheck(MPI_Ibcast(buf, mpi_count(bytes), MPI_BYTE, root, g.mpi, &req));
-    comm_wait(g, COMM_BROADCAST, 1, &req);
+    r.reqs.emplace_back();
+    mpiCheck(MPI_Ibcast(buf, mpi_count(bytes), MPI_BYTE, root, g.mpi, &r.reqs[0]));
+    comm_link_start(c, g, r, bytes);
 #else
     (void)buf;
 #endif
+    comm_finish(r);
 }
 
 // all_gather of host memory (scalars, flags, hashes), in every build

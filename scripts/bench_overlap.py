@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""How much of the communication the CPU build hides behind compute: step time with a simulated
+link (--sim_link) over step time without, np 2, one OpenMP thread per rank, a small model.
+
+For each layout the link is chosen so that its communication, not overlapped, would take about as
+long as the compute it can hide behind (measured here without the link):
+  -z 0 / -z 1   the last micro-batch's backward: step / accumulation x 2/3 (backward = 2 forwards)
+  -z 3          the segment computations the gathers and reductions overlap: the whole step
+  --pp 2 1f1b   the micro-batch between two transfers: one stage's forward of a micro-batch,
+                step x (1 - bubble) / M / 3
+bandwidth = bytes / that time, where bytes are the step's buffer bytes from the start-up
+communication table (rank 0's all_gather + all_to_all; for the pipeline one activation, B*T*C*4)
+and the latency (--latency_us) is small beside it. A ratio of 1 means the link's time is hidden.
+
+Step times: the median over the steps after --warmup, per run; runs alternate without / with the
+link, --repeats times; the table shows the medians. The machine's load average is printed: a
+busy machine makes every figure noisy. A benchmark, not a test: nothing is asserted.
+
+  python3 scripts/bench_overlap.py [--bin ./train_gpt_cpu] [--repeats 3] [--steps 14] [--only z0_a1,pp2]
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+B, T, C, NP = 4, 64, 128, 2
+MODEL = ["--n_layer", "4", "--n_embd", str(C), "--n_head", "4", "-b", str(B), "-t", str(T)]
+# name, flags, accumulation, what the link hides behind
+CASES = [
+    ("z0_a1", ["-z", "0"], 1, "backward"),
+    ("z0_a8", ["-z", "0"], 8, "backward"),
+    ("z1_a1", ["-z", "1"], 1, "backward"),
+    ("z1_a8", ["-z", "1"], 8, "backward"),
+    ("z3_a2", ["-z", "3"], 2, "segments"),
+    ("pp2_1f1b", ["--pp", "2", "--pp_schedule", "1f1b"], 8, "microbatch"),
+]
+
+
+def run(args, bin_path, data, flags, acc, link, out):
+    dp = NP // 2 if "--pp" in flags else NP
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(NP), bin_path,
+           "-i", data, "-j", "", "-x", str(args.steps), "-g", "0", "-n", "-1", "-u", "2", "-l", "1e-3",
+           "-d", str(B * T * dp * acc), "-o", out, "--overwrite"] + MODEL + flags
+    if link:
+        cmd += ["--sim_link", link]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        sys.exit("bench_overlap: %s failed:\n%s" % (" ".join(cmd), p.stdout[-2000:] + p.stderr[-2000:]))
+    ms = [r["ms"] for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if "ms" in r]
+    table = re.search(r"communication per step, rank 0 \(sent bytes\): (.*)", p.stdout)
+    sent = {k: int(v) for k, v in re.findall(r"(\w[\w/ ()]*?) (\d+) \(theory", table.group(1))} if table else {}
+    return statistics.median(ms[args.warmup:]), sent
+
+
+def link_for(kind, step_ms, sent, acc, latency_us):
+    """the --sim_link value whose communication takes about as long as the compute it hides behind"""
+    if kind == "backward":
+        hide_s, nbytes = step_ms / 1e3 / acc * 2 / 3, sent.get("all_gather", 0) + sent.get("all_to_all", 0)
+    elif kind == "segments":
+        hide_s, nbytes = step_ms / 1e3, sent.get("all_gather", 0) + sent.get("all_to_all", 0)
+    else:  # one activation between two transfers, 2 stages, 1f1b
+        bubble = 1 / (acc + 1)
+        hide_s, nbytes = step_ms / 1e3 * (1 - bubble) / acc / 3, B * T * C * 4
+    gbit = nbytes * 8 / hide_s / 1e9
+    return "%.4g,%g" % (gbit, latency_us), hide_s * 1e3, nbytes
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "train_gpt_cpu"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--latency_us", type=float, default=10)
+    ap.add_argument("--only", default="", help="comma-separated case names")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="bench_overlap.")
+    subprocess.run([sys.executable, os.path.join(ROOT, "dev/data/prepare_text.py"), os.path.join(ROOT, "llmc"),
+                    "--sep", "blank", "--out_dir", work + "/data", "--val_frac", "0.1"], check=True,
+                   capture_output=True)
+    data = glob.glob(work + "/data/*train*.bin")[0]
+    print("load average before: %s" % open("/proc/loadavg").read().split()[:3])
+    print("%-10s %10s %12s %14s %16s %10s %10s %7s" % ("case", "hide (ms)", "bytes", "link (Gb/s,us)",
+                                                        "reps", "off (ms)", "on (ms)", "ratio"))
+    only = set(filter(None, args.only.split(",")))
+    for name, flags, acc, kind in CASES:
+        if only and name not in only:
+            continue
+        out = os.path.join(work, name)
+        base, sent = run(args, args.bin, data, flags, acc, None, out)
+        link, hide_ms, nbytes = link_for(kind, base, sent, acc, args.latency_us)
+        off, on, ratios = [], [], []
+        for _ in range(args.repeats):
+            a, _ = run(args, args.bin, data, flags, acc, None, out)
+            b, _ = run(args, args.bin, data, flags, acc, link, out)
+            off.append(a)
+            on.append(b)
+            ratios.append(b / a)
+        print("%-10s %10.2f %12d %14s %16s %10.2f %10.2f %7.3f" % (
+            name, hide_ms, nbytes, link, ",".join("%.2f" % r for r in ratios), statistics.median(off),
+            statistics.median(on), statistics.median(ratios)), flush=True)
+    print("load average after: %s" % open("/proc/loadavg").read().split()[:3])
+
+
+if __name__ == "__main__":
+    main()
