@@ -162,6 +162,7 @@ struct GPT {
     float* comm_scratch = nullptr;  // a segment reduction's receive buffer (dp > 1)
     SegmentSlots<floatX> param_slots;  // stage 3: gathered segments
     SegmentSlots<float> grad_slots;    // stages 2-3: a micro-batch's segment gradients until reduced
+    std::vector<std::pair<int, CommRequest>> param_gathers;  // stage 3: slots being gathered (params_prefetch)
     // The tied lm head (on the last stage) and its gradient. Its gradient is summed over the step in
     // its own accumulator and added to the embedding's once per step (tied_embedding_sum); with
     // pp > 1 the last stage keeps a copy of the embedding's weights, refreshed after every update.
@@ -377,6 +378,7 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
         // vocab-parallel embedding: each rank adds its vocabulary rows (zeros for the others'
         // tokens, tp rank 0 the positions), the tp group sums (exact: one non-zero term per part)
         params_needed(m, embedding);
+        params_prefetch(m, l0 + 1);
         const ChunkSplit one = rank_leaf(tp_group());
         tp_sum(tp_group(), one, m.tpx, s.input, (size_t)B * T * C, !m.ls.sp, [&](int, floatX* dst) {
             encoder_forward(dst, s.inputs, s.doc_start, m.p.wte, m.ls.rank == 0 ? m.p.wpe : (const floatX*)nullptr, B, T, C,
@@ -384,14 +386,16 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
         }, tp_add, tp_copy);
         params_done(m, embedding);
     }
+    // ZeRO-3: each segment's gather runs one segment ahead, behind the compute of the one before
     params_needed(m, l0 + 1);
+    params_prefetch(m, l0 + 2 <= l1 || l1 == L ? l0 + 2 : -1);
     LayerActs a = acts_for(m, s, chunk, l0);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, s.input, m.p.layers[l0].ln1w, m.p.layers[l0].ln1b, rows, C);
     for (int l = l0; l < l1; l++) {
         const bool chunk_end = l + 1 == l1, model_end = l + 1 == L;
-        if (!chunk_end || model_end) params_needed(m, l + 2);  // the next block (its LN1 ends this one), or the final LN
         const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
         block_forward(m, l, a, x, s.doc_start);
+        if (!chunk_end || model_end) params_needed(m, l + 2);  // the next block (its LN1 ends this one), or the final LN
         // the residual add is fused with the next LayerNorm: the next block's LN1, or the final LN;
         // where the chunk ends before the model does, the next LN1 is on the next stage
         if (model_end) {
@@ -406,6 +410,9 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
             a = next;
         }
         params_done(m, l + 1);
+        // what the next block's iteration needs: its successor, or the final LN; after the last block the head's weights
+        if (l + 2 < l1 || (l + 2 == l1 && l1 == L)) params_prefetch(m, l + 3);
+        else if (model_end) head_prefetch(m);
     }
     if (!pp.last_vs(chunk)) return 0.0f;
     const float loss = head_forward(m, s, s.acts.back().residual3);
@@ -545,6 +552,7 @@ static void chunk_backward(GPT& m, int chunk, int mb, bool with_weights) {
     const int l0 = pp.layer_begin(chunk), l1 = pp.layer_end(chunk);
     for (int l = l1 - 1; l >= l0; l--) {
         params_needed(m, l + 1);
+        if (l > l0) params_prefetch(m, l);  // the block below, behind this one's backward
         if (with_weights) grads_needed(m, l + 1);
         const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
         LayerActs a = acts_for(m, s, chunk, l);

@@ -2,7 +2,8 @@
 // math and the layouts, the named entry points through which the forward, backward and update
 // meet ZeRO, tensor / sequence parallelism, expert parallelism and the pipeline. The contract: the
 // model code calls them at fixed points and never reads a rank number or a group itself.
-//   ZeRO                 params_needed / params_done around a segment's use (stage 3 gathers),
+//   ZeRO                 params_needed / params_done around a segment's use (stage 3 gathers;
+//                        params_prefetch / head_prefetch start them one segment ahead),
 //   (parallel/zero.h)    grads_needed / grads_ready around its weight gradients (stages 0-1:
 //                        into the accumulator, reduced once per step from the last micro-batch's
 //                        grads_ready; 2-3: a zeroed slot folded into the owners' fp32 accumulators),
@@ -51,17 +52,42 @@ static LocalSegments local_segments(const GPT& m, int seg) {
     if (seg >= 1 && seg <= m.config.n_layer && m.config.is_moe(l)) out.s[out.n++] = m.seg_local[m.config.n_layer + 2 + l];
     return out;
 }
+// Stage 3: local segment s into a slot: the rank's shard in place, the others' by an all-gather (started)
+static CommRequest params_gather_start(GPT& m, int s) {
+    const ZeroLayout& z = m.zero;
+    floatX* slot = m.param_slots.acquire(s, "parameter");
+    floatX* own = slot + z.own_begin(s);
+    copy_buffer(own, m.params + z.segs[s].shard_offset, z.shard_len(s) * sizeof(floatX));
+    point_segment(m.p, m.config, m.local, z.segs[s], slot);
+    return all_gather_start(seg_group(z, s), own, slot, z.shard_len(s) * sizeof(floatX));
+}
 static void params_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
     if (!z.params_sharded()) return;
     for (int s : local_segments(m, seg)) {
-        if (m.param_slots.find(s)) continue;
-        floatX* slot = m.param_slots.acquire(s, "parameter");
-        floatX* own = slot + z.own_begin(s);
-        copy_buffer(own, m.params + z.segs[s].shard_offset, z.shard_len(s) * sizeof(floatX));
-        all_gather(seg_group(z, s), own, slot, z.shard_len(s) * sizeof(floatX));
-        point_segment(m.p, m.config, m.local, z.segs[s], slot);
+        auto in_flight = std::find_if(m.param_gathers.begin(), m.param_gathers.end(), [&](const auto& g) { return g.first == s; });
+        if (in_flight != m.param_gathers.end()) {  // prefetched: its gather completes here
+            comm_finish(in_flight->second);
+            m.param_gathers.erase(in_flight);
+        } else if (!m.param_slots.find(s)) {
+            CommRequest r = params_gather_start(m, s);
+            comm_finish(r);
+        }
     }
+}
+// Stage 3: starts the gather of segment seg ahead of its params_needed (the model code calls it one
+// segment ahead, so the gather runs behind the compute of the segment before). All of a layer's
+// segments or none: when the slots that are free do not hold them, the gather waits for
+// params_needed. -1 or another stage's segment: nothing. The slot count is the plan's: a segment in
+// use and the next one (ZERO3_PARAM_SLOTS per layer segment).
+static void params_prefetch(GPT& m, int seg) {
+    if (!m.zero.params_sharded() || seg < 0 || m.seg_local[seg] < 0) return;
+    int free = 0, needed = 0;
+    for (int h : m.param_slots.holds) free += h < 0;
+    for (int s : local_segments(m, seg)) needed += m.param_slots.find(s) == nullptr;
+    if (needed == 0 || needed > free) return;
+    for (int s : local_segments(m, seg))
+        if (!m.param_slots.find(s)) m.param_gathers.emplace_back(s, params_gather_start(m, s));
 }
 static void params_done(GPT& m, int seg) {
     if (!m.zero.params_sharded()) return;
@@ -148,6 +174,10 @@ static const floatX* head_weights(GPT& m) {
     if (m.head_params) return m.head_params;
     params_needed(m, 0);
     return m.p.wte;
+}
+// the head's weights ahead of head_weights (stage 3 without a pipeline: the embedding's gather)
+static void head_prefetch(GPT& m) {
+    if (!m.head_params) params_prefetch(m, 0);
 }
 static void head_done(GPT& m) {
     if (!m.head_params) params_done(m, 0);

@@ -387,50 +387,98 @@ struct PipeTimes {
     double compute_ms = 0, wait_ms = 0, total_ms = 0;  // wait: inside transfers (the bubble, as seen here)
 };
 
-// Runs one stage's action list. Transfers between two computations form one group (p2p_group:
-// all posted at once, all complete before the next computation), which is how the schedules are
-// checked for deadlock freedom (pipe_simulate's rendezvous mode). A B whose W follows it with no
-// computation in between is run as one backward with the weight gradients (no stash). measure: time
-// every action (on the GPU this waits for the device after each one).
+// Runs one stage's action list. The transfers between two computations are posted together (the
+// schedule's group, as pipe_simulate's rendezvous mode checks them); the receives complete before the
+// next computation, which consumes them. The sends stay in flight: a send does not wait for its
+// receiver to reach its group, only for the moment its buffer can change. An activation (the chunk's
+// output) is consumed by the receiver before this stage gets the unit's gradient back: it completes
+// at the unit's backward or release, by then at no wait. A gradient (the slot's d_stream) completes
+// before d_stream can be written again: before a backward, a receive of gradients or a forward of
+// the last virtual stage (its head writes d_stream) once the unit has left its slot. That cannot
+// deadlock: the receiver of a gradient waits only for transfers posted earlier in this stage's list
+// and, before its own backward, for its own gradient sends, a chain that ends at virtual stage 0,
+// which sends none. A B whose W follows it with no computation in between is run as one backward
+// with the weight gradients (no stash). measure: time every action (on the GPU this waits for the
+// device after each one); a transfer's event spans its wait.
 inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const CommGroup& pp, const PipeModel& model,
                                   bool measure, std::vector<PipeEvent>* trace) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     auto now_ms = [&] { return std::chrono::duration<double, std::milli>(clock::now() - start).count(); };
     PipeTimes times;
-    std::vector<P2POp> group;
-    std::vector<const PipeAction*> group_actions;
+    std::vector<P2POp> sends, recvs;
+    std::vector<const PipeAction*> send_actions, recv_actions;
+    struct InFlight {
+        CommRequest req;
+        const PipeAction* a;
+        bool left = false;  // its unit has left the slot (which a later micro-batch may hold)
+    };
+    std::vector<InFlight> in_flight;
     int V = 1;
     for (const PipeAction& a : actions) V = std::max(V, a.chunk + 1);
     const std::vector<std::vector<size_t>> last = pipe_last_use(actions, V);
-    std::vector<const PipeAction*> to_release;  // after the current group or computation
-    auto release = [&] {
-        for (const PipeAction* a : to_release) model.release(a->mb, a->chunk);
-        to_release.clear();
-    };
-    auto flush = [&] {
-        if (group.empty()) { release(); return; }
+    // completes a request, timed; acts: the transfers it carries (the trace)
+    auto finish = [&](CommRequest& req, const std::vector<const PipeAction*>& acts) {
         const double t0 = measure ? now_ms() : 0;
-        p2p_group(pp, group);
+        comm_finish(req);
         if (measure) {
             model.sync();
             const double t1 = now_ms();
             times.wait_ms += t1 - t0;
             if (trace)
-                for (const PipeAction* a : group_actions)
-                    trace->push_back({a->op, a->mb, a->chunk, t0, t1});
+                for (const PipeAction* a : acts) trace->push_back({a->op, a->mb, a->chunk, t0, t1});
         }
-        group.clear();
-        group_actions.clear();
+    };
+    // completes the sends that match
+    auto finish_sends = [&](auto&& which) {
+        for (InFlight& f : in_flight)
+            if (f.req.active() && which(f)) finish(f.req, {f.a});
+        in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(), [](const InFlight& f) { return !f.req.active(); }),
+                        in_flight.end());
+    };
+    auto of_unit = [](int mb, int chunk) { return [=](const InFlight& f) { return f.a->mb == mb && f.a->chunk == chunk; }; };
+    auto left_d_stream = [](const InFlight& f) { return f.left; };
+    // the unit left its slot: its activation sends complete, its gradient sends are marked
+    auto unit_left = [&](int mb, int chunk) {
+        finish_sends([&](const InFlight& f) { return of_unit(mb, chunk)(f) && f.a->op == PIPE_SEND_ACT; });
+        for (InFlight& f : in_flight)
+            if (of_unit(mb, chunk)(f)) f.left = true;
+    };
+    std::vector<std::pair<int, int>> left_in_group;  // released inside the group, before its sends were posted
+    std::vector<const PipeAction*> to_release;      // after the current group or computation
+    auto release = [&] {
+        for (const PipeAction* a : to_release) {
+            model.release(a->mb, a->chunk);
+            unit_left(a->mb, a->chunk);
+        }
+        to_release.clear();
+    };
+    auto flush = [&] {
+        for (size_t k = 0; k < sends.size(); k++) in_flight.push_back({p2p_start(pp, {sends[k]}), send_actions[k]});
+        sends.clear();
+        send_actions.clear();
+        for (const auto& u : left_in_group) unit_left(u.first, u.second);
+        left_in_group.clear();
+        if (!recvs.empty()) {
+            bool grads = false;
+            for (const PipeAction* a : recv_actions) grads = grads || a->op == PIPE_RECV_GRAD;
+            if (grads) finish_sends(left_d_stream);
+            CommRequest r = p2p_start(pp, recvs);
+            finish(r, recv_actions);
+            recvs.clear();
+            recv_actions.clear();
+        }
         release();
     };
+    const bool last_stage = pp.rank == pp.size - 1;
     for (size_t k = 0; k < actions.size(); k++) {
         const PipeAction& a = actions[k];
         const bool last_use = last[a.chunk][a.mb] == k;
         if (!is_compute(a.op)) {
-            group.push_back(model.transfer(a));
-            group_actions.push_back(&a);
-            if (last_use) to_release.push_back(&a);  // once the group has completed
+            const bool send = a.op == PIPE_SEND_ACT || a.op == PIPE_SEND_GRAD;
+            (send ? sends : recvs).push_back(model.transfer(a));
+            (send ? send_actions : recv_actions).push_back(&a);
+            if (last_use) to_release.push_back(&a);  // once the group has been posted
             continue;
         }
         if (!is_group_boundary(actions, k)) {
@@ -438,12 +486,19 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
             // a receive later in the group that takes it over writes only the slot's input (and
             // batch), never what a send of this group reads (the chunk's output, d_stream)
             model.weights(a.mb, a.chunk, true);
-            if (last_use) model.release(a.mb, a.chunk);
+            if (last_use) {
+                model.release(a.mb, a.chunk);
+                left_in_group.push_back({a.mb, a.chunk});
+            }
             continue;
         }
         std::vector<const PipeAction*> mine;
         if (last_use) mine.push_back(&a);
         flush();
+        if (a.op == PIPE_B || (a.op == PIPE_F && last_stage && a.chunk == V - 1)) {
+            finish_sends(left_d_stream);                  // d_stream is written next
+            if (a.op == PIPE_B) finish_sends(of_unit(a.mb, a.chunk));  // (the recomputation rewrites the unit's output)
+        }
         const bool fused = a.op == PIPE_B && next_compute_is_own_w(actions, k);
         const double t0 = measure ? now_ms() : 0;
         if (a.op == PIPE_F) model.forward(a.mb, a.chunk);
@@ -455,9 +510,14 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
             times.compute_ms += t1 - t0;
             if (trace) trace->push_back({a.op, a.mb, a.chunk, t0, t1});
         }
-        for (const PipeAction* r : mine) model.release(r->mb, r->chunk);
+        comm_progress();
+        for (const PipeAction* r : mine) {
+            model.release(r->mb, r->chunk);
+            unit_left(r->mb, r->chunk);
+        }
     }
     flush();
+    finish_sends([](const InFlight&) { return true; });
     times.total_ms = now_ms();
     return times;
 }
