@@ -114,12 +114,16 @@ test/test_cpu: $(TEST_SOURCES) test/test_util.h test/pipeline_sim.h train_gpt.cu
 test/test_tp: test/test_tp.cpp train_gpt.cu $(HEADERS)
 	$(CXX) $(CXXFLAGS) $(MPI_CFLAGS) -DLLMC_CPU -DLLMC_NO_MAIN test/test_tp.cpp $(MPI_LIBS) -o $@
 
+# the comm layer's simulated link and non-blocking requests, under mpirun (test/test_dist.sh section 12)
+test/test_comm: test/test_comm.cpp $(HEADERS)
+	$(CXX) $(CXXFLAGS) $(MPI_CFLAGS) -DLLMC_CPU test/test_comm.cpp $(MPI_LIBS) -o $@
+
 # multi-process tests of train_gpt_cpu under mpirun (needs the MPI build)
-test_dist: train_gpt_cpu test/test_tp
+test_dist: train_gpt_cpu test/test_tp test/test_comm
 	bash test/test_dist.sh
 
 test:
-	$(MAKE) -j2 test/test_cpu test/test_tp train_gpt_cpu cuda_targets test/fuzz_readers dev/bin/forward_logits $(TOOLS_STAMP)
+	$(MAKE) -j2 test/test_cpu test/test_tp test/test_comm train_gpt_cpu cuda_targets test/fuzz_readers dev/bin/forward_logits $(TOOLS_STAMP)
 	OMP_NUM_THREADS=2 ./test/test_cpu
 	bash test/test_dist.sh
 	TOOLS_PYTHON=$(TOOLS_PYTHON) bash test/test_python.sh

@@ -33,6 +33,7 @@
 #      bitwise, a second signal exits at once; SIGKILL during the first checkpoint write (10
 #      trials): the same command with --resume latest works; a failed write leaves no .tmp;
 #      oversized checkpoint fields refused by name
+#  12. the simulated link: its model times (test/test_comm), same bits with --sim_link, bad values
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -618,6 +619,36 @@ run 1 "$out" ${DENSE/-l 3e-3/-l 1e-3} -i "$W/data/data_val_*.bin" -d $TOK -x 8 -
 grep -q "note: resuming with --lr 0.001 (the checkpoint's run: 0.003)" "$out.log" && grep -q "note: resuming with --train: other data" "$out.log" &&
     grep -q "note: resuming with --max_steps 8 (the checkpoint's run: 6)" "$out.log" && pass || { fail "a resume's changes not printed"; grep note "$out.log"; }
 echo "test_dist: faults (stopped ranks, signals, killed checkpoint writes, bad fields) done in $(( $(date +%s) - t0 )) s"
+
+# ---- 12. the simulated link (--sim_link): its timing under test/test_comm (np 2, 3: model times and
+# counters); runs with a slow link give the same bits as one process (only waits move: -z 0-3 with
+# gathers and reductions in flight, the pipeline's sends in flight); bad values refused by name
+t0=$(date +%s)
+COMMBIN=$PWD/test/test_comm
+if [ -x "$COMMBIN" ]; then
+    for np in 2 3; do
+        log=$W/test_comm.np$np.log
+        if timeout 120 $MPIRUN -np $np "$COMMBIN" >"$log" 2>&1 && grep -q "^test_comm: np $np: [0-9]* checks, 0 failed" "$log"; then pass
+        else fail "test_comm np $np: $(grep -m 5 '^FAIL\|error' "$log")"; tail -3 "$log"; fi
+    done
+else fail "test/test_comm is not built (make test/test_comm)"; fi
+tokens=$((B * T * 2 * 2))
+ref=$W/dense.ref2
+for layout in "-z 0" "-z 1" "-z 2" "-z 3" "--pp 2 --pp_schedule 1f1b" "--pp 2 --pp_schedule zb1 -z 3"; do
+    out=$W/link.$(echo $layout | tr -d ' -')
+    if run 2 "$out" $DENSE -d $tokens -x $STEPS $layout --sim_link 0.05,20; then
+        same_run "$ref" "$out" $STEPS "np 2 $layout --sim_link vs one process"
+    else fail "np 2 $layout --sim_link: rc $?"; tail -3 "$out.log"; fi
+done
+out=$W/link.pp4; if run 4 "$out" $DENSE -d $tokens -x $STEPS --pp 2 -z 3 --sim_link 0.05,20; then
+    same_run "$ref" "$out" $STEPS "np 4 pp 2 dp 2 -z 3 --sim_link vs one process"
+else fail "np 4 pp 2 -z 3 --sim_link: rc $?"; tail -3 "$out.log"; fi
+for bad in "0" "abc" "1,-3"; do
+    out=$W/link.bad; run 2 "$out" $DENSE -x 2 --sim_link "$bad"; rc=$?
+    if [ $rc -ne 0 ] && [ "$(grep -c '^error' "$out.log")" = 1 ] && grep -q "\-\-sim_link" "$out.log"; then pass
+    else fail "--sim_link $bad: rc $rc"; cat "$out.log"; fi
+done
+echo "test_dist: simulated link (test_comm, same bits, bad values) done in $(( $(date +%s) - t0 )) s"
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]
