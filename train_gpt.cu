@@ -760,13 +760,17 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
         s.flops += step_flops(model, b.ds[micro].data(), r.B, r.T, 1) / (r.n_stages * r.tp);  // this rank's share
     }
     std::vector<PipeEvent> events;
+    std::vector<CommInterval> comm_events;  // the traced step's collectives and transfers, to the norm
     if (trace) barrier(cm.world);  // one time origin for every rank's timeline
+    const double origin_s = comm_now_s();
+    cm.trace = trace ? &comm_events : nullptr;
     s.times = gpt_pipeline_step(model, b.batches, r.B, r.T, 1.0f / r.global_micro, trace || host_timing_is_exact,
                                 trace ? &events : nullptr);
-    if (trace) write_pipeline_trace(r.pp_trace, events, model.pipe);
     s.loss = sum_in_global_order(model.mb_loss, r.global_micro) / r.global_micro;
     s.lr = r.sched.at(step);
     s.norm = gpt_grad_norm(model);
+    cm.trace = nullptr;
+    if (trace) write_pipeline_trace(r.pp_trace, events, comm_events, origin_s, model.pipe);
     s.bad = !std::isfinite(s.loss) || !std::isfinite(s.norm);
     if (!s.bad) gpt_apply_update(model, r.opt, s.lr, step, s.norm);
     s.loss_z = loss_spikes.update(s.loss);

@@ -23,6 +23,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,6 +83,13 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated case names")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bench_overlap.")
+    try:
+        bench(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench(args, work):
     subprocess.run([sys.executable, os.path.join(ROOT, "dev/data/prepare_text.py"), os.path.join(ROOT, "llmc"),
                     "--sep", "blank", "--out_dir", work + "/data", "--val_frac", "0.1"], check=True,
                    capture_output=True)

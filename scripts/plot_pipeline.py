@@ -39,11 +39,12 @@ def load(path):
                 missing = [k for k in KEYS if k not in e]
                 if missing:
                     raise ValueError("missing " + ", ".join(missing))
-                if e["op"] not in ("F", "B", "W", "send", "recv"):
+                if e["op"] not in ("F", "B", "W", "send", "recv", "link", "wait"):
                     raise ValueError("unknown op %r" % e["op"])
             except ValueError as err:
                 sys.exit("%s:%d: not a pipeline trace event (%s)" % (path, n, err))
-            events.append(e)
+            if e["op"] not in ("link", "wait"):  # the collectives' lines: scripts/plot_timeline.py
+                events.append(e)
     if not events:
         sys.exit("%s: no events" % path)
     return events

@@ -378,12 +378,23 @@ static void print_comm_volume(const GPT& m, int grad_accum) {
 }
 
 // --pp_trace: every rank's executed actions of one step, gathered to rank 0 and written as JSON
-// lines for scripts/plot_pipeline.py (times from the step's start; "recv"/"send" events are waits).
-static void write_pipeline_trace(const std::string& path, const std::vector<PipeEvent>& events, const PipelinePlan& pp) {
+// lines for scripts/plot_pipeline.py (times from the step's start; "recv"/"send" events are waits),
+// and its buffer collectives and transfers up to the gradient norm for scripts/plot_timeline.py:
+// "link" spans one in flight (start to its end: the simulated link's, or MPI's completion), "wait"
+// the rank blocked in its finish. comm times are comm_now_s(), origin_s the step's start.
+static void write_pipeline_trace(const std::string& path, const std::vector<PipeEvent>& events,
+                                 const std::vector<CommInterval>& comm_events, double origin_s, const PipelinePlan& pp) {
     const Comm& cm = comm_world();
+    constexpr double LINK = 100, WAIT = 101;  // op codes of the comm lines (after the PipeOps)
     std::vector<double> mine;
     for (const PipeEvent& e : events)
-        mine.insert(mine.end(), {(double)e.op, (double)e.mb, (double)e.chunk, e.t0_ms, e.t1_ms});
+        mine.insert(mine.end(), {(double)e.op, (double)e.mb, (double)e.chunk, e.t0_ms, e.t1_ms, 0, 0});
+    for (const CommInterval& e : comm_events) {
+        mine.insert(mine.end(), {LINK, (double)e.op, (double)e.group, (e.start_s - origin_s) * 1e3,
+                                 (e.done_s - origin_s) * 1e3, (double)e.bytes, 0});
+        mine.insert(mine.end(), {WAIT, (double)e.op, (double)e.group, (e.wait_s - origin_s) * 1e3,
+                                 (e.end_s - origin_s) * 1e3, (double)e.bytes, 0});
+    }
     size_t longest = 0;
     for (uint64_t n : host_gather_all<uint64_t>(cm.world, mine.size())) longest = std::max(longest, (size_t)n);
     mine.resize(longest, -1.0);
@@ -393,12 +404,19 @@ static void write_pipeline_trace(const std::string& path, const std::vector<Pipe
     FILE* f = fopen_or_fail(path, "w");
     static const char* ops[] = {"F", "B", "W", "send", "recv", "send", "recv"};
     for (int r = 0; r < cm.world_size; r++)
-        for (size_t k = 0; k + 4 < longest; k += 5) {
+        for (size_t k = 0; k + 6 < longest; k += 7) {
             const double* e = all.data() + (size_t)r * longest + k;
             if (e[0] < 0) break;
-            fprintf(f, "{\"rank\": %d, \"stage\": %d, \"dp\": %d, \"op\": \"%s\", \"mb\": %d, \"chunk\": %d, "
-                       "\"t0_ms\": %.4f, \"t1_ms\": %.4f, \"schedule\": \"%s\"}\n",
-                    r, r / cm.dp.size, r % cm.dp.size, ops[(int)e[0]], (int)e[1], (int)e[2], e[3], e[4], pipe_kind_name(pp.kind));
+            if (e[0] >= LINK)
+                fprintf(f, "{\"rank\": %d, \"stage\": %d, \"dp\": %d, \"op\": \"%s\", \"comm\": \"%s\", \"group\": \"%s\", "
+                           "\"bytes\": %.0f, \"mb\": -1, \"chunk\": 0, \"t0_ms\": %.4f, \"t1_ms\": %.4f, \"schedule\": \"%s\"}\n",
+                        r, r / cm.dp.size, r % cm.dp.size, e[0] == LINK ? "link" : "wait", comm_op_name((int)e[1]),
+                        comm_group_name((int)e[2]), e[5], e[3], e[4], pipe_kind_name(pp.kind));
+            else
+                fprintf(f, "{\"rank\": %d, \"stage\": %d, \"dp\": %d, \"op\": \"%s\", \"mb\": %d, \"chunk\": %d, "
+                           "\"t0_ms\": %.4f, \"t1_ms\": %.4f, \"schedule\": \"%s\"}\n",
+                        r, r / cm.dp.size, r % cm.dp.size, ops[(int)e[0]], (int)e[1], (int)e[2], e[3], e[4],
+                        pipe_kind_name(pp.kind));
         }
     LLMC_CHECK(fclose(f) == 0, "%s: cannot write the pipeline trace", path.c_str());
     printf("wrote the pipeline timeline of step %s to %s\n", "1 of this run", path.c_str());
