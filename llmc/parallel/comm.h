@@ -1091,6 +1091,15 @@ inline CommRequest p2p_start(const CommGroup& g, const std::vector<P2POp>& ops) 
 #endif
     return r;
 }
+// Whether a send may stay in flight while the receives posted after it complete. MPI: yes (each is
+// its own request). NCCL: no, the comm stream runs operations in order, so a send queued alone
+// would hold back the receives behind it (two stages that each send to the other first would wait
+// for each other): a pipeline group's sends and receives go in one ncclGroup, as one request.
+#ifdef LLMC_NCCL
+constexpr bool COMM_SENDS_IN_FLIGHT = false;
+#else
+constexpr bool COMM_SENDS_IN_FLIGHT = true;
+#endif
 inline void p2p_group(const CommGroup& g, const std::vector<P2POp>& ops) {
     CommRequest r = p2p_start(g, ops);
     comm_finish(r);

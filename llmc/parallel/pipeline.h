@@ -397,7 +397,8 @@ struct PipeTimes {
 // the last virtual stage (its head writes d_stream) once the unit has left its slot. That cannot
 // deadlock: the receiver of a gradient waits only for transfers posted earlier in this stage's list
 // and, before its own backward, for its own gradient sends, a chain that ends at virtual stage 0,
-// which sends none. A B whose W follows it with no computation in between is run as one backward
+// which sends none. (The NCCL build runs each group as one request instead: COMM_SENDS_IN_FLIGHT.)
+// A B whose W follows it with no computation in between is run as one backward
 // with the weight gradients (no stash). measure: time every action (on the GPU this waits for the
 // device after each one); a transfer's event spans its wait.
 inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const CommGroup& pp, const PipeModel& model,
@@ -454,6 +455,12 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
         to_release.clear();
     };
     auto flush = [&] {
+        if (!COMM_SENDS_IN_FLIGHT) {  // (NCCL) the group as one request, complete before the next computation
+            recvs.insert(recvs.begin(), sends.begin(), sends.end());
+            recv_actions.insert(recv_actions.begin(), send_actions.begin(), send_actions.end());
+            sends.clear();
+            send_actions.clear();
+        }
         for (size_t k = 0; k < sends.size(); k++) in_flight.push_back({p2p_start(pp, {sends[k]}), send_actions[k]});
         sends.clear();
         send_actions.clear();
