@@ -112,16 +112,27 @@ static void offload_start(GPT& m, int s) {
         offload_download_early<OffloadCopies>(m.update_pieces, m.early_pieces[s], m.grad_acc, m.grad_staging);
 }
 // Stages 0-1: local segment s's once-per-step reduction over its group (reduce_scatter_sum: the
-// owners' slices hold the sums in rank order), started where its gradient is final. The offload's
-// early download follows it.
+// owners' slices hold the sums in rank order), started where its gradient is final. It stays in
+// flight behind the next segment's backward, one at a time (the receive buffer holds one
+// segment): the next start, or zero_reduce_finish before the norm, completes it, and the offload's
+// early download follows.
+static void zero_reduce_complete(GPT& m) {
+    const int s = m.reducing;
+    if (s < 0) return;
+    const ZeroLayout& z = m.zero;
+    reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), m.reduce_req, seg_group(z, s),
+                              m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), m.comm_scratch);
+    m.reducing = -1;
+    offload_start(m, s);
+}
 static void zero_reduce_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
     if (m.reduced[s]) return;
     m.reduced[s] = 1;
-    float* acc = m.grad_acc + z.segs[s].padded_offset;
-    reduce_scatter_sum_start(seg_group(z, s), acc, z.shard_len(s), m.comm_scratch);
-    reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), seg_group(z, s), acc, z.shard_len(s), m.comm_scratch);
-    offload_start(m, s);
+    zero_reduce_complete(m);
+    m.reduce_req = reduce_scatter_sum_start(seg_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
+                                            m.comm_scratch);
+    m.reducing = s;
 }
 static void grads_ready(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
@@ -151,6 +162,7 @@ static void head_grads_ready(GPT& m) {
 static void zero_reduce_finish(GPT& m) {
     if (!m.zero.grads_in_acc()) return;
     for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_reduce_start(m, s);
+    zero_reduce_complete(m);
 }
 // Before the norm, ZeRO stage 0: completes the all-reduce of the gradients (every rank all-gathers
 // the reduced slices of the others; stage 1 updates only its slice). After the update, stages 1-2: all-gathers the updated params.
@@ -509,8 +521,8 @@ static void tied_embedding_sum(GPT& m) {
     float* own = m.head_acc;  // this rank's slice of the head's step gradient
     if (pp.has_head() && m.head.grads_in_acc()) {  // stages 0-1: the step's local sums, reduced over dp once
         const CommGroup& dp = comm_world().dp;
-        reduce_scatter_sum_start(dp, m.head_acc, n, m.comm_scratch);
-        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), dp, m.head_acc, n, m.comm_scratch);
+        CommRequest r = reduce_scatter_sum_start(dp, m.head_acc, n, m.comm_scratch);
+        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), r, dp, m.head_acc, n, m.comm_scratch);
         own = m.head_acc + m.head.own_begin(0);
     }
     if (pp.P > 1 && pp.has_head()) p2p_group(comm_world().pp, {{true, own, n * sizeof(float), 0, TIED_EMBEDDING_TAG}});

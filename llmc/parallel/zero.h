@@ -194,14 +194,17 @@ inline void reduce_scatter_add(const Add& add, const CommGroup& g, float* acc_ow
 // Stages 0-1, once per step and segment: acc[rank * chunk, + chunk) = the sum over ranks r, in rank
 // order, of rank r's acc[rank * chunk, + chunk) (acc: the rank's whole segment, g.size * chunk
 // elements, summed in place over its micro-batches). In two halves so that the sends can run behind
-// the backward: reduce_scatter_sum_start queues the all-to-all into scratch (g.size * chunk), _finish
-// adds the received slices into the zeroed own slice. zero(p, n): p[0, n) = 0.
-inline void reduce_scatter_sum_start(const CommGroup& g, const float* acc, size_t chunk, float* scratch) {
-    if (g.size > 1) all_to_all(g, acc, scratch, chunk * sizeof(float));
+// the backward: reduce_scatter_sum_start starts the all-to-all into scratch (g.size * chunk; acc
+// and scratch stay untouched until the finish), _finish completes it and adds the received slices
+// into the zeroed own slice. zero(p, n): p[0, n) = 0.
+inline CommRequest reduce_scatter_sum_start(const CommGroup& g, const float* acc, size_t chunk, float* scratch) {
+    if (g.size == 1) return CommRequest();
+    return all_to_all_start(g, acc, scratch, chunk * sizeof(float));
 }
 template <typename Add, typename Zero>
-inline void reduce_scatter_sum_finish(const Add& add, const Zero& zero, const CommGroup& g, float* acc, size_t chunk,
-                                      const float* scratch) {
+inline void reduce_scatter_sum_finish(const Add& add, const Zero& zero, CommRequest& req, const CommGroup& g, float* acc,
+                                      size_t chunk, const float* scratch) {
+    comm_finish(req);
     if (g.size == 1) return;
     float* own = acc + (size_t)g.rank * chunk;
     zero(own, chunk);
