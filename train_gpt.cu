@@ -113,6 +113,11 @@ struct MicroBatch {
     const int *inputs = nullptr, *targets = nullptr, *doc_start = nullptr;
 };
 
+// Where a forward without targets hands its logits, one token chunk at a time (the lm head keeps
+// only a chunk): tokens [t0, t0 + n) of the micro-batch, logits [n, the rank's vocabulary slice]
+// in the buffer the ops run in, valid until the call returns.
+using LogitsSink = std::function<void(int t0, int n, const floatX* logits)>;
+
 // The model on one rank. Its fields in four groups: the model (config, table, pointers into the
 // flat buffers), the layout (this rank's slice, pipeline stage, ZeRO shards: llmc/gpt/layout.h
 // decides them, gpt_allocate records them), the buffers (all taken once by gpt_allocate,
@@ -147,6 +152,7 @@ struct GPT {
     int recompute = 0;                           // -r: activation recomputation level (acts_for)
     int offload = OFFLOAD_NONE;  // --offload optimizer: master, adam m/v in host arenas (llmc/parallel/offload.h)
     int max_B = 0, max_T = 0;    // the micro-batch the activations are allocated for
+    int logits_chunk = 1;        // tokens per lm-head chunk (logits_chunk_tokens; m.logits holds one chunk)
     // planning only: the data-, tensor- and expert-parallel ranks to plan for (rank 0's share), and
     // the element size of params, leaf grads and activations (2 plans the GPU build's bf16)
     int plan_dp = 0, plan_tp = 0, plan_ep = 0;
@@ -176,7 +182,8 @@ struct GPT {
     std::vector<std::vector<ChunkStash>> stashes;  // [chunk][k]: zero-bubble B -> W stash
     LayerGrads layer_douts{};  // one layer's output gradients, when its weight gradients follow at once
     LayerActs recomp{};        // -r 1 / 2: one layer's activations that the slots do not keep
-    floatX *lnf = nullptr, *logits = nullptr;  // the last stage's head (one micro-batch at a time)
+    floatX* lnf = nullptr;     // the last stage's head: the final LN's output of one micro-batch,
+    floatX* logits = nullptr;  // the logits (then dlogits) of one token chunk [logits_chunk, vocab slice]
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
     // backward scratch, reused by every layer
     floatX *d_ln = nullptr, *d_atty = nullptr, *d_fch_act = nullptr, *scratch = nullptr;
@@ -193,7 +200,7 @@ struct GPT {
     floatX* tp_full = nullptr;      // [B*T, C] --sp: a gathered stream gradient; MoE: the combined output
     float* tp_ln_grads = nullptr;   // [2C] a LayerNorm's weight and bias gradients (fp32)
     floatX* ln_full[2] = {};        // [B*T, C] --sp: a block's LN1 and LN2 outputs, gathered (ln_gathered)
-    float *ce_max = nullptr, *ce_sum = nullptr, *ce_target = nullptr;  // [B*T] vocab-parallel softmax
+    float *ce_max = nullptr, *ce_sum = nullptr, *ce_target = nullptr;  // [logits_chunk] vocab-parallel softmax
     void* op_scratch = nullptr;     // the CUDA ops' scratch and the cuBLASLt workspace (MEM_SCRATCH)
     size_t op_scratch_bytes = 0;
     std::vector<float> host_losses;
@@ -209,6 +216,7 @@ struct GPT {
     float dloss_scale = 0.0f;
     std::vector<double> mb_loss;
     std::vector<const ChunkSlot*> last_forward;
+    LogitsSink logits_sink;  // a forward without targets: where each token chunk's logits go
     std::vector<int> ready_count;
     std::vector<char> reduced;
     int reduce_at = 0;
@@ -225,46 +233,53 @@ static void bind_op_scratch(const GPT& m) {
 
 // ---- forward and backward of one chunk (a pipeline stage's contiguous blocks) ----
 
-// The lm head of the last virtual stage, on the final LayerNorm's output: logits; with targets the
-// per-token losses (returns the mean over targets != -1); with a loss scale also its backward at
-// once, so that logits never wait for a later backward: dlogits -> the head's weight gradient
-// (folded into head_acc) and the gradient at the final LayerNorm's output -> through the final
-// LayerNorm (its weight gradients folded too) into the slot's d_stream.
+// The lm head of the last virtual stage, on the final LayerNorm's output, over token chunks of
+// m.logits_chunk tokens (the logits buffer holds one chunk, never the micro-batch; the same chunks
+// in every layout). Per chunk: its logits; with targets the per-token losses; with a loss scale its
+// backward at once, in place, so no logits wait for a later backward: dlogits -> the chunk's part
+// of the head's weight gradient (folded into head_leaf in chunk order) and of the gradient at the
+// final LayerNorm's output. Without targets each chunk's logits go to m.logits_sink. Then once:
+// head_leaf into head_acc, and the final LayerNorm's backward (its weight gradients folded too)
+// into the slot's d_stream. Returns the mean loss over targets != -1.
 static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
     const GPTConfig& c = m.config;
-    const LocalShape& ls = m.ls;
-    const int BT = m.B * m.T, C = c.n_embd, Vl = ls.vocab, rows = stream_rows(m);
-    const int n_real = std::max(0, std::min(Vl, c.vocab_size - ls.vocab0));  // this rank's real vocabulary columns
+    const int BT = m.B * m.T, C = c.n_embd, Vl = m.ls.vocab, rows = stream_rows(m);
     const floatX* wte = head_weights(m);
     sp_gather(m, m.lnf, C);
-    matmul_forward(m.logits, m.lnf, wte, (const floatX*)nullptr, BT, C, Vl);
+    int n_valid = 0;
+    for (int i = 0; s.host_targets && i < BT; i++) n_valid += s.host_targets[i] >= 0;
+    const float dloss = n_valid > 0 ? m.dloss_scale / n_valid : 0.0f;
+    const bool backward = s.host_targets && m.dloss_scale != 0.0f;
+    if (backward) buffer_zero(m.head_leaf, m.head.padded_total * sizeof(float));
+    for (int t0 = 0; t0 < BT; t0 += m.logits_chunk) {
+        const int n = std::min(m.logits_chunk, BT - t0);
+        const floatX* x = m.lnf + (size_t)t0 * C;
+        matmul_forward(m.logits, x, wte, (const floatX*)nullptr, n, C, Vl);
+        if (!s.host_targets) {
+            if (m.logits_sink) m.logits_sink(t0, n, m.logits);
+            continue;
+        }
+        vocab_parallel_loss(m, s.targets + t0, m.losses + t0, n, dloss);  // m.logits: dlogits now
+        if (!backward) continue;
+        matmul_backward((floatX*)nullptr, m.head_leaf, (float*)nullptr, m.logits, x, (const floatX*)nullptr, n, C, Vl);
+        vocab_parallel_dinp(m, m.d_ln + (size_t)t0 * C, m.logits, wte, n);
+    }
     float loss = 0.0f;
     if (s.host_targets) {
-        int n_valid = 0;
-        for (int i = 0; i < BT; i++) n_valid += s.host_targets[i] >= 0;
-        const float dloss = n_valid > 0 ? m.dloss_scale / n_valid : 0.0f;
-        if (!m.canonical && ls.tp == 1) fused_classifier(m.logits, m.losses, s.targets, dloss, BT, c.vocab_size, Vl);
-        else vocab_parallel_loss(m, s, dloss, n_real);  // (the GPU build on one tp rank: the fused kernel, one pass)
         copy_from_buffer(m.host_losses.data(), m.losses, BT * sizeof(float));
         double sum = 0;  // summed on the host in token order: deterministic
         for (int i = 0; i < BT; i++) sum += m.host_losses[i];
         loss = n_valid > 0 ? (float)(sum / n_valid) : 0.0f;
     }
-    if (s.host_targets && m.dloss_scale != 0.0f) {
-        // m.logits holds dlogits now: the head's weight gradient (this rank's vocabulary rows) and
-        // the gradient at the final LayerNorm's output (summed over the vocabulary chunks)
-        buffer_zero(m.head_leaf, m.head.padded_total * sizeof(float));
-        matmul_backward((floatX*)nullptr, m.head_leaf, (float*)nullptr, m.logits, m.lnf, (const floatX*)nullptr, BT, C, Vl);
+    if (backward) {
         head_grads_ready(m);
-        const size_t per = (size_t)Vl / m.split_vocab.count;
-        column_parallel_dinp(m, m.d_ln, m.logits, wte, 1, BT, C, Vl, m.split_vocab,
-                             [&](int j) { return SplitRanges{{j * per, per}}; }, ls.sp);
         const int final_ln = c.n_layer + 1;
+        const floatX* d_lnf = m.d_ln + sp_row0(m) * C;  // this rank's stream rows
         grads_needed(m, final_ln);
         buffer_zero(s.d_stream, (size_t)rows * C * sizeof(floatX));
-        layernorm_backward(s.d_stream, (float*)nullptr, (float*)nullptr, m.d_ln, x_final, m.p.lnfw, m.lnf_mean, m.lnf_rstd,
+        layernorm_backward(s.d_stream, (float*)nullptr, (float*)nullptr, d_lnf, x_final, m.p.lnfw, m.lnf_mean, m.lnf_rstd,
                            rows, C);
-        layernorm_weight_grads(m, m.g.lnfw, m.g.lnfb, m.d_ln, x_final, m.lnf_mean, m.lnf_rstd);
+        layernorm_weight_grads(m, m.g.lnfw, m.g.lnfb, d_lnf, x_final, m.lnf_mean, m.lnf_rstd);
         grads_ready(m, final_ln);
     }
     head_done(m);
@@ -607,9 +622,9 @@ static void release_slot(GPT& m, int chunk, int mb) { slot_for(m, chunk, mb).mb 
 // Forward of one micro-batch through the pipeline (every stage calls it; activations flow stage
 // to stage). With targets, returns the mean loss over targets != -1 on the last stage (0 on the
 // others); with dloss_scale != 0 the head's backward runs too and gpt_backward can follow (one
-// stage). Without targets it stops at the logits (the last stage's m.logits).
+// stage). Without targets the last stage hands the logits, token chunk by token chunk, to `sink`.
 static float gpt_forward(GPT& m, const int* inputs, const int* targets, const int* doc_start, int B, int T,
-                         float dloss_scale = 0.0f) {
+                         float dloss_scale = 0.0f, const LogitsSink& sink = LogitsSink()) {
     // a forward's buffers hold max_B x max_T tokens in any shape (the sampler's one long row); the
     // experts' capacity depends on the shape, so an MoE model keeps to max_B and max_T
     LLMC_CHECK((int64_t)B * T <= (int64_t)m.max_B * m.max_T &&
@@ -624,6 +639,7 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
     m.T = T;
     m.batches = {MicroBatch{inputs, targets, doc_start}};
     m.dloss_scale = targets ? dloss_scale : 0.0f;
+    m.logits_sink = sink;
     release_all_slots(m);
     const PipelinePlan& pp = m.pipe;
     float loss = 0.0f;
@@ -635,6 +651,17 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
         else p2p_group(comm_world().pp, {pipe_transfer(m, {PIPE_SEND_ACT, 0, c, (vs + 1) % pp.P})});
     }
     return loss;
+}
+
+// Every token's logits of a forward without targets, on the host: [B*T, the rank's vocabulary
+// slice] (for tests and tools; the lm head itself never holds them whole).
+[[maybe_unused]] static std::vector<floatX> gpt_logits(GPT& m, const int* inputs, const int* doc_start, int B, int T) {
+    const size_t Vl = m.ls.vocab;
+    std::vector<floatX> out((size_t)B * T * Vl);
+    gpt_forward(m, inputs, nullptr, doc_start, B, T, 0.0f, [&](int t0, int n, const floatX* chunk) {
+        copy_from_buffer(out.data() + t0 * Vl, chunk, n * Vl * sizeof(floatX));
+    });
+    return out;
 }
 
 // Backward of the last gpt_forward (one stage; it must have been given dloss_scale != 0): this
@@ -656,6 +683,7 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     m.T = T;
     m.batches = batches;
     m.dloss_scale = dloss_scale;
+    m.logits_sink = LogitsSink();
     m.mb_loss.assign(batches.size(), 0.0);
     release_all_slots(m);
     PipeModel pm;

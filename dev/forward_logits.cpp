@@ -31,9 +31,8 @@ int main(int argc, char** argv) {
         const CheckpointFile file(argv[1], ck);  // streamed: the parameters the model holds
         gpt_set_state(m, [&](size_t begin, size_t n, float* p, float*, float*) { file.read(0, begin, n, p); });
         std::vector<int> doc_start(T, 0);
-        gpt_forward(m, tokens.data(), nullptr, doc_start.data(), 1, T);
-        std::vector<float> logits((size_t)T * c.padded_vocab_size), out;
-        copy_from_buffer(logits.data(), m.logits, logits.size() * sizeof(float));
+        const std::vector<float> logits = gpt_logits(m, tokens.data(), doc_start.data(), 1, T);
+        std::vector<float> out;
         for (int t = 0; t < T; t++)
             out.insert(out.end(), logits.begin() + (size_t)t * c.padded_vocab_size,
                        logits.begin() + (size_t)t * c.padded_vocab_size + c.vocab_size);

@@ -99,10 +99,7 @@ struct TinyLlmc {
 std::vector<float> logits_of(GPT& m, const std::vector<int>& in, int B, int T) {
     std::vector<int> ds(in.size());
     for (int b = 0; b < B; b++) compute_doc_start(ds.data() + b * T, in.data() + b * T, T, 199);
-    gpt_forward(m, in.data(), nullptr, ds.data(), B, T);
-    std::vector<float> out((size_t)B * T * m.config.padded_vocab_size);
-    copy_from_buffer(out.data(), m.logits, out.size() * sizeof(float));
-    return out;
+    return gpt_logits(m, in.data(), ds.data(), B, T);
 }
 
 std::vector<int> some_tokens(int n, int V, uint64_t seed) {

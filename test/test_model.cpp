@@ -96,10 +96,9 @@ TEST_CASE("sampling: the context is the model's max_seq_len, not the training -t
             const int T = std::min((int)seq.size(), ctx_len);
             std::vector<int> ctx(seq.end() - T, seq.end()), ds(T);
             compute_doc_start(ds.data(), ctx.data(), T, eot);
-            gpt_forward(full, ctx.data(), nullptr, ds.data(), 1, T);
-            std::vector<float> logits(full.ls.vocab);
-            copy_from_buffer(logits.data(), full.logits + (size_t)(T - 1) * full.ls.vocab, logits.size() * sizeof(float));
-            seq.push_back((int)(std::max_element(logits.begin(), logits.begin() + c.vocab_size) - logits.begin()));
+            const std::vector<float> all = gpt_logits(full, ctx.data(), ds.data(), 1, T);
+            const auto logits = all.begin() + (size_t)(T - 1) * full.ls.vocab;  // the last position's
+            seq.push_back((int)(std::max_element(logits, logits + c.vocab_size) - logits));
         }
         return std::vector<int>(seq.begin() + prompt.size(), seq.end());
     };
@@ -791,4 +790,89 @@ TEST_CASE("multi-process: a build without MPI refuses to run as N copies; ZeRO s
                     }
                 }
             }
+}
+
+TEST_CASE("lm head token chunks: losses, logits and gradients of any chunk match the whole micro-batch's") {
+    // The classifier over token chunks (head_forward): per-token statistics, so the losses and the
+    // logits are row for row the unchunked ones (bitwise); the head's weight gradient folds the
+    // chunks' sums in chunk order and the gradient at the final LayerNorm is per token, so every
+    // gradient is the unchunked one to fp32 rounding. Chunks: 7 and 16 (not dividing B*T = 39), 1,
+    // and B*T itself (the unchunked math, also the default for this vocabulary).
+    const GPTConfig c = small_config(MLP_SWIGLU, POS_ALIBI, 4, 2);
+    const int B = 3, T = 13, BT = B * T;
+    std::vector<int> in(BT), tg(BT), ds(BT);
+    Rng rng(41);
+    for (int i = 0; i < BT; i++) {
+        in[i] = (int)(rng.next_u64() % c.vocab_size);
+        tg[i] = i % 5 == 3 ? -1 : (int)(rng.next_u64() % c.vocab_size);  // some ignored targets
+    }
+    for (int b = 0; b < B; b++) compute_doc_start(ds.data() + b * T, in.data() + b * T, T, 256);
+    struct Result {
+        float loss;
+        std::vector<float> losses, logits, grads;
+    };
+    auto run = [&](int chunk) {
+        Layout l;
+        l.logits_chunk = chunk;
+        GPT m;
+        gpt_allocate(m, c, B, T, l);
+        gpt_init_params(m, 9);
+        Result r;
+        r.logits = gpt_logits(m, in.data(), ds.data(), B, T);
+        gpt_zero_grad(m);
+        r.loss = gpt_forward(m, in.data(), tg.data(), ds.data(), B, T, 0.5f);
+        r.losses = m.host_losses;
+        gpt_backward(m);
+        r.grads = gpt_grads(m);
+        gpt_free(m);
+        return r;
+    };
+    REQUIRE(logits_chunk_tokens(c, 0) >= BT);
+    const Result whole = run(BT);
+    for (int chunk : {7, 16, 1, 0}) {
+        CAPTURE(chunk);
+        const Result got = run(chunk);
+        CHECK(got.losses == whole.losses);
+        CHECK(got.loss == whole.loss);
+        CHECK(got.logits == whole.logits);
+        double max_err = 0, max_ref = 0, err2 = 0, ref2 = 0;
+        for (size_t i = 0; i < whole.grads.size(); i++) {
+            const double e = std::fabs((double)got.grads[i] - whole.grads[i]);
+            max_err = std::max(max_err, e);
+            max_ref = std::max(max_ref, (double)std::fabs(whole.grads[i]));
+            err2 += e * e;
+            ref2 += (double)whole.grads[i] * whole.grads[i];
+        }
+        MESSAGE("chunk " << chunk << ": gradients max err / max " << max_err / max_ref << ", rel L2 " << std::sqrt(err2 / ref2));
+        CHECK(max_ref > 0);
+        CHECK(max_err <= 1e-5 * max_ref);
+        CHECK(std::sqrt(err2 / ref2) <= 1e-6);
+    }
+}
+
+TEST_CASE("lm head token chunks: GPT-2 124M at B 32 x T 1024 plans one chunk's logits, not the micro-batch's") {
+    GPTConfig c;  // -e gpt2:124M
+    c.n_layer = 12; c.n_embd = 768; c.n_head = 12; c.n_kv_head = 12; c.vocab_size = 50257; c.max_seq_len = 1024;
+    c.mlp = MLP_GELU; c.pos = POS_LEARNED;
+    c.finalize();
+    const int B = 32, T = 1024, BT = B * T, Vp = c.padded_vocab_size;
+    const int chunk = logits_chunk_tokens(c, 0);
+    CHECK(chunk == 1024);
+    CHECK((double)chunk * Vp * 2 <= LOGITS_CHUNK_BYTES);  // bf16: 98 MiB, against 3.1 GiB for the micro-batch
+    for (size_t elem : {(size_t)2, sizeof(float)}) {  // the CUDA build's plan and the CPU build's
+        CAPTURE(elem);
+        Layout l;
+        l.plan_dp = 1;
+        l.elem_bytes = elem;
+        const double chunked = gpt_memory_estimate(c, B, T, l).activations;
+        l.logits_chunk = BT;  // the whole micro-batch in one chunk: what the head held before
+        const double whole = gpt_memory_estimate(c, B, T, l).activations;
+        // exactly the logits rows and the three per-token softmax statistics of the tokens past the chunk
+        const double saved = (double)(BT - chunk) * Vp * elem + 3.0 * (BT - chunk) * sizeof(float);
+        // the CPU build's canonical vocabulary leaves also copy dlogits columns (tp_copy_a), now a chunk's
+        // rows at most, below the widest block operand (the FFN's 4C columns of all B*T tokens)
+        const bool copies = elem == sizeof(float);
+        const double copy_saved = ((double)BT * Vp - std::max((double)BT * 4 * c.n_embd, (double)chunk * Vp)) * elem;
+        CHECK(whole - chunked == saved + (copies ? copy_saved : 0.0));
+    }
 }

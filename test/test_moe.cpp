@@ -1107,6 +1107,7 @@ TEST_CASE("gpt_backward's MoE branch equals the ops composed in double on the mo
             gpt_set_state(m, p.data(), zeros.data(), zeros.data());
         }
         gpt_zero_grad(m);
+        REQUIRE(m.logits_chunk >= BT);  // one lm-head chunk: m.logits keeps the whole micro-batch's dlogits
         gpt_forward(m, batch.in.data(), batch.tgt.data(), batch.ds.data(), B, T, 1.0f);  // m.logits: dlogits
         const LayerActs& a = gpt_layer_acts(m, l);
         auto dvec = [](const float* p, size_t n) { return vector<double>(p, p + n); };

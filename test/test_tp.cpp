@@ -9,7 +9,8 @@
 //     column_parallel_dinp (qkv, fc, the experts' fc, the vocabulary), on random tensors sliced per
 //     rank, without and with scatter (sequence parallel: the rank keeps its rows of the sum);
 //   - the vocab-parallel cross-entropy of gpt_forward with targets and a loss scale, vocabulary 300
-//     padded to 384 (the last rank holds the padding rows): the loss and the per-token losses;
+//     padded to 384 (the last rank holds the padding rows): the loss and the per-token losses (the
+//     lm head in one token chunk, and in chunks of 5 tokens);
 //   - the attention block: gpt_layer_acts' qkv and atty columns of the rank's heads (LocalShape head0
 //     / kv0) vs the matching columns of the unsplit model's, every layer;
 //   - after gpt_backward: the gathered gradients (gpt_grads, table layout), and the gathered state.
@@ -283,7 +284,8 @@ bool can_split(const GPTConfig& c, int tp) {
            (c.n_expert == 0 || c.expert_hidden % tp == 0) && c.padded_vocab_size % tp == 0;
 }
 
-void model_checks(const std::string& name, const GPTConfig& c, uint64_t seed) {
+// logits_chunk: the lm head's token chunk (Layout::logits_chunk; 0 the default, here the whole micro-batch)
+void model_checks(const std::string& name, const GPTConfig& c, uint64_t seed, int logits_chunk = 0) {
     Comm& cm = comm_world();
     const int P = tp_size(), BT = B * T;
     if (!can_split(c, P)) {
@@ -309,9 +311,11 @@ void model_checks(const std::string& name, const GPTConfig& c, uint64_t seed) {
     // the unsplit model: forward with targets and a loss scale, backward, what the checks compare
     GPT ref;
     Reference want;
+    Layout ref_layout;
+    ref_layout.logits_chunk = logits_chunk;
     {
         SingleRankTp one;
-        gpt_allocate(ref, c, B, T);
+        gpt_allocate(ref, c, B, T, ref_layout);
         gpt_set_state(ref, params.data(), adam_m.data(), adam_v.data());
         gpt_zero_grad(ref);
         want.loss = gpt_forward(ref, in.data(), tg.data(), ds.data(), B, T, LOSS_SCALE);
@@ -329,6 +333,7 @@ void model_checks(const std::string& name, const GPTConfig& c, uint64_t seed) {
         const std::string tag = name + (sp ? " sp" : "");
         Layout layout;
         layout.sp = sp == 1;
+        layout.logits_chunk = logits_chunk;
         GPT m;
         gpt_allocate(m, c, B, T, layout);
         gpt_set_state(m, params.data(), adam_m.data(), adam_v.data());
@@ -372,6 +377,8 @@ int run() {
     // shares each kv head between two ranks; 6/3 splits over np 3 and shares over np 6 (canonical
     // chunks: 6, not a power of two)
     model_checks("6h/2kv swiglu alibi", make_config(48, 6, 2, 64), 11);
+    // the lm head over token chunks of 5 (not dividing B*T = 24, nor aligned with the --sp rows)
+    model_checks("6h/2kv swiglu alibi, lm-head chunks of 5", make_config(48, 6, 2, 64), 11, 5);
     model_checks("6h/2kv moe", make_config(48, 6, 2, 64, MLP_SWIGLU, POS_ALIBI, 3, 32), 12);
     model_checks("8h/4kv gelu learned-pos", make_config(64, 8, 4, 96, MLP_GELU, POS_LEARNED), 13);
     model_checks("8h/4kv moe", make_config(64, 8, 4, 96, MLP_SWIGLU, POS_ALIBI, 4, 48), 14);

@@ -24,6 +24,7 @@ struct Run {
     std::string threads_note;  // the CPU build's OpenMP threads per rank, when it chose them
     PipeKind pp_kind = PIPE_1F1B;
     int pp_virtual = 1, recompute = 0, offload = OFFLOAD_NONE;
+    int logits_chunk = 0;  // --logits_chunk (0: logits_chunk_tokens' default)
 };
 
 // The flags, checked, and the rank grid they ask for. Returns false when -h was asked for.
@@ -182,6 +183,7 @@ static void settle_config(Run& r, Checkpoint& ck, LlmcModelFile& init_file) {
     r.pp_virtual = r.args.i("pp_virtual", 1, 1024);
     r.recompute = r.args.i("recompute", 0, 2);
     r.offload = parse_offload(r.args.str("offload"));
+    r.logits_chunk = r.args.i("logits_chunk", 0);
 }
 
 // This rank's layout in the run (its pipeline stage: pipe).
@@ -192,6 +194,7 @@ static Layout layout_of(const Run& r, const PipelinePlan& pipe) {
     l.recompute = r.recompute;
     l.sp = r.sp;
     l.offload = r.offload;
+    l.logits_chunk = r.logits_chunk;
     return l;
 }
 

@@ -11,8 +11,9 @@
 //                        zero_reduce_finish and zero_complete_grads before the norm,
 //                        zero_gather_params after the update
 //   tensor parallel      row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
-//   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss,
-//   tensor_parallel.h)   tp_attention_backward (a kv head shared by several ranks)
+//   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss and
+//   tensor_parallel.h)   vocab_parallel_dinp (the lm head, per token chunk), tp_attention_backward
+//                        (a kv head shared by several ranks)
 //   sequence parallel    stream_rows / sp_row0 (the rank's rows), sp_gather, ln_gathered,
 //   (--sp)               sp_gather_from
 //   expert parallel      expert_dispatch_buffer, expert_dispatch, expert_return
@@ -447,26 +448,40 @@ static void release_all_slots(GPT& m) {
     for (auto& pool : m.stashes) for (ChunkStash& s : pool) s.mb = -1;
 }
 
-// The vocab-parallel softmax cross-entropy over the rank's logits columns (n_real of them real):
-// the max over every rank's columns, the sum of exponentials over canonical vocabulary chunks, the
-// target's logit from the rank that holds it; then the losses (every rank the same) and, with a
-// loss scale, the rank's dlogits in place.
-static void vocab_parallel_loss(GPT& m, const ChunkSlot& s, float dloss, int n_real) {
+// The vocab-parallel softmax cross-entropy of one token chunk: n rows of m.logits (the rank's
+// vocabulary columns), their targets and losses. The max over every rank's columns, the sum of
+// exponentials over canonical vocabulary chunks, the target's logit from the rank that holds it;
+// then the losses (every rank the same) and, with a loss scale, the rank's dlogits in place. Every
+// statistic is per token, so the chunk's rows get the bits the whole micro-batch's would. The GPU
+// build on one tp rank: the fused kernel, one pass.
+static void vocab_parallel_loss(GPT& m, const int* targets, float* losses, int n, float dloss) {
     const LocalShape& ls = m.ls;
-    const int BT = m.B * m.T, Vl = ls.vocab;
+    const int Vl = ls.vocab, n_real = std::max(0, std::min(Vl, m.config.vocab_size - ls.vocab0));  // real columns
+    if (!m.canonical && ls.tp == 1) {
+        fused_classifier(m.logits, losses, targets, dloss, n, m.config.vocab_size, Vl);
+        return;
+    }
     const ChunkSplit one = rank_leaf(tp_group());
-    tp_sum(tp_group(), one, m.tpf, m.ce_max, BT, true,
-           [&](int, float* dst) { classifier_max(dst, m.logits, BT, Vl, n_real); }, tp_max_f, tp_copy_f);
+    tp_sum(tp_group(), one, m.tpf, m.ce_max, n, true,
+           [&](int, float* dst) { classifier_max(dst, m.logits, n, Vl, n_real); }, tp_max_f, tp_copy_f);
     const ChunkSplit& split = m.split_vocab;
     const int per = Vl / split.count;
-    tp_sum(tp_group(), split, m.tpf, m.ce_sum, BT, true, [&](int g, float* dst) {
+    tp_sum(tp_group(), split, m.tpf, m.ce_sum, n, true, [&](int g, float* dst) {
         const int c0 = (g - split.first) * per;
-        classifier_sumexp(dst, m.logits, m.ce_max, BT, Vl, std::min(c0, n_real), std::min(c0 + per, n_real));
+        classifier_sumexp(dst, m.logits, m.ce_max, n, Vl, std::min(c0, n_real), std::min(c0 + per, n_real));
     }, tp_add_f, tp_copy_f);
-    tp_sum(tp_group(), one, m.tpf, m.ce_target, BT, true,
-           [&](int, float* dst) { classifier_target(dst, m.logits, s.targets, BT, Vl, ls.vocab0, n_real); }, tp_add_f,
+    tp_sum(tp_group(), one, m.tpf, m.ce_target, n, true,
+           [&](int, float* dst) { classifier_target(dst, m.logits, targets, n, Vl, ls.vocab0, n_real); }, tp_add_f,
            tp_copy_f);
-    classifier_backward(m.logits, m.losses, m.ce_max, m.ce_sum, m.ce_target, s.targets, dloss, BT, Vl, ls.vocab0, n_real);
+    classifier_backward(m.logits, losses, m.ce_max, m.ce_sum, m.ce_target, targets, dloss, n, Vl, ls.vocab0, n_real);
+}
+// The gradient at the final LayerNorm's output of one token chunk: dx [n, C] = dlogits [n, Vl] W
+// summed over the vocabulary's canonical chunks (every rank gets the chunk's rows: with --sp a
+// chunk's rows need not be the rank's, which take theirs from the whole micro-batch's afterwards).
+static void vocab_parallel_dinp(GPT& m, floatX* dx, const floatX* dlogits, const floatX* W, int n) {
+    const size_t per = (size_t)m.ls.vocab / m.split_vocab.count;
+    column_parallel_dinp(m, dx, dlogits, W, 1, n, m.config.n_embd, m.ls.vocab, m.split_vocab,
+                         [&](int j) { return SplitRanges{{j * per, per}}; }, false);
 }
 
 // Expert parallelism (--ep): an MoE layer's rows [E, cap, C] in expert order, the tokens this rank

@@ -344,4 +344,22 @@ struct Layout {
     int offload = OFFLOAD_NONE;
     int plan_dp = 0, plan_tp = 0, plan_ep = 0;  // planning: 0 the started ranks' groups
     size_t elem_bytes = sizeof(floatX);         // planning: of params, leaf grads, activations
+    int logits_chunk = 0;  // --logits_chunk: tokens per lm-head chunk (0: logits_chunk_tokens' default)
 };
+
+// The lm head's token chunk: the classifier (logits, loss, dlogits, the head's backward) runs over a
+// micro-batch's tokens in chunks of this many (train_gpt.cu head_forward), so the logits buffer holds
+// one chunk's rows, never the micro-batch's. requested > 0: that many; 0: the largest power of two
+// whose bf16 logits over the padded vocabulary fit LOGITS_CHUNK_BYTES (GPT-2's 50304: 1024 tokens,
+// 98 MiB). It depends on the model alone, not on the layout (tp, sp, dp, pp) nor the build, so every
+// layout cuts the same chunks and folds them into the head's gradient in the same order.
+constexpr double LOGITS_CHUNK_BYTES = 128.0 * 1048576.0;
+static int logits_chunk_tokens(const GPTConfig& c, int requested) {
+    LLMC_CHECK(requested >= 0, "--logits_chunk: expected tokens >= 0 (0: the default), got %d", requested);
+    if (requested > 0) return requested;
+    int n = 1;
+    while (n < (1 << 30) && 2.0 * n * c.padded_vocab_size * 2 <= LOGITS_CHUNK_BYTES) n *= 2;
+    return n;
+}
+// the rows the logits buffer holds for micro-batches of up to BT tokens
+static size_t logits_rows(int chunk, size_t BT) { return std::min((size_t)chunk, BT); }

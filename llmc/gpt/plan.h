@@ -121,6 +121,7 @@ static void gpt_lay_out(GPT& m, const GPTConfig& config, int B, int T, const Lay
                               : chunk_split((long)B * T, G_tok, 1, 0, canonical);
     m.config = config;
     m.recompute = recompute;
+    m.logits_chunk = logits_chunk_tokens(config, layout.logits_chunk);
     m.pipe = layout.pipe.first_layer.empty() ? single_stage_plan(config) : layout.pipe;
     const PipelinePlan& pp = m.pipe;
     m.table = build_param_table(config);
@@ -286,11 +287,12 @@ static void alloc_activations(GPT& m, int B, int T) {
         m.lnf = take_act(m, BT * C);
         m.lnf_mean = take_stats(m, rows);
         m.lnf_rstd = take_stats(m, rows);
-        m.logits = take_act(m, BT * ls.vocab);
+        const size_t chunk = logits_rows(m.logits_chunk, BT);  // the lm head's token chunk, not B*T
+        m.logits = take_act(m, chunk * ls.vocab);
         m.losses = take_stats(m, BT);
-        m.ce_max = take_stats(m, BT);
-        m.ce_sum = take_stats(m, BT);
-        m.ce_target = take_stats(m, BT);
+        m.ce_max = take_stats(m, chunk);
+        m.ce_sum = take_stats(m, chunk);
+        m.ce_target = take_stats(m, chunk);
         m.d_ln = take_act(m, BT * C);
         m.host_losses.resize(BT);
     }
@@ -339,9 +341,9 @@ static void alloc_tp_scratch(GPT& m, int B, int T) {
     }
     const int kv_share = ls.tp > config.n_kv_head ? ls.tp / config.n_kv_head : 1;
     if (max_leaves > 1 || kv_share > 1) {  // (a shared kv head: only its owner's qkv leaf has its rows)
-        const size_t wide = std::max({(size_t)ls.qkv(), (size_t)ls.fc(config.mlp), (size_t)ls.vocab});
-        m.tp_copy_a = take_act(m, std::max(BT * wide, expert_rows * 2 * He));
-        m.tp_copy_b = take_act(m, std::max(C * wide, E * 2 * He * C));
+        const size_t wide = std::max((size_t)ls.qkv(), (size_t)ls.fc(config.mlp));  // the lm head's rows: a chunk
+        m.tp_copy_a = take_act(m, std::max({BT * wide, logits_rows(m.logits_chunk, BT) * ls.vocab, expert_rows * 2 * He}));
+        m.tp_copy_b = take_act(m, std::max({C * wide, C * ls.vocab, E * 2 * He * C}));
     }
     if (kv_share > 1) {
         const size_t qw = (size_t)ls.n_head * ls.hs, gw = qw * kv_share;

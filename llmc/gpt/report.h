@@ -57,6 +57,14 @@ static void print_memory_plan(const PlanInputs& in) {
     row("master weights (fp32)", &MemoryEstimate::master);
     row("adam moments (fp32)", &MemoryEstimate::moments);
     row("activations", &MemoryEstimate::activations);
+    if (L.pipe.has_head()) {  // the lm head's share of them: one token chunk's logits (llmc/gpt/layout.h)
+        const int tp = std::max(1, L.plan_tp);
+        const size_t BT = (size_t)in.B * in.T, rows = logits_rows(logits_chunk_tokens(in.config, L.logits_chunk), BT);
+        const double cols = (double)in.config.padded_vocab_size / tp, MiB = 1048576.0;
+        printf("  %-34s %10.2f MiB: %zu of the micro-batch's %zu tokens x %.0f vocabulary columns (whole: %.2f MiB)\n",
+               "  of which logits, one lm-head chunk", rows * cols * L.elem_bytes / MiB, rows, BT, cols,
+               BT * cols * L.elem_bytes / MiB);
+    }
     row("batch", &MemoryEstimate::batch);
     row("op scratch + cuBLASLt workspace", &MemoryEstimate::scratch);
     row("total", nullptr);
@@ -213,7 +221,8 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
 // count, from the model's structure): per micro-batch and block, Megatron's four all-reduces of
 // B*T*C (attention and FFN outputs forward, their inputs' gradients backward) at 2 (tp-1)/tp of the
 // bytes each, or with --sp the same bytes as four all-gathers and four reduce-scatters; MoE layers
-// reduce the experts' rows instead of the FFN's tokens; recomputed forwards (-r) repeat theirs.
+// reduce the experts' rows instead of the FFN's tokens; recomputed forwards (-r) repeat theirs; the
+// lm head reduces per token chunk.
 static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OPS]) {
     const LocalShape& ls = m.ls;
     if (ls.tp == 1) return;
@@ -274,8 +283,13 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
         if (pp.first_vs(ch)) { reduce(S, 1); gather(S); }  // the embedding; its backward gathers the stream (--sp)
         if (pp.last_vs(ch)) {
             gather(S);  // the final LN's output
-            for (double nodes : {1.0, n_vocab, 1.0}) all_reduce(4.0 * BT, BT, nodes);  // softmax max, sum, target logit
-            reduce(S, n_vocab);  // the gradient at the final LN
+            // per lm-head token chunk: the softmax's max, sum and target logit, and the chunk's gradient
+            // at the final LN (an all-reduce also with --sp: a chunk's rows need not be the rank's)
+            for (double t0 = 0; t0 < BT; t0 += m.logits_chunk) {
+                const double n = std::min((double)m.logits_chunk, BT - t0);
+                for (double nodes : {1.0, n_vocab, 1.0}) all_reduce(4.0 * n, n, nodes);
+                all_reduce(n * c.n_embd * fx, n * c.n_embd, n_vocab);
+            }
             ln_grads();
         }
         a2a = a2a0 + (a2a - a2a0) * grad_accum;  // per micro-batch, times the step's micro-batches

@@ -36,10 +36,15 @@ static std::vector<int> gpt_sample(GPT& m, const std::vector<int>& prompt, int n
             std::copy(seqs[r].end() - n_ctx, seqs[r].end(), ctx.begin() + (size_t)r * T + (T - n_ctx));
             compute_doc_start(ctx_start.data() + (size_t)r * T, ctx.data() + (size_t)r * T, T, eot);
         }
-        gpt_forward(m, ctx.data(), nullptr, ctx_start.data(), rows, T);
-        if (pp.has_head()) {  // the last position's logits: this rank's vocabulary columns, then all of them
-            for (int r = 0; r < rows; r++)
-                copy_from_buffer(mine.data() + (size_t)r * Vl, m.logits + ((size_t)r * T + T - 1) * Vl, Vl * sizeof(floatX));
+        // each row's last position's logits, from the head's token chunks: this rank's vocabulary columns
+        gpt_forward(m, ctx.data(), nullptr, ctx_start.data(), rows, T, 0.0f, [&](int t0, int n, const floatX* chunk) {
+            for (int r = 0; r < rows; r++) {
+                const int last = r * T + T - 1;
+                if (last >= t0 && last < t0 + n)
+                    copy_from_buffer(mine.data() + (size_t)r * Vl, chunk + (size_t)(last - t0) * Vl, Vl * sizeof(floatX));
+            }
+        });
+        if (pp.has_head()) {  // then all the columns
             host_all_gather(comm_world().tp, mine.data(), slices.data(), mine.size() * sizeof(floatX));
             for (int r = 0; r < rows; r++)
                 for (int v = 0; v < V; v++) logits[(size_t)r * V + v] = slices[((size_t)(v / Vl) * rows + r) * Vl + v % Vl];

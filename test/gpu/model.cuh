@@ -172,6 +172,27 @@ inline int check_model_routing(const ref::GPT& r, const gpu::GPT& g, int max_fli
 
 }  // namespace gpu_test
 
+namespace gpu_test {
+// every gradient tensor of the two builds' last backward (the wte padding rows: zero in both)
+inline void check_model_grads(const ref::GPT& r, const gpu::GPT& g) {
+    const ref::GPTConfig& rc = r.config;
+    for (size_t t = 0; t < r.table.size(); t++) {
+        REQUIRE(g.table[t].name == r.table[t].name);
+        std::vector<float> want = ref_grad(r, r.table[t]), got = gpu_grad(g, g.table[t]);
+        if (r.table[t].name == "wte") {
+            // padded rows: no token uses them, zero gradient in both builds
+            bool pad_zero = true;
+            for (size_t i = (size_t)rc.vocab_size * rc.n_embd; i < got.size(); i++)
+                pad_zero &= got[i] == 0.0f && want[i] == 0.0f;
+            CHECK_MESSAGE(pad_zero, "gradient of the wte padding rows is not zero");
+            want.resize((size_t)rc.vocab_size * rc.n_embd);
+            got.resize(want.size());
+        }
+        check_bf16("grad " + r.table[t].name, got, want, BF16_TOL, MODEL_MAX_TOL);
+    }
+}
+}  // namespace gpu_test
+
 TEST_CASE("model: one training step of the CUDA build matches the CPU build (hs 16/64/128, GELU, MoE, accumulation)") {
     using namespace gpu_test;
     for (const ModelCase& mc : model_cases()) {
@@ -229,24 +250,60 @@ TEST_CASE("model: one training step of the CUDA build matches the CPU build (hs 
                 ref::gpt_backward(r);
                 gpu::gpt_backward(g);
             }
-            for (size_t t = 0; t < r.table.size(); t++) {
-                REQUIRE(g.table[t].name == r.table[t].name);
-                std::vector<float> want = ref_grad(r, r.table[t]), got = gpu_grad(g, g.table[t]);
-                if (r.table[t].name == "wte") {
-                    // padded rows: no token uses them, zero gradient in both builds
-                    bool pad_zero = true;
-                    for (size_t i = (size_t)rc.vocab_size * rc.n_embd; i < got.size(); i++)
-                        pad_zero &= got[i] == 0.0f && want[i] == 0.0f;
-                    CHECK_MESSAGE(pad_zero, "gradient of the wte padding rows is not zero");
-                    want.resize((size_t)rc.vocab_size * rc.n_embd);
-                    got.resize(want.size());
-                }
-                check_bf16("grad " + r.table[t].name, got, want, BF16_TOL, MODEL_MAX_TOL);
-            }
+            check_model_grads(r, g);
         }
         ref::gpt_free(r);
         gpu::gpt_free(g);
     }
+}
+
+// The lm head over token chunks on the GPU (head_forward: per chunk of 7 tokens, which does not
+// divide B*T, the logits matmul, the fused classifier in place and the two backward matmuls, the
+// head's weight gradient accumulated over the chunks): the logits of a forward without targets
+// (every chunk's, through the sink), the loss and one backward's gradients, against the CPU build
+// in one chunk, to the one-step test's tolerances. The GPU logits are poisoned first.
+TEST_CASE("model: the lm head over token chunks of 7 on the GPU matches the CPU build's whole micro-batch") {
+    using namespace gpu_test;
+    const ref::GPTConfig rc = model_test_config();
+    const int B = 2, T = 50, BT = B * T, Vp = rc.padded_vocab_size;
+    ref::GPT r;
+    ref::gpt_allocate(r, rc, B, T);
+    REQUIRE(r.logits_chunk >= BT);
+    ref::gpt_init_params(r, 13);
+    std::vector<float> p(r.n_params), zeros(r.n_params, 0.0f);
+    ref::gpt_get_state(r, p.data(), nullptr, nullptr);
+    p = bf16_round(p);
+    ref::gpt_set_state(r, p.data(), zeros.data(), zeros.data());
+    gpu::Layout layout;
+    layout.logits_chunk = 7;
+    gpu::GPT g;
+    gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T, layout);
+    REQUIRE(g.logits_chunk == 7);
+    gpu::gpt_set_state(g, p.data(), zeros.data(), zeros.data());
+    std::vector<int> in, tgt, ds;
+    model_test_batch(B, T, 21, in, tgt, ds);
+    tgt[9] = -1;  // an ignored target
+
+    const std::vector<float> want_logits = ref::gpt_logits(r, in.data(), ds.data(), B, T);
+    const std::vector<floatX> poison((size_t)7 * Vp, __float2bfloat16(NAN));  // the chunk buffer
+    gpu::copy_to_buffer(g.logits, poison.data(), poison.size() * sizeof(floatX));
+    const std::vector<floatX> got_bf16 = gpu::gpt_logits(g, in.data(), ds.data(), B, T);
+    REQUIRE(got_bf16.size() == (size_t)BT * Vp);
+    std::vector<float> got_logits(got_bf16.size());
+    for (size_t i = 0; i < got_bf16.size(); i++) got_logits[i] = __bfloat162float(got_bf16[i]);
+    check_bf16("logits, chunks of 7", got_logits, want_logits, BF16_TOL, MODEL_MAX_TOL);
+
+    ref::gpt_zero_grad(r);
+    gpu::gpt_zero_grad(g);
+    const float loss_ref = ref::gpt_forward(r, in.data(), tgt.data(), ds.data(), B, T, 1.0f);
+    const float loss_gpu = gpu::gpt_forward(g, in.data(), tgt.data(), ds.data(), B, T, 1.0f);
+    INFO("loss cpu " << loss_ref << " gpu " << loss_gpu);
+    CHECK(std::fabs(loss_gpu - loss_ref) <= 1e-2 * std::fabs(loss_ref));
+    ref::gpt_backward(r);
+    gpu::gpt_backward(g);
+    check_model_grads(r, g);
+    ref::gpt_free(r);
+    gpu::gpt_free(g);
 }
 
 TEST_CASE("model: init leaves the wte padding rows at zero in both builds") {
