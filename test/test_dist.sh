@@ -22,7 +22,7 @@
 #   5. pipeline schedules x ZeRO x recompute, reshards across pp, the trace, bad pipeline layouts
 #   6. llm.c model files: export and import under np 2 -z 3, np 4 -z 1 and pp 2 = one process's bytes
 #   7. tensor parallel (+ sequence parallel) in the full dp x tp x pp grid, reshards across tp,
-#      bad tensor-parallel layouts
+#      bad tensor-parallel layouts; the lm head over token chunks (--logits_chunk) in dp, tp + sp, pp
 #   8. --offload optimizer: np 2 -z 1/3 (dense, MoE), pp 2 and a resume that turns it on, bitwise
 #   9. tensor parallelism op by op (test/test_tp) under np 2, 3, 4 and 6: row- and column-parallel
 #      linears, vocab-parallel loss, attention activations and gradients vs the unsplit model
@@ -351,6 +351,17 @@ for case in "3 3 1" "6 6 1 --sp" "6 3 1 -z 1 --sp" "6 3 2 -r 2"; do
         else same_run "$W/tp6.ref$dp" "$out" 8 "tp $tp x pp $pp x dp $dp $* (6 heads) vs one process"; fi
         comm_theory "$out" "tp $tp pp $pp $* (6 heads)"
     else fail "6 heads: np $np tp $tp pp $pp $*: rc $?"; tail -5 "$out.log"; fi
+done
+# the lm head over token chunks of 13 (B*T = 32 tokens: not a divisor, nor aligned with --sp's rows):
+# every layout cuts the same chunks and folds them in the same order: bitwise one process
+run 1 "$W/chunk.ref" $TPA -d $((B * T * 2 * 2)) -x 4 --logits_chunk 13 || fail "lm-head chunks: reference"
+for case in "2 1 1 -z 2" "4 2 1 -z 1 --sp" "4 1 2 -z 3 --pp_schedule zb1"; do
+    set -- $case; np=$1 tp=$2 pp=$3; shift 3
+    out=$W/chunk.np$np.tp$tp.pp$pp.$(echo "$*" | tr -d ' -')
+    if run $np "$out" $TPA -d $((B * T * 2 * 2)) -x 4 --logits_chunk 13 --tp $tp --pp $pp "$@"; then
+        same_run "$W/chunk.ref" "$out" 4 "lm-head chunks of 13: tp $tp x pp $pp x dp 2 $* vs one process"
+        comm_theory "$out" "lm-head chunks of 13: tp $tp pp $pp $*"
+    else fail "lm-head chunks of 13: np $np tp $tp pp $pp $*: rc $?"; tail -5 "$out.log"; fi
 done
 echo "test_dist: tensor-parallel matrix done in $(( $(date +%s) - t0 )) s"
 # reshard resumes across tp: 2 -> 1 and 1 -> 4 continue bitwise the uninterrupted run

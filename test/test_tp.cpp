@@ -205,7 +205,9 @@ void op_checks(const std::string& tag, GPT& m, GPT& ref, bool scatter, Rand& rng
     check_column_parallel(tag + " column_parallel_dinp mlp.fc" + sc, m, ref, &GPT::split_ffn, 1, BT, C, c.fc_channels(),
                           hidden_units(c, s, false, true), [](const GPT& g, int j) { return fc_leaf_rows(g, j, false); },
                           scatter, rng);
-    check_column_parallel(tag + " column_parallel_dinp lm head (vocab)" + sc, m, ref, &GPT::split_vocab, 1, BT, C,
+    // the lm head's dx: one token chunk's rows (the buffers hold a chunk)
+    check_column_parallel(tag + " column_parallel_dinp lm head (vocab)" + sc, m, ref, &GPT::split_vocab, 1,
+                          std::min(BT, m.logits_chunk), C,
                           c.padded_vocab_size, vocab_rows(s), [](const GPT& g, int j) {
                               const size_t per = (size_t)g.ls.vocab / g.split_vocab.count;
                               return Ranges{{j * per, per}};

@@ -62,7 +62,7 @@ static void print_memory_plan(const PlanInputs& in) {
         const size_t BT = (size_t)in.B * in.T, rows = logits_rows(logits_chunk_tokens(in.config, L.logits_chunk), BT);
         const double cols = (double)in.config.padded_vocab_size / tp, MiB = 1048576.0;
         printf("  %-34s %10.2f MiB: %zu of the micro-batch's %zu tokens x %.0f vocabulary columns (whole: %.2f MiB)\n",
-               "  of which logits, one lm-head chunk", rows * cols * L.elem_bytes / MiB, rows, BT, cols,
+               "  of which logits (lm-head chunk)", rows * cols * L.elem_bytes / MiB, rows, BT, cols,
                BT * cols * L.elem_bytes / MiB);
     }
     row("batch", &MemoryEstimate::batch);
