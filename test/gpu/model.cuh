@@ -333,9 +333,10 @@ TEST_CASE("model: init leaves the wte padding rows at zero in both builds") {
 }
 
 namespace gpu_test {
-// n AdamW steps on batches model_test_batch(seed = step); returns the per-step losses
-template <typename M, typename Opt>
-std::vector<float> train_steps(M& m, float (*forward)(M&, const int*, const int*, const int*, int, int, float),
+// n AdamW steps on batches model_test_batch(seed = step); returns the per-step losses (Sink: the
+// build's LogitsSink, unused with targets)
+template <typename M, typename Opt, typename Sink>
+std::vector<float> train_steps(M& m, float (*forward)(M&, const int*, const int*, const int*, int, int, float, const Sink&),
                                void (*backward)(M&), void (*zero)(M&), float (*update)(M&, const Opt&, float, int),
                                int B, int T, int steps) {
     std::vector<float> losses;
@@ -344,7 +345,7 @@ std::vector<float> train_steps(M& m, float (*forward)(M&, const int*, const int*
     for (int s = 0; s < steps; s++) {
         zero(m);
         model_test_batch(B, T, 100 + s, in, tgt, ds);
-        losses.push_back(forward(m, in.data(), tgt.data(), ds.data(), B, T, 1.0f));
+        losses.push_back(forward(m, in.data(), tgt.data(), ds.data(), B, T, 1.0f, Sink()));
         backward(m);
         update(m, opt, 3e-3f * std::min(1.0f, (s + 1) / 5.0f), s);
     }
