@@ -355,7 +355,7 @@ done
 # the lm head over token chunks of 13 (B*T = 32 tokens: not a divisor, nor aligned with --sp's rows):
 # every layout cuts the same chunks and folds them in the same order: bitwise one process
 run 1 "$W/chunk.ref" $TPA -d $((B * T * 2 * 2)) -x 4 --logits_chunk 13 || fail "lm-head chunks: reference"
-for case in "2 1 1 -z 2" "4 2 1 -z 1 --sp" "4 1 2 -z 3 --pp_schedule zb1"; do
+for case in "2 1 1 -z 2" "4 2 1 -z 2 --sp" "4 1 2 -z 3 --pp_schedule zb1"; do
     set -- $case; np=$1 tp=$2 pp=$3; shift 3
     out=$W/chunk.np$np.tp$tp.pp$pp.$(echo "$*" | tr -d ' -')
     if run $np "$out" $TPA -d $((B * T * 2 * 2)) -x 4 --logits_chunk 13 --tp $tp --pp $pp "$@"; then
