@@ -171,6 +171,7 @@ struct GPT {
     std::vector<std::pair<int, CommRequest>> param_gathers;  // stage 3: slots being gathered (params_prefetch)
     CommRequest reduce_req;  // stages 0-1: the segment reduction in flight (zero_reduce_start), of segment
     int reducing = -1;       // reducing (-1: none)
+    std::vector<std::pair<int, CommRequest>> grad_gathers;  // stage 0: the reduced segments' all-gathers in flight
     // The tied lm head (on the last stage) and its gradient. Its gradient is summed over the step in
     // its own accumulator and added to the embedding's once per step (tied_embedding_sum); with
     // pp > 1 the last stage keeps a copy of the embedding's weights, refreshed after every update.
@@ -709,7 +710,7 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
 
 // the step's gradient starts at zero (and so do its reductions)
 static void gpt_zero_grad(GPT& m) {
-    zero_reduce_complete(m);  // (a backward whose norm was never taken)
+    zero_drain(m);  // (a backward whose norm was never taken)
     buffer_zero(m.grad_acc, m.zero.acc_elems() * sizeof(float));
     if (m.head_acc) buffer_zero(m.head_acc, head_acc_elems(m) * sizeof(float));
     std::fill(m.ready_count.begin(), m.ready_count.end(), 0);

@@ -125,6 +125,11 @@ static void zero_reduce_complete(GPT& m) {
                               m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), m.comm_scratch);
     m.reducing = -1;
     offload_start(m, s);
+    // stage 0: the all-gather of the reduced slices follows at once, in place (no buffer), behind the
+    // backward too; the tied embedding's waits for the head's gradient (zero_complete_grads)
+    if (z.stage == 0 && !(m.pipe.has_embedding() && s == m.seg_local[0]))
+        m.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
+                                                        m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
 }
 static void zero_reduce_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
@@ -169,10 +174,20 @@ static void zero_reduce_finish(GPT& m) {
 // the reduced slices of the others; stage 1 updates only its slice). After the update, stages 1-2: all-gathers the updated params.
 static void zero_complete_grads(GPT& m) {
     const ZeroLayout& z = m.zero;
-    if (z.stage == 0)
-        for (int s = 0; s < (int)z.segs.size(); s++)
-            if (seg_group(z, s).size > 1)
-                all_gather(seg_group(z, s), m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
+    if (z.stage != 0) return;
+    for (int s = 0; s < (int)z.segs.size(); s++) {
+        auto started = std::find_if(m.grad_gathers.begin(), m.grad_gathers.end(), [&](const auto& g) { return g.first == s; });
+        if (started != m.grad_gathers.end()) comm_finish(started->second);  // (started as its reduction completed)
+        else if (seg_group(z, s).size > 1)
+            all_gather(seg_group(z, s), m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
+    }
+    m.grad_gathers.clear();
+}
+// what is still in flight of a backward whose norm was never taken (before the next step's zeroing)
+static void zero_drain(GPT& m) {
+    zero_reduce_complete(m);
+    for (auto& g : m.grad_gathers) comm_finish(g.second);
+    m.grad_gathers.clear();
 }
 static void zero_gather_params(GPT& m) {
     const ZeroLayout& z = m.zero;
