@@ -117,28 +117,36 @@ static void offload_start(GPT& m, int s) {
 // flight behind the next segment's backward, one at a time (the receive buffer holds one
 // segment): the next start, or zero_reduce_finish before the norm, completes it, and the offload's
 // early download follows.
-static void zero_reduce_complete(GPT& m) {
+// Stage 0: the all-gather of segment s's reduced slices, in place (no buffer), in flight behind the
+// backward too; the tied embedding's waits for the head's gradient (zero_complete_grads).
+static void zero_gather_grads_start(GPT& m, int s) {
+    const ZeroLayout& z = m.zero;
+    if (s < 0 || z.stage != 0 || (m.pipe.has_embedding() && s == m.seg_local[0])) return;
+    m.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
+                                                    m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
+}
+// completes the reduction in flight; returns its segment (-1: none)
+static int zero_reduce_complete(GPT& m) {
     const int s = m.reducing;
-    if (s < 0) return;
+    if (s < 0) return -1;
     const ZeroLayout& z = m.zero;
     reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), m.reduce_req, seg_group(z, s),
                               m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), m.comm_scratch);
     m.reducing = -1;
     offload_start(m, s);
-    // stage 0: the all-gather of the reduced slices follows at once, in place (no buffer), behind the
-    // backward too; the tied embedding's waits for the head's gradient (zero_complete_grads)
-    if (z.stage == 0 && !(m.pipe.has_embedding() && s == m.seg_local[0]))
-        m.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
-                                                        m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
+    return s;
 }
 static void zero_reduce_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
     if (m.reduced[s]) return;
     m.reduced[s] = 1;
-    zero_reduce_complete(m);
+    const int done = zero_reduce_complete(m);
     m.reduce_req = reduce_scatter_sum_start(seg_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
                                             m.comm_scratch);
     m.reducing = s;
+    // after the new reduction: each rank's link takes them in start order, and the next start
+    // waits for this reduction, not for the gather
+    zero_gather_grads_start(m, done);
 }
 static void grads_ready(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
@@ -168,7 +176,7 @@ static void head_grads_ready(GPT& m) {
 static void zero_reduce_finish(GPT& m) {
     if (!m.zero.grads_in_acc()) return;
     for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_reduce_start(m, s);
-    zero_reduce_complete(m);
+    zero_gather_grads_start(m, zero_reduce_complete(m));
 }
 // Before the norm, ZeRO stage 0: completes the all-reduce of the gradients (every rank all-gathers
 // the reduced slices of the others; stage 1 updates only its slice). After the update, stages 1-2: all-gathers the updated params.
@@ -185,7 +193,7 @@ static void zero_complete_grads(GPT& m) {
 }
 // what is still in flight of a backward whose norm was never taken (before the next step's zeroing)
 static void zero_drain(GPT& m) {
-    zero_reduce_complete(m);
+    zero_reduce_complete(m);  // (its gather is not needed: the step is over)
     for (auto& g : m.grad_gathers) comm_finish(g.second);
     m.grad_gathers.clear();
 }
