@@ -194,6 +194,7 @@ struct GPT {
     TpScratch<floatX> tpx;
     TpScratch<float> tpf;
     floatX *tp_copy_a = nullptr, *tp_copy_b = nullptr;  // a leaf's slices of a matmul's operands
+    size_t tp_copy_a_elems = 0, tp_copy_b_elems = 0;  // their capacities (gather_columns checks them)
     // a kv head shared by tp ranks: its group's attention-backward operands (shared_kv_attention_backward)
     floatX *kv_send = nullptr, *kv_recv = nullptr, *kv_qkv = nullptr, *kv_dqkv = nullptr, *kv_dout = nullptr,
            *kv_out = nullptr;

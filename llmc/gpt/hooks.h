@@ -275,9 +275,13 @@ struct SplitRanges {
     const SplitRange* end() const { return r + n; }
 };
 // columns `ranges` of src [rows, ld], side by side into dst [rows, their total]; returns the total
-static size_t gather_columns(floatX* dst, const floatX* src, size_t rows, size_t ld, const SplitRanges& ranges) {
+// (capacity: dst's elements; a caller with more rows than the plan sized it for is a bug, caught here)
+static size_t gather_columns(floatX* dst, size_t capacity, const floatX* src, size_t rows, size_t ld,
+                             const SplitRanges& ranges) {
     size_t w = 0, at = 0;
     for (const SplitRange& r : ranges) w += r.n;
+    LLMC_CHECK(rows * w <= capacity, "internal: %zu x %zu columns gathered into a tensor-parallel copy of %zu elements",
+               rows, w, capacity);
     for (const SplitRange& r : ranges) {
         copy_buffer_2d(dst + at, w * sizeof(floatX), src + r.at, ld * sizeof(floatX), r.n * sizeof(floatX), rows);
         at += r.n;
@@ -308,8 +312,8 @@ static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const f
         const SplitRanges r = {{(g - split.first) * per, per}};
         const floatX *a = inp, *b = W;
         if (!covers(r, K)) {
-            gather_columns(m.tp_copy_a, inp, (size_t)n_batch * rows, K, r);
-            gather_columns(m.tp_copy_b, W, (size_t)n_batch * OC, K, r);
+            gather_columns(m.tp_copy_a, m.tp_copy_a_elems, inp, (size_t)n_batch * rows, K, r);
+            gather_columns(m.tp_copy_b, m.tp_copy_b_elems, W, (size_t)n_batch * OC, K, r);
             a = m.tp_copy_a;
             b = m.tp_copy_b;
         }
@@ -333,7 +337,9 @@ static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const
             matmul_backward_batched(dst, (float*)nullptr, (float*)nullptr, dout, (const floatX*)nullptr, W, n_batch, rows, C, OC);
             return;
         }
-        const size_t w = gather_columns(m.tp_copy_a, dout, (size_t)n_batch * rows, OC, r);
+        const size_t w = gather_columns(m.tp_copy_a, m.tp_copy_a_elems, dout, (size_t)n_batch * rows, OC, r);
+        LLMC_CHECK((size_t)n_batch * w * C <= m.tp_copy_b_elems, "internal: %d x %zu weight rows copied into a "
+                   "tensor-parallel copy of %zu elements", n_batch, w, m.tp_copy_b_elems);
         for (int e = 0; e < n_batch; e++) {
             size_t at = 0;
             for (const SplitRange& x : r) {

@@ -342,8 +342,10 @@ static void alloc_tp_scratch(GPT& m, int B, int T) {
     const int kv_share = ls.tp > config.n_kv_head ? ls.tp / config.n_kv_head : 1;
     if (max_leaves > 1 || kv_share > 1) {  // (a shared kv head: only its owner's qkv leaf has its rows)
         const size_t wide = std::max((size_t)ls.qkv(), (size_t)ls.fc(config.mlp));  // the lm head's rows: a chunk
-        m.tp_copy_a = take_act(m, std::max({BT * wide, logits_rows(m.logits_chunk, BT) * ls.vocab, expert_rows * 2 * He}));
-        m.tp_copy_b = take_act(m, std::max({C * wide, C * ls.vocab, E * 2 * He * C}));
+        m.tp_copy_a_elems = std::max({BT * wide, logits_rows(m.logits_chunk, BT) * ls.vocab, expert_rows * 2 * He});
+        m.tp_copy_b_elems = std::max({C * wide, C * ls.vocab, E * 2 * He * C});
+        m.tp_copy_a = take_act(m, m.tp_copy_a_elems);
+        m.tp_copy_b = take_act(m, m.tp_copy_b_elems);
     }
     if (kv_share > 1) {
         const size_t qw = (size_t)ls.n_head * ls.hs, gw = qw * kv_share;
