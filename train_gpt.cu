@@ -205,7 +205,9 @@ struct GPT {
     float *ce_max = nullptr, *ce_sum = nullptr, *ce_target = nullptr;  // [logits_chunk] vocab-parallel softmax
     void* op_scratch = nullptr;     // the CUDA ops' scratch and the cuBLASLt workspace (MEM_SCRATCH)
     size_t op_scratch_bytes = 0;
-    std::vector<float> host_losses;
+    double* loss_sums = nullptr;  // [pipe.M] each micro-batch's loss sum (the head's stage; read once per step)
+    const double* loss_download = nullptr;  // their host copy (download_async)
+    int loss_download_n = 0;
     double activation_bytes = 0;
 
     // ---- the call in progress: the micro-batches the forwards read (B x T tokens each), their loss
@@ -217,6 +219,7 @@ struct GPT {
     std::vector<MicroBatch> batches;
     float dloss_scale = 0.0f;
     std::vector<double> mb_loss;
+    std::vector<int> mb_valid;  // the real targets of each micro-batch (the head's stage)
     std::vector<const ChunkSlot*> last_forward;
     LogitsSink logits_sink;  // a forward without targets: where each token chunk's logits go
     std::vector<int> ready_count;
@@ -241,9 +244,10 @@ static void bind_op_scratch(const GPT& m) {
 // backward at once, in place, so no logits wait for a later backward: dlogits -> the chunk's part
 // of the head's weight gradient (folded into head_leaf in chunk order) and of the gradient at the
 // final LayerNorm's output. Without targets each chunk's logits go to m.logits_sink. Then once:
-// head_leaf into head_acc, and the final LayerNorm's backward (its weight gradients folded too)
-// into the slot's d_stream. Returns the mean loss over targets != -1.
-static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
+// the losses summed into m.loss_sums[mb] on the device (take_losses reads the step's sums at once:
+// no host sync per micro-batch), head_leaf into head_acc, and the final LayerNorm's backward (its
+// weight gradients folded too) into the slot's d_stream.
+static void head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
     const GPTConfig& c = m.config;
     const int BT = m.B * m.T, C = c.n_embd, Vl = m.ls.vocab, rows = stream_rows(m);
     const floatX* wte = head_weights(m);
@@ -266,12 +270,9 @@ static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         matmul_backward((floatX*)nullptr, m.head_leaf, (float*)nullptr, m.logits, x, (const floatX*)nullptr, n, C, Vl);
         vocab_parallel_dinp(m, m.d_ln + (size_t)t0 * C, m.logits, wte, n);
     }
-    float loss = 0.0f;
     if (s.host_targets) {
-        copy_from_buffer(m.host_losses.data(), m.losses, BT * sizeof(float));
-        double sum = 0;  // summed on the host in token order: deterministic
-        for (int i = 0; i < BT; i++) sum += m.host_losses[i];
-        loss = n_valid > 0 ? (float)(sum / n_valid) : 0.0f;
+        loss_sum(m.loss_sums + s.mb, m.losses, BT);  // (deterministic: a fixed order)
+        m.mb_valid[s.mb] = n_valid;
     }
     if (backward) {
         head_grads_ready(m);
@@ -285,6 +286,19 @@ static float head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         grads_ready(m, final_ln);
     }
     head_done(m);
+}
+// The mean losses of micro-batches [0, n) of the latest forwards (the head's stage): their device
+// sums queued for the host (queue_losses), then, after a host sync, divided by their real targets
+// (take_losses: it syncs only if nothing has since).
+static void queue_losses(GPT& m, int n) {
+    m.loss_download = (const double*)download_async(m.loss_sums, n * sizeof(double));
+    m.loss_download_n = n;
+}
+static std::vector<double> take_losses(GPT& m) {
+    download_wait();
+    std::vector<double> loss(m.loss_download_n);
+    for (int k = 0; k < m.loss_download_n; k++)
+        loss[k] = m.mb_valid[k] > 0 ? (float)(m.loss_download[k] / m.mb_valid[k]) : 0.0f;
     return loss;
 }
 
@@ -384,8 +398,8 @@ static void recompute_block(GPT& m, int l, LayerActs& a, const floatX* x, const 
 }
 
 // Forward of a chunk's blocks for the slot's micro-batch (the embedding first on virtual stage 0,
-// the head and loss last on the last one); returns the loss there, 0 elsewhere.
-static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
+// the head and loss last on the last one: the loss sum on the device, see head_forward).
+static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
     const GPTConfig& c = m.config;
     const PipelinePlan& pp = m.pipe;
     const int B = m.B, T = m.T, C = c.n_embd, L = c.n_layer, rows = stream_rows(m);
@@ -433,10 +447,9 @@ static float chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
         if (l + 2 < l1 || (l + 2 == l1 && l1 == L)) params_prefetch(m, l + 3);
         else if (model_end) head_prefetch(m);
     }
-    if (!pp.last_vs(chunk)) return 0.0f;
-    const float loss = head_forward(m, s, s.acts.back().residual3);
+    if (!pp.last_vs(chunk)) return;
+    head_forward(m, s, s.acts.back().residual3);
     params_done(m, final_ln);
-    return loss;
 }
 
 // Weight gradients of block l's FFN branch and LN2, from its output gradients d.
@@ -648,9 +661,13 @@ static float gpt_forward(GPT& m, const int* inputs, const int* targets, const in
     for (int c = 0; c < pp.V; c++) {
         const int vs = pp.vs(c);
         if (!pp.first_vs(c)) p2p_group(comm_world().pp, {pipe_transfer(m, {PIPE_RECV_ACT, 0, c, (vs - 1) % pp.P})});
-        const float l = chunk_forward(m, c, slot_for(m, c, 0));
-        if (pp.last_vs(c)) loss = l;
-        else p2p_group(comm_world().pp, {pipe_transfer(m, {PIPE_SEND_ACT, 0, c, (vs + 1) % pp.P})});
+        chunk_forward(m, c, slot_for(m, c, 0));
+        if (pp.last_vs(c)) {
+            if (targets) {
+                queue_losses(m, 1);
+                loss = (float)take_losses(m)[0];
+            }
+        } else p2p_group(comm_world().pp, {pipe_transfer(m, {PIPE_SEND_ACT, 0, c, (vs + 1) % pp.P})});
     }
     return loss;
 }
@@ -689,10 +706,7 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     m.mb_loss.assign(batches.size(), 0.0);
     release_all_slots(m);
     PipeModel pm;
-    pm.forward = [&](int mb, int c) {
-        const float loss = chunk_forward(m, c, slot_for(m, c, mb));
-        if (m.pipe.last_vs(c)) m.mb_loss[mb] = loss;
-    };
+    pm.forward = [&](int mb, int c) { chunk_forward(m, c, slot_for(m, c, mb)); };
     pm.backward = [&](int mb, int c, bool with_weights) { chunk_backward(m, c, mb, with_weights); };
     pm.weights = [&](int mb, int c, bool done) { chunk_weights(m, c, mb, done); };
     pm.release = [&](int mb, int c) { release_slot(m, c, mb); };
@@ -706,6 +720,7 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     const PipeTimes times = pipeline_execute(m.pipe.schedule[m.pipe.stage], comm_world().pp, pm, measure, trace);
     m.reduce_at = 0;
     m.count_ready = false;
+    if (m.pipe.has_head()) queue_losses(m, (int)batches.size());  // read after the norm's host sync: gpt_step_losses
     return times;
 }
 
@@ -734,7 +749,7 @@ static float gpt_grad_norm(GPT& m) {
     zero_reduce_finish(m);
     tied_embedding_sum(m);
     zero_complete_grads(m);
-    return (float)std::sqrt(grad_norm_squared(m.zero, m.grad_acc, m.norm_skip, norm_per_chunk, add_squares));
+    return (float)std::sqrt(grad_norm_squared(m.zero, m.grad_acc, m.norm_skip, norm_per_chunk, add_squares, squares_of));
 }
 // gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)))
 // and AdamW on what this rank updates; stages 1-2 then all-gather the updated parameters, and the
@@ -748,11 +763,13 @@ static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int ste
     if (m.offload == OFFLOAD_OPTIMIZER)  // the same step on the CPU, the state in host memory (llmc/parallel/offload.h)
         offload_adamw_step<OffloadCopies>(m.update_pieces, m.params, m.grad_acc, m.master, m.adam_m, m.adam_v, m.grad_staging, lr,
                            o.beta1, o.beta2, o.eps, o.weight_decay, scale, step + 1, step_seed);
-    else
+    else {  // every piece in one call (the GPU's: a few multi-tensor launches)
+        std::vector<cpu::AdamwPiece> pieces;
         for (const UpdatePiece& u : m.update_pieces)
-            adamw_update(m.params + u.param_index, m.master ? m.master + u.state_index : nullptr,
-                         m.grad_acc + u.acc_index, m.adam_m + u.state_index, m.adam_v + u.state_index, u.n, lr, o.beta1,
-                         o.beta2, o.eps, u.decay ? o.weight_decay : 0.0f, scale, step + 1, step_seed + u.table_offset);
+            pieces.push_back({u.param_index, u.state_index, u.acc_index, u.n, u.table_offset, u.decay});
+        adamw_update_pieces(m.params, m.master, m.grad_acc, m.adam_m, m.adam_v, pieces.data(), (int)pieces.size(), lr,
+                            o.beta1, o.beta2, o.eps, o.weight_decay, scale, step + 1, step_seed);
+    }
     zero_gather_params(m);
     tied_embedding_refresh(m);
 }
@@ -780,6 +797,7 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
                              LossOutlierDetector& loss_spikes) {
     Comm& cm = comm_world();
     const auto t0 = std::chrono::steady_clock::now();
+    const BackendCounts counts0 = backend_counts();
     comm_begin_step(cm, step + 1);
     comm_reset_counters(cm);
     if (const char* f = getenv("LLMC_FAULT_FAIL_RANK"))  // fault injection for the tests
@@ -799,16 +817,22 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
     cm.trace = trace ? &comm_events : nullptr;
     s.times = gpt_pipeline_step(model, b.batches, r.B, r.T, 1.0f / r.global_micro, trace || host_timing_is_exact,
                                 trace ? &events : nullptr);
-    s.loss = sum_in_global_order(model.mb_loss, r.global_micro) / r.global_micro;
-    s.lr = r.sched.at(step);
+    // the norm's sums come back to the host with the step's one host sync (the GPU build), which the
+    // losses' copy was queued before
     s.norm = gpt_grad_norm(model);
     cm.trace = nullptr;
     if (trace) write_pipeline_trace(r.pp_trace, events, comm_events, origin_s, model.pipe);
+    if (model.pipe.has_head()) model.mb_loss = take_losses(model);
+    s.loss = sum_in_global_order(model.mb_loss, r.global_micro) / r.global_micro;
+    s.lr = r.sched.at(step);
     s.bad = !std::isfinite(s.loss) || !std::isfinite(s.norm);
     if (!s.bad) gpt_apply_update(model, r.opt, s.lr, step, s.norm);
     s.loss_z = loss_spikes.update(s.loss);
-    backend_sync();
+    // (no sync here: the update runs while the host loads the next step, whose norm waits for it;
+    // so a GPU step's time is from one step's queueing to the next's, right on average)
     s.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const BackendCounts counts1 = backend_counts();
+    s.counts = {counts1.launches - counts0.launches, counts1.host_syncs - counts0.host_syncs};
     return s;
 }
 

@@ -75,6 +75,7 @@ namespace ref {
 using cpu::global_norm_squared;
 using cpu::grad_accumulate;  // (float*, const float*): the CUDA fp32 overload would win too
 using cpu::max_into;
+using cpu::loss_sum;  // (double*, const float*, int): the CUDA op would be ambiguous with it
 #define LLMC_CPU
 #include "../train_gpt.cu"
 #undef LLMC_CPU

@@ -41,6 +41,9 @@ static constexpr bool norm_per_chunk = true;
 static void add_squares(double& sum, const float* p, size_t n) {
     for (size_t i = 0; i < n; i++) sum += (double)p[i] * p[i];
 }
+static void squares_of(double* sums, const float* const* p, const size_t* n, int count) {
+    cpu::global_norm_squared_ranges(sums, p, n, count);
+}
 static double peak_flops_per_s() { return 0; }  // unknown for a CPU: no MFU
 // the ops run synchronously: the host clock times them exactly (pipeline idle fractions every step)
 static constexpr bool host_timing_is_exact = true;
@@ -74,6 +77,24 @@ static void copy_buffer_2d(void* dst, size_t dst_pitch, const void* src, size_t 
     for (size_t r = 0; r < rows; r++) memcpy((char*)dst + r * dst_pitch, (const char*)src + r * src_pitch, width_bytes);
 }
 static void backend_sync() {}
+// the host -> buffer copy of data the caller may reuse at once (what the GPU build queues)
+static void copy_to_buffer_async(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+// buffer -> host: where the bytes are (here at once; the GPU build's after a host sync, download_wait)
+static std::vector<char>& download_area() {
+    static std::vector<char> area;
+    return area;
+}
+static const void* download_async(const void* src, size_t bytes) {
+    download_area().assign((const char*)src, (const char*)src + bytes);
+    return download_area().data();
+}
+static void download_wait() {}
+// the GPU build's launches and host syncs (llmc/ops/cuda_common.cuh); none here
+struct BackendCounts {
+    uint64_t launches = 0, host_syncs = 0;
+};
+static constexpr bool backend_counts_work = false;
+static BackendCounts backend_counts() { return {}; }
 // the ops' scratch and the matmul workspace: the CPU ops need none (their arena is empty)
 static void backend_bind_scratch(void*, size_t) {}
 // the SM count that the plan of a GPU's op scratch assumes (llmc/ops/op_scratch.h): the GPUs of --plan
@@ -177,13 +198,74 @@ static double available_buffer_memory(std::string& source) {
     return (double)free_bytes;
 }
 static void buffer_zero(void* p, size_t bytes) { cudaCheck(cudaMemsetAsync(p, 0, bytes, llmc_stream())); }
+// The upload ring: pinned host memory that copy_to_buffer_async stages host data in, so that the
+// copy is queued and the host goes on at once (the caller may reuse its memory: the bytes are in
+// the ring). Bytes are taken in order; after a host sync every queued copy is done and the ring
+// starts over. A copy that does not fit waits for the queued ones (a host sync) and, if the ring
+// is still too small, grows it: only in the first step, whose uploads size it (the trainer's
+// micro-batches: tokens, targets, document starts); later steps take no sync here.
+struct UploadRing {
+    char* host = nullptr;
+    size_t capacity = 0, used = 0;
+    uint64_t synced_at = 0;  // gpu_counters().stream_syncs when `used` was last valid
+};
+static UploadRing& upload_ring() {
+    static UploadRing r;
+    return r;
+}
+static void copy_to_buffer_async(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    UploadRing& r = upload_ring();
+    const size_t aligned = (bytes + 255) & ~(size_t)255;
+    if (r.synced_at != gpu_counters().stream_syncs) r.used = 0;  // a sync since: all its copies are done
+    if (r.used + aligned > r.capacity) {
+        if (r.used > 0) llmc_stream_sync();
+        r.used = 0;
+        if (aligned > r.capacity) {
+            if (r.host) cudaCheck(cudaFreeHost(r.host));
+            r.capacity = std::max(aligned, 2 * r.capacity);
+            cudaCheck(cudaMallocHost(&r.host, r.capacity));
+        }
+    }
+    memcpy(r.host + r.used, src, bytes);
+    cudaCheck(cudaMemcpyAsync(dst, r.host + r.used, bytes, cudaMemcpyHostToDevice, llmc_stream()));
+    r.used += aligned;
+    r.synced_at = gpu_counters().stream_syncs;
+}
 static void copy_to_buffer(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, llmc_stream()));
-    cudaCheck(cudaStreamSynchronize(llmc_stream()));  // src is pageable host memory the caller may reuse
+    llmc_stream_sync();  // src is pageable host memory the caller may reuse
+}
+// The download area: pinned host memory that download_async queues one copy of a buffer into (the
+// losses of the step), there once the stream has been synced (download_wait syncs only if it has
+// not been since). One download at a time; grown on demand.
+struct DownloadArea {
+    char* host = nullptr;
+    size_t capacity = 0;
+    uint64_t queued_at = 0;  // gpu_counters().stream_syncs when the copy was queued
+};
+static DownloadArea& download_area() {
+    static DownloadArea a;
+    return a;
+}
+static const void* download_async(const void* src, size_t bytes) {
+    DownloadArea& a = download_area();
+    if (bytes > a.capacity) {
+        llmc_stream_sync();  // (a copy into the old area may be queued)
+        if (a.host) cudaCheck(cudaFreeHost(a.host));
+        a.capacity = std::max(bytes, 2 * a.capacity);
+        cudaCheck(cudaMallocHost(&a.host, a.capacity));
+    }
+    cudaCheck(cudaMemcpyAsync(a.host, src, bytes, cudaMemcpyDeviceToHost, llmc_stream()));
+    a.queued_at = gpu_counters().stream_syncs;
+    return a.host;
+}
+static void download_wait() {
+    if (download_area().queued_at == gpu_counters().stream_syncs) llmc_stream_sync();
 }
 static void copy_from_buffer(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, llmc_stream()));
-    cudaCheck(cudaStreamSynchronize(llmc_stream()));
+    llmc_stream_sync();
 }
 static void copy_buffer(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, llmc_stream()));
@@ -193,7 +275,13 @@ static void copy_buffer_2d(void* dst, size_t dst_pitch, const void* src, size_t 
     cudaCheck(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, rows, cudaMemcpyDeviceToDevice, llmc_stream()));
 }
 // the step time includes everything queued on the GPU
-static void backend_sync() { cudaCheck(cudaStreamSynchronize(llmc_stream())); }
+static void backend_sync() { llmc_stream_sync(); }
+// launches and host syncs so far (llmc/ops/cuda_common.cuh's counters; the trainer takes differences)
+struct BackendCounts {
+    uint64_t launches = 0, host_syncs = 0;
+};
+static constexpr bool backend_counts_work = true;
+static BackendCounts backend_counts() { return {gpu_counters().launches, gpu_counters().host_syncs}; }
 // kernels are queued: the host clock sees their time only after a sync, which would cost the overlap
 // of host and device; the pipeline is timed (with syncs) only for --pp_trace
 static constexpr bool host_timing_is_exact = false;
@@ -210,7 +298,11 @@ static int plan_sm_count() { return layernorm_detail::sm_count(); }
 static std::string backend_share_cores(int) { return ""; }
 // --offload optimizer's copies (llmc/parallel/offload.h): side streams, an event per piece
 using OffloadCopies = CudaOffloadCopies;
-// the gradient norm's sums (llmc/parallel/zero.h): each rank's slice of a segment in one kernel
+// the gradient norm's sums (llmc/parallel/zero.h): each rank's slice of a segment one range, all the
+// rank's ranges in one batch (llmc/ops/global_norm.cuh: a few launches, one host sync)
 static constexpr bool norm_per_chunk = false;
 static void add_squares(double& sum, const float* p, size_t n) { sum += global_norm_squared(p, n); }
+static void squares_of(double* sums, const float* const* p, const size_t* n, int count) {
+    global_norm_squared_ranges(sums, p, n, count);
+}
 #endif

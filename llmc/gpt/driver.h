@@ -370,6 +370,7 @@ struct StepResult {
     float norm = 0, lr = 0;
     bool bad = false;  // a non-finite loss or norm: the update was skipped
     PipeTimes times;
+    BackendCounts counts;  // the GPU build's kernel launches and host syncs in train_step (llmc/gpt/backend.h)
 };
 
 // The first step's extra lines (rank 0): communication per collective against the layout's
@@ -410,10 +411,16 @@ static void report_step(const Run& r, const GPT& model, int step, int start_step
     if (s.bad)
         printf(" | SKIPPED: non-finite loss or grad norm, no update (%d in a row, stop at %d)", bad_in_a_row,
                r.max_bad_steps);
+    // (the first step's include one-time work: cuBLASLt's plans, the pinned staging areas' growth)
+    if (backend_counts_work)
+        printf(" | gpu: %llu launches, %llu host sync%s", (unsigned long long)s.counts.launches,
+               (unsigned long long)s.counts.host_syncs, s.counts.host_syncs == 1 ? "" : "s");
     std::vector<std::pair<const char*, double>> fields = {
         {"step", step + 1}, {"loss", s.loss}, {"grad_norm", s.norm}, {"lr", s.lr}, {"ms", s.ms}, {"tok_s", tok_s},
         {"loss_z", s.loss_z}, {"tokens", (double)(step + 1) * r.total_batch}, {"elapsed_s", elapsed}};
     if (mfu >= 0) fields.push_back({"mfu", mfu});
+    if (backend_counts_work)
+        fields.insert(fields.end(), {{"launches", (double)s.counts.launches}, {"host_syncs", (double)s.counts.host_syncs}});
     if (s.bad) fields.insert(fields.end(), {{"skipped", 1}, {"bad_steps", (double)bad_total}});
     if (r.config.n_expert > 0) {
         printf(" | tokens by 0/1/2+ experts %.0f/%.0f/%.0f%% | expert load %d..%d", 100 * st.frac[0], 100 * st.frac[1],

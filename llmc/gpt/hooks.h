@@ -455,9 +455,9 @@ static ChunkSlot& slot_for(GPT& m, int chunk, int mb) {
             s.mb = mb;
             const MicroBatch& b = m.batches[mb];
             const size_t n = (size_t)m.B * m.T * sizeof(int);
-            copy_to_buffer(s.inputs, b.inputs, n);
-            copy_to_buffer(s.doc_start, b.doc_start, n);
-            if (b.targets) copy_to_buffer(s.targets, b.targets, n);
+            copy_to_buffer_async(s.inputs, b.inputs, n);  // (queued: no host sync inside a step)
+            copy_to_buffer_async(s.doc_start, b.doc_start, n);
+            if (b.targets) copy_to_buffer_async(s.targets, b.targets, n);
             s.host_targets = b.targets;
             return s;
         }

@@ -294,7 +294,8 @@ static void alloc_activations(GPT& m, int B, int T) {
         m.ce_sum = take_stats(m, chunk);
         m.ce_target = take_stats(m, chunk);
         m.d_ln = take_act(m, BT * C);
-        m.host_losses.resize(BT);
+        m.loss_sums = (double*)take(m, MEM_ACTIVATIONS, pp.M * sizeof(double));
+        m.mb_valid.assign(pp.M, 0);
     }
 }
 
@@ -425,7 +426,7 @@ static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, cons
     // host (pageable) staging: init, checkpoint loads and saves stream the state through one chunk
     // per array (gpt_set_state, gpt_write_state: params, adam m, adam v in fp32 and the params'
     // type; verify_checkpoint reads at most as many bytes), not the table; plus the batch vectors of
-    // the step's micro-batches and the per-token losses. Not counted: --init_from and --export_llmc
+    // the step's micro-batches and one batch more (an upper bound of the losses read back). Not counted: --init_from and --export_llmc
     // (llm.c's GPT-2 files, at most 1.5B parameters) stage the whole table (a few fp32 copies).
     const double chunk = (double)staging_cap(plan), f = sizeof(float), fx = (double)layout.elem_bytes, BT = (double)B * T;
     e.host = chunk * (3 * f + fx) + (3.0 * plan.pipe.M + 1) * BT * sizeof(int);

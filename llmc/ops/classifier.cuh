@@ -16,6 +16,12 @@
 // logit is read before the block's barriers, so before anyone overwrites it.
 // Scratch: none.
 //
+// ---- loss_sum: a micro-batch's per-token losses summed in double into one device double, so that
+// the host reads all the step's sums at once after the step (no host sync per micro-batch). One
+// block of LOSS_SUM_THREADS: thread t adds losses t, t + blockDim, ... in order, then a fixed
+// shuffle tree and the warps in order (deterministic; not the CPU twin's token order, so equal to
+// it within double rounding).
+//
 // ---- Vocab-parallel cross-entropy (tensor parallelism): classifier_max, _sumexp, _target, _backward ----
 // The twins of the CPU ops of the same names (llmc/ops/cpu/classifier.h has the math and how the caller
 // reduces between them). A rank holds ld columns of each logits row (global columns v0 .. v0 + ld), the
@@ -352,5 +358,25 @@ inline void classifier_backward(floatX* logits, float* losses, const float* mx, 
     else
         classifier_backward_kernel<1><<<tp_blocks(N), TP_WARPS * 32, 0, llmc_stream()>>>(
             logits, losses, mx, sum, tgt, targets, dloss, N, ld, v0, n_real);
+    cudaCheckLaunch();
+}
+
+// *out (device double) = sum of losses[0, n) (device floats), queued on llmc_stream()
+constexpr int LOSS_SUM_THREADS = 1024;
+__global__ void __launch_bounds__(LOSS_SUM_THREADS) loss_sum_kernel(double* out, const float* losses, int n) {
+    __shared__ double warp_sums[32];
+    double x = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) x += losses[i];
+    for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) s += warp_sums[w];
+        *out = s;
+    }
+}
+inline void loss_sum(double* out, const float* losses, int n) {
+    loss_sum_kernel<<<1, LOSS_SUM_THREADS, 0, llmc_stream()>>>(out, losses, n);
     cudaCheckLaunch();
 }

@@ -26,11 +26,31 @@ inline void cuda_check(cudaError_t err, const char* file, int line) {
     if (err != cudaSuccess) LLMC_FAIL("CUDA error at %s:%d: %s", file, line, cudaGetErrorString(err));
 }
 #define cudaCheck(err) cuda_check((err), __FILE__, __LINE__)
+
+// What the host asks of the GPU, counted (the trainer prints them per step, test_gpu bounds them):
+// launches = every cudaCheckLaunch(), i.e. each of our kernel launches and each library call that
+// is followed by one (a cuBLASLt matmul, a cub sort: one each, whatever kernels they run inside);
+// host_syncs = every time the host waits for the GPU's work (llmc_stream_sync, which the copies to
+// the host use, and the offload's event waits); stream_syncs = the llmc_stream_sync calls alone
+// (after one, everything queued before it is done). Memsets and async copies are neither.
+struct GpuCounters {
+    uint64_t launches = 0, host_syncs = 0, stream_syncs = 0;
+};
+inline GpuCounters& gpu_counters() {
+    static GpuCounters c;
+    return c;
+}
 // after every kernel launch: a bad launch configuration fails here, not somewhere later
-#define cudaCheckLaunch() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+#define cudaCheckLaunch() (gpu_counters().launches++, cuda_check(cudaGetLastError(), __FILE__, __LINE__))
 
 // One stream for all work (cudaStreamPerThread keeps the default-stream semantics simple).
 inline cudaStream_t llmc_stream() { return cudaStreamPerThread; }
+// The host waits for everything queued on the stream (counted: a host sync)
+inline void llmc_stream_sync() {
+    gpu_counters().host_syncs++;
+    gpu_counters().stream_syncs++;
+    cudaCheck(cudaStreamSynchronize(llmc_stream()));
+}
 
 // Runtime size -> kernel template instance: calls f(std::integral_constant<int, P>{}) for the
 // smallest P of LO, 2 LO, 4 LO, ..., HI with x <= P (P = HI when x > HI), so that f can launch the

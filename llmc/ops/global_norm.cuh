@@ -28,11 +28,20 @@
 //           528 * 256 * 4 * 16 B = 8.6 MB of loads in flight, more than HBM latency x bandwidth.
 //   pass 2: one block of GN_FINISH_THREADS threads: thread b loads partial b (0 past the grid), the
 //           same fixed tree in double; the total goes to scratch[GN_MAX_BLOCKS].
-// The host then copies the double back and synchronizes the stream: this is the one host sync of
-// the optimizer step (the clipping scale must be known on the host before adamw_update).
+// global_norm_squared copies the double back and synchronizes the stream.
+//
+// Many ranges at once (global_norm_squared_ranges, fp32: the trainer's gradient norm over every
+// segment's slice of the accumulator): each range gets exactly the partition above (its own pass-1
+// grid of gn_grid(n, 4) blocks, its own pass 2), so every range's sum is bitwise what
+// global_norm_squared gives it alone; but up to GN_MAX_RANGES ranges go in one launch of each pass
+// (the ranges are kernel parameters: a pass-1 block finds its range in the table's prefix of
+// grids), their sums are copied into pinned host memory as they finish, and the host waits once:
+// the optimizer step's one host sync (the clipping scale must be known on the host before the
+// update).
 // (bf16: a square above fp32 range, |x| > 1.8e19, becomes inf: such a gradient is broken anyway.)
 //
-// Scratch: (GN_MAX_BLOCKS + 1) doubles = 4232 bytes, whatever n (global_norm_scratch_bytes()).
+// Scratch: global_norm_scratch_bytes() (op_scratch.h): (GN_MAX_BLOCKS + 1) doubles for one buffer;
+// GN_MAX_RANGES x (GN_MAX_BLOCKS + 1) for the ranges of one launch, whatever n.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -107,10 +116,11 @@ __device__ inline double gn_square_f64(float x) {
     const double d = (double)x;
     return d * d;
 }
-__global__ void __launch_bounds__(GN_THREADS)
-    global_norm_partials_f32_kernel(const float* values, size_t n, size_t head, size_t n_vec, double* partials) {
-    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
+// block `block` of a pass-1 grid of `grid` blocks over one fp32 buffer: its partial (to thread 0)
+__device__ inline double gn_f32_block(const float* values, size_t n, size_t head, size_t n_vec, unsigned block,
+                                      unsigned grid) {
+    const size_t tid = (size_t)block * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)grid * blockDim.x;
     const float4* vec = reinterpret_cast<const float4*>(values + head);
     double acc = 0.0;
     // as the bf16 kernel: GN_UNROLL independent 16-byte loads, a vector past the end is zeros
@@ -132,8 +142,27 @@ __global__ void __launch_bounds__(GN_THREADS)
     const size_t tail_start = head + 4 * n_vec;
     if (tid < head) acc += gn_square_f64(values[tid]);
     if (tid < n - tail_start) acc += gn_square_f64(values[tail_start + tid]);
-    const double block = gn_block_sum(acc);
+    return gn_block_sum(acc);
+}
+__global__ void __launch_bounds__(GN_THREADS)
+    global_norm_partials_f32_kernel(const float* values, size_t n, size_t head, size_t n_vec, double* partials) {
+    const double block = gn_f32_block(values, n, head, n_vec, blockIdx.x, gridDim.x);
     if (threadIdx.x == 0) partials[blockIdx.x] = block;
+}
+
+// The ranges of one multi-range launch: range r has pass-1 blocks [block0[r], block0[r + 1]).
+struct GnRanges {
+    const float* values[GN_MAX_RANGES];
+    size_t n[GN_MAX_RANGES], head[GN_MAX_RANGES], n_vec[GN_MAX_RANGES];
+    int block0[GN_MAX_RANGES + 1];
+    int count;
+};
+__global__ void __launch_bounds__(GN_THREADS) global_norm_ranges_partials_kernel(const GnRanges t, double* partials) {
+    int r = 0;
+    while ((int)blockIdx.x >= t.block0[r + 1]) r++;
+    const unsigned block = blockIdx.x - t.block0[r], grid = t.block0[r + 1] - t.block0[r];
+    const double sum = gn_f32_block(t.values[r], t.n[r], t.head[r], t.n_vec[r], block, grid);
+    if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
 __global__ void __launch_bounds__(GN_FINISH_THREADS)
@@ -141,6 +170,14 @@ __global__ void __launch_bounds__(GN_FINISH_THREADS)
     const double x = (int)threadIdx.x < n_partials ? partials[threadIdx.x] : 0.0;
     const double total = gn_block_sum(x);
     if (threadIdx.x == 0) *out = total;
+}
+// pass 2 of the ranges: block r sums range r's partials (the same tree as above) into out[r]
+__global__ void __launch_bounds__(GN_FINISH_THREADS)
+    global_norm_ranges_finish_kernel(const GnRanges t, const double* partials, double* out) {
+    const int r = blockIdx.x, n_partials = t.block0[r + 1] - t.block0[r];
+    const double x = (int)threadIdx.x < n_partials ? partials[t.block0[r] + threadIdx.x] : 0.0;
+    const double total = gn_block_sum(x);
+    if (threadIdx.x == 0) out[r] = total;
 }
 
 // The elements before the first 16-byte boundary (fewer than one vector), capped at n.
@@ -198,3 +235,45 @@ inline double global_norm_squared(const floatX* values, size_t n) { return gn_to
 // values: fp32 [n] (device), e.g. the fp32 gradient accumulator. Returns sum of values[i]^2 (squares
 // and sums in double); synchronizes the stream.
 inline double global_norm_squared(const float* values, size_t n) { return gn_to_host(values, n); }
+
+// sums[k] = sum of values[k][i]^2 over i < n[k] for k < count (fp32 device buffers; sums on the
+// host), each bitwise global_norm_squared(values[k], n[k]): two launches per GN_MAX_RANGES ranges,
+// the sums copied into pinned host memory behind them, one host sync for all.
+inline void global_norm_squared_ranges(double* sums, const float* const* values, const size_t* n, int count) {
+    if (count == 0) return;
+    struct Pinned {  // the sums' landing place (pinned: the copies are queued; grown on demand)
+        double* p = nullptr;
+        int capacity = 0;
+    };
+    static Pinned pinned;
+    if (count > pinned.capacity) {
+        if (pinned.p) {
+            llmc_stream_sync();  // (no queued copy may still write the old one)
+            cudaCheck(cudaFreeHost(pinned.p));
+        }
+        pinned.capacity = std::max(count, 2 * pinned.capacity);
+        cudaCheck(cudaMallocHost(&pinned.p, pinned.capacity * sizeof(double)));
+    }
+    double* partials = cuda_scratch<double>((size_t)GN_MAX_RANGES * (GN_MAX_BLOCKS + 1), "global_norm_squared_ranges");
+    double* out = partials + (size_t)GN_MAX_RANGES * GN_MAX_BLOCKS;
+    for (int k0 = 0; k0 < count; k0 += GN_MAX_RANGES) {
+        GnRanges t;
+        t.count = std::min(GN_MAX_RANGES, count - k0);
+        t.block0[0] = 0;
+        for (int r = 0; r < t.count; r++) {
+            const float* v = values[k0 + r];
+            t.values[r] = v;
+            t.n[r] = n[k0 + r];
+            t.head[r] = t.n[r] == 0 ? 0 : gn_head(v, t.n[r]);
+            t.n_vec[r] = (t.n[r] - t.head[r]) / 4;
+            t.block0[r + 1] = t.block0[r] + (t.n[r] == 0 ? 1 : gn_grid(t.n[r], 4));  // (n 0: one block of zeros)
+        }
+        global_norm_ranges_partials_kernel<<<t.block0[t.count], GN_THREADS, 0, llmc_stream()>>>(t, partials);
+        cudaCheckLaunch();
+        global_norm_ranges_finish_kernel<<<t.count, GN_FINISH_THREADS, 0, llmc_stream()>>>(t, partials, out);
+        cudaCheckLaunch();
+        cudaCheck(cudaMemcpyAsync(pinned.p + k0, out, t.count * sizeof(double), cudaMemcpyDeviceToHost, llmc_stream()));
+    }
+    llmc_stream_sync();
+    std::copy(pinned.p, pinned.p + count, sums);
+}

@@ -250,7 +250,7 @@ inline void matmul_bind_workspace(void* workspace) {
 inline void matmul_teardown() {
     matmul_detail::State& s = matmul_detail::state();
     if (!s.handle) return;
-    cudaCheck(cudaStreamSynchronize(llmc_stream()));  // no matmul may still use the workspace
+    llmc_stream_sync();  // no matmul may still use the workspace
     for (auto& kv : s.plans) {
         cublasCheck(cublasLtMatrixLayoutDestroy(kv.second.a));
         cublasCheck(cublasLtMatrixLayoutDestroy(kv.second.b));

@@ -37,10 +37,12 @@ inline size_t matmul_batched_scratch_bytes(int n_batch, int BT, int OC) {
 inline size_t attention_scratch_bytes(int B, int T, int n_head) { return (size_t)B * n_head * T * sizeof(float); }
 
 // ------------------------------------------------------------------------------------------------
-// global norm (llmc/ops/global_norm.cuh): pass 1's partials in double, and the total
+// global norm (llmc/ops/global_norm.cuh): pass 1's partials in double, and the totals, for the
+// GN_MAX_RANGES ranges of one multi-range launch
 
 constexpr int GN_MAX_BLOCKS = 528;  // pass 1 grid cap: 4 blocks on each of the H200's 132 SMs, all resident
-inline size_t global_norm_scratch_bytes() { return (GN_MAX_BLOCKS + 1) * sizeof(double); }
+constexpr int GN_MAX_RANGES = 64;   // ranges per multi-range launch (its table is a 2.6 KB kernel parameter)
+inline size_t global_norm_scratch_bytes() { return (size_t)GN_MAX_RANGES * (GN_MAX_BLOCKS + 1) * sizeof(double); }
 
 // ------------------------------------------------------------------------------------------------
 // layernorm (llmc/ops/layernorm.cuh): the backward's per-block partial [2][C] rows. Its grid is one

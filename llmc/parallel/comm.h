@@ -1159,7 +1159,7 @@ inline std::vector<T> host_gather_all(const CommGroup& g, const T& value) {
 inline void barrier(const CommGroup& g) {
     if (g.size == 1) return;
 #ifdef LLMC_NCCL
-    cudaCheck(cudaStreamSynchronize(llmc_stream()));
+    llmc_stream_sync();
 #endif
 #ifdef LLMC_MPI
     MPI_Request req;

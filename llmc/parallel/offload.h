@@ -114,7 +114,10 @@ struct CudaOffloadCopies {  // two side streams (one per copy direction) and an 
         cudaCheck(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, down));
         cudaCheck(cudaEventRecord(downloaded[k], down));
     }
-    void wait_download(size_t k) { cudaCheck(cudaEventSynchronize(downloaded[k])); }
+    void wait_download(size_t k) {  // (a host sync, counted)
+        gpu_counters().host_syncs++;
+        cudaCheck(cudaEventSynchronize(downloaded[k]));
+    }
     void upload(void* dev, const void* host, size_t bytes) {
         cudaCheck(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, up));
     }

@@ -216,13 +216,15 @@ inline void reduce_scatter_sum_finish(const Add& add, const Zero& zero, CommRequ
 // chunks), gathers the chunk sums of every rank (each pipeline stage has its own segments) and adds
 // them in (segment id, rank, chunk) order: bitwise the unsharded single-process norm, for any dp and
 // pp (padding chunks add +0.0). Otherwise (the GPU build) each rank's slice of a segment is summed
-// in one call. add_squares(sum, p, n): sum += the squares of p[0, n) (the backend's: a loop in
-// double, or a kernel). skip: sorted accumulator ranges [begin, end) this rank does not count
-// (tensor-parallel replicas, counted by their owner).
+// as one range, every range of the rank in one batch (a few launches and one host sync). add_squares(sum,
+// p, n): sum += the squares of p[0, n) (the CPU backend's loop in double); squares_of(sums, ptrs,
+// ns, count): sums[k] = the squares of ptrs[k][0, ns[k]) (the GPU backend's batch). skip: sorted
+// accumulator ranges [begin, end) this rank does not count (tensor-parallel replicas, counted by
+// their owner).
 using AccRanges = std::vector<std::pair<size_t, size_t>>;
-template <typename AddSquares>
+template <typename AddSquares, typename SquaresOf>
 inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc, const AccRanges& skip, bool per_chunk,
-                                const AddSquares& add_squares) {
+                                const AddSquares& add_squares, const SquaresOf& squares_of) {
     const size_t n_seg = z.segs.size();
     // the parts of [a, b) outside skip
     auto counted = [&](size_t a, size_t b, auto f) {
@@ -251,9 +253,17 @@ inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc, cons
     } else {
         for (size_t s = 0; s <= n_seg; s++) first[s] = s;
         mine.assign(n_seg, 0.0);
+        std::vector<const float*> ptrs;
+        std::vector<size_t> ns, seg_of;
         for (size_t s = 0; s < n_seg; s++)
-            counted(z.acc_own((int)s), z.acc_own((int)s) + z.shard_len((int)s),
-                    [&](size_t lo, size_t hi) { add_squares(mine[s], grad_acc + lo, hi - lo); });
+            counted(z.acc_own((int)s), z.acc_own((int)s) + z.shard_len((int)s), [&](size_t lo, size_t hi) {
+                ptrs.push_back(grad_acc + lo);
+                ns.push_back(hi - lo);
+                seg_of.push_back(s);
+            });
+        std::vector<double> sums(ptrs.size());
+        squares_of(sums.data(), ptrs.data(), ns.data(), (int)ptrs.size());
+        for (size_t k = 0; k < sums.size(); k++) mine[seg_of[k]] += sums[k];  // a segment's ranges in order
     }
     // (segment id, chunk sum) pairs of every rank, padded to the longest list (id -1)
     const CommGroup& world = comm_world().world;

@@ -411,4 +411,66 @@ TEST_CASE("sanitizer: adamw with fp32 gradients, vector and scalar paths, small 
             for (size_t offset : {(size_t)0, (size_t)1}) check_against_cpu(n, with_master, h, offset);
 }
 
+// The multi-tensor step (adamw_update_pieces): pieces of a flat state, of ragged sizes (one element,
+// a chunk and a bit, many chunks), 16-byte aligned and not (odd starts: the scalar path), decaying
+// or not, with gaps between them and more pieces than one launch takes, updated in one call: every
+// array bitwise what one adamw_update per piece (seed + its table offset, its weight decay) writes,
+// the gaps untouched; and the CPU twin's m, v within the tolerance above.
+inline void check_pieces(bool with_master, int n_pieces, uint64_t seed) {
+    CAPTURE(with_master);
+    CAPTURE(n_pieces);
+    Rng rng(seed);
+    std::vector<cpu::AdamwPiece> pieces;
+    size_t at = 0;
+    for (int k = 0; k < n_pieces; k++) {
+        const size_t sizes[] = {1, 7, 8, 37, 1000, ADAMW_CHUNK + 5, 3 * ADAMW_CHUNK};
+        const size_t n = sizes[rng.below(7)];
+        at += rng.below(3);  // a gap of 0..2 elements: 16-byte aligned or not
+        pieces.push_back({at, at, at, n, 17 * at + 5, rng.below(2) == 0});
+        at += n;
+    }
+    const size_t total = at + 3;
+    Hyper h;
+    h.t = 4;
+    h.wd = 0.1f;
+    h.grad_scale = 0.7f;
+    State st(total, seed + 1);
+    DeviceState one(st, 0), per(st, 0);
+    adamw_update_pieces(one.params.ptr, with_master ? one.master.ptr : nullptr, one.grads.ptr, one.m.ptr, one.v.ptr,
+                        pieces.data(), (int)pieces.size(), h.lr, h.beta1, h.beta2, h.eps, h.wd, h.grad_scale, h.t, seed);
+    for (const cpu::AdamwPiece& u : pieces)
+        adamw_update(per.params.ptr + u.param, with_master ? per.master.ptr + u.state : nullptr, per.grads.ptr + u.grad,
+                     per.m.ptr + u.state, per.v.ptr + u.state, u.n, h.lr, h.beta1, h.beta2, h.eps,
+                     u.decay ? h.wd : 0.0f, h.grad_scale, h.t, seed + u.offset);
+    CHECK(same_bytes(one.get(one.params), per.get(per.params)));
+    CHECK(same_bytes(one.get(one.master), per.get(per.master)));
+    CHECK(same_bytes(one.get(one.m), per.get(per.m)));
+    CHECK(same_bytes(one.get(one.v), per.get(per.v)));
+    // the gaps keep their state
+    const std::vector<float> m1 = one.get(one.m);
+    std::vector<char> inside(total, 0);
+    for (const cpu::AdamwPiece& u : pieces) std::fill(inside.begin() + u.param, inside.begin() + u.param + u.n, 1);
+    size_t touched = 0;
+    for (size_t i = 0; i < total; i++) touched += !inside[i] && std::memcmp(&m1[i], &st.m[i], 4) != 0;
+    CHECK(touched == 0);
+    // the twin (fp32 params: the GPU's starting point, master or the bf16 params)
+    std::vector<float> p = with_master ? st.master : bf16_round(st.master), m = st.m, v = st.v;
+    cpu::adamw_update_pieces<float>(p.data(), nullptr, st.grads.data(), m.data(), v.data(), pieces.data(),
+                                    (int)pieces.size(), h.lr, h.beta1, h.beta2, h.eps, h.wd, h.grad_scale, h.t, seed);
+    CHECK_CLOSE("m (twin)", rel_max(m1, m), 1e-6);
+    CHECK_CLOSE("v (twin)", rel_max(one.get(one.v), v), 1e-6);
+}
+
+TEST_CASE("adamw_update_pieces: bitwise one adamw_update per piece, gaps untouched, a few launches") {
+    for (bool with_master : {true, false}) {
+        check_pieces(with_master, 5, 71);
+        check_pieces(with_master, ADAMW_MAX_PIECES + 13, 72);  // two launches
+    }
+}
+
+TEST_CASE("sanitizer: adamw_update_pieces, aligned and odd pieces, two launches") {
+    check_pieces(true, ADAMW_MAX_PIECES + 3, 81);
+    check_pieces(false, 4, 82);
+}
+
 }  // namespace adamw_test

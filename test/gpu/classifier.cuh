@@ -244,3 +244,32 @@ TEST_CASE("sanitizer: fused classifier and vocab-parallel classifier ops on smal
 }
 
 }  // namespace classifier_test
+
+// loss_sum: a micro-batch's losses summed on the device (the trainer reads the step's sums once):
+// double sums of the same floats in another fixed order, so the CPU twin's within 1e-12 relative,
+// and bitwise the same on a second run
+TEST_CASE("loss_sum: the device sum of the losses vs the CPU twin, deterministic") {
+    using namespace gpu_test;
+    for (int n : {1, 37, 1024, 1025, 65536 + 3}) {
+        CAPTURE(n);
+        std::vector<float> losses = random_vector(n, 700 + n, 1.0f, 3.0f);
+        for (float& l : losses) l = std::fabs(l);
+        DevF32 d(losses, 0);
+        DeviceBuffer<double> out(2);
+        out.poison();
+        loss_sum(out.ptr, d.ptr(), n);
+        loss_sum(out.ptr + 1, d.ptr(), n);
+        const std::vector<double> got = download(out);
+        double want = 0;
+        cpu::loss_sum(&want, losses.data(), n);
+        CHECK(std::fabs(got[0] - want) / want < 1e-12);
+        CHECK(std::memcmp(&got[0], &got[1], sizeof(double)) == 0);
+    }
+}
+
+TEST_CASE("sanitizer: loss_sum, small n") {
+    gpu_test::DevF32 d(std::vector<float>(37, 1.5f), 1);
+    gpu_test::DeviceBuffer<double> out(1);
+    loss_sum(out.ptr, d.ptr(), 37);
+    CHECK(gpu_test::download(out)[0] == 37 * 1.5);
+}

@@ -152,4 +152,46 @@ TEST_CASE("sanitizer: global_norm bf16 and fp32, small n, misaligned starts") {
         }
 }
 
+// Many ranges at once (the trainer's gradient norm): each range's sum bitwise global_norm_squared
+// of it alone (the same partition), over more ranges than one launch takes, aligned and not, ragged
+// and large; one host sync for all of them; and the CPU twin within 1e-11.
+inline void check_ranges(int count, uint64_t seed) {
+    CAPTURE(count);
+    cuda_scratch_reserve(global_norm_scratch_bytes());
+    Rng rng(seed);
+    std::vector<size_t> offsets, ns;
+    size_t at = 0;
+    for (int k = 0; k < count; k++) {
+        const size_t sizes[] = {1, 3, 4, 1001, 70000, (size_t)(1 << 20) + 3};
+        at += rng.below(4);  // misaligned starts
+        offsets.push_back(at);
+        ns.push_back(sizes[rng.below(k % 9 == 0 ? 6 : 5)]);
+        at += ns.back();
+    }
+    const std::vector<float> x = random_vector(at, seed + 1, 1.0f, 0.1f);
+    DevF32 d(x, 0);
+    std::vector<const float*> ptrs;
+    for (size_t o : offsets) ptrs.push_back(d.ptr() + o);
+    std::vector<double> got(count), twin(count);
+    const uint64_t syncs = gpu_counters().host_syncs;
+    global_norm_squared_ranges(got.data(), ptrs.data(), ns.data(), count);
+    CHECK(gpu_counters().host_syncs == syncs + 1);
+    std::vector<const float*> hptrs;
+    for (size_t o : offsets) hptrs.push_back(x.data() + o);
+    cpu::global_norm_squared_ranges(twin.data(), hptrs.data(), ns.data(), count);
+    for (int k = 0; k < count; k++) {
+        CAPTURE(k);
+        const double alone = global_norm_squared(ptrs[k], ns[k]);
+        CHECK(std::memcmp(&alone, &got[k], sizeof(double)) == 0);
+        CHECK(std::fabs(got[k] - twin[k]) / twin[k] < 1e-11);
+    }
+}
+
+TEST_CASE("global_norm_squared_ranges: each range bitwise alone, two launches, one host sync") {
+    check_ranges(7, 31);
+    check_ranges(GN_MAX_RANGES + 9, 32);
+}
+
+TEST_CASE("sanitizer: global_norm_squared_ranges, small ranges, misaligned starts") { check_ranges(GN_MAX_RANGES + 2, 41); }
+
 }  // namespace global_norm_test

@@ -527,3 +527,73 @@ TEST_CASE("model: the device memory a training step uses is the plan's within 5%
             CHECK(std::fabs(used - plan) <= 0.05 * plan);
         }
 }
+
+// The GPU step does not wait on the host: on a tiny dense model (L = 2 blocks, SwiGLU, ALiBi, hs 16:
+// the simple attention kernels), the sequence train_step runs (llmc/gpt/driver.h's caller in
+// train_gpt.cu: gpt_pipeline_step, gpt_grad_norm, the losses, gpt_apply_update), counted on its
+// second step (the first includes one-time work: cuBLASLt plans, the pinned staging areas' growth).
+//  - host syncs: none in the micro-batches (their uploads are queued from the upload ring, their
+//    loss sums stay on the device), exactly one for the norm (all the rank's ranges in one batch;
+//    the losses' copy was queued before it, so reading them costs none), none in the update.
+//  - launches of the update: ceil(pieces / ADAMW_MAX_PIECES) (one per tensor before); of the norm:
+//    2 ceil(ranges / GN_MAX_RANGES) + 1 (the ranges are the L + 2 segments; + the tied embedding's
+//    fold of the head's gradient).
+//  - launches of the whole step below a bound summed from each op's most launches (a cuBLASLt call
+//    or a cub sort counts one; a tensor-parallel sum over one rank is its leaf and at most one copy):
+//      embedding forward 1, backward 4 (keys, sort, chunk sums, combine) + its fold 1
+//      a block's forward <= 10: LayerNorm (or fused residual + LayerNorm) 2, the four matmuls 4,
+//        attention <= 2, SwiGLU 1, + 1 slack for a stream copy
+//      a block's backward <= 36: four matmul backwards 4 x 4 (dbias 2, dinp 1, dweight 1), SwiGLU 1,
+//        attention <= 4, two LayerNorms 2 x 5 (dinp 1; weight gradients 2 + their two fp32 adds),
+//        the fold 1, + 4 slack for the stream's gradient copies and adds
+//      the head: logits 1, loss 1, loss sum 1, dweight 1 + its fold 1, dinp <= 2, final LayerNorm
+//        5 + its fold 1 = 13
+//      plus the norm and the update as above.
+TEST_CASE("model: a GPU training step has at most one host sync, and a bounded, derived number of launches") {
+    using namespace gpu_test;
+    const ref::GPTConfig rc = model_test_config();  // L 2, C 64, 4 heads of 16
+    const int B = 2, T = 64, L = rc.n_layer;
+    gpu::GPT g;
+    gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T);
+    gpu::gpt_init_params(g, 3);
+    REQUIRE(g.pipe.M == 1);
+    const gpu::OptimizerConfig opt;
+    std::vector<int> in, tgt, ds;
+    for (int step = 0; step < 2; step++) {
+        model_test_batch(B, T, 40 + step, in, tgt, ds);
+        const std::vector<gpu::MicroBatch> batches = {{in.data(), tgt.data(), ds.data()}};
+        const gpu::BackendCounts c0 = gpu::backend_counts();
+        gpu::gpt_zero_grad(g);
+        gpu::gpt_pipeline_step(g, batches, B, T, 1.0f, false, nullptr);
+        const gpu::BackendCounts c1 = gpu::backend_counts();
+        const float norm = gpu::gpt_grad_norm(g);
+        const gpu::BackendCounts c2 = gpu::backend_counts();
+        const std::vector<double> losses = gpu::take_losses(g);
+        const gpu::BackendCounts c3 = gpu::backend_counts();
+        gpu::gpt_apply_update(g, opt, 1e-3f, step, norm);
+        const gpu::BackendCounts c4 = gpu::backend_counts();
+        REQUIRE(losses.size() == 1);
+        CHECK(std::isfinite(losses[0]));
+        CHECK(std::isfinite(norm));
+        if (step == 0) continue;
+        const size_t pieces = g.update_pieces.size(), ranges = g.zero.segs.size();
+        REQUIRE(ranges == (size_t)L + 2);
+        INFO("micro-batches: " << c1.launches - c0.launches << " launches, " << c1.host_syncs - c0.host_syncs
+                               << " syncs; norm " << c2.launches - c1.launches << " / " << c2.host_syncs - c1.host_syncs
+                               << "; losses " << c3.host_syncs - c2.host_syncs << " syncs; update "
+                               << c4.launches - c3.launches << " / " << c4.host_syncs - c3.host_syncs);
+        CHECK(c1.host_syncs - c0.host_syncs == 0);
+        CHECK(c2.host_syncs - c1.host_syncs == 1);
+        CHECK(c3.host_syncs - c2.host_syncs == 0);
+        CHECK(c4.host_syncs - c3.host_syncs == 0);
+        const uint64_t update_launches = (pieces + ADAMW_MAX_PIECES - 1) / ADAMW_MAX_PIECES;
+        const uint64_t norm_launches = 2 * ((ranges + GN_MAX_RANGES - 1) / GN_MAX_RANGES) + 1;
+        CHECK(c4.launches - c3.launches == update_launches);
+        CHECK(c2.launches - c1.launches == norm_launches);
+        const uint64_t bound = (1 + 4 + 1) + (uint64_t)L * (10 + 36) + 13 + norm_launches + update_launches;
+        INFO("whole step: " << c4.launches - c0.launches << " launches, bound " << bound);
+        CHECK(c4.launches - c0.launches <= bound);
+        CHECK(c4.host_syncs - c0.host_syncs <= 1);
+    }
+    gpu::gpt_free(g);
+}

@@ -32,4 +32,25 @@ void adamw_update(T* params, float* master_params, const float* grads, float* m,
     }
 }
 
+// A piece of the optimizer step: n elements at param / state / grad (indices into the flat params,
+// the master and moments, and the fp32 gradients), its offset in the parameter table (the
+// stochastic-rounding seed of element i is seed + offset + i) and whether it decays.
+struct AdamwPiece {
+    size_t param, state, grad, n, offset;
+    bool decay;
+};
+// adamw_update on each of pieces[0, count): the step over many tensors in one call (the GPU twin:
+// a few multi-tensor launches); weight_decay applies to the pieces that decay
+template <typename T>
+void adamw_update_pieces(T* params, float* master_params, const float* grads, float* m, float* v,
+                         const AdamwPiece* pieces, int count, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, float grad_scale, int t, uint64_t seed) {
+    for (int k = 0; k < count; k++) {
+        const AdamwPiece& u = pieces[k];
+        adamw_update(params + u.param, master_params ? master_params + u.state : nullptr, grads + u.grad, m + u.state,
+                     v + u.state, u.n, lr, beta1, beta2, eps, u.decay ? weight_decay : 0.0f, grad_scale, t,
+                     seed + u.offset);
+    }
+}
+
 }  // namespace cpu

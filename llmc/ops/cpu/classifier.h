@@ -113,4 +113,12 @@ void classifier_backward(T* logits, float* losses, const float* mx, const float*
     }
 }
 
+// *out = sum of losses[0, n) in double, in token order (a micro-batch's loss sum; the trainer divides
+// by the number of real targets after the step, when it reads every micro-batch's sum at once)
+inline void loss_sum(double* out, const float* losses, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += losses[i];
+    *out = s;
+}
+
 }  // namespace cpu

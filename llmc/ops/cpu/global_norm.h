@@ -22,4 +22,9 @@ double global_norm_squared(const T* values, size_t n) {
     return total;
 }
 
+// sums[k] = global_norm_squared(values[k], n[k]) for k < count (the GPU twin's batch of ranges)
+inline void global_norm_squared_ranges(double* sums, const float* const* values, const size_t* n, int count) {
+    for (int k = 0; k < count; k++) sums[k] = global_norm_squared(values[k], n[k]);
+}
+
 }  // namespace cpu
