@@ -123,6 +123,18 @@ __device__ inline float warp_sum(float x) {
     return x;
 }
 
+// The first key that some query of the block's tile [q0, q0 + nq) can see: the smallest doc_start of
+// the tile (integer atomicMin in shared memory: order-free). Ends with a barrier.
+__device__ inline int tile_kv_lo(const int* ds, int q0, int nq) {
+    __shared__ int kv_lo_s;
+    const int tid = threadIdx.x;
+    if (tid == 0) kv_lo_s = INT_MAX;
+    __syncthreads();
+    if (tid < nq) atomicMin(&kv_lo_s, ds[q0 + tid]);
+    __syncthreads();
+    return kv_lo_s;
+}
+
 // 8 consecutive bf16 values (one 16-byte load) as fp32. A bf16 is the high half of an fp32 and, little
 // endian, the lower-addressed value of each 32-bit word is its low half: bit operations, no type punning.
 __device__ inline void load_bf16x8(float f[8], const floatX* p) {
@@ -187,7 +199,6 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* 
     float* k_s = reinterpret_cast<float*>(smem_f4);   // [CHUNK][hs + 4] keys of the chunk
     float* v_s = k_s + CHUNK * padded(hs);            // [CHUNK][hs]     values of the chunk
     float* q_s = v_s + CHUNK * hs;                    // [QTILE][hs]     queries of the tile
-    __shared__ int kv_lo_s;
 
     const int b = blockIdx.z, h = blockIdx.y;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * QTILE;  // last (heaviest) tiles are scheduled first
@@ -199,11 +210,7 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     stage_rows(q_s, hs, base + (size_t)q0 * row + h * hs, row, QTILE, nq, hs);
-    if (threadIdx.x == 0) kv_lo_s = INT_MAX;
-    __syncthreads();
-    if (threadIdx.x < nq) atomicMin(&kv_lo_s, ds[q0 + threadIdx.x]);  // integer min: order-free
-    __syncthreads();
-    const int kv_lo = kv_lo_s, kv_hi = q0 + nq - 1;  // every key some query of the tile can see
+    const int kv_lo = tile_kv_lo(ds, q0, nq), kv_hi = q0 + nq - 1;  // every key the tile can see
 
     int lo[ROWS_PER_WARP];
     float m[ROWS_PER_WARP], l[ROWS_PER_WARP], o[ROWS_PER_WARP][SLOTS];
@@ -302,7 +309,6 @@ attention_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const f
     float* v_s = k_s + CHUNK * padded(hs);            // [CHUNK][hs + 4] (read one row per lane for dO.v)
     float* q_s = v_s + CHUNK * padded(hs);            // [QTILE][hs]
     float* do_s = q_s + QTILE * hs;                   // [QTILE][hs]
-    __shared__ int kv_lo_s;
 
     const int b = blockIdx.z, h = blockIdx.y;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * QTILE;
@@ -315,11 +321,7 @@ attention_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const f
 
     stage_rows(q_s, hs, base + (size_t)q0 * row + h * hs, row, QTILE, nq, hs);
     stage_rows(do_s, hs, dout + ((size_t)b * T + q0) * n_head * hs + h * hs, (size_t)n_head * hs, QTILE, nq, hs);
-    if (threadIdx.x == 0) kv_lo_s = INT_MAX;
-    __syncthreads();
-    if (threadIdx.x < nq) atomicMin(&kv_lo_s, ds[q0 + threadIdx.x]);
-    __syncthreads();
-    const int kv_lo = kv_lo_s, kv_hi = q0 + nq - 1;
+    const int kv_lo = tile_kv_lo(ds, q0, nq), kv_hi = q0 + nq - 1;
 
     int lo[ROWS_PER_WARP];
     float lse_r[ROWS_PER_WARP], D_r[ROWS_PER_WARP], dq[ROWS_PER_WARP][SLOTS];
@@ -595,40 +597,37 @@ __device__ inline void c_to_a(uint32_t (&a)[4], const float (&lo)[4], const floa
     a[3] = pack_bf16x2(hi[2], hi[3]);  // [g+8][8+2t, 8+2t+1]
 }
 
-// acc[n] += (A B^T)[:, 8n .. 8n+7] for A a 16 x 16 KSTEPS block (rows at a_s) and B a 8 NB x 16 KSTEPS block
-// (rows at b_s), both row-major in smem with row stride LD: the products S = Q K^T, dP = dO V^T,
-// S^T = K Q^T and dP^T = V dO^T.
+// acc[n] += (A B^T)[:, 8n .. 8n+7] over one 16-column k-step ks: a is the A fragment of the step, B a
+// 8 NB x 16 KSTEPS block (rows at b_s) row-major in smem with row stride LD, read 16 rows at a time.
+template <int NB, int LD>
+__device__ inline void warp_mma_abt_step(float (&acc)[NB][4], const uint32_t (&a)[4], const floatX* b_s, int ks,
+                                         int lane) {
+    static_assert(NB % 2 == 0, "B is loaded 16 rows at a time");
+#pragma unroll
+    for (int nb = 0; nb < NB; nb += 2) {
+        uint32_t b[4];
+        ldsm_x4(b, b_s + (nb * 8 + ldsm_b_row(lane)) * LD + ks * 16 + ldsm_b_col(lane));
+        mma_16816(acc[nb], a, b[0], b[1]);
+        mma_16816(acc[nb + 1], a, b[2], b[3]);
+    }
+}
+// acc += A B^T over all KSTEPS for A a 16 x 16 KSTEPS block (rows at a_s), row-major in smem like B: the
+// products S = Q K^T, dP = dO V^T, S^T = K Q^T and dP^T = V dO^T.
 template <int KSTEPS, int NB, int LD>
 __device__ inline void warp_mma_abt(float (&acc)[NB][4], const floatX* a_s, const floatX* b_s, int lane) {
-    static_assert(NB % 2 == 0, "B is loaded 16 rows at a time");
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ks++) {
         uint32_t a[4];
         ldsm_x4(a, a_s + ldsm_a_row(lane) * LD + ks * 16 + ldsm_a_col(lane));
-#pragma unroll
-        for (int nb = 0; nb < NB; nb += 2) {
-            uint32_t b[4];
-            ldsm_x4(b, b_s + (nb * 8 + ldsm_b_row(lane)) * LD + ks * 16 + ldsm_b_col(lane));
-            mma_16816(acc[nb], a, b[0], b[1]);
-            mma_16816(acc[nb + 1], a, b[2], b[3]);
-        }
+        warp_mma_abt_step<NB, LD>(acc, a, b_s, ks, lane);
     }
 }
 // the same with A already in registers: a[ks] is the A fragment of columns 16 ks .. 16 ks + 15
 template <int KSTEPS, int NB, int LD>
 __device__ inline void warp_mma_abt_reg(float (&acc)[NB][4], const uint32_t (&a)[KSTEPS][4], const floatX* b_s,
                                         int lane) {
-    static_assert(NB % 2 == 0, "B is loaded 16 rows at a time");
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ks++) {
-#pragma unroll
-        for (int nb = 0; nb < NB; nb += 2) {
-            uint32_t b[4];
-            ldsm_x4(b, b_s + (nb * 8 + ldsm_b_row(lane)) * LD + ks * 16 + ldsm_b_col(lane));
-            mma_16816(acc[nb], a[ks], b[0], b[1]);
-            mma_16816(acc[nb + 1], a[ks], b[2], b[3]);
-        }
-    }
+    for (int ks = 0; ks < KSTEPS; ks++) warp_mma_abt_step<NB, LD>(acc, a[ks], b_s, ks, lane);
 }
 // acc[n] += (A B)[:, 8n .. 8n+7] for A a 16 x 16 KK block given as register fragments (a[k]: columns
 // 16k .. 16k+15) and B a 16 KK x 8 NB block, row-major in smem at b_s (row stride LD), read with
@@ -728,7 +727,6 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_
     floatX* q_s = reinterpret_cast<floatX*>(fa_smem);  // [64][LD] queries, later each warp's output staging
     floatX* k_s = q_s + TILE;                            // [2][64][LD] key tiles
     floatX* v_s = k_s + 2 * TILE;                        // [2][64][LD] value tiles
-    __shared__ int kv_lo_s;
 
     const int b = blockIdx.z, h = blockIdx.y;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE;  // last (heaviest) tiles are scheduled first
@@ -742,11 +740,7 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_
     const float slope_log2 = alibi_n_head > 0 ? alibi_slope_f(head0 + h, alibi_n_head) * LOG2E : 0.f;
 
     load_tile_async<HS>(q_s, base + (size_t)q0 * row + h * HS, row, nq, tid);
-    if (tid == 0) kv_lo_s = INT_MAX;
-    __syncthreads();
-    if (tid < nq) atomicMin(&kv_lo_s, ds[q0 + tid]);  // integer min: order-free
-    __syncthreads();
-    const int kv_lo = kv_lo_s;  // keys [kv_lo, q_hi]: each is seen by some query of the tile
+    const int kv_lo = tile_kv_lo(ds, q0, nq);  // keys [kv_lo, q_hi]: each seen by some query of the tile
     const int n_tiles = (q_hi - kv_lo) / FA_TILE + 1;
     load_tile_async<HS>(k_s, k_g + (size_t)kv_lo * row, row, T - kv_lo, tid);
     load_tile_async<HS>(v_s, v_g + (size_t)kv_lo * row, row, T - kv_lo, tid);
@@ -850,7 +844,6 @@ flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float
     floatX* do_s = q_s + TILE;                           // [64][LD] their output gradients
     floatX* k_s = do_s + TILE;                           // [2][64][LD] key tiles
     floatX* v_s = k_s + 2 * TILE;                        // [2][64][LD] value tiles
-    __shared__ int kv_lo_s;
 
     const int b = blockIdx.z, h = blockIdx.y;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE;
@@ -865,11 +858,7 @@ flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float
 
     load_tile_async<HS>(q_s, base + (size_t)q0 * row + h * HS, row, nq, tid);
     load_tile_async<HS>(do_s, dout + ((size_t)b * T + q0) * n_head * HS + h * HS, (size_t)n_head * HS, nq, tid);
-    if (tid == 0) kv_lo_s = INT_MAX;
-    __syncthreads();
-    if (tid < nq) atomicMin(&kv_lo_s, ds[q0 + tid]);
-    __syncthreads();
-    const int kv_lo = kv_lo_s;
+    const int kv_lo = tile_kv_lo(ds, q0, nq);
     const int n_tiles = (q_hi - kv_lo) / FA_TILE + 1;
     load_tile_async<HS>(k_s, k_g + (size_t)kv_lo * row, row, T - kv_lo, tid);
     load_tile_async<HS>(v_s, v_g + (size_t)kv_lo * row, row, T - kv_lo, tid);
