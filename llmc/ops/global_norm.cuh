@@ -83,70 +83,72 @@ __device__ inline float gn_sum8(const uint4& raw) {
     return s;
 }
 
-// values[0, head) unaligned head, values[head, head + 8 * n_vec) 16-byte aligned, then the tail.
-__global__ void __launch_bounds__(GN_THREADS)
-    global_norm_partials_kernel(const floatX* values, size_t n, size_t head, size_t n_vec, double* partials) {
-    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    const uint4* vec = reinterpret_cast<const uint4*>(values + head);
-    double acc = 0.0;
-    // GN_UNROLL independent 16-byte loads in flight per thread (vectors j, j + stride, ...), then
-    // added in that order; a vector past the end counts as zeros (adding +0.0 changes nothing)
-    for (size_t j = tid; j < n_vec; j += GN_UNROLL * stride) {
-        uint4 raw[GN_UNROLL];
-#pragma unroll
-        for (int u = 0; u < GN_UNROLL; u++) {
-            const size_t jj = j + u * stride;
-            raw[u] = jj < n_vec ? vec[jj] : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < GN_UNROLL; u++) acc += (double)gn_sum8(raw[u]);
-    }
-    const size_t tail_start = head + 8 * n_vec;
-    if (tid < head) acc += (double)gn_square(values[tid]);
-    if (tid < n - tail_start) acc += (double)gn_square(values[tail_start + tid]);
-    const double block = gn_block_sum(acc);
-    if (threadIdx.x == 0) partials[blockIdx.x] = block;
-}
-
-// fp32: values[0, head) unaligned head, values[head, head + 4 * n_vec) 16-byte aligned, then the tail.
 // Each square is exact in double, so (x * x) + acc rounds once whether or not the compiler fuses it
 // into an fma: the result does not depend on -fmad.
 __device__ inline double gn_square_f64(float x) {
     const double d = (double)x;
     return d * d;
 }
-// block `block` of a pass-1 grid of `grid` blocks over one fp32 buffer: its partial (to thread 0)
-__device__ inline double gn_f32_block(const float* values, size_t n, size_t head, size_t n_vec, unsigned block,
-                                      unsigned grid) {
+
+// What pass 1 does with one element type T: its 16-byte vector Vec of V elements, adding a vector's
+// squares to the thread's double (bf16: their fp32 sum gn_sum8, one double add; fp32: each square in
+// double, in memory order) and a single element's square (the head and the tail).
+template <typename T>
+struct GnElem;
+template <>
+struct GnElem<floatX> {
+    using Vec = uint4;
+    static constexpr int V = 8;
+    __device__ static Vec zero() { return make_uint4(0u, 0u, 0u, 0u); }
+    __device__ static void add_vec(double& acc, const Vec& raw) { acc += (double)gn_sum8(raw); }
+    __device__ static double square(floatX x) { return (double)gn_square(x); }
+};
+template <>
+struct GnElem<float> {
+    using Vec = float4;
+    static constexpr int V = 4;
+    __device__ static Vec zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+    __device__ static void add_vec(double& acc, const Vec& raw) {
+        acc += gn_square_f64(raw.x);
+        acc += gn_square_f64(raw.y);
+        acc += gn_square_f64(raw.z);
+        acc += gn_square_f64(raw.w);
+    }
+    __device__ static double square(float x) { return gn_square_f64(x); }
+};
+
+// Block `block` of a pass-1 grid of `grid` blocks over one buffer: values[0, head) the unaligned head,
+// values[head, head + V * n_vec) the 16-byte aligned vectors, then the tail. Its partial (to thread 0).
+template <typename T>
+__device__ inline double gn_block_partial(const T* values, size_t n, size_t head, size_t n_vec, unsigned block,
+                                          unsigned grid) {
+    using E = GnElem<T>;
     const size_t tid = (size_t)block * blockDim.x + threadIdx.x;
     const size_t stride = (size_t)grid * blockDim.x;
-    const float4* vec = reinterpret_cast<const float4*>(values + head);
+    const typename E::Vec* vec = reinterpret_cast<const typename E::Vec*>(values + head);
     double acc = 0.0;
-    // as the bf16 kernel: GN_UNROLL independent 16-byte loads, a vector past the end is zeros
+    // GN_UNROLL independent 16-byte loads in flight per thread (vectors j, j + stride, ...), then
+    // added in that order; a vector past the end counts as zeros (adding +0.0 changes nothing)
     for (size_t j = tid; j < n_vec; j += GN_UNROLL * stride) {
-        float4 raw[GN_UNROLL];
+        typename E::Vec raw[GN_UNROLL];
 #pragma unroll
         for (int u = 0; u < GN_UNROLL; u++) {
             const size_t jj = j + u * stride;
-            raw[u] = jj < n_vec ? vec[jj] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            raw[u] = jj < n_vec ? vec[jj] : E::zero();
         }
 #pragma unroll
-        for (int u = 0; u < GN_UNROLL; u++) {
-            acc += gn_square_f64(raw[u].x);
-            acc += gn_square_f64(raw[u].y);
-            acc += gn_square_f64(raw[u].z);
-            acc += gn_square_f64(raw[u].w);
-        }
+        for (int u = 0; u < GN_UNROLL; u++) E::add_vec(acc, raw[u]);
     }
-    const size_t tail_start = head + 4 * n_vec;
-    if (tid < head) acc += gn_square_f64(values[tid]);
-    if (tid < n - tail_start) acc += gn_square_f64(values[tail_start + tid]);
+    const size_t tail_start = head + E::V * n_vec;
+    if (tid < head) acc += E::square(values[tid]);
+    if (tid < n - tail_start) acc += E::square(values[tail_start + tid]);
     return gn_block_sum(acc);
 }
+
+template <typename T>
 __global__ void __launch_bounds__(GN_THREADS)
-    global_norm_partials_f32_kernel(const float* values, size_t n, size_t head, size_t n_vec, double* partials) {
-    const double block = gn_f32_block(values, n, head, n_vec, blockIdx.x, gridDim.x);
+    global_norm_partials_kernel(const T* values, size_t n, size_t head, size_t n_vec, double* partials) {
+    const double block = gn_block_partial(values, n, head, n_vec, blockIdx.x, gridDim.x);
     if (threadIdx.x == 0) partials[blockIdx.x] = block;
 }
 
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(GN_THREADS) global_norm_ranges_partials_kernel
     int r = 0;
     while ((int)blockIdx.x >= t.block0[r + 1]) r++;
     const unsigned block = blockIdx.x - t.block0[r], grid = t.block0[r + 1] - t.block0[r];
-    const double sum = gn_f32_block(t.values[r], t.n[r], t.head[r], t.n_vec[r], block, grid);
+    const double sum = gn_block_partial(t.values[r], t.n[r], t.head[r], t.n_vec[r], block, grid);
     if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
@@ -195,23 +197,14 @@ inline int gn_grid(size_t n, size_t V) {
 
 // Enqueues both passes on llmc_stream(); the sum lands in device memory at *d_out (no sync).
 // d_out must not lie in the first GN_MAX_BLOCKS doubles of the scratch arena (the partials).
-inline void global_norm_squared_launch(const floatX* values, size_t n, double* d_out) {
+template <typename T>
+inline void global_norm_squared_launch(const T* values, size_t n, double* d_out) {
+    constexpr int V = GnElem<T>::V;
     double* partials = cuda_scratch<double>(GN_MAX_BLOCKS, "global_norm_squared");
     const size_t head = gn_head(values, n);
-    const size_t n_vec = (n - head) / 8;
-    const int grid = gn_grid(n, 8);
-    global_norm_partials_kernel<<<grid, GN_THREADS, 0, llmc_stream()>>>(values, n, head, n_vec, partials);
-    cudaCheckLaunch();
-    global_norm_finish_kernel<<<1, GN_FINISH_THREADS, 0, llmc_stream()>>>(partials, grid, d_out);
-    cudaCheckLaunch();
-}
-// The same for fp32 values (float4 vectors, squares in double).
-inline void global_norm_squared_launch(const float* values, size_t n, double* d_out) {
-    double* partials = cuda_scratch<double>(GN_MAX_BLOCKS, "global_norm_squared");
-    const size_t head = gn_head(values, n);
-    const size_t n_vec = (n - head) / 4;
-    const int grid = gn_grid(n, 4);
-    global_norm_partials_f32_kernel<<<grid, GN_THREADS, 0, llmc_stream()>>>(values, n, head, n_vec, partials);
+    const size_t n_vec = (n - head) / V;
+    const int grid = gn_grid(n, V);
+    global_norm_partials_kernel<T><<<grid, GN_THREADS, 0, llmc_stream()>>>(values, n, head, n_vec, partials);
     cudaCheckLaunch();
     global_norm_finish_kernel<<<1, GN_FINISH_THREADS, 0, llmc_stream()>>>(partials, grid, d_out);
     cudaCheckLaunch();
@@ -265,8 +258,8 @@ inline void global_norm_squared_ranges(double* sums, const float* const* values,
             t.values[r] = v;
             t.n[r] = n[k0 + r];
             t.head[r] = t.n[r] == 0 ? 0 : gn_head(v, t.n[r]);
-            t.n_vec[r] = (t.n[r] - t.head[r]) / 4;
-            t.block0[r + 1] = t.block0[r] + (t.n[r] == 0 ? 1 : gn_grid(t.n[r], 4));  // (n 0: one block of zeros)
+            t.n_vec[r] = (t.n[r] - t.head[r]) / GnElem<float>::V;
+            t.block0[r + 1] = t.block0[r] + (t.n[r] == 0 ? 1 : gn_grid(t.n[r], GnElem<float>::V));  // (n 0: zeros)
         }
         global_norm_ranges_partials_kernel<<<t.block0[t.count], GN_THREADS, 0, llmc_stream()>>>(t, partials);
         cudaCheckLaunch();
