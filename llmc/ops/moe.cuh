@@ -430,6 +430,27 @@ __global__ void __launch_bounds__(THREADS) moe_gather_kernel(floatX* __restrict_
     }
 }
 
+// The experts that took token i, in expert order, warp-uniformly: a ballot over 32 of its E slots
+// (slots = token_slots + i * E) at a time lists the taken ones, and every lane calls f(e, slot, gate)
+// for each, gate = scores_i[e] (scores_i = scores + i * E) when GATED, else 0.
+template <bool GATED, typename F>
+__device__ inline void for_each_taken_expert(const int* slots, const float* scores_i, int E, int lane, F&& f) {
+    for (int q = 0; q < E; q += 32) {
+        const int j = q + lane < E ? slots[q + lane] : -1;
+        float s = 0.0f;
+        if constexpr (GATED) s = j >= 0 ? scores_i[q + lane] : 0.0f;
+        unsigned m = __ballot_sync(FULL_MASK, j >= 0);
+        while (m) {
+            const int l = __ffs(m) - 1;
+            m &= m - 1;
+            const int slot = __shfl_sync(FULL_MASK, j, l);
+            float gate = 0.0f;
+            if constexpr (GATED) gate = __shfl_sync(FULL_MASK, s, l);
+            f(q + l, slot, gate);
+        }
+    }
+}
+
 // a warp per token i: dx[i] += dxe[e, slot] over the experts e that took i, in expert order.
 // The channel loop has the same trip count on every lane (the ballots need the whole warp).
 template <int VEC>
@@ -445,21 +466,14 @@ __global__ void __launch_bounds__(THREADS) moe_gather_backward_kernel(floatX* dx
         const bool active = c < C;
         float acc[VEC];
         if (active) load_bf16<VEC>(acc, dx + (size_t)i * C + c);
-        for (int q = 0; q < E; q += 32) {
-            const int j = q + lane < E ? slots[q + lane] : -1;
-            unsigned m = __ballot_sync(FULL_MASK, j >= 0);
-            while (m) {
-                const int l = __ffs(m) - 1;
-                m &= m - 1;
-                const int slot = __shfl_sync(FULL_MASK, j, l);
-                if (active) {
-                    float d[VEC];
-                    load_bf16<VEC>(d, dxe + ((size_t)(q + l) * cap + slot) * C + c);
+        for_each_taken_expert<false>(slots, nullptr, E, lane, [&](int e, int slot, float) {
+            if (active) {
+                float d[VEC];
+                load_bf16<VEC>(d, dxe + ((size_t)e * cap + slot) * C + c);
 #pragma unroll
-                    for (int v = 0; v < VEC; v++) acc[v] += d[v];
-                }
+                for (int v = 0; v < VEC; v++) acc[v] += d[v];
             }
-        }
+        });
         if (active) store_bf16<VEC>(dx + (size_t)i * C + c, acc);
     }
 }
@@ -481,23 +495,14 @@ __global__ void __launch_bounds__(THREADS) moe_combine_forward_kernel(floatX* __
         float acc[VEC];
 #pragma unroll
         for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
-        for (int q = 0; q < E; q += 32) {
-            const int j = q + lane < E ? slots[q + lane] : -1;
-            const float s = j >= 0 ? scores[(size_t)i * E + q + lane] : 0.0f;
-            unsigned m = __ballot_sync(FULL_MASK, j >= 0);
-            while (m) {
-                const int l = __ffs(m) - 1;
-                m &= m - 1;
-                const int slot = __shfl_sync(FULL_MASK, j, l);
-                const float gate = __shfl_sync(FULL_MASK, s, l);
-                if (active) {
-                    float y[VEC];
-                    load_bf16<VEC>(y, ye + ((size_t)(q + l) * cap + slot) * C + c);
+        for_each_taken_expert<true>(slots, scores + (size_t)i * E, E, lane, [&](int e, int slot, float gate) {
+            if (active) {
+                float y[VEC];
+                load_bf16<VEC>(y, ye + ((size_t)e * cap + slot) * C + c);
 #pragma unroll
-                    for (int v = 0; v < VEC; v++) acc[v] = fmaf(gate, y[v], acc[v]);
-                }
+                for (int v = 0; v < VEC; v++) acc[v] = fmaf(gate, y[v], acc[v]);
             }
-        }
+        });
         if (active) store_bf16<VEC>(out + (size_t)i * C + c, acc);
     }
 }
@@ -517,34 +522,25 @@ __global__ void __launch_bounds__(THREADS) moe_combine_backward_kernel(floatX* _
     if (i >= n) return;
     const int* slots = token_slots + (size_t)i * E;
     const floatX* d_row = dout + (size_t)i * C;
-    for (int q = 0; q < E; q += 32) {
-        const int e_lane = q + lane;
-        const int j = e_lane < E ? slots[e_lane] : -1;
-        const float s = j >= 0 ? scores[(size_t)i * E + e_lane] : 0.0f;
-        if (e_lane < E && j < 0) dscores[(size_t)i * E + e_lane] = 0.0f;
-        unsigned m = __ballot_sync(FULL_MASK, j >= 0);
-        while (m) {
-            const int l = __ffs(m) - 1;
-            m &= m - 1;
-            const int slot = __shfl_sync(FULL_MASK, j, l);
-            const float gate = __shfl_sync(FULL_MASK, s, l);
-            const size_t row = ((size_t)(q + l) * cap + slot) * C;
-            float dot = 0.0f;
-            for (int c = lane * VEC; c < C; c += 32 * VEC) {
-                float d[VEC], y[VEC], g[VEC];
-                load_bf16<VEC>(d, d_row + c);
-                load_bf16<VEC>(y, ye + row + c);
+    for (int e = lane; e < E; e += 32)  // the pairs not taken
+        if (slots[e] < 0) dscores[(size_t)i * E + e] = 0.0f;
+    for_each_taken_expert<true>(slots, scores + (size_t)i * E, E, lane, [&](int e, int slot, float gate) {
+        const size_t row = ((size_t)e * cap + slot) * C;
+        float dot = 0.0f;
+        for (int c = lane * VEC; c < C; c += 32 * VEC) {
+            float d[VEC], y[VEC], g[VEC];
+            load_bf16<VEC>(d, d_row + c);
+            load_bf16<VEC>(y, ye + row + c);
 #pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    dot = fmaf(d[v], y[v], dot);
-                    g[v] = gate * d[v];
-                }
-                store_bf16<VEC>(dye + row + c, g);
+            for (int v = 0; v < VEC; v++) {
+                dot = fmaf(d[v], y[v], dot);
+                g[v] = gate * d[v];
             }
-            dot = warp_sum(dot);  // every lane has the same total
-            if (lane == 0) dscores[(size_t)i * E + q + l] = dot;
+            store_bf16<VEC>(dye + row + c, g);
         }
-    }
+        dot = warp_sum(dot);  // every lane has the same total
+        if (lane == 0) dscores[(size_t)i * E + e] = dot;
+    });
 }
 
 // ------------------------------------------------------------------------------------------------
