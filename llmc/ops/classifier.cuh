@@ -56,6 +56,20 @@ __device__ inline void combine(float& m, double& s, float m2, double s2) {
     s = a + b;
 }
 
+// f(x) for every logit x of the UNROLL loaded vectors raw[u] (columns c0 + u * step ..) whose column is < V
+template <int VEC, int UNROLL, typename F>
+__device__ inline void for_each_real(const Packed<VEC> (&raw)[UNROLL], int c0, int step, int V, F&& f) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+        const int c = c0 + u * step;
+        float x[VEC];
+        unpack<VEC>(x, raw[u]);
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+            if (c + i < V) f(x[i]);
+    }
+}
+
 // UNROLL: vectors loaded together per thread (4 for wide rows; 1 when a thread has at most one
 // vector, which keeps the registers low enough for full occupancy with small vocabularies)
 template <int VEC, int UNROLL>
@@ -78,26 +92,10 @@ __global__ void __launch_bounds__(MAX_THREADS, UNROLL == 1 ? 4 : 2)
         for (int u = 0; u < UNROLL; u++)  // (c + VEC <= Vp: whole vectors only when Vp % 8 == 0)
             if (c0 + u * step < V) raw[u] = load_packed<VEC>(x + c0 + u * step);
         float mx = m;  // finite after this: column c0 < V is one of them
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const int c = c0 + u * step;
-            float f[VEC];
-            unpack<VEC>(f, raw[u]);
-#pragma unroll
-            for (int i = 0; i < VEC; i++)
-                if (c + i < V) mx = fmaxf(mx, f[i]);
-        }
+        for_each_real<VEC, UNROLL>(raw, c0, step, V, [&](float x) { mx = fmaxf(mx, x); });
         s *= (double)expf(m - mx);  // rescale to the new max (exp(-inf) = 0 for the empty start)
         m = mx;
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const int c = c0 + u * step;
-            float f[VEC];
-            unpack<VEC>(f, raw[u]);
-#pragma unroll
-            for (int i = 0; i < VEC; i++)
-                if (c + i < V) s += expf(f[i] - m);
-        }
+        for_each_real<VEC, UNROLL>(raw, c0, step, V, [&](float x) { s += expf(x - m); });
     }
     // block reduction of (m, s): butterfly in each warp, then the warps in order
 #pragma unroll
@@ -184,6 +182,20 @@ __device__ inline void load_group(float (&f)[8], const floatX* p, int col, int e
     }
 }
 
+// the TP_UNROLL groups of a lane's step (group u at column g0 + u * 256), columns >= end (and whole
+// groups past it) as `fill`
+template <int VEC>
+__device__ inline void load_groups(float (&f)[TP_UNROLL][8], const floatX* x, int g0, int end, float fill) {
+#pragma unroll
+    for (int u = 0; u < TP_UNROLL; u++) {
+        const int col = g0 + u * 256;
+        if (col < end) load_group<VEC>(f[u], x + col, col, end, fill);
+        else
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[u][i] = fill;
+    }
+}
+
 __device__ inline float warp_tree_max(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_down_sync(0xffffffffu, x, o));
@@ -205,14 +217,7 @@ __global__ void __launch_bounds__(TP_WARPS * 32)
     float m = -INFINITY;
     for (int g0 = 8 * lane; g0 < n_cols; g0 += TP_UNROLL * 256) {
         float f[TP_UNROLL][8];
-#pragma unroll
-        for (int u = 0; u < TP_UNROLL; u++) {
-            const int col = g0 + u * 256;
-            if (col < n_cols) load_group<VEC>(f[u], x + col, col, n_cols, -INFINITY);
-            else
-#pragma unroll
-                for (int i = 0; i < 8; i++) f[u][i] = -INFINITY;
-        }
+        load_groups<VEC>(f, x, g0, n_cols, -INFINITY);
 #pragma unroll
         for (int u = 0; u < TP_UNROLL; u++)
 #pragma unroll
@@ -234,14 +239,7 @@ __global__ void __launch_bounds__(TP_WARPS * 32)
     double s = 0.0;  // double: see fused_classifier_kernel
     for (int g0 = c0 + 8 * lane; g0 < c1; g0 += TP_UNROLL * 256) {
         float f[TP_UNROLL][8];
-#pragma unroll
-        for (int u = 0; u < TP_UNROLL; u++) {
-            const int col = g0 + u * 256;
-            if (col < c1) load_group<VEC>(f[u], x + col, col, c1, -INFINITY);  // exp(-inf) = 0 past c1
-            else
-#pragma unroll
-                for (int i = 0; i < 8; i++) f[u][i] = -INFINITY;
-        }
+        load_groups<VEC>(f, x, g0, c1, -INFINITY);  // exp(-inf) = 0 past c1
 #pragma unroll
         for (int u = 0; u < TP_UNROLL; u++)
 #pragma unroll
