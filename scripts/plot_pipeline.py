@@ -11,43 +11,17 @@ their own colours, a lighter shade for each later model chunk, the micro-batch n
 when the bar is wide enough; time waiting in a receive is drawn hatched grey (idle); sends as thin
 ticks under the row. Needs matplotlib only (scripts/requirements-plot.txt).
 """
-import argparse
-import json
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.colors import to_rgb  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.colors import to_rgb
+from matplotlib.patches import Patch
+from trace_plot import arg_parser, load, plt
 
 COLOURS = {"F": "#1f77b4", "B": "#2ca02c", "W": "#9467bd"}
 RECV = "#b0b0b0"
 DPI = 120
 KEYS = ("rank", "stage", "dp", "op", "mb", "chunk", "t0_ms", "t1_ms")
-
-
-def load(path):
-    events = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                e = json.loads(line)
-                missing = [k for k in KEYS if k not in e]
-                if missing:
-                    raise ValueError("missing " + ", ".join(missing))
-                if e["op"] not in ("F", "B", "W", "send", "recv", "link", "wait"):
-                    raise ValueError("unknown op %r" % e["op"])
-            except ValueError as err:
-                sys.exit("%s:%d: not a pipeline trace event (%s)" % (path, n, err))
-            if e["op"] not in ("link", "wait"):  # the collectives' lines: scripts/plot_timeline.py
-                events.append(e)
-    if not events:
-        sys.exit("%s: no events" % path)
-    return events
+OPS = ("F", "B", "W", "send", "recv", "link", "wait")
 
 
 def shade(colour, chunk, n_chunks):
@@ -59,14 +33,14 @@ def shade(colour, chunk, n_chunks):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("trace")
-    ap.add_argument("out")
-    ap.add_argument("--title", default=None, help="title, e.g. the schedule: '1f1b, pp=4, 8 micro-batches'")
+    ap = arg_parser(__doc__, "title, e.g. the schedule: '1f1b, pp=4, 8 micro-batches'")
     ap.add_argument("--all_ranks", action="store_true", help="one row per rank instead of the stages of dp rank 0")
     args = ap.parse_args()
 
-    events = load(args.trace)
+    # the collectives' lines (link, wait) are scripts/plot_timeline.py's
+    events = [e for e in load(args.trace, KEYS, OPS, "pipeline trace event") if e["op"] not in ("link", "wait")]
+    if not events:
+        sys.exit("%s: no events" % args.trace)
     if not args.all_ranks:
         events = [e for e in events if e["dp"] == 0]
         if not events:

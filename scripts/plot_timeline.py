@@ -11,47 +11,21 @@ blocked in a wait hatched grey on top) and the link (each operation in flight, c
 Communication that runs under a compute bar without a grey hatch over it is hidden. Needs
 matplotlib only (scripts/requirements-plot.txt).
 """
-import argparse
-import json
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.patches import Patch
+from trace_plot import arg_parser, load, plt
 
 COMPUTE = {"F": "#1f77b4", "B": "#2ca02c", "W": "#9467bd"}
 LINK = {"all_gather": "#ff7f0e", "all_to_all": "#d62728", "send/recv": "#8c564b", "broadcast": "#e377c2"}
 WAIT = "#808080"
 
 
-def load(path):
-    events = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                e = json.loads(line)
-                for k in ("rank", "op", "t0_ms", "t1_ms"):
-                    if k not in e:
-                        raise ValueError("missing " + k)
-            except ValueError as err:
-                sys.exit("%s:%d: not a trace event (%s)" % (path, n, err))
-            events.append(e)
-    if not any(e["op"] == "link" for e in events):
-        sys.exit("%s: no collectives in the trace (a one-rank run, or a trainer without the comm lines)" % path)
-    return events
-
-
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("trace")
-    ap.add_argument("out")
-    ap.add_argument("--title", default=None)
-    args = ap.parse_args()
-    events = load(args.trace)
+    args = arg_parser(__doc__).parse_args()
+    events = load(args.trace, ("rank", "op", "t0_ms", "t1_ms"))
+    if not any(e["op"] == "link" for e in events):
+        sys.exit("%s: no collectives in the trace (a one-rank run, or a trainer without the comm lines)" % args.trace)
     ranks = sorted({e["rank"] for e in events})
     end = max(e["t1_ms"] for e in events)
     fig, ax = plt.subplots(figsize=(10, 0.9 + 0.75 * len(ranks)), dpi=100)

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include <doctest/doctest.h>
 #include "llmc/ops/cuda_common.cuh"
@@ -52,6 +53,18 @@ struct DeviceBuffer {
     void poison() { cudaCheck(cudaMemset(ptr, 0xFF, n * sizeof(T))); }  // 0xFFFF is a bf16 NaN, 0xFFFFFFFF an fp32 NaN
 };
 
+// fp32 <-> bf16 host vectors (round to nearest even)
+inline std::vector<floatX> to_bf16(const std::vector<float>& v) {
+    std::vector<floatX> h(v.size());
+    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
+    return h;
+}
+inline std::vector<float> from_bf16(const std::vector<floatX>& h) {
+    std::vector<float> v(h.size());
+    for (size_t i = 0; i < h.size(); i++) v[i] = __bfloat162float(h[i]);
+    return v;
+}
+
 // a device copy of h (of v as bf16)
 template <typename T>
 inline std::unique_ptr<DeviceBuffer<T>> to_device(const std::vector<T>& h) {
@@ -59,31 +72,15 @@ inline std::unique_ptr<DeviceBuffer<T>> to_device(const std::vector<T>& h) {
     if (!h.empty()) cudaCheck(cudaMemcpy(d->ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
     return d;
 }
-inline std::unique_ptr<DeviceBuffer<floatX>> to_device_bf16(const std::vector<float>& v) {
-    std::vector<floatX> h(v.size());
-    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
-    return to_device(h);
-}
+inline std::unique_ptr<DeviceBuffer<floatX>> to_device_bf16(const std::vector<float>& v) { return to_device(to_bf16(v)); }
 
 template <typename T>
 inline void upload(DeviceBuffer<T>& d, const std::vector<T>& h) {
     REQUIRE(h.size() == d.n);
     cudaCheck(cudaMemcpy(d.ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
 }
-inline void upload_bf16(DeviceBuffer<floatX>& d, const std::vector<float>& v) {
-    std::vector<floatX> h(v.size());
-    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
-    upload(d, h);
-}
+inline void upload_bf16(DeviceBuffer<floatX>& d, const std::vector<float>& v) { upload(d, to_bf16(v)); }
 
-inline std::vector<float> download_bf16(const DeviceBuffer<floatX>& d) {
-    cudaCheck(cudaDeviceSynchronize());
-    std::vector<floatX> h(d.n);
-    cudaCheck(cudaMemcpy(h.data(), d.ptr, d.n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    std::vector<float> v(d.n);
-    for (size_t i = 0; i < d.n; i++) v[i] = __bfloat162float(h[i]);
-    return v;
-}
 template <typename T>
 inline std::vector<T> download(const DeviceBuffer<T>& d) {
     cudaCheck(cudaDeviceSynchronize());
@@ -91,58 +88,43 @@ inline std::vector<T> download(const DeviceBuffer<T>& d) {
     cudaCheck(cudaMemcpy(h.data(), d.ptr, d.n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
 }
+inline std::vector<float> download_bf16(const DeviceBuffer<floatX>& d) { return from_bf16(download(d)); }
 
-// A bf16 device tensor of n elements placed `offset` elements into its allocation: offset 1 makes
-// the pointer 2 mod 16 bytes (only 2-byte aligned), which forces the scalar (non 16-byte) paths even
-// when the length is a multiple of 8; offset 0 keeps cudaMalloc's 256-byte alignment. Poisoned
-// (NaN) at creation, the elements before the tensor included.
-struct DevBF16 {
-    DeviceBuffer<floatX> buf;
+// A device tensor of n elements (T: bf16 or fp32, read and written as fp32 host vectors) placed
+// `offset` elements into its allocation: offset 1 makes the pointer 2 (bf16) or 4 (fp32) mod 16 bytes,
+// which forces the scalar (non 16-byte) paths even when the length is a multiple of the vector width;
+// offset 0 keeps cudaMalloc's 256-byte alignment. Poisoned (NaN) at creation, the elements before
+// the tensor included. DevBF16: the activations; DevF32: the weight gradients.
+template <typename T>
+struct DevTensor {
+    DeviceBuffer<T> buf;
     size_t n, offset;
-    DevBF16(size_t count, size_t off = 0) : buf(count + off), n(count), offset(off) { buf.poison(); }
-    DevBF16(const std::vector<float>& v, size_t off = 0) : DevBF16(v.size(), off) { upload(v); }
-    floatX* ptr() const { return buf.ptr + offset; }
+    DevTensor(size_t count, size_t off = 0) : buf(count + off), n(count), offset(off) { buf.poison(); }
+    DevTensor(const std::vector<float>& v, size_t off = 0) : DevTensor(v.size(), off) { upload(v); }
+    T* ptr() const { return buf.ptr + offset; }
     void upload(const std::vector<float>& v) {
         REQUIRE(v.size() == n);
-        std::vector<floatX> h(n);
-        for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16(v[i]);
-        cudaCheck(cudaMemcpy(ptr(), h.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+        if constexpr (std::is_same_v<T, float>) {
+            cudaCheck(cudaMemcpy(ptr(), v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+        } else {
+            const std::vector<T> h = to_bf16(v);
+            cudaCheck(cudaMemcpy(ptr(), h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+        }
     }
-    std::vector<floatX> raw() const {  // the bits, for bitwise comparisons
+    std::vector<T> raw() const {  // the bits, for bitwise comparisons
         cudaCheck(cudaDeviceSynchronize());
-        std::vector<floatX> h(n);
-        cudaCheck(cudaMemcpy(h.data(), ptr(), n * sizeof(floatX), cudaMemcpyDeviceToHost));
+        std::vector<T> h(n);
+        cudaCheck(cudaMemcpy(h.data(), ptr(), n * sizeof(T), cudaMemcpyDeviceToHost));
         return h;
     }
     std::vector<float> get() const {
-        const std::vector<floatX> h = raw();
-        std::vector<float> v(n);
-        for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
-        return v;
+        if constexpr (std::is_same_v<T, float>) return raw();
+        else return from_bf16(raw());
     }
     void poison() { buf.poison(); }
 };
-
-// The fp32 twin of DevBF16 (the weight gradients): n floats `offset` elements into a poisoned
-// allocation (offset 1: 4 mod 16 bytes, the scalar paths)
-struct DevF32 {
-    DeviceBuffer<float> buf;
-    size_t n, offset;
-    DevF32(size_t count, size_t off = 0) : buf(count + off), n(count), offset(off) { buf.poison(); }
-    DevF32(const std::vector<float>& v, size_t off = 0) : DevF32(v.size(), off) { upload(v); }
-    float* ptr() const { return buf.ptr + offset; }
-    void upload(const std::vector<float>& v) {
-        REQUIRE(v.size() == n);
-        cudaCheck(cudaMemcpy(ptr(), v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    }
-    std::vector<float> get() const {
-        cudaCheck(cudaDeviceSynchronize());
-        std::vector<float> h(n);
-        cudaCheck(cudaMemcpy(h.data(), ptr(), n * sizeof(float), cudaMemcpyDeviceToHost));
-        return h;
-    }
-    void poison() { buf.poison(); }
-};
+using DevBF16 = DevTensor<floatX>;
+using DevF32 = DevTensor<float>;
 
 // bitwise equal (the determinism checks: two runs of an op on the same inputs)
 template <typename T>
