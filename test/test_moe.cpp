@@ -48,35 +48,10 @@ using test_util::fd_check;
 using test_util::fwd_rtol;
 using test_util::nan_vec;
 using test_util::rand_vec;
+using test_util::same_across_thread_counts;
 using test_util::sub;
 using test_util::tname;
 using test_util::to_d;
-
-// Runs f (returning a list of output buffers) with 1, 2 and 3 OpenMP threads; all must be bitwise equal.
-template <class T>
-void same_across_thread_counts(const std::string& what, const std::function<vector<vector<T>>()>& f) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const auto ref = f();
-    vector<vector<vector<T>>> got;
-    for (int nt : {2, 3}) {
-        omp_set_num_threads(nt);
-        got.push_back(f());
-    }
-    omp_set_num_threads(saved);
-    for (size_t k = 0; k < got.size(); k++) {
-        REQUIRE(got[k].size() == ref.size());
-        for (size_t o = 0; o < ref.size(); o++) {
-            REQUIRE(got[k][o].size() == ref[o].size());
-            const bool same = std::memcmp(got[k][o].data(), ref[o].data(), ref[o].size() * sizeof(T)) == 0;
-            size_t first = 0;
-            while (!same && first < ref[o].size() && std::memcmp(&got[k][o][first], &ref[o][first], sizeof(T)) == 0)
-                first++;
-            CHECK_MESSAGE(same, what << ": output #" << o << " differs between 1 and " << (k + 2)
-                                     << " threads (first difference at index " << first << ")");
-        }
-    }
-}
 
 // ------------------------------------------------------------------------------------------------
 // naive definitions, straight from the spec
@@ -364,6 +339,35 @@ struct MoeLayer {
     }
 };
 
+// A routing shape (B x T tokens of C channels, E experts, capacity factor c, grouped by position or
+// by micro-batch) and the expert choice of random softmax scores on it: what the op tests route with.
+struct RouteCase {
+    int B, T, C, E;
+    float c;
+    bool by_pos;
+};
+std::ostream& operator<<(std::ostream& os, const RouteCase& cs) {
+    return os << "B " << cs.B << ", T " << cs.T << ", C " << cs.C << ", E " << cs.E << ", c " << cs.c << ", "
+              << group_name(cs.by_pos);
+}
+template <class S>
+struct Routed {
+    int n, cap;
+    vector<S> scores;    // [n, E]
+    vector<int> et, ts;  // moe_select's expert_tokens [E, cap], token_slots [n, E]
+};
+template <class S>
+Routed<S> route_random(TestRng& r, const RouteCase& cs) {
+    Routed<S> rt;
+    rt.n = cs.B * cs.T;
+    rt.cap = cpu::moe_capacity(cs.B, cs.T, cs.E, cs.c, cs.by_pos);
+    rt.scores = softmax_scores<S>(r, rt.n, cs.E);
+    rt.et.resize((size_t)cs.E * rt.cap);
+    rt.ts.resize((size_t)rt.n * cs.E);
+    cpu::moe_select(rt.et.data(), rt.ts.data(), rt.scores.data(), cs.B, cs.T, cs.E, cs.c, cs.by_pos);
+    return rt;
+}
+
 struct SelCase {
     int B, T, E;
     float c;
@@ -547,26 +551,15 @@ TEST_CASE_TEMPLATE("moe_router_forward: softmax of x . router_w^T vs naive, rows
 
 TEST_CASE_TEMPLATE("moe_gather / moe_combine_forward: vs naive; untaken tokens give 0, gates are S[i, e]", F, float,
                    double) {
-    struct Case {
-        int B, T, C, E;
-        float c;
-        bool by_pos;
-    };
-    const Case cases[] = {{2, 8, 5, 4, 0.5f, false}, {3, 6, 7, 3, 2.0f, false}, {4, 5, 6, 4, 0.5f, true},
-                          {4, 5, 3, 2, 1.5f, true},  {2, 4, 4, 1, 0.5f, false}, {3, 3, 5, 3, 100, false}};
+    const RouteCase cases[] = {{2, 8, 5, 4, 0.5f, false}, {3, 6, 7, 3, 2.0f, false}, {4, 5, 6, 4, 0.5f, true},
+                               {4, 5, 3, 2, 1.5f, true},  {2, 4, 4, 1, 0.5f, false}, {3, 3, 5, 3, 100, false}};
     TestRng r(13);
     int untaken_total = 0, multi_total = 0;
-    for (const Case& cs : cases) {
-        CAPTURE(cs.B);
-        CAPTURE(cs.T);
-        CAPTURE(cs.E);
-        CAPTURE(cs.c);
-        CAPTURE(cs.by_pos);
-        const int n = cs.B * cs.T, C = cs.C, E = cs.E, cap = cpu::moe_capacity(cs.B, cs.T, E, cs.c, cs.by_pos);
-        const auto scores = softmax_scores<F>(r, n, E);
+    for (const RouteCase& cs : cases) {
+        CAPTURE(cs);
+        const auto [n, cap, scores, et, ts] = route_random<F>(r, cs);
+        const int C = cs.C, E = cs.E;
         const Routing rt = brute_select(scores, cs.B, cs.T, E, cs.c, cs.by_pos);
-        vector<int> et((size_t)E * cap), ts((size_t)n * E);
-        cpu::moe_select(et.data(), ts.data(), scores.data(), cs.B, cs.T, E, cs.c, cs.by_pos);
         REQUIRE(et == rt.expert_tokens);  // (moe_select is tested above)
         const std::string tn = tname<F>();
 
@@ -653,23 +646,14 @@ TEST_CASE_TEMPLATE("MoE layer forward (router, select, gather, experts, combine)
 // backwards vs finite differences (double), the selection held fixed
 
 TEST_CASE("moe_combine_backward: dye and dscores vs finite differences (double), both overwritten") {
-    struct Case {
-        int B, T, C, E;
-        float c;
-        bool by_pos;
-    };
-    const Case cases[] = {{2, 6, 5, 3, 1.5f, false}, {4, 3, 4, 4, 1.0f, true}, {3, 4, 3, 2, 0.5f, false}};
+    const RouteCase cases[] = {{2, 6, 5, 3, 1.5f, false}, {4, 3, 4, 4, 1.0f, true}, {3, 4, 3, 2, 0.5f, false}};
     TestRng r(21);
-    for (const Case& cs : cases) {
-        CAPTURE(cs.B);
-        CAPTURE(cs.T);
-        CAPTURE(cs.E);
-        CAPTURE(cs.c);
-        CAPTURE(cs.by_pos);
-        const int n = cs.B * cs.T, C = cs.C, E = cs.E, cap = cpu::moe_capacity(cs.B, cs.T, E, cs.c, cs.by_pos);
-        auto scores = softmax_scores<double>(r, n, E);
-        vector<int> et((size_t)E * cap), ts((size_t)n * E);
-        cpu::moe_select(et.data(), ts.data(), scores.data(), cs.B, cs.T, E, cs.c, cs.by_pos);
+    for (const RouteCase& cs : cases) {
+        CAPTURE(cs);
+        Routed<double> rt = route_random<double>(r, cs);  // (the loss lambda captures the tables)
+        const int n = rt.n, cap = rt.cap, C = cs.C, E = cs.E;
+        auto& scores = rt.scores;
+        const vector<int> &et = rt.et, &ts = rt.ts;
         auto ye = rand_vec<double>(r, (size_t)E * cap * C), R = rand_vec<double>(r, (size_t)n * C);
         auto loss = [&] {
             vector<double> out((size_t)n * C);
@@ -689,23 +673,13 @@ TEST_CASE("moe_combine_backward: dye and dscores vs finite differences (double),
 }
 
 TEST_CASE("moe_gather_backward: dx accumulates, vs finite differences (double)") {
-    struct Case {
-        int B, T, C, E;
-        float c;
-        bool by_pos;
-    };
-    const Case cases[] = {{2, 6, 5, 3, 1.5f, false}, {4, 3, 4, 4, 2.0f, true}, {3, 4, 3, 2, 0.5f, false}};
+    const RouteCase cases[] = {{2, 6, 5, 3, 1.5f, false}, {4, 3, 4, 4, 2.0f, true}, {3, 4, 3, 2, 0.5f, false}};
     TestRng r(22);
-    for (const Case& cs : cases) {
-        CAPTURE(cs.B);
-        CAPTURE(cs.T);
-        CAPTURE(cs.E);
-        CAPTURE(cs.c);
-        CAPTURE(cs.by_pos);
-        const int n = cs.B * cs.T, C = cs.C, E = cs.E, cap = cpu::moe_capacity(cs.B, cs.T, E, cs.c, cs.by_pos);
-        auto scores = softmax_scores<double>(r, n, E);
-        vector<int> et((size_t)E * cap), ts((size_t)n * E);
-        cpu::moe_select(et.data(), ts.data(), scores.data(), cs.B, cs.T, E, cs.c, cs.by_pos);
+    for (const RouteCase& cs : cases) {
+        CAPTURE(cs);
+        const Routed<double> rt = route_random<double>(r, cs);
+        const int n = rt.n, cap = rt.cap, C = cs.C, E = cs.E;
+        const vector<int> &et = rt.et, &ts = rt.ts;
         auto x = rand_vec<double>(r, (size_t)n * C), R = rand_vec<double>(r, (size_t)E * cap * C);
         auto loss = [&] {
             vector<double> xe((size_t)E * cap * C);

@@ -77,34 +77,6 @@ vector<int> make_doc_start(int B, int T, Rng& r, double p_eot = 0.25) {
     return ds;
 }
 
-// Runs f (returning a list of output buffers) with 1, 2 and 3 OpenMP threads; all must be bitwise equal.
-template <class T>
-void same_across_thread_counts(const std::string& what, const std::function<vector<vector<T>>()>& f) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const auto ref = f();
-    vector<vector<vector<T>>> got;
-    for (int nt : {2, 3}) {
-        omp_set_num_threads(nt);
-        got.push_back(f());
-    }
-    omp_set_num_threads(saved);
-    for (size_t k = 0; k < got.size(); k++) {
-        REQUIRE(got[k].size() == ref.size());
-        for (size_t o = 0; o < ref.size(); o++) {
-            REQUIRE(got[k][o].size() == ref[o].size());
-            const bool same = std::memcmp(got[k][o].data(), ref[o].data(), ref[o].size() * sizeof(T)) == 0;
-            size_t first = 0;
-            while (!same && first < ref[o].size() &&
-                   std::memcmp(&got[k][o][first], &ref[o][first], sizeof(T)) == 0)
-                first++;
-            REQUIRE_MESSAGE(same, what << ": output #" << o << " differs between 1 and " << (k + 2)
-                                       << " threads (first difference at index " << first << ")");
-        }
-    }
-}
-
-// ------------------------------------------------------------------------------------------------
 // naive definitions (double)
 
 // Cm[m, n] = sum_k A(m, k) Bm[k, n], A(m, k) = A[m * sam + k * sak]
@@ -641,21 +613,14 @@ vector<T> slice_qkv(const vector<T>& qkv, int BT, int nh, int nkv, int hs, const
     return s;
 }
 
-// [B, T, nh, hs] -> the heads qh of every token (out, dout); [B, nh, T] -> the heads qh (lse)
+// x as [outer, nh, len] -> the heads qh of every outer index: [B*T, nh, hs] (out, dout: outer B*T,
+// len hs) or [B, nh, T] (lse: outer B, len T)
 template <class T>
-vector<T> slice_heads_btd(const vector<T>& x, int BT, int nh, int hs, const vector<int>& qh) {
+vector<T> slice_heads(const vector<T>& x, int outer, int nh, int len, const vector<int>& qh) {
     vector<T> s;
-    for (int t = 0; t < BT; t++)
+    for (int o = 0; o < outer; o++)
         for (int h : qh)
-            s.insert(s.end(), x.begin() + ((size_t)t * nh + h) * hs, x.begin() + ((size_t)t * nh + h + 1) * hs);
-    return s;
-}
-template <class T>
-vector<T> slice_heads_bht(const vector<T>& x, int B, int T_, int nh, const vector<int>& qh) {
-    vector<T> s;
-    for (int b = 0; b < B; b++)
-        for (int h : qh)
-            s.insert(s.end(), x.begin() + ((size_t)b * nh + h) * T_, x.begin() + ((size_t)b * nh + h + 1) * T_);
+            s.insert(s.end(), x.begin() + ((size_t)o * nh + h) * len, x.begin() + ((size_t)o * nh + h + 1) * len);
     return s;
 }
 
@@ -696,15 +661,15 @@ void check_head_slice(const FullAttention<T>& f, int head0, int nq, const vector
     vector<int> qh(nq);
     std::iota(qh.begin(), qh.end(), head0);
     const auto qkv = slice_qkv(f.qkv, BT, f.nh, f.nkv, hs, qh, kvh);
-    const auto dout = slice_heads_btd(f.dout, BT, f.nh, hs, qh);
+    const auto dout = slice_heads(f.dout, BT, f.nh, hs, qh);
     auto out = nan_vec<T>((size_t)BT * nq * hs), lse = nan_vec<T>((size_t)B * nq * T_), dqkv = nan_vec<T>(qkv.size());
     cpu::attention_forward<T>(out.data(), lse.data(), qkv.data(), f.ds.data(), B, T_, nq, nk, hs, f.alibi_n_head,
                               head0);
     cpu::attention_backward<T>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), f.ds.data(), B, T_, nq,
                                nk, hs, f.alibi_n_head, head0);
     const std::string op = std::string("attention<") + tname<T>() + "> head slice ";
-    check_bitwise(op + "out", out, slice_heads_btd(f.out, BT, f.nh, hs, qh));
-    check_bitwise(op + "lse", lse, slice_heads_bht(f.lse, B, T_, f.nh, qh));
+    check_bitwise(op + "out", out, slice_heads(f.out, BT, f.nh, hs, qh));
+    check_bitwise(op + "lse", lse, slice_heads(f.lse, B, f.nh, T_, qh));
     const int row = (f.nh + 2 * f.nkv) * hs, lrow = (nq + 2 * nk) * hs;
     vector<T> dq, dq_full;
     dk_part.clear();

@@ -181,6 +181,32 @@ inline void fd_check(const std::string& what, vector<double>& x, const vector<do
                 &idx);
 }
 
+// Runs f (returning a list of output buffers) with 1, 2 and 3 OpenMP threads; all must be bitwise equal.
+template <class T>
+inline void same_across_thread_counts(const std::string& what, const std::function<vector<vector<T>>()>& f) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const auto ref = f();
+    vector<vector<vector<T>>> got;
+    for (int nt : {2, 3}) {
+        omp_set_num_threads(nt);
+        got.push_back(f());
+    }
+    omp_set_num_threads(saved);
+    for (size_t k = 0; k < got.size(); k++) {
+        REQUIRE(got[k].size() == ref.size());
+        for (size_t o = 0; o < ref.size(); o++) {
+            REQUIRE(got[k][o].size() == ref[o].size());
+            const bool same = std::memcmp(got[k][o].data(), ref[o].data(), ref[o].size() * sizeof(T)) == 0;
+            size_t first = 0;
+            while (!same && first < ref[o].size() && std::memcmp(&got[k][o][first], &ref[o][first], sizeof(T)) == 0)
+                first++;
+            CHECK_MESSAGE(same, what << ": output #" << o << " differs between 1 and " << (k + 2)
+                                     << " threads (first difference at index " << first << ")");
+        }
+    }
+}
+
 }  // namespace test_util
 
 #ifdef LLMC_NO_MAIN  // train_gpt.cu was included: trainer helpers
