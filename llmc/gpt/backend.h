@@ -293,7 +293,7 @@ static void backend_bind_scratch(void* arena, size_t bytes) {
     cuda_scratch_bind(arena ? (char*)arena + MATMUL_WORKSPACE_BYTES : nullptr,
                       arena ? bytes - MATMUL_WORKSPACE_BYTES : 0);
 }
-static int plan_sm_count() { return layernorm_detail::sm_count(); }
+static int plan_sm_count() { return sm_count(); }
 // the host threads (OpenMP: the offloaded AdamW step) are left as OMP_NUM_THREADS or the runtime sets them
 static std::string backend_share_cores(int) { return ""; }
 // --offload optimizer's copies (llmc/parallel/offload.h): side streams, an event per piece

@@ -58,15 +58,7 @@ __global__ void __launch_bounds__(ACCUMULATE_THREADS) grad_accumulate_kernel(flo
 // Blocks of one kernel instantiation that fit on the whole GPU at once (cached per instantiation).
 template <bool VEC8>
 inline size_t grad_accumulate_wave_blocks() {
-    static size_t blocks = 0;
-    if (blocks == 0) {
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaCheck(cudaGetDevice(&dev));
-        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grad_accumulate_kernel<VEC8>,
-                                                                ACCUMULATE_THREADS, 0));
-        blocks = (size_t)sms * (size_t)(per_sm > 0 ? per_sm : 1);
-    }
+    static const size_t blocks = wave_blocks(grad_accumulate_kernel<VEC8>, ACCUMULATE_THREADS);
     return blocks;
 }
 

@@ -182,14 +182,7 @@ __global__ void __launch_bounds__(ADAMW_THREADS)
 // Blocks of one kernel instantiation that fit on the whole GPU at once (cached per instantiation).
 template <bool MASTER, bool VEC8>
 inline size_t adamw_wave_blocks() {
-    static size_t blocks = 0;
-    if (blocks == 0) {
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaCheck(cudaGetDevice(&dev));
-        cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_kernel<MASTER, VEC8>, ADAMW_THREADS, 0));
-        blocks = (size_t)sms * (size_t)(per_sm > 0 ? per_sm : 1);
-    }
+    static const size_t blocks = wave_blocks(adamw_kernel<MASTER, VEC8>, ADAMW_THREADS);
     return blocks;
 }
 

@@ -1,7 +1,7 @@
-// What every CUDA file shares: error checking, the element type, the stream, the dispatch of a
-// runtime size to a kernel template instance (with_pow2), a scratch arena sized once at start-up
-// (kernels never cudaMalloc inside a training step), bf16 helpers (stochastic rounding; namespace
-// bf16x8: 16-byte vectors of 8 bf16 <-> fp32).
+// What every CUDA file shares: error checking, the element type, the stream, the SM count and a
+// kernel's one-wave grid (wave_blocks), the dispatch of a runtime size to a kernel template instance
+// (with_pow2), a scratch arena sized once at start-up (kernels never cudaMalloc inside a training
+// step), bf16 helpers (stochastic rounding; namespace bf16x8: 16-byte vectors of 8 bf16 <-> fp32).
 //
 // Conventions of the GPU ops (llmc/ops/<op>.cuh), the twins of llmc/ops/cpu/<op>.h:
 //  - same function name and argument order as the CPU reference; tensors are floatX (bf16),
@@ -11,6 +11,7 @@
 //  - every launch is followed by cudaCheckLaunch(); work goes on llmc_stream()
 //  - deterministic: no float atomics whose order can change between runs
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -50,6 +51,25 @@ inline void llmc_stream_sync() {
     gpu_counters().host_syncs++;
     gpu_counters().stream_syncs++;
     cudaCheck(cudaStreamSynchronize(llmc_stream()));
+}
+
+// The current device's streaming multiprocessors (asked once: a process uses one device).
+inline int sm_count() {
+    static int n = 0;
+    if (n == 0) {
+        int dev;
+        cudaCheck(cudaGetDevice(&dev));
+        cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return n;
+}
+// Blocks of `kernel` (threads per block, smem_bytes of dynamic shared memory) resident on the whole
+// GPU at once: one wave, at least one block per SM.
+template <typename Kernel>
+inline size_t wave_blocks(Kernel kernel, int threads, size_t smem_bytes = 0) {
+    int per_sm = 0;
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
+    return (size_t)sm_count() * (size_t)std::max(1, per_sm);
 }
 
 // Runtime size -> kernel template instance: calls f(std::integral_constant<int, P>{}) for the

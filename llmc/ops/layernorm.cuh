@@ -300,16 +300,6 @@ inline Shape row_shape(int C, bool vec, int target_threads, int max_x) {
     return s;
 }
 
-inline int sm_count() {
-    static int n = 0;
-    if (n == 0) {
-        int dev;
-        cudaCheck(cudaGetDevice(&dev));
-        cudaCheck(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    }
-    return n;
-}
-
 // The backward kernel for a shape (launched, and queried for its occupancy)
 template <bool DINP>
 inline const void* backward_kernel_for(const Shape& s) {
@@ -336,10 +326,8 @@ inline BackwardGrid backward_grid(int N, int C, bool vec) {
     g.shape = row_shape(C, vec, BWD_THREADS, vec ? BWD_MAX_X : 1024);
     const Shape& s = g.shape;
     g.smem = s.y > 1 ? 2 * (size_t)s.x * s.k * s.vec * sizeof(float) : 0;
-    int per_sm = 0;
-    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, backward_kernel_for(s, true), s.x * s.y, g.smem));
     const int groups = std::max(1, ceil_div(N, s.y));  // blocks with at least one row each
-    const int blocks = std::min(groups, sm_count() * std::max(1, per_sm));
+    const int blocks = std::min(groups, (int)wave_blocks(backward_kernel_for(s, true), s.x * s.y, g.smem));
     g.rows_per_block = ceil_div(std::max(N, 1), blocks);
     g.blocks = ceil_div(std::max(N, 1), g.rows_per_block);
     return g;
@@ -371,7 +359,7 @@ inline void forward_launch(floatX* residual, floatX* out, float* mean, float* rs
 
 // bytes of cuda_scratch that layernorm_backward may take for N rows of C channels on this GPU (the
 // forwards take none): the plan's bound (llmc/ops/op_scratch.h), which the backward checks
-inline size_t layernorm_scratch_bytes(int N, int C) { return layernorm_scratch_bytes(N, C, layernorm_detail::sm_count()); }
+inline size_t layernorm_scratch_bytes(int N, int C) { return layernorm_scratch_bytes(N, C, sm_count()); }
 
 // out [N, C] overwritten, mean, rstd [N] (fp32) overwritten
 inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
