@@ -83,7 +83,7 @@ test/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADER
 	$(NVCC) $(NVCCFLAGS) $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
 
 # kernel benchmarks: dev/cuda/<name>.cu -> dev/cuda/bin/<name>
-dev/cuda/bin/%: dev/cuda/%.cu dev/cuda/common.cuh $(HEADERS) $(BUILD_FLAGS)
+dev/cuda/bin/%: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) $(HEADERS) $(BUILD_FLAGS)
 	@mkdir -p dev/cuda/bin
 	$(NVCC) $(NVCCFLAGS) $< $(CUDA_LIBS) -o $@
 dev_cuda: $(DEV_CUDA_BINS)

@@ -30,11 +30,12 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "dev/cuda/common.cuh"
+#include "dev/cuda/attention_bench.cuh"
 #include "llmc/ops/cpu/attention.h"
 #include "llmc/ops/attention.cuh"
 
 using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace attention_bench;  // validation_doc_start, time_versions, run_all
 
 typedef void (*BackwardFn)(floatX*, const floatX*, const floatX*, const floatX*, const float*, const int*, int, int,
                            int, int, int, int, int);
@@ -44,11 +45,6 @@ struct Version {
 };
 static const Version versions[] = {{"v1 simple", attention_detail::backward_simple},
                                    {"v2 flash ", attention_detail::backward_flash}};
-
-// backward FLOPs over the visible pairs (2.5x the forward's 4 hs per pair)
-static double visible_flops(const std::vector<int>& ds, int T, int n_head, int hs) {
-    return 10.0 * hs * n_head * visible_pairs(ds, T);
-}
 
 // the columns [begin, end) of every row of a [rows, row_len] tensor (the q, k or v part of dqkv)
 static std::vector<float> columns(const std::vector<float>& x, size_t rows, int row_len, int begin, int end) {
@@ -64,12 +60,7 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
     const int row = (NH + 2 * KVH) * hs, C = NH * hs;
     const size_t BT = (size_t)B * T;
     const std::vector<float> qkv = host_random(BT * row, rng, 1.5f, 0.1f), dout = host_random(BT * C, rng, 1.0f, 0.05f);
-    // rows b % 3: 0 documents of 3 tokens, 1 one document, 2 the benchmark's packed distribution
-    std::vector<int> ds((size_t)B * T);
-    for (int b = 0; b < B; b++) {
-        const std::vector<int> r = make_doc_start(1, T, true, 200 + b);
-        for (int t = 0; t < T; t++) ds[(size_t)b * T + t] = b % 3 == 0 ? t - t % 3 : (b % 3 == 1 ? 0 : r[t]);
-    }
+    const std::vector<int> ds = validation_doc_start(B, T, 200);
     std::vector<float> out((size_t)BT * C), lse((size_t)B * NH * T);
     const int alibi_nh = alibi ? NH : 0;  // ALiBi over the NH heads, or none
     cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi_nh, 0);
@@ -112,45 +103,13 @@ static void run_bench(int hs, int T, int ratio, bool with_v1) {
     floatX *dqkv = dev_alloc<floatX>(BT * row), *out = dev_alloc<floatX>(BT * C);
     float* lse = dev_alloc<float>(BT * NH);
     cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
-    double flops[2];
-    float ms[2][2] = {};
-    for (int packed = 0; packed < 2; packed++) {
-        const std::vector<int> ds = make_doc_start(B, T, packed, 1000 + T);
-        int* d_ds = to_device(ds);
-        flops[packed] = visible_flops(ds, T, NH, hs);
-        attention_forward(out, lse, qkv, d_ds, B, T, NH, KVH, hs, NH, 0);  // the real saved state
-        for (int v = with_v1 ? 0 : 1; v < 2; v++) {
-            const int reps = v == 0 ? 3 : (T >= 4096 ? 10 : 20);
-            ms[v][packed] = bench::time_ms(
-                [&] { versions[v].fn(dqkv, dout, qkv, out, lse, d_ds, B, T, NH, KVH, hs, NH, 0); }, 1, reps);
-            const std::string what = std::string("  ") + versions[v].name + (packed ? " packed  " : " unpacked");
-            bench::print_flops(what, ms[v][packed], flops[packed], 0);
-        }
-        cudaCheck(cudaFree(d_ds));
-    }
-    for (int v = with_v1 ? 0 : 1; v < 2; v++)
-        printf("  %s packed speed-up %.2fx (visible work ratio %.2fx)\n", versions[v].name, ms[v][0] / ms[v][1],
-               flops[0] / flops[1]);
-    if (with_v1)
-        printf("  v2 / v1 speed: unpacked %.1fx, packed %.1fx\n", ms[0][0] / ms[1][0], ms[0][1] / ms[1][1]);
+    // backward FLOPs: 10 hs per visible pair (2.5x the forward's); the forward before each row kind
+    // makes the real saved state
+    time_versions(
+        versions, B, T, NH, hs, 10.0, with_v1,
+        [&](const int* d_ds) { attention_forward(out, lse, qkv, d_ds, B, T, NH, KVH, hs, NH, 0); },
+        [&](int v, const int* d_ds) { versions[v].fn(dqkv, dout, qkv, out, lse, d_ds, B, T, NH, KVH, hs, NH, 0); });
     for (void* p : {(void*)qkv, (void*)dqkv, (void*)out, (void*)dout, (void*)lse}) cudaCheck(cudaFree(p));
 }
 
-int main() {
-    bench::print_header("attention_backward");
-    bool ok = true;
-    ok = validate(3, 300, 4, 1, 64, true) && ok;
-    ok = validate(3, 257, 6, 2, 128, true) && ok;
-    ok = validate(2, 130, 4, 4, 64, false) && ok;
-    ok = validate(3, 200, 8, 1, 128, false) && ok;
-    require_valid(ok);
-    printf("B*T = 65536 tokens, n_head 16, alibi; TFLOP/s over visible score elements (10 hs per pair, 2.5x the "
-           "forward)\n");
-    for (int hs : {64, 128})
-        for (int T : {1024, 2048, 4096, 8192})
-            for (int ratio : {1, 4, 8}) {
-                printf("hs %d T %d GQA %d (n_kv_head %d, B %d)\n", hs, T, ratio, 16 / ratio, 65536 / T);
-                run_bench(hs, T, ratio, ratio == 4 && (T == 1024 || T == 4096));
-            }
-    return 0;
-}
+int main() { return run_all("attention_backward", "10 hs per pair, 2.5x the forward", validate, run_bench); }

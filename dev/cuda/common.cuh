@@ -146,15 +146,7 @@ inline double rel_max(const std::vector<float>& got, const std::vector<float>& w
 }
 // relative L2 and max-norm errors, both <= tol, printed as one line; a NaN counts as infinite
 inline bool compare(const char* what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
-    double num = 0, den = 0, max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        const double e = std::isfinite(got[i]) ? std::fabs((double)got[i] - want[i]) : INFINITY;
-        num += e * e;
-        den += (double)want[i] * want[i];
-        max_err = std::max(max_err, e);
-        max_ref = std::max(max_ref, (double)std::fabs(want[i]));
-    }
-    const double l2 = std::sqrt(num / std::max(den, 1e-30)), mx = max_err / std::max(max_ref, 1e-30);
+    const double l2 = rel_l2(got, want), mx = rel_max(got, want);
     const bool ok = l2 <= tol && mx <= tol;
     printf("  %-14s rel_l2 %.2e  rel_max %.2e  %s\n", what, l2, mx, ok ? "ok" : "MISMATCH");
     return ok;

@@ -113,6 +113,17 @@ struct DeviceState {
     }
 };
 
+// a and b (of the same n) hold bitwise the same fp32 state (m, v, master) and, with params, the same
+// bf16 params (another seed rounds the params otherwise)
+inline void check_same_state(const DeviceState& a, const DeviceState& b, bool params = true) {
+    REQUIRE(a.n == b.n);
+    const size_t n = a.n;
+    if (params) CHECK(std::memcmp(a.get(a.params).data(), b.get(b.params).data(), n * sizeof(floatX)) == 0);
+    CHECK(std::memcmp(a.get(a.m).data(), b.get(b.m).data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(a.get(a.v).data(), b.get(b.v).data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(a.get(a.master).data(), b.get(b.master).data(), n * sizeof(float)) == 0);
+}
+
 // One update on the GPU vs the CPU twin. Tolerance on master, m, v: the GPU evaluates the twin's
 // expression in the twin's order with IEEE round-to-nearest intrinsics (independent of fast-math),
 // so they agree bit for bit unless the host compiler fuses a*b+c into an fma; that costs at most
@@ -221,11 +232,7 @@ TEST_CASE("adamw: slices with seed + offset reproduce the whole-buffer update bi
                          h.grad_scale, h.t, seed);
             adamw_update(pm + k, ms ? ms + k : nullptr, parts.grads.ptr + k, parts.m.ptr + k, parts.v.ptr + k, n - k,
                          h.lr, h.beta1, h.beta2, h.eps, h.wd, h.grad_scale, h.t, seed + k);
-            CHECK(std::memcmp(whole.get(whole.params).data(), parts.get(parts.params).data(), n * 2) == 0);
-            CHECK(std::memcmp(whole.get(whole.m).data(), parts.get(parts.m).data(), n * 4) == 0);
-            CHECK(std::memcmp(whole.get(whole.v).data(), parts.get(parts.v).data(), n * 4) == 0);
-            if (with_master)
-                CHECK(std::memcmp(whole.get(whole.master).data(), parts.get(parts.master).data(), n * 4) == 0);
+            check_same_state(whole, parts);  // (without master weights, master is the untouched initial state)
         }
     }
 }
@@ -249,10 +256,7 @@ TEST_CASE("adamw: fp32 grads alone not 16-byte aligned take the scalar path, sam
         cudaCheck(cudaMemcpy(g.ptr + 2, s.grads.data(), n * sizeof(float), cudaMemcpyHostToDevice));
         adamw_update(shifted.params.ptr, with_master ? shifted.master.ptr : nullptr, g.ptr + 2, shifted.m.ptr,
                      shifted.v.ptr, n, h.lr, h.beta1, h.beta2, h.eps, h.wd, h.grad_scale, h.t, seed);
-        CHECK(std::memcmp(aligned.get(aligned.params).data(), shifted.get(shifted.params).data(), n * 2) == 0);
-        CHECK(std::memcmp(aligned.get(aligned.m).data(), shifted.get(shifted.m).data(), n * 4) == 0);
-        CHECK(std::memcmp(aligned.get(aligned.v).data(), shifted.get(shifted.v).data(), n * 4) == 0);
-        CHECK(std::memcmp(aligned.get(aligned.master).data(), shifted.get(shifted.master).data(), n * 4) == 0);
+        check_same_state(aligned, shifted);
     }
 }
 
@@ -268,16 +272,11 @@ TEST_CASE("adamw: bitwise reproducible for a seed, params (only) change with the
         a.update(with_master, h, 42);
         b.update(with_master, h, 42);
         c.update(with_master, h, 43);
-        const std::vector<floatX> pa = a.get(a.params), pb = b.get(b.params), pc = c.get(c.params);
-        CHECK(std::memcmp(pa.data(), pb.data(), n * sizeof(floatX)) == 0);
-        CHECK(std::memcmp(a.get(a.m).data(), b.get(b.m).data(), n * 4) == 0);
-        CHECK(std::memcmp(a.get(a.v).data(), b.get(b.v).data(), n * 4) == 0);
-        CHECK(std::memcmp(a.get(a.master).data(), b.get(b.master).data(), n * 4) == 0);
+        check_same_state(a, b);
         // another seed: the same fp32 state, other rounding decisions. An element differs with
         // probability 2 f (1 - f) (~1/3 for uniform f); n/10 is far below that.
-        CHECK(std::memcmp(a.get(a.m).data(), c.get(c.m).data(), n * 4) == 0);
-        CHECK(std::memcmp(a.get(a.v).data(), c.get(c.v).data(), n * 4) == 0);
-        CHECK(std::memcmp(a.get(a.master).data(), c.get(c.master).data(), n * 4) == 0);
+        check_same_state(a, c, false);
+        const std::vector<floatX> pa = a.get(a.params), pc = c.get(c.params);
         size_t differ = 0;
         for (size_t i = 0; i < n; i++) differ += std::memcmp(&pa[i], &pc[i], sizeof(floatX)) != 0;
         INFO("params that differ between seeds 42 and 43: " << differ << " of " << n);

@@ -22,26 +22,35 @@ using namespace gpu_test;
 
 constexpr double LOSS_TOL = 1e-4;
 
+// N rows of Vp bf16-exact logits, spread (std 3) so the softmax is far from uniform, the padded columns
+// [V, Vp) holding large junk that must not reach the softmax (a stray 50 would dominate the sum); and
+// N targets in [0, V) with ignored (padding, -1) positions, the last real column and column 0 among them
+inline std::vector<float> classifier_logits(int N, int V, int Vp, uint64_t seed) {
+    std::vector<float> logits = random_vector((size_t)N * Vp, seed, 3.0f, 0.5f);
+    for (int n = 0; n < N; n++)
+        for (int v = V; v < Vp; v++) logits[(size_t)n * Vp + v] = 50.0f + v % 7;
+    return bf16_round(logits);
+}
+inline std::vector<int> classifier_targets(int N, int V, uint64_t seed) {
+    Rng rng(seed);
+    std::vector<int> targets(N);
+    for (int n = 0; n < N; n++) {
+        targets[n] = (int)rng.below(V);
+        if (n % 7 == 3) targets[n] = -1;
+        if (n % 11 == 1) targets[n] = V - 1;
+        if (n % 13 == 2) targets[n] = 0;
+    }
+    return targets;
+}
+
 inline void check_classifier(int N, int V, int Vp, float dloss, uint64_t seed) {
     CAPTURE(N);
     CAPTURE(V);
     CAPTURE(Vp);
     CAPTURE(dloss);
     const size_t total = (size_t)N * Vp;
-    // logits spread (std 3) so the softmax is far from uniform; the padded columns hold large junk
-    // that must not reach the softmax (a stray 50 would dominate the sum)
-    std::vector<float> logits = random_vector(total, seed, 3.0f, 0.5f);
-    for (int n = 0; n < N; n++)
-        for (int v = V; v < Vp; v++) logits[(size_t)n * Vp + v] = 50.0f + v % 7;
-    logits = bf16_round(logits);
-    Rng rng(seed + 1);
-    std::vector<int> targets(N);
-    for (int n = 0; n < N; n++) {
-        targets[n] = (int)rng.below(V);
-        if (n % 7 == 3) targets[n] = -1;  // ignored (padding) positions
-        if (n % 11 == 1) targets[n] = V - 1;  // the last real column
-        if (n % 13 == 2) targets[n] = 0;
-    }
+    const std::vector<float> logits = classifier_logits(N, V, Vp, seed);
+    const std::vector<int> targets = classifier_targets(N, V, seed + 1);
 
     std::vector<float> want = logits, want_losses(N);
     cpu::fused_classifier<float>(want.data(), want_losses.data(), targets.data(), dloss, N, V, Vp);
@@ -108,18 +117,8 @@ inline void check_vocab_parallel(int N, int V, int Vp, int slices, int CH, float
     REQUIRE(Vp % slices == 0);
     const int ld = Vp / slices, n_chunks = Vp / CH;
     REQUIRE(ld % CH == 0);
-    std::vector<float> logits = random_vector((size_t)N * Vp, seed, 3.0f, 0.5f);
-    for (int n = 0; n < N; n++)
-        for (int v = V; v < Vp; v++) logits[(size_t)n * Vp + v] = 50.0f + v % 7;  // padding junk
-    logits = bf16_round(logits);
-    Rng rng(seed + 1);
-    std::vector<int> targets(N);
-    for (int n = 0; n < N; n++) {
-        targets[n] = (int)rng.below(V);
-        if (n % 7 == 3) targets[n] = -1;
-        if (n % 11 == 1) targets[n] = V - 1;
-        if (n % 13 == 2) targets[n] = 0;
-    }
+    const std::vector<float> logits = classifier_logits(N, V, Vp, seed);
+    const std::vector<int> targets = classifier_targets(N, V, seed + 1);
     DeviceBuffer<int> d_targets(N);
     upload(d_targets, targets);
     const DevBF16 d_full(logits);  // the unsplit rows (aligned)

@@ -60,6 +60,24 @@ inline double max_row_rel_l2(const std::vector<float>& got, const std::vector<fl
     return worst;
 }
 
+// A forward case's inputs on the host and the device: B x T tokens in [0, V), packed documents (mean 17
+// tokens), bf16-exact wte [V, C] and wpe [T, C] (0.5 the scale), drawn with seeds seed0 .. seed0 + 3
+struct ForwardInputs {
+    size_t n;
+    std::vector<int> tokens, doc_start;
+    std::vector<float> wte, wpe;
+    DeviceBuffer<int> d_tokens, d_ds;
+    std::unique_ptr<DeviceBuffer<floatX>> d_wte, d_wpe;
+    ForwardInputs(int B, int T, int C, int V, uint64_t seed0)
+        : n((size_t)B * T), tokens(random_tokens(n, V, seed0)), doc_start(make_doc_start(B, T, 17, seed0 + 1)),
+          wte(bf16_round(random_vector((size_t)V * C, seed0 + 2))),
+          wpe(bf16_round(random_vector((size_t)T * C, seed0 + 3, 0.5f))), d_tokens(n), d_ds(n),
+          d_wte(to_device_bf16(wte)), d_wpe(to_device_bf16(wpe)) {
+        upload(d_tokens, tokens);
+        upload(d_ds, doc_start);
+    }
+};
+
 TEST_CASE("encoder_forward: bitwise equal to the CPU twin rounded to bf16 (ragged C, packed docs, with/without wpe)") {
     const int V = 97;
     for (int C : {7, 37, 768, 769})
@@ -70,22 +88,16 @@ TEST_CASE("encoder_forward: bitwise equal to the CPU twin rounded to bf16 (ragge
                 CAPTURE(B);
                 CAPTURE(T);
                 CAPTURE(with_wpe);
-                const size_t n = (size_t)B * T;
-                const std::vector<int> tokens = random_tokens(n, V, 11 + C);
-                const std::vector<int> doc_start = make_doc_start(B, T, 17, 12 + C);
-                const std::vector<float> wte = bf16_round(random_vector((size_t)V * C, 13 + C));
-                const std::vector<float> wpe = bf16_round(random_vector((size_t)T * C, 14 + C, 0.5f));
+                const ForwardInputs in(B, T, C, V, 11 + C);
+                const size_t n = in.n;
                 std::vector<float> want(n * C);
-                cpu::encoder_forward<float>(want.data(), tokens.data(), doc_start.data(), wte.data(),
-                                            with_wpe ? wpe.data() : nullptr, B, T, C, 0, V);
+                cpu::encoder_forward<float>(want.data(), in.tokens.data(), in.doc_start.data(), in.wte.data(),
+                                            with_wpe ? in.wpe.data() : nullptr, B, T, C, 0, V);
 
-                DeviceBuffer<int> d_tokens(n), d_ds(n);
-                upload(d_tokens, tokens);
-                upload(d_ds, doc_start);
-                std::unique_ptr<DeviceBuffer<floatX>> d_wte(to_device_bf16(wte)), d_wpe(to_device_bf16(wpe));
                 DeviceBuffer<floatX> d_out(n * C);
                 d_out.poison();
-                encoder_forward(d_out, d_tokens, d_ds, *d_wte, with_wpe ? d_wpe->ptr : nullptr, B, T, C, 0, V);
+                encoder_forward(d_out, in.d_tokens, in.d_ds, *in.d_wte, with_wpe ? in.d_wpe->ptr : nullptr, B, T, C,
+                                0, V);
                 const std::vector<float> got = download_bf16(d_out);
                 // the GPU adds the same two bf16 values in fp32 and rounds once: exactly bf16(want)
                 const std::vector<float> want_bf16 = bf16_round(want);
@@ -94,23 +106,26 @@ TEST_CASE("encoder_forward: bitwise equal to the CPU twin rounded to bf16 (ragge
             }
 }
 
-// One backward case: GPU vs CPU on prefilled (non-zero) gradients, every row of dwte and dwpe checked
-// (rows without contributions must come back bit-identical to the prefill).
-inline void check_backward(const std::vector<int>& tokens, int V, int B, int T, int C, bool with_wpe, int mean_doc,
-                           uint64_t seed) {
-    CAPTURE(V);
+// One backward case over the vocab range [v0, v0 + nv) (the whole vocabulary: 0, V; tensor parallel: a
+// rank's wte rows): GPU vs CPU on prefilled (non-zero) gradients, every row of the range's dwte and of
+// dwpe (every token) checked; rows no token of the range hits come back bit-identical to the
+// prefill, and the call adds once (the same call into zeros). Documents of mean_doc tokens.
+inline void check_backward_range(const std::vector<int>& tokens, int B, int T, int C, bool with_wpe, int v0,
+                                 int nv, int mean_doc, uint64_t seed) {
     CAPTURE(B);
     CAPTURE(T);
     CAPTURE(C);
     CAPTURE(with_wpe);
+    CAPTURE(v0);
+    CAPTURE(nv);
     const size_t n = (size_t)B * T;
     const std::vector<int> doc_start = make_doc_start(B, T, mean_doc, seed);
     const std::vector<float> dout = bf16_round(random_vector(n * C, seed + 1));
-    const std::vector<float> dwte0 = random_vector((size_t)V * C, seed + 2, 0.5f);  // fp32 gradients
+    const std::vector<float> dwte0 = random_vector((size_t)nv * C, seed + 2, 0.5f);  // fp32 gradients
     const std::vector<float> dwpe0 = random_vector((size_t)T * C, seed + 3, 0.5f);
     std::vector<float> want_wte = dwte0, want_wpe = dwpe0;
     cpu::encoder_backward<float>(want_wte.data(), with_wpe ? want_wpe.data() : nullptr, dout.data(), tokens.data(),
-                                 doc_start.data(), B, T, C, 0, V);
+                                 doc_start.data(), B, T, C, v0, nv);
 
     cuda_scratch_reserve(encoder_scratch_bytes(B, T, C));
     DeviceBuffer<int> d_tokens(n), d_ds(n);
@@ -118,17 +133,29 @@ inline void check_backward(const std::vector<int>& tokens, int V, int B, int T, 
     upload(d_ds, doc_start);
     std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout));
     std::unique_ptr<DeviceBuffer<float>> d_wte(to_device(dwte0)), d_wpe(to_device(dwpe0));
-    encoder_backward(*d_wte, with_wpe ? d_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, 0, V);
+    encoder_backward(*d_wte, with_wpe ? d_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, v0, nv);
     const std::vector<float> got_wte = download(*d_wte), got_wpe = download(*d_wpe);
-    CHECK_CLOSE("dwte (worst row)", max_row_rel_l2(got_wte, want_wte, C), F32_TOL);
+    if (nv > 0) CHECK_CLOSE("dwte rows of the range (worst row)", max_row_rel_l2(got_wte, want_wte, C), F32_TOL);
     // without wpe, dwpe must be untouched (want_wpe is still the prefill)
     CHECK_CLOSE("dwpe (worst row)", max_row_rel_l2(got_wpe, want_wpe, C), with_wpe ? F32_TOL : 0.0);
+    std::vector<char> hit(nv, 0);
+    for (int t : tokens)
+        if (t >= v0 && t < v0 + nv) hit[t - v0] = 1;
+    size_t changed = 0;
+    for (int v = 0; v < nv; v++)
+        if (!hit[v]) changed += std::memcmp(&got_wte[(size_t)v * C], &dwte0[(size_t)v * C], C * sizeof(float)) != 0;
+    CHECK_MESSAGE(changed == 0, changed << " rows without a token of the range changed");
     // one add per row of a sum independent of the destination: the same call into zeros
     std::unique_ptr<DeviceBuffer<float>> z_wte(to_device(std::vector<float>(dwte0.size(), 0.0f))),
         z_wpe(to_device(std::vector<float>(dwpe0.size(), 0.0f)));
-    encoder_backward(*z_wte, with_wpe ? z_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, 0, V);
+    encoder_backward(*z_wte, with_wpe ? z_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, v0, nv);
     check_single_add("dwte", dwte0, got_wte, download(*z_wte));
     if (with_wpe) check_single_add("dwpe", dwpe0, got_wpe, download(*z_wpe));
+}
+// the whole vocabulary of V tokens
+inline void check_backward(const std::vector<int>& tokens, int V, int B, int T, int C, bool with_wpe, int mean_doc,
+                           uint64_t seed) {
+    check_backward_range(tokens, B, T, C, with_wpe, 0, V, mean_doc, seed);
 }
 
 TEST_CASE("encoder_backward: accumulates like the CPU twin (ragged C, random tokens, with/without wpe)") {
@@ -199,18 +226,11 @@ TEST_CASE("encoder_forward: vocab ranges (tensor parallel) vs the CPU twin; thei
         for (bool with_wpe : {true, false}) {
             CAPTURE(C);
             CAPTURE(with_wpe);
-            const size_t n = (size_t)B * T;
-            const std::vector<int> tokens = random_tokens(n, V, 51 + C);
-            const std::vector<int> doc_start = make_doc_start(B, T, 17, 52 + C);
-            const std::vector<float> wte = bf16_round(random_vector((size_t)V * C, 53 + C));
-            const std::vector<float> wpe = bf16_round(random_vector((size_t)T * C, 54 + C, 0.5f));
-            DeviceBuffer<int> d_tokens(n), d_ds(n);
-            upload(d_tokens, tokens);
-            upload(d_ds, doc_start);
-            std::unique_ptr<DeviceBuffer<floatX>> d_wte(to_device_bf16(wte)), d_wpe(to_device_bf16(wpe));
+            const ForwardInputs in(B, T, C, V, 51 + C);
+            const size_t n = in.n;
             DeviceBuffer<floatX> d_full(n * C);
             d_full.poison();
-            encoder_forward(d_full, d_tokens, d_ds, *d_wte, with_wpe ? d_wpe->ptr : nullptr, B, T, C, 0, V);
+            encoder_forward(d_full, in.d_tokens, in.d_ds, *in.d_wte, with_wpe ? in.d_wpe->ptr : nullptr, B, T, C, 0, V);
             const std::vector<float> full = download_bf16(d_full);
             for (const std::vector<int>& bounds : splits) {
                 CAPTURE(bounds.size() - 1);
@@ -218,15 +238,17 @@ TEST_CASE("encoder_forward: vocab ranges (tensor parallel) vs the CPU twin; thei
                 for (size_t k = 0; k + 1 < bounds.size(); k++) {
                     CAPTURE(k);
                     const int v0 = bounds[k], nv = bounds[k + 1] - bounds[k];
-                    const std::vector<float> rows(wte.begin() + (size_t)v0 * C, wte.begin() + (size_t)(v0 + nv) * C);
-                    const float* pe = with_wpe && k == 0 ? wpe.data() : nullptr;
+                    const std::vector<float> rows(in.wte.begin() + (size_t)v0 * C,
+                                                  in.wte.begin() + (size_t)(v0 + nv) * C);
+                    const float* pe = with_wpe && k == 0 ? in.wpe.data() : nullptr;
                     std::vector<float> want(n * C);
-                    cpu::encoder_forward<float>(want.data(), tokens.data(), doc_start.data(), rows.data(), pe, B, T, C,
-                                                v0, nv);
+                    cpu::encoder_forward<float>(want.data(), in.tokens.data(), in.doc_start.data(), rows.data(), pe,
+                                                B, T, C, v0, nv);
                     std::unique_ptr<DeviceBuffer<floatX>> d_rows(to_device_bf16(rows));
                     DeviceBuffer<floatX> d_out(n * C);
                     d_out.poison();
-                    encoder_forward(d_out, d_tokens, d_ds, *d_rows, pe ? d_wpe->ptr : nullptr, B, T, C, v0, nv);
+                    encoder_forward(d_out, in.d_tokens, in.d_ds, *d_rows, pe ? in.d_wpe->ptr : nullptr, B, T, C, v0,
+                                    nv);
                     const std::vector<float> got = download_bf16(d_out);
                     CHECK(same_bytes(got, bf16_round(want)));
                     for (size_t i = 0; i < sum.size(); i++) sum[i] += got[i];
@@ -234,43 +256,6 @@ TEST_CASE("encoder_forward: vocab ranges (tensor parallel) vs the CPU twin; thei
                 CHECK_MESSAGE(same_bytes(bf16_round(sum), full), "the ranges' outputs do not sum to the full output");
             }
         }
-}
-
-// Vocab ranges, backward: the range's local dwte rows (prefilled) and dwpe (every token) vs the CPU
-// twin; rows no token of the range hits come back bit-identical to the prefill.
-inline void check_backward_range(const std::vector<int>& tokens, int B, int T, int C, bool with_wpe, int v0, int nv,
-                                 uint64_t seed) {
-    CAPTURE(B);
-    CAPTURE(T);
-    CAPTURE(C);
-    CAPTURE(with_wpe);
-    CAPTURE(v0);
-    CAPTURE(nv);
-    const size_t n = (size_t)B * T;
-    const std::vector<int> doc_start = make_doc_start(B, T, 50, seed);
-    const std::vector<float> dout = bf16_round(random_vector(n * C, seed + 1));
-    const std::vector<float> dwte0 = random_vector((size_t)nv * C, seed + 2, 0.5f);
-    const std::vector<float> dwpe0 = random_vector((size_t)T * C, seed + 3, 0.5f);
-    std::vector<float> want_wte = dwte0, want_wpe = dwpe0;
-    cpu::encoder_backward<float>(want_wte.data(), with_wpe ? want_wpe.data() : nullptr, dout.data(), tokens.data(),
-                                 doc_start.data(), B, T, C, v0, nv);
-    cuda_scratch_reserve(encoder_scratch_bytes(B, T, C));
-    DeviceBuffer<int> d_tokens(n), d_ds(n);
-    upload(d_tokens, tokens);
-    upload(d_ds, doc_start);
-    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout));
-    std::unique_ptr<DeviceBuffer<float>> d_wte(to_device(dwte0)), d_wpe(to_device(dwpe0));
-    encoder_backward(*d_wte, with_wpe ? d_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, v0, nv);
-    const std::vector<float> got_wte = download(*d_wte), got_wpe = download(*d_wpe);
-    if (nv > 0) CHECK_CLOSE("dwte rows of the range (worst row)", max_row_rel_l2(got_wte, want_wte, C), F32_TOL);
-    CHECK_CLOSE("dwpe (worst row)", max_row_rel_l2(got_wpe, want_wpe, C), with_wpe ? F32_TOL : 0.0);
-    std::vector<char> hit(nv, 0);
-    for (int t : tokens)
-        if (t >= v0 && t < v0 + nv) hit[t - v0] = 1;
-    size_t changed = 0;
-    for (int v = 0; v < nv; v++)
-        if (!hit[v]) changed += std::memcmp(&got_wte[(size_t)v * C], &dwte0[(size_t)v * C], C * sizeof(float)) != 0;
-    CHECK_MESSAGE(changed == 0, changed << " rows without a token of the range changed");
 }
 
 TEST_CASE("encoder_backward: vocab ranges (tensor parallel) accumulate like the CPU twin") {
@@ -284,16 +269,16 @@ TEST_CASE("encoder_backward: vocab ranges (tensor parallel) accumulate like the 
                 for (const std::pair<int, int>& range : {std::pair<int, int>{0, 150}, std::pair<int, int>{150, 151},
                                                          std::pair<int, int>{100, 1}, std::pair<int, int>{0, 0},
                                                          std::pair<int, int>{V, 50}})
-                    check_backward_range(tokens, B, T, C, with_wpe, range.first, range.second, seed += 10);
+                    check_backward_range(tokens, B, T, C, with_wpe, range.first, range.second, 50, seed += 10);
             }
         // heavy repeats around the 64-entry chunks of the sorted list, cut by the range
         const int B = 4, T = 512, n = B * T;
         const std::vector<int> runs = run_tokens({1, 63, 64, 65, 128, 129, 200, 2}, n, 64);
         const int n_tok = *std::max_element(runs.begin(), runs.end()) + 1;
-        check_backward_range(runs, B, T, C, true, 0, n_tok / 2, 65);
-        check_backward_range(runs, B, T, C, true, n_tok / 3, n_tok - n_tok / 3, 66);
-        check_backward_range(std::vector<int>(n, 5), B, T, C, true, 5, 1, 67);  // one run over all chunks
-        check_backward_range(std::vector<int>(n, 5), B, T, C, true, 6, 10, 68); // no token in range
+        check_backward_range(runs, B, T, C, true, 0, n_tok / 2, 50, 65);
+        check_backward_range(runs, B, T, C, true, n_tok / 3, n_tok - n_tok / 3, 50, 66);
+        check_backward_range(std::vector<int>(n, 5), B, T, C, true, 5, 1, 50, 67);  // one run over all chunks
+        check_backward_range(std::vector<int>(n, 5), B, T, C, true, 6, 10, 50, 68); // no token in range
     }
 }
 
@@ -318,7 +303,7 @@ TEST_CASE("sanitizer: encoder forward and backward, vocab ranges with out-of-ran
     CHECK(same_bytes(download_bf16(d_out), bf16_round(want)));
     for (const std::pair<int, int>& range : {std::pair<int, int>{0, 48}, std::pair<int, int>{96, 1},
                                              std::pair<int, int>{V, 0}})
-        check_backward_range(tokens, B, T, C, true, range.first, range.second, 85 + range.first);
+        check_backward_range(tokens, B, T, C, true, range.first, range.second, 50, 85 + range.first);
     check_backward(tokens, V, B, T, C, true, 9, 90);
 }
 

@@ -72,7 +72,9 @@ inline std::unique_ptr<DeviceBuffer<T>> to_device(const std::vector<T>& h) {
     if (!h.empty()) cudaCheck(cudaMemcpy(d->ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
     return d;
 }
-inline std::unique_ptr<DeviceBuffer<floatX>> to_device_bf16(const std::vector<float>& v) { return to_device(to_bf16(v)); }
+inline std::unique_ptr<DeviceBuffer<floatX>> to_device_bf16(const std::vector<float>& v) {
+    return to_device(to_bf16(v));
+}
 
 template <typename T>
 inline void upload(DeviceBuffer<T>& d, const std::vector<T>& h) {

@@ -173,6 +173,31 @@ inline int check_model_routing(const ref::GPT& r, const gpu::GPT& g, int max_fli
 }  // namespace gpu_test
 
 namespace gpu_test {
+// The CPU build's initial parameters of rc (gpt_init_params at seed): what the GPU runs start from
+inline std::vector<float> initial_params(const ref::GPTConfig& rc, int B, int T, uint64_t seed) {
+    ref::GPT r;
+    ref::gpt_allocate(r, rc, B, T);
+    ref::gpt_init_params(r, seed);
+    std::vector<float> p(r.n_params);
+    ref::gpt_get_state(r, p.data(), nullptr, nullptr);
+    ref::gpt_free(r);
+    return p;
+}
+// r (the CPU build) and g (the GPU build, with layout) of rc for B x T from the same point: the CPU's
+// initial parameters at seed rounded to bf16, zero moments
+inline void twin_models(ref::GPT& r, gpu::GPT& g, const ref::GPTConfig& rc, int B, int T, uint64_t seed,
+                        const gpu::Layout& layout = gpu::Layout()) {
+    ref::gpt_allocate(r, rc, B, T);
+    ref::gpt_init_params(r, seed);
+    gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T, layout);
+    REQUIRE(g.n_params == r.n_params);
+    std::vector<float> p(r.n_params), zeros(r.n_params, 0.0f);
+    ref::gpt_get_state(r, p.data(), nullptr, nullptr);
+    p = bf16_round(p);
+    ref::gpt_set_state(r, p.data(), zeros.data(), zeros.data());
+    gpu::gpt_set_state(g, p.data(), zeros.data(), zeros.data());
+}
+
 // every gradient tensor of the two builds' last backward (the wte padding rows: zero in both)
 inline void check_model_grads(const ref::GPT& r, const gpu::GPT& g) {
     const ref::GPTConfig& rc = r.config;
@@ -200,17 +225,8 @@ TEST_CASE("model: one training step of the CUDA build matches the CPU build (hs 
         INFO("case: " << mc.name << " (B " << mc.B << ", T " << mc.T << ", micro-steps " << mc.micro_steps << ")");
         const int B = mc.B, T = mc.T;
         ref::GPT r;
-        ref::gpt_allocate(r, rc, B, T);
-        ref::gpt_init_params(r, 11);
         gpu::GPT g;
-        gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T);
-        REQUIRE(g.n_params == r.n_params);
-        std::vector<float> p(r.n_params), zeros(r.n_params, 0.0f);
-        ref::gpt_get_state(r, p.data(), nullptr, nullptr);
-        // the CPU model gets the bf16-rounded params, so both start from the same point
-        std::vector<float> p_bf16 = bf16_round(p);
-        ref::gpt_set_state(r, p_bf16.data(), zeros.data(), zeros.data());
-        gpu::gpt_set_state(g, p_bf16.data(), zeros.data(), zeros.data());
+        twin_models(r, g, rc, B, T, 11);
 
         // a routing-flip-free batch for the MoE selection case: up to 4 tries, each try's flips
         // checked (bounded, within the score noise); the other cases take the first batch
@@ -266,20 +282,13 @@ TEST_CASE("model: the lm head over token chunks of 7 on the GPU matches the CPU 
     using namespace gpu_test;
     const ref::GPTConfig rc = model_test_config();
     const int B = 2, T = 50, BT = B * T, Vp = rc.padded_vocab_size;
-    ref::GPT r;
-    ref::gpt_allocate(r, rc, B, T);
-    REQUIRE(r.logits_chunk >= BT);
-    ref::gpt_init_params(r, 13);
-    std::vector<float> p(r.n_params), zeros(r.n_params, 0.0f);
-    ref::gpt_get_state(r, p.data(), nullptr, nullptr);
-    p = bf16_round(p);
-    ref::gpt_set_state(r, p.data(), zeros.data(), zeros.data());
     gpu::Layout layout;
     layout.logits_chunk = 7;
+    ref::GPT r;
     gpu::GPT g;
-    gpu::gpt_allocate(g, convert_config<gpu::GPTConfig>(rc), B, T, layout);
+    twin_models(r, g, rc, B, T, 13, layout);
+    REQUIRE(r.logits_chunk >= BT);
     REQUIRE(g.logits_chunk == 7);
-    gpu::gpt_set_state(g, p.data(), zeros.data(), zeros.data());
     std::vector<int> in, tgt, ds;
     model_test_batch(B, T, 21, in, tgt, ds);
     tgt[9] = -1;  // an ignored target
@@ -396,12 +405,7 @@ TEST_CASE("model: activation recomputation (-r 1, -r 2) gives bitwise the -r 0 t
         if (moe) { rc.n_expert = 4; rc.moe_every = 2; rc.expert_hidden = 96; rc.finalize(); }
         CAPTURE(moe);
         const int B = 4, T = 64, steps = 3;
-        ref::GPT r;
-        ref::gpt_allocate(r, rc, B, T);
-        ref::gpt_init_params(r, 7);
-        std::vector<float> p(r.n_params), zeros(r.n_params, 0.0f);
-        ref::gpt_get_state(r, p.data(), nullptr, nullptr);
-        ref::gpt_free(r);
+        const std::vector<float> p = initial_params(rc, B, T, 7), zeros(p.size(), 0.0f);
         std::vector<float> losses[3], params[3];
         double act_bytes[3];
         for (int level = 0; level < 3; level++) {
@@ -436,12 +440,7 @@ TEST_CASE("model: --offload optimizer (AdamW on the host) trains bitwise as the 
         CAPTURE(zero);
         ref::GPTConfig rc = model_test_config();
         const int B = 4, T = 64, steps = 4;
-        ref::GPT r;
-        ref::gpt_allocate(r, rc, B, T);
-        ref::gpt_init_params(r, 9);
-        std::vector<float> p(r.n_params), zeros(r.n_params, 0.0f);
-        ref::gpt_get_state(r, p.data(), nullptr, nullptr);
-        ref::gpt_free(r);
+        const std::vector<float> p = initial_params(rc, B, T, 9), zeros(p.size(), 0.0f);
         std::vector<float> losses[2], master[2], m[2], v[2];
         std::vector<__nv_bfloat16> bf16[2];
         for (int off = 0; off < 2; off++) {

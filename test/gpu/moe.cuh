@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <vector>
 #include "test/gpu/harness.cuh"
 #include "llmc/ops/cpu/matmul.h"
@@ -170,6 +171,10 @@ struct OpShape {
     float c;
     bool by_position;
 };
+inline std::ostream& operator<<(std::ostream& os, const OpShape& s) {
+    return os << "B=" << s.B << " T=" << s.T << " E=" << s.E << " C=" << s.C << " c=" << s.c
+              << " by_position=" << s.by_position;
+}
 // ragged C (scalar paths: 7, 37, 769), vector paths (768), E below / at / above a warp, groups both ways
 inline std::vector<OpShape> op_shapes() {
     return {{1, 5, 4, 7, 1.0f, false},    {3, 37, 8, 37, 2.0f, false},  {4, 300, 8, 768, 1.0f, true},
@@ -380,8 +385,7 @@ TEST_CASE("moe_gather (exact copy) and moe_gather_backward (dx +=) match the CPU
     uint64_t seed = 12000;
     for (const OpShape& s : op_shapes())
         for (int offset : {0, 1}) {
-            INFO("B=" << s.B << " T=" << s.T << " E=" << s.E << " C=" << s.C << " c=" << s.c
-                      << " by_position=" << s.by_position << " offset=" << offset);
+            INFO(s << " offset=" << offset);
             Routing r(s.B, s.T, s.E, s.C, s.c, s.by_position, seed++);
             const size_t rows = (size_t)r.E * r.cap;
             const std::vector<float> x = bf16_round(random_vector((size_t)r.n * r.C, seed++, 1.0f, 0.1f));
@@ -422,8 +426,7 @@ TEST_CASE("moe_combine_forward and moe_combine_backward match the CPU twins") {
     uint64_t seed = 13000;
     for (const OpShape& s : op_shapes())
         for (int offset : {0, 1}) {
-            INFO("B=" << s.B << " T=" << s.T << " E=" << s.E << " C=" << s.C << " c=" << s.c
-                      << " by_position=" << s.by_position << " offset=" << offset);
+            INFO(s << " offset=" << offset);
             Routing r(s.B, s.T, s.E, s.C, s.c, s.by_position, seed++);
             const size_t rows = (size_t)r.E * r.cap;
             const std::vector<float> ye = bf16_round(random_vector(rows * r.C, seed++, 1.0f, 0.1f));
