@@ -172,13 +172,18 @@ struct GPT {
     CommRequest reduce_req;  // stages 0-1: the segment reduction in flight (zero_reduce_start), of segment
     int reducing = -1;       // reducing (-1: none)
     std::vector<std::pair<int, CommRequest>> grad_gathers;  // stage 0: the reduced segments' all-gathers in flight
-    // The tied lm head (on the last stage) and its gradient. Its gradient is summed over the step in
-    // its own accumulator and added to the embedding's once per step (tied_embedding_sum); with
-    // pp > 1 the last stage keeps a copy of the embedding's weights, refreshed after every update.
+    // The tied lm head (on the last stage) and its gradient, which joins the embedding's as `tied`
+    // says (llmc/gpt/layout.h; hooks.h tied_embedding_sum); with pp > 1 the last stage keeps a copy of
+    // the embedding's weights, refreshed after every update.
+    TiedSum tied = TIED_PER_RANK;
     float* head_leaf = nullptr;      // [head.padded] the head's gradient of one micro-batch
     floatX* head_params = nullptr;   // [head.padded] pp > 1 only
-    float* head_acc = nullptr;  // stages 0-1: [head.padded], the rank's micro-batches; 2-3: [shard], this
-                                // rank's slice (the first stage with pp > 1: [shard], the receive buffer)
+    float* head_acc = nullptr;       // [head_acc_elems] the head's gradient of the rank's micro-batches
+                                     // (per step: its slice of the reduced sum)
+    // --grad_blocks > 1 (one process): the step's gradient over the blocks done so far
+    int grad_blocks = 1;
+    float* grad_total = nullptr;  // [zero.acc_elems()]
+    bool blocks_folded = false;   // grad_total holds a block this step
     std::vector<std::vector<ChunkSlot>> slots;     // [chunk][k]: activations of micro-batches in flight
     std::vector<std::vector<ChunkStash>> stashes;  // [chunk][k]: zero-bubble B -> W stash
     LayerGrads layer_douts{};  // one layer's output gradients, when its weight gradients follow at once
@@ -709,7 +714,10 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     pm.forward = [&](int mb, int c) { chunk_forward(m, c, slot_for(m, c, mb)); };
     pm.backward = [&](int mb, int c, bool with_weights) { chunk_backward(m, c, mb, with_weights); };
     pm.weights = [&](int mb, int c, bool done) { chunk_weights(m, c, mb, done); };
-    pm.release = [&](int mb, int c) { release_slot(m, c, mb); };
+    pm.release = [&](int mb, int c) {
+        release_slot(m, c, mb);
+        grad_block_done(m, mb);
+    };
     pm.transfer = [&](const PipeAction& a) { return pipe_transfer(m, a); };
     pm.sync = backend_sync;
     // each segment's gradient is final at its last grads_ready of the step: stages 0-1 reduce it
@@ -729,6 +737,8 @@ static void gpt_zero_grad(GPT& m) {
     zero_drain(m);  // (a backward whose norm was never taken)
     buffer_zero(m.grad_acc, m.zero.acc_elems() * sizeof(float));
     if (m.head_acc) buffer_zero(m.head_acc, head_acc_elems(m) * sizeof(float));
+    if (m.grad_total) buffer_zero(m.grad_total, m.zero.acc_elems() * sizeof(float));
+    m.blocks_folded = false;
     std::fill(m.ready_count.begin(), m.ready_count.end(), 0);
     std::fill(m.reduced.begin(), m.reduced.end(), 0);
 }
@@ -741,13 +751,15 @@ struct OptimizerConfig {
 // look at the norm (and the loss) before deciding to update: a step with a non-finite loss or
 // norm is skipped (see train_main).
 // gpt_grad_norm: (ZeRO stages 0-1) completes the segments' reductions, adds the lm head's part of
-// the tied embedding's gradient, then (stage 0) completes the all-reduce of the gradients
+// the tied embedding's gradient where it comes after them and the blocks' sum (--grad_blocks),
+// then (stage 0) completes the all-reduce of the gradients
 // (all-gather of the reduced slices); returns the norm of the whole model's gradient, every
 // stage's (collective over the world).
 static float gpt_grad_norm(GPT& m) {
     bind_op_scratch(m);
     zero_reduce_finish(m);
     tied_embedding_sum(m);
+    grad_blocks_finish(m);
     zero_complete_grads(m);
     return (float)std::sqrt(grad_norm_squared(m.zero, m.grad_acc, m.norm_skip, norm_per_chunk, add_squares, squares_of));
 }
@@ -815,14 +827,14 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
     if (trace) barrier(cm.world);  // one time origin for every rank's timeline
     const double origin_s = comm_now_s();
     cm.trace = trace ? &comm_events : nullptr;
-    s.times = gpt_pipeline_step(model, b.batches, r.B, r.T, 1.0f / r.global_micro, trace || host_timing_is_exact,
-                                trace ? &events : nullptr);
+    s.times = gpt_pipeline_step(model, grad_block_order(b.batches, model.grad_blocks), r.B, r.T, 1.0f / r.global_micro,
+                                trace || host_timing_is_exact, trace ? &events : nullptr);
     // the norm's sums come back to the host with the step's one host sync (the GPU build), which the
     // losses' copy was queued before
     s.norm = gpt_grad_norm(model);
     cm.trace = nullptr;
     if (trace) write_pipeline_trace(r.pp_trace, events, comm_events, origin_s, model.pipe);
-    if (model.pipe.has_head()) model.mb_loss = take_losses(model);
+    if (model.pipe.has_head()) model.mb_loss = global_order_of(take_losses(model), model.grad_blocks);
     s.loss = sum_in_global_order(model.mb_loss, r.global_micro) / r.global_micro;
     s.lr = r.sched.at(step);
     s.bad = !std::isfinite(s.loss) || !std::isfinite(s.norm);

@@ -2,12 +2,13 @@
 # Distributed tests of the CPU build under mpirun (make test runs this). A layout moves bytes, not
 # math: every run below is compared with one process on the same global batch, bitwise (same_run:
 # the final checkpoints (params, Adam moments, data position, RNG) byte-identical and the logged
-# losses and gradient norms equal) wherever the layout folds the micro-batches' gradients in the
-# one process's order. Not bitwise, by design (docs/PARALLELISM.md): ZeRO -z 0/1 with dp > 1 and
-# more than one micro-batch per rank (each rank sums its micro-batches, then the ranks' sums are
-# added: DDP no_sync's order), -z 0/1 with --ep over more than one expert-dp rank, and resumes that
-# change that grouping: those are held to 1e-6 relative on every logged loss and gradient norm
-# over 8 steps (close_run, test/compare_runs.py); an MoE model's to 1e-3 (MOE_RTOL says why).
+# losses and gradient norms equal). The order of the step's gradient sum is the layout's gradient
+# blocks (llmc/gpt/layout.h: -z 0/1 a block per dp rank, -z 2/3 a block per micro-batch, with pp
+# -z 2/3 one block), printed at start-up; the one process is given the same --grad_blocks
+# (ref_for). Not bitwise, by design (docs/PARALLELISM.md): -z 0/1 with --ep over more than one
+# expert-dp rank (the experts' owner adds its sources' gradients round by round), and resumes that
+# change the blocks: held to 1e-6 relative on every logged loss and gradient norm (close_run,
+# test/compare_runs.py); an MoE model's to 1e-3 (MOE_RTOL says why).
 #   1. matrix: np 1..4 x --zero 0..3, a dense and an MoE model (parameter counts not divisible
 #      by 3 or 4), 8 steps of 2 micro-batches per rank, vs one process with np x 2 micro-batches;
 #      -z 0/1 with one micro-batch per rank (bitwise); the bytes per step of every collective ==
@@ -80,8 +81,18 @@ close_run() {  # close_run REF OUT what [MIN_STEPS [RTOL]]: every logged loss an
 # expert, and the runs part by that token's contribution (observed up to 1.4e-4 over 6 steps where
 # the dense model stays below 1e-7). Its non-bitwise layouts are held to this instead.
 MOE_RTOL=1e-3
+# The one process a layout's run OUT is bitwise equal to: the same model and batch flags given the
+# layout's gradient blocks (its start-up line "gradient sum: G blocks"). ref_for OUT FLAGS...: sets
+# REF to that one-process run (run once per FLAGS and G).
+ref_for() {
+    local out=$1; shift
+    local G; G=$(grep -o "^gradient sum: [0-9]*" "$out.log" | grep -o "[0-9]*$")
+    REF=$W/ref.$(echo "$* G ${G:-none}" | cksum | cut -d' ' -f1)
+    [ -d "$REF" ] || run 1 "$REF" "$@" --grad_blocks "${G:-0}" || fail "one-process reference of $out ($* --grad_blocks $G): rc $?"
+}
 # the measured bytes of every collective == the theory on rank 0; with dp > 1 the data-parallel
-# gradient and parameter bytes (less the tied head's own reduction) <= the anchor of the ZeRO stage
+# gradient and parameter bytes <= the anchor of the ZeRO stage (with pp at -z 2/3, less the tied
+# head's own reduction, which Megatron's embedding group pays too; without pp it must be 0)
 comm_theory() {  # comm_theory OUT WHAT
     local line; line=$(grep "^communication per step" "$1.log")
     echo "$line" | python3 -c "
@@ -92,7 +103,8 @@ sys.exit(0 if m and all(a==b for _,a,b in m) else 1)" && pass || fail "$2: commu
 import re,sys; l=sys.stdin.read()
 z, sent, head = re.search(r'-z (\d) sends (\d+) \(tied head (\d+) of it\)', l).groups()
 anchors = [float(x) for x in re.search(r'DDP all-reduce (\d+), Megatron distributed optimizer (\d+), ZeRO-2 (\d+), ZeRO-3/FSDP (\d+)', l).groups()]
-sys.exit(0 if float(sent) - float(head) <= anchors[int(z)] else 1)" && pass || fail "$2: data-parallel bytes above the anchor: $line"
+pp = int(re.search(r'pp (\d+) x dp', open('$1.log').read()).group(1))
+sys.exit(0 if float(sent) - float(head) <= anchors[int(z)] and (pp > 1 or float(head) == 0) else 1)" && pass || fail "$2: data-parallel bytes above the anchor: $line"
 }
 
 # ---- 1. the matrix
@@ -101,19 +113,23 @@ for model in dense moe; do
     [ $model = dense ] && ARGS=$DENSE || ARGS=$MOE
     for np in 1 2 3 4; do
         tokens=$((B * T * np * 2))
-        ref=$W/$model.ref$np
-        run 1 "$ref" $ARGS -d $tokens -x $STEPS || { fail "$model reference np-equivalent $np: rc $?"; cat "$ref.log"; continue; }
         if [ $np = 1 ]; then
-            n=$(grep -o "^parameters: [0-9]*" "$ref.log" | grep -o "[0-9]*$")
+            run 1 "$W/$model.np1" $ARGS -d $tokens -x $STEPS || fail "$model one process: rc $?"
+            n=$(grep -o "^parameters: [0-9]*" "$W/$model.np1.log" | grep -o "[0-9]*$")
             if [ $((n % 3)) -ne 0 ] && [ $((n % 4)) -ne 0 ]; then pass; else fail "$model: $n parameters divide by 3 or 4"; fi
         fi
         for z in 0 1 2 3; do
             out=$W/$model.np$np.z$z
             if run $np "$out" $ARGS -d $tokens -x $STEPS -z $z; then
-                # -z 0/1: each rank sums its 2 micro-batches before the ranks' sums are added
-                if [ $np -gt 1 ] && [ $z -le 1 ]; then
-                    close_run "$ref" "$out" "$model np $np -z $z vs one process" 8 $([ $model = moe ] && echo $MOE_RTOL || echo 1e-6)
-                else same_run "$ref" "$out" $STEPS "$model np $np -z $z vs one process"; fi
+                ref_for "$out" $ARGS -d $tokens -x $STEPS
+                same_run "$REF" "$out" $STEPS "$model np $np -z $z vs one process"
+                # -z 0/1 sum per rank: the plain one process (one block) is another sum, within rounding
+                if [ $np = 2 ] && [ $z = 0 ] && [ $model = dense ]; then
+                    run 1 "$W/dense.one_block" $ARGS -d $tokens -x $STEPS || fail "one process, one block: rc $?"
+                    if cmp -s "$W/dense.one_block/ckpt_$(printf %09d $STEPS).bin" "$out/ckpt_$(printf %09d $STEPS).bin"; then
+                        fail "np 2 -z 0: the same bits as one block (the blocks would not be what the test compares)"
+                    else close_run "$W/dense.one_block" "$out" "np 2 -z 0 vs one process in one block"; fi
+                fi
                 if [ $np -gt 1 ] && [ $z -le 2 ]; then grep -q "params identical on all $np ranks" "$out.log" && pass || fail "$model np $np z$z: no rank-agreement line"; fi
                 [ $np -gt 1 ] && comm_theory "$out" "$model np $np z$z"
             else
@@ -121,13 +137,12 @@ for model in dense moe; do
             fi
         done
         [ $np = 1 ] && continue
-        # one micro-batch per rank: -z 0/1 are the one process's fold too (bitwise)
-        ref=$W/$model.ref$np.acc1
-        run 1 "$ref" $ARGS -d $((B * T * np)) -x $STEPS || { fail "$model reference np $np, 1 micro-batch per rank: rc $?"; continue; }
+        # one micro-batch per rank
         for z in 0 1; do
             out=$W/$model.np$np.z$z.acc1
             if run $np "$out" $ARGS -d $((B * T * np)) -x $STEPS -z $z; then
-                same_run "$ref" "$out" $STEPS "$model np $np -z $z, 1 micro-batch per rank, vs one process"
+                ref_for "$out" $ARGS -d $((B * T * np)) -x $STEPS
+                same_run "$REF" "$out" $STEPS "$model np $np -z $z, 1 micro-batch per rank, vs one process"
                 comm_theory "$out" "$model np $np z$z acc 1"
             else fail "$model np $np -z $z, 1 micro-batch per rank: rc $?"; tail -5 "$out.log"; fi
         done
@@ -145,23 +160,25 @@ echo "test_dist: matrix (2 models x np 1-4 x zero 0-3, 1 / 2 / 8 micro-batches p
 
 # ---- 2. resume and reshard: 8 steps with a checkpoint at 4, drop the final checkpoint, continue
 # from step 4 under another layout; the final checkpoint and the resumed steps' records must be
-# the uninterrupted run's (bitwise: every layout below has one micro-batch per rank at -z 0/1);
-# then resumes that change how -z 0/1 group the micro-batches (2 or 4 per rank): within 1e-6
+# the uninterrupted run's, bitwise where both layouts sum the gradient in the same blocks (a
+# resume on one process given the first layout's --grad_blocks too), else within 1e-6
 full_run() {  # full_run TOKENS: $W/full.TOKENS, the one-process uninterrupted run of that global batch
     [ -d "$W/full.$1" ] || run 1 "$W/full.$1" $DENSE -d $1 -x $STEPS || fail "uninterrupted run of $1 tokens"
 }
-regroups() { [ $1 -gt 1 ] && [ $2 -le 1 ] && [ $(( $3 / $1 )) -gt 1 ]; }  # regroups NP Z MICRO: -z 0/1 sums per rank first
+blocks_of() { grep -o "^gradient sum: [0-9]*" "$1.log" | grep -o "[0-9]*$"; }
 TOK=$((B * T * 4 * 2))
-for case in "2 0 2 0 2" "4 1 2 2 4" "2 2 4 0 4" "3 0 1 0 3" "2 3 2 0 2" "1 0 1 0 8" "4 1 2 0 8" "2 3 4 1 8"; do
-    set -- $case  # np_a z_a np_b z_b micro-batches per step
-    tok=$((B * T * $5)); full_run $tok; ref=$W/full.$tok
+for case in "2 0 2 0 2" "4 1 2 2 4" "2 2 4 0 4" "3 0 1 0 3 --grad_blocks 3" "2 3 2 0 2" "1 0 1 0 8" "4 1 2 0 8" \
+            "2 3 4 1 8" "2 1 1 0 4 --grad_blocks 2"; do
+    set -- $case  # np_a z_a np_b z_b micro-batches per step [the second run's flags]
+    tok=$((B * T * $5))
     out=$W/resume.$1.$2.$3.$4
-    if run $1 "$out" $DENSE -d $tok -x $STEPS -n 4 -z $2 && rm "$out/ckpt_$(printf %09d $STEPS).bin" &&
-        run $3 "$out" $DENSE -d $tok -x $STEPS -z $4 -y latest && grep -q "resumed from .*ckpt_000000004.bin" "$out.log"; then
-        if regroups $1 $2 $5 || regroups $3 $4 $5; then
-            close_run "$ref" "$out" "resume np $1 z$2 -> np $3 z$4 ($5 micro-batches)"
-        else same_run "$ref" "$out" $STEPS "resume np $1 z$2 -> np $3 z$4" 5; fi
-    else fail "resume np $1 z$2 -> np $3 z$4"; tail -3 "$out.log"; fi
+    if run $1 "$out" $DENSE -d $tok -x $STEPS -n 4 -z $2 && blocks_a=$(blocks_of "$out") && rm "$out/ckpt_$(printf %09d $STEPS).bin" &&
+        run $3 "$out" $DENSE -d $tok -x $STEPS -z $4 "${@:6}" -y latest && grep -q "resumed from .*ckpt_000000004.bin" "$out.log"; then
+        if [ "$blocks_a" = "$(blocks_of "$out")" ]; then
+            ref_for "$out" $DENSE -d $tok -x $STEPS
+            same_run "$REF" "$out" $STEPS "resume np $1 z$2 -> np $3 z$4 ${*:6}" 5
+        else full_run $tok; close_run "$W/full.$tok" "$out" "resume np $1 z$2 -> np $3 z$4 ($5 micro-batches)"; fi
+    else fail "resume np $1 z$2 -> np $3 z$4 ${*:6}"; tail -3 "$out.log"; fi
 done
 
 # streamed state: LLMC_STAGING_ELEMS=300 cuts every segment into many chunks for the init, the
@@ -190,7 +207,7 @@ tok=$((B * T * 12)); run 3 "$out" $DENSE -d $tok -x $STEPS -y latest; rc=$?
 if [ $rc -ne 0 ] && grep -q "skipping .*ckpt_000000008.bin: checksum mismatch" "$out.log" && grep -q "ckpt_000000004.bin: checkpoint was trained with --total_batch_tokens" "$out.log"; then pass
 else fail "latest with a corrupt newest checkpoint: rc $rc"; tail -3 "$out.log"; fi
 run 2 "$out" $DENSE -d $TOK2 -x $STEPS -z 3 -y latest && grep -q "resumed from .*ckpt_000000004.bin" "$out.log" &&
-    { full_run $TOK2; same_run "$W/full.$TOK2" "$out" $STEPS "resume past a corrupt checkpoint" 5; } || { fail "resume past a corrupt checkpoint"; tail -3 "$out.log"; }
+    { ref_for "$out" $DENSE -d $TOK2 -x $STEPS; same_run "$REF" "$out" $STEPS "resume past a corrupt checkpoint" 5; } || { fail "resume past a corrupt checkpoint"; tail -3 "$out.log"; }
 
 # ---- 3. faults
 # a rank dies while writing a checkpoint: the job fails, no checkpoint of that step loads, and
@@ -221,38 +238,37 @@ n=$(grep -c "^error" "$out.log")
 if [ $rc -ne 0 ] && [ "$n" = 1 ] && grep -q "is not a multiple of B\*T\*ranks = 2\*16\*2" "$out.log"; then pass; else fail "bad total batch: rc $rc, $n error lines"; cat "$out.log"; fi
 out=$W/bad2; run 2 "$out" $DENSE -x 2 -z 4; rc=$?
 if [ $rc -ne 0 ] && [ "$(grep -c '^error' "$out.log")" = 1 ] && grep -q "\-\-zero: 4 is out of range" "$out.log"; then pass; else fail "bad -z: rc $rc"; cat "$out.log"; fi
+out=$W/bad3; run 2 "$out" $DENSE -d $((B * T * 4)) -x 2 -z 1 --grad_blocks 4; rc=$?
+if [ $rc -ne 0 ] && [ "$(grep -c '^error' "$out.log")" = 1 ] && grep -q "\-\-grad_blocks 4: this layout (dp 2, --pp 1, -z 1) sums the step's gradient in 2 blocks" "$out.log"; then pass
+else fail "bad --grad_blocks on 2 ranks: rc $rc"; cat "$out.log"; fi
+out=$W/bad4; run 1 "$out" $DENSE -d $((B * T * 4)) -x 2 --grad_blocks 3; rc=$?
+if [ $rc -ne 0 ] && grep -q "\-\-grad_blocks 3 must divide the step's 4 micro-batches" "$out.log"; then pass; else fail "bad --grad_blocks on one process: rc $rc"; cat "$out.log"; fi
 
 # ---- 5. pipeline: every schedule, pp 2 and 4, dp x pp = 2 x 2, ZeRO inside the stages, dense and
 # MoE (4 blocks: ALiBi, GQA, packed documents), 4 micro-batches per dp rank per step, vs one process
-# with the same global batch: bitwise (the micro-batch gradients fold in the same order and the
-# tied embedding's two accumulators add once per step in every layout)
+# with the same global batch and the layout's gradient blocks: bitwise (each stage folds its
+# micro-batches in order; the tied embedding's head part joins it once per block)
 t0=$(date +%s)
 PPDENSE="$DENSE --n_layer 4"
 PPMOE="$MOE --n_layer 4"
 for model in dense moe; do
     [ $model = dense ] && ARGS=$PPDENSE || ARGS=$PPMOE
-    for dp in 1 2; do
-        run 1 "$W/pp.$model.ref$dp" $ARGS -d $((B * T * dp * 4)) -x 6 || fail "pp $model reference dp $dp"
-    done
     # np pp schedule virtual zero recompute (-r: activation recomputation, the same gradients)
     for case in "2 2 gpipe 1 0 0" "2 2 1f1b 1 0 0" "2 2 interleaved 2 0 0" "2 2 zb1 1 0 0" "4 4 1f1b 1 0 0" \
                 "4 4 zb1 1 2 0" "4 4 gpipe 1 1 0" "4 2 1f1b 1 1 0" "4 2 zb1 1 3 0" "4 2 interleaved 2 2 0" \
-                "1 1 1f1b 1 0 1" "1 1 1f1b 1 0 2" "2 2 zb1 1 0 1" "2 2 1f1b 1 0 2" "4 2 zb1 1 3 2"; do
+                "1 1 1f1b 1 0 1" "1 1 1f1b 1 0 2" "2 2 zb1 1 0 1" "2 2 1f1b 1 0 2" "4 2 zb1 1 3 2" "4 2 1f1b 1 0 0"; do
         set -- $case
         dp=$(($1 / $2)); out=$W/pp.$model.np$1.pp$2.$3.z$5.r$6
         if run $1 "$out" $ARGS -d $((B * T * dp * 4)) -x 6 --pp $2 --pp_schedule $3 --pp_virtual $4 -z $5 -r $6; then
-            # -z 0/1 with dp 2: each dp rank sums its 4 micro-batches first (6 steps of 4 micro-batches)
-            if [ $dp -gt 1 ] && [ $5 -le 1 ]; then
-                close_run "$W/pp.$model.ref$dp" "$out" "$model pp $2 x dp $dp $3 -z $5 -r $6 vs one process" 6 \
-                    $([ $model = moe ] && echo $MOE_RTOL || echo 1e-6)
-            else same_run "$W/pp.$model.ref$dp" "$out" 6 "$model pp $2 x dp $dp $3 -z $5 -r $6 vs one process"; fi
+            ref_for "$out" $ARGS -d $((B * T * dp * 4)) -x 6
+            same_run "$REF" "$out" 6 "$model pp $2 x dp $dp $3 -z $5 -r $6 vs one process"
             [ $1 = 1 ] || comm_theory "$out" "$model pp $2 $3 -z $5"
         else
             fail "$model np $1 pp $2 $3 -z $5: rc $?"; tail -5 "$out.log"
         fi
     done
 done
-echo "test_dist: pipeline and recompute matrix (2 models x 15 layouts) done in $(( $(date +%s) - t0 )) s"
+echo "test_dist: pipeline and recompute matrix (2 models x 16 layouts) done in $(( $(date +%s) - t0 )) s"
 # reshard resumes across pipeline layouts: pp 2 -> 1 and 1 -> 4 (checkpoints are in the table's layout)
 TOK4=$((B * T * 4))
 run 1 "$W/pp.full" $PPDENSE -d $TOK4 -x $STEPS || fail "pp uninterrupted run"
@@ -293,8 +309,8 @@ bad_pp 2 "pp_layers 1,2: the counts add up to 3" --pp 2 --pp_layers 1,2 -d $TOK4
 # ---- 6. llm.c model files under any layout: an export gathers the whole model (rank 0 writes),
 # an import gives every rank its part; both byte-identical to one process
 GPT2="$COMMON --n_kv_head 3 --ffn_hidden 108 --mlp gelu --pos learned --max_seq_len 16"
-run 1 "$W/llmc1" $GPT2 -d $TOK -x 3 --export_llmc "$W/llmc1.bin" || fail "llm.c export, one process"
 run 2 "$W/llmc2" $GPT2 -d $TOK -x 3 -z 3 --export_llmc "$W/llmc2.bin" || fail "llm.c export, np 2 -z 3"
+run 1 "$W/llmc1" $GPT2 -d $TOK -x 3 --grad_blocks "$(blocks_of "$W/llmc2")" --export_llmc "$W/llmc1.bin" || fail "llm.c export, one process"
 cmp -s "$W/llmc1.bin" "$W/llmc2.bin" && pass || fail "llm.c export differs between one process and np 2 -z 3"
 run 4 "$W/llmc3" $GPT2 -d $TOK -x 0 -z 1 --init_from "$W/llmc1.bin" --export_llmc "$W/llmc3.bin" || fail "llm.c import, np 4 -z 1"
 cmp -s "$W/llmc1.bin" "$W/llmc3.bin" && pass || fail "llm.c import + export under np 4 -z 1 changed the file"
@@ -313,17 +329,14 @@ TPC="$COMMON --n_layer 2 --n_embd 64 --n_head 8 --n_kv_head 4 --ffn_hidden 96"  
 TPB="$COMMON --n_layer 2 --n_embd 64 --n_head 8 --n_kv_head 2 --ffn_hidden 96"   # tp 4: a kv head on 2 ranks
 for model in dense moe; do
     [ $model = dense ] && ARGS=$TPA || ARGS=$TPMOE
-    for dp in 1 2; do run 1 "$W/tp.$model.ref$dp" $ARGS -d $((B * T * dp * 2)) -x 4 || fail "tp $model reference dp $dp"; done
     # np tp pp flags
     for case in "2 2 1 -z 0" "2 2 1 --sp" "4 2 1 -z 1 --sp" "4 2 2 --pp_schedule 1f1b" "4 2 2 --sp --pp_schedule zb1 -r 1" \
                 "8 2 2 -z 3 --sp -r 2"; do
         set -- $case; np=$1 tp=$2 pp=$3; shift 3
         dp=$((np / tp / pp)); out=$W/tp.$model.np$np.tp$tp.pp$pp.$(echo "$*" | tr -d ' -')
         if run $np "$out" $ARGS -d $((B * T * dp * 2)) -x 4 --tp $tp --pp $pp "$@"; then
-            if [ $dp -gt 1 ] && [[ "$*" == *"-z 1"* ]]; then  # each dp rank sums its 2 micro-batches first
-                close_run "$W/tp.$model.ref$dp" "$out" "$model tp $tp x pp $pp x dp $dp $* vs one process" 4 \
-                    $([ $model = moe ] && echo $MOE_RTOL || echo 1e-6)
-            else same_run "$W/tp.$model.ref$dp" "$out" 4 "$model tp $tp x pp $pp x dp $dp $* vs one process"; fi
+            ref_for "$out" $ARGS -d $((B * T * dp * 2)) -x 4
+            same_run "$REF" "$out" 4 "$model tp $tp x pp $pp x dp $dp $* vs one process"
             comm_theory "$out" "$model tp $tp pp $pp $*"
         else fail "$model np $np tp $tp pp $pp $*: rc $?"; tail -5 "$out.log"; fi
     done
@@ -342,24 +355,23 @@ run 4 "$out" $TPB -d $TOK -x 4 --tp 4 --sp && same_run "$W/tp.b.ref" "$out" 4 "t
 # tp 3 and 6 (6 heads, 3 kv heads, FFN 54: canonical chunks of 6; tp 6 shares each kv head), 8 steps
 T6=12  # B*T6 = 24 tokens: --sp splits them over 3 and 6 ranks
 TP6="$COMMON -t $T6 --n_embd 36 --n_head 6 --n_kv_head 3 --ffn_hidden 54 --mlp gelu --pos learned --max_seq_len 16"
-for dp in 1 2; do run 1 "$W/tp6.ref$dp" $TP6 -d $((B * T6 * dp * 2)) -x 8 || fail "tp 3/6 reference dp $dp"; done
 for case in "3 3 1" "6 6 1 --sp" "6 3 1 -z 1 --sp" "6 3 2 -r 2"; do
     set -- $case; np=$1 tp=$2 pp=$3; shift 3
     dp=$((np / tp / pp)); out=$W/tp6.np$np.tp$tp.pp$pp.$(echo "$*" | tr -d ' -')
     if run $np "$out" $TP6 -d $((B * T6 * dp * 2)) -x 8 --tp $tp --pp $pp "$@"; then
-        if [ $dp -gt 1 ] && [[ "$*" == *"-z 1"* ]]; then close_run "$W/tp6.ref$dp" "$out" "tp $tp x pp $pp x dp $dp $* (6 heads) vs one process"
-        else same_run "$W/tp6.ref$dp" "$out" 8 "tp $tp x pp $pp x dp $dp $* (6 heads) vs one process"; fi
+        ref_for "$out" $TP6 -d $((B * T6 * dp * 2)) -x 8
+        same_run "$REF" "$out" 8 "tp $tp x pp $pp x dp $dp $* (6 heads) vs one process"
         comm_theory "$out" "tp $tp pp $pp $* (6 heads)"
     else fail "6 heads: np $np tp $tp pp $pp $*: rc $?"; tail -5 "$out.log"; fi
 done
 # the lm head over token chunks of 13 (B*T = 32 tokens: not a divisor, nor aligned with --sp's rows):
 # every layout cuts the same chunks and folds them in the same order: bitwise one process
-run 1 "$W/chunk.ref" $TPA -d $((B * T * 2 * 2)) -x 4 --logits_chunk 13 || fail "lm-head chunks: reference"
 for case in "2 1 1 -z 2" "4 2 1 -z 2 --sp" "4 1 2 -z 3 --pp_schedule zb1"; do
     set -- $case; np=$1 tp=$2 pp=$3; shift 3
     out=$W/chunk.np$np.tp$tp.pp$pp.$(echo "$*" | tr -d ' -')
     if run $np "$out" $TPA -d $((B * T * 2 * 2)) -x 4 --logits_chunk 13 --tp $tp --pp $pp "$@"; then
-        same_run "$W/chunk.ref" "$out" 4 "lm-head chunks of 13: tp $tp x pp $pp x dp 2 $* vs one process"
+        ref_for "$out" $TPA -d $((B * T * 2 * 2)) -x 4 --logits_chunk 13
+        same_run "$REF" "$out" 4 "lm-head chunks of 13: tp $tp x pp $pp x dp 2 $* vs one process"
         comm_theory "$out" "lm-head chunks of 13: tp $tp pp $pp $*"
     else fail "lm-head chunks of 13: np $np tp $tp pp $pp $*: rc $?"; tail -5 "$out.log"; fi
 done
@@ -404,12 +416,14 @@ for case in "dense 1" "dense 3" "moe 3"; do
     fi
 done
 out=$W/offload.pp2
-run 2 "$out" $PPDENSE -d $((B * T * 4)) -x 6 --pp 2 --offload optimizer && same_run "$W/pp.dense.ref1" "$out" 6 "pp 2 --offload optimizer vs one process" ||
+run 2 "$out" $PPDENSE -d $((B * T * 4)) -x 6 --pp 2 --offload optimizer && ref_for "$out" $PPDENSE -d $((B * T * 4)) -x 6 &&
+    same_run "$REF" "$out" 6 "pp 2 --offload optimizer vs one process" ||
     { fail "pp 2 --offload optimizer: rc $?"; tail -5 "$out.log"; }
 out=$W/offload.resume
 run 2 "$out" $DENSE -d $TOK2 -x $STEPS -n 4 -z 1 && rm "$out/ckpt_$(printf %09d $STEPS).bin" &&
     run 2 "$out" $DENSE -d $TOK2 -x $STEPS -z 3 --offload optimizer -y latest &&
-    grep -q "resumed from .*ckpt_000000004.bin" "$out.log" && same_run "$W/full.$TOK2" "$out" $STEPS "resume np 2 -z 1 -> np 2 -z 3 --offload optimizer" 5 ||
+    grep -q "resumed from .*ckpt_000000004.bin" "$out.log" && ref_for "$out" $DENSE -d $TOK2 -x $STEPS &&
+    same_run "$REF" "$out" $STEPS "resume np 2 -z 1 -> np 2 -z 3 --offload optimizer" 5 ||
     { fail "resume np 2 -z 1 -> -z 3 --offload optimizer"; tail -3 "$out.log"; }
 echo "test_dist: offload (np 2 -z 1/3, MoE, pp 2, resume) done in $(( $(date +%s) - t0 )) s"
 
@@ -429,8 +443,10 @@ if [ -x "$TPBIN" ]; then
 else fail "test/test_tp is not built (make test/test_tp)"; fi
 
 # ---- 10. expert parallel: --ep 2 and 4 with dp 4, both routing groups, MoE every 1 and 2 blocks,
-# -z 1 and -z 3, with pp 2 and with tp: bitwise one process (each owner folds one leaf per source
-# rank in global micro-batch order). The all-to-alls are sized at start-up: the host bytes (the only
+# -z 1 and -z 3, with pp 2 and with tp, 8 steps: -z 3 bitwise one process (each owner folds one
+# leaf per source rank in global micro-batch order); -z 1 within MOE_RTOL of the one process with
+# the layout's blocks (the experts' owner adds its sources' gradients round by round, not rank by
+# rank: keeping them apart would cost a gradient copy per source). The all-to-alls are sized at start-up: the host bytes (the only
 # way a size could be asked for at run time) equal the run without --ep, and the measured bytes the theory.
 t0=$(date +%s)
 EPMOE="$COMMON --n_layer 4 --n_embd 32 --n_head 4 --n_kv_head 2 --ffn_hidden 64 --n_expert 4 --expert_hidden 32 --capacity_factor 1.5"
@@ -438,20 +454,19 @@ TOKEP=$((B * T * 4 * 2))
 for grouping in batch position; do
     for every in 1 2; do
         ARGS="$EPMOE --moe_every $every --moe_group $grouping"
-        ref=$W/ep.ref.$grouping.$every
-        run 1 "$ref" $ARGS -d $TOKEP -x 4 || { fail "ep reference $grouping every $every"; continue; }
-        run 4 "$ref.np4" $ARGS -d $TOKEP -x 4 -z 1 || fail "ep 1 np 4 $grouping"
+        np4=$W/ep.np4.$grouping.$every
+        run 4 "$np4" $ARGS -d $TOKEP -x 8 -z 1 || fail "ep 1 np 4 $grouping"
         for case in "4 2 -z 1" "4 4 -z 3" "4 2 -z 3 --pp 2" "8 2 -z 1 --tp 2 --sp"; do
             set -- $case; np=$1 ep=$2; shift 2
             [ $every = 1 ] && [ $np = 8 ] && continue  # keep the np 8 case to one model
             out=$W/ep.$grouping.$every.np$np.ep$ep.$(echo "$*" | tr -d ' -')
-            if run $np "$out" $ARGS -d $TOKEP -x 4 --ep $ep "$@"; then
-                # -z 1: each expert owner sums its ep group's sources, then the expert-dp ranks' sums add
-                if [[ "$*" == *"-z 1"* ]]; then close_run "$ref" "$out" "ep $ep $grouping every $every $* vs one process" 4 $MOE_RTOL
-                else same_run "$ref" "$out" 4 "ep $ep $grouping every $every $* vs one process"; fi
+            if run $np "$out" $ARGS -d $TOKEP -x 8 --ep $ep "$@"; then
+                ref_for "$out" $ARGS -d $TOKEP -x 8
+                if [[ "$*" == *"-z 1"* ]]; then close_run "$REF" "$out" "ep $ep $grouping every $every $* vs one process" 8 $MOE_RTOL
+                else same_run "$REF" "$out" 8 "ep $ep $grouping every $every $* vs one process"; fi
                 comm_theory "$out" "ep $ep $grouping $*"
                 if [ "$np $*" = "4 -z 1" ]; then  # the same layout without --ep: the same host bytes
-                    h_ep=$(grep -o "host (scalars) [0-9]*" "$out.log"); h1=$(grep -o "host (scalars) [0-9]*" "$ref.np4.log")
+                    h_ep=$(grep -o "host (scalars) [0-9]*" "$out.log"); h1=$(grep -o "host (scalars) [0-9]*" "$np4.log")
                     [ -n "$h_ep" ] && [ "$h_ep" = "$h1" ] && pass || fail "ep $ep: host bytes $h_ep vs $h1 without --ep"
                 fi
             else fail "ep $ep $grouping every $every $*: rc $?"; tail -5 "$out.log"; fi

@@ -639,7 +639,9 @@ TEST_CASE("the memory plan per parameter: the model states of every ZeRO stage, 
             CHECK(e.master == al(4.0 * (zero >= 1 ? own : P)));
             CHECK(e.moments == 2 * al(4.0 * (zero >= 1 ? own : P)));
             const double reduced = (double)(zero <= 1 ? z.max_padded : z.max_leaves);
-            CHECK(e.grad_buffers == al(4.0 * (zero <= 1 ? h.padded_total : h.shard_len(0))) + al(4.0 * h.padded_total) +
+            // the head's accumulator: per rank, the whole head; per micro-batch (-z 2/3, N > 1), none
+            const double head_acc = zero <= 1 ? al(4.0 * h.padded_total) : N > 1 ? 0.0 : al(4.0 * h.shard_len(0));
+            CHECK(e.grad_buffers == head_acc + al(4.0 * h.padded_total) +
                                         (N > 1 ? al(4.0 * std::max(reduced, (double)h.max_padded)) : 0.0) +
                                         (zero >= 2 ? ZERO_GRAD_SLOTS * al(4.0 * z.max_leaves) : 0.0));
             const double states = e.params - param_slots + e.grads + e.master + e.moments;

@@ -25,6 +25,7 @@ struct Run {
     PipeKind pp_kind = PIPE_1F1B;
     int pp_virtual = 1, recompute = 0, offload = OFFLOAD_NONE;
     int logits_chunk = 0;  // --logits_chunk (0: logits_chunk_tokens' default)
+    int grad_blocks = 1;   // the order of the step's gradient sum (llmc/gpt/layout.h)
 };
 
 // The flags, checked, and the rank grid they ask for. Returns false when -h was asked for.
@@ -184,6 +185,24 @@ static void settle_config(Run& r, Checkpoint& ck, LlmcModelFile& init_file) {
     r.recompute = r.args.i("recompute", 0, 2);
     r.offload = parse_offload(r.args.str("offload"));
     r.logits_chunk = r.args.i("logits_chunk", 0);
+    // the layout's gradient blocks; one process (no pipeline, one data-parallel rank) may be given
+    // another count, to sum as another layout does
+    const int own_blocks = layout_grad_blocks(r.zero_stage, r.world, r.n_stages, r.global_micro);
+    r.grad_blocks = own_blocks;
+    if (r.args.str("grad_blocks").empty()) return;
+    const int G = r.args.i("grad_blocks", 1);
+    if (r.world > 1 || r.n_stages > 1) {
+        LLMC_CHECK(G == own_blocks, "--grad_blocks %d: this layout (dp %d, --pp %d, -z %d) sums the step's gradient in %d "
+                   "block%s; only one process (one data-parallel rank, no --pp) can be given another count", G, r.world,
+                   r.n_stages, r.zero_stage, own_blocks, own_blocks == 1 ? "" : "s");
+        return;
+    }
+    LLMC_CHECK(r.global_micro % G == 0, "--grad_blocks %d must divide the step's %d micro-batches", G, r.global_micro);
+    LLMC_CHECK(G == 1 || r.zero_stage <= 1, "--grad_blocks %d: one process sums gradient blocks at -z 0 or 1, got -z %d", G,
+               r.zero_stage);
+    LLMC_CHECK(G == 1 || r.offload == OFFLOAD_NONE, "--grad_blocks %d: not with --offload optimizer (its early download "
+               "needs a gradient that is final at the last micro-batch)", G);
+    r.grad_blocks = G;
 }
 
 // This rank's layout in the run (its pipeline stage: pipe).
@@ -195,6 +214,7 @@ static Layout layout_of(const Run& r, const PipelinePlan& pipe) {
     l.sp = r.sp;
     l.offload = r.offload;
     l.logits_chunk = r.logits_chunk;
+    l.grad_blocks = r.world == 1 && r.n_stages == 1 ? r.grad_blocks : 1;  // (a layout's own blocks need no buffer)
     return l;
 }
 
@@ -305,6 +325,9 @@ static void print_startup(const Run& r, const GPT& model, const RunData& d, cons
     printf("\nlayout: %d rank%s (pp %d x dp %d x tp %d%s, ep %d), ZeRO stage %d, recompute -r %d, offload %s, "
            "collectives: %s\n", cm.world_size, cm.world_size > 1 ? "s" : "", r.n_stages, r.world, r.tp, r.sp ? " + sp" : "",
            r.ep, r.zero_stage, r.recompute, offload_name(r.offload), comm_backend_name());
+    printf("gradient sum: %d block%s of %d micro-batch%s (one process: --grad_blocks %d sums the same bits)\n",
+           r.grad_blocks, r.grad_blocks == 1 ? "" : "s", r.global_micro / r.grad_blocks,
+           r.global_micro / r.grad_blocks == 1 ? "" : "es", r.grad_blocks);
     printf("model: n_layer %d, n_embd %d, n_head %d, n_kv_head %d, ffn_hidden %d (%s), pos %s, vocab %d (padded %d)\n",
            config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
            config.mlp == MLP_SWIGLU ? "swiglu" : "gelu", config.pos == POS_ALIBI ? "alibi" : "learned",

@@ -62,6 +62,9 @@ static const Option OPTIONS[] = {
     {"max_bad_steps", "", "5", "stop (exit 1) after this many consecutive steps with a non-finite loss or grad norm"},
     {"zero", "z", "0", "ZeRO stage over the data-parallel ranks: 0 all-reduce, 1 shard optimizer state, 2 also "
                        "gradients, 3 also parameters (gathered per block)"},
+    {"grad_blocks", "", "", "the order of the step's gradient sum: its micro-batches in this many blocks, each summed, "
+                            "then added in order (default: what the layout sums at the anchors' bytes, printed at "
+                            "start-up; one process given that count reproduces a layout bit for bit)"},
     {"recompute", "r", "0", "activation recomputation: 0 keep all, 1 recompute LayerNorm outputs and the FFN "
                             "activation, 2 recompute each block in the backward (same gradients)"},
     {"logits_chunk", "", "0", "tokens per lm-head chunk: the logits, loss and head backward run over a micro-batch's "

@@ -36,6 +36,8 @@ struct AccumulateGrads {
 struct ZeroFloats {
     void operator()(float* p, size_t n) const { buffer_zero(p, n * sizeof(float)); }
 };
+// the tag of the tied embedding's transfers between the first and the last pipeline stage
+constexpr int TIED_EMBEDDING_TAG = 32767;
 // the group a segment is sharded and reduced over: the experts' over the expert-dp ranks
 static const CommGroup& seg_group(const ZeroLayout& z, int s) {
     return z.segs[s].expert ? comm_world().edp : comm_world().dp;
@@ -118,10 +120,10 @@ static void offload_start(GPT& m, int s) {
 // segment): the next start, or zero_reduce_finish before the norm, completes it, and the offload's
 // early download follows.
 // Stage 0: the all-gather of segment s's reduced slices, in place (no buffer), in flight behind the
-// backward too; the tied embedding's waits for the head's gradient (zero_complete_grads).
+// backward too.
 static void zero_gather_grads_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
-    if (s < 0 || z.stage != 0 || (m.pipe.has_embedding() && s == m.seg_local[0])) return;
+    if (s < 0 || z.stage != 0) return;
     m.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
                                                     m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
 }
@@ -136,10 +138,21 @@ static int zero_reduce_complete(GPT& m) {
     offload_start(m, s);
     return s;
 }
+// TIED_PER_RANK (stages 0-1): the head's gradient of the rank's micro-batches joins the embedding's
+// accumulator before the embedding's one reduction (with pp it comes from the last stage first:
+// tied_embedding_sum sends it). head_acc is left zero: the head's part is in the accumulator now.
+static void tied_head_into_embedding(GPT& m, int s) {
+    if (m.zero.segs[s].id != 0 || !m.head_acc) return;
+    const size_t n = m.head.padded_total;
+    if (m.pipe.P > 1) p2p_group(comm_world().pp, {{false, m.head_acc, n * sizeof(float), m.pipe.P - 1, TIED_EMBEDDING_TAG}});
+    grad_accumulate(m.grad_acc + m.zero.segs[s].padded_offset, m.head_acc, n);
+    buffer_zero(m.head_acc, n * sizeof(float));
+}
 static void zero_reduce_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
     if (m.reduced[s]) return;
     m.reduced[s] = 1;
+    tied_head_into_embedding(m, s);
     const int done = zero_reduce_complete(m);
     m.reduce_req = reduce_scatter_sum_start(seg_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
                                             m.comm_scratch);
@@ -157,6 +170,8 @@ static void grads_ready(GPT& m, int seg) {
             if (last) zero_reduce_start(m, s);
             continue;
         }
+        if (z.segs[s].id == 0 && m.tied == TIED_PER_MICRO_BATCH)  // the micro-batch's head gradient joins the embedding's
+            grad_accumulate(m.grad_slots.find(s), m.head_leaf, m.head.padded_total);
         reduce_scatter_add(AccumulateGrads(), seg_group(z, s), m.grad_acc + z.acc_own(s), m.grad_slots.find(s),
                            z.shard_len(s), m.comm_scratch, z.segs[s].n_leaves);
         if (last) offload_start(m, s);
@@ -164,12 +179,14 @@ static void grads_ready(GPT& m, int seg) {
         point_segment(m.g, m.config, m.local, z.segs[s], (float*)nullptr);
     }
 }
-// The tied lm head's gradient of this micro-batch (head_leaf, fp32) into its accumulator: stages
-// 0-1 fold it locally (reduced once per step in tied_embedding_sum), stages 2-3 reduce-scatter it
-// over the dp group.
+// The tied lm head's gradient of this micro-batch (head_leaf, fp32), by the layout's TiedSum
+// (llmc/gpt/layout.h): per rank, folded into head_acc (it joins the embedding's accumulator before
+// the embedding's reduction); per micro-batch, left in head_leaf for the embedding's slot; per
+// step, reduce-scattered over the dp group into head_acc's slice.
 static void head_grads_ready(GPT& m) {
-    if (m.head.grads_in_acc()) grad_accumulate(m.head_acc, m.head_leaf, m.head.padded_total);
-    else reduce_scatter_add(AccumulateGrads(), comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
+    if (m.tied == TIED_PER_RANK) grad_accumulate(m.head_acc, m.head_leaf, m.head.padded_total);
+    else if (m.tied == TIED_PER_STEP)
+        reduce_scatter_add(AccumulateGrads(), comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
 }
 // Before the norm, stages 0-1: every segment's reduction completes (one not started in the
 // backward, e.g. after gpt_backward, runs now).
@@ -196,6 +213,39 @@ static void zero_drain(GPT& m) {
     zero_reduce_complete(m);  // (its gather is not needed: the step is over)
     for (auto& g : m.grad_gathers) comm_finish(g.second);
     m.grad_gathers.clear();
+}
+// --grad_blocks G > 1 on one process (llmc/gpt/layout.h): the step's micro-batches run block by
+// block, position p being global micro-batch (p % k) * G + p / k (k = M / G per block), so that each
+// block's gradient is summed in the accumulator as a data-parallel rank sums its micro-batches;
+// after each block but the last, that sum (wte's with the head's part) is added into grad_total
+// (the blocks' left fold, as the reduction adds the ranks' sums) and the accumulator starts again;
+// the last block's joins it before the norm (grad_blocks_finish).
+template <typename T> static std::vector<T> grad_block_order(const std::vector<T>& global, int G) {
+    std::vector<T> out(global.size());
+    const size_t k = global.size() / G;
+    for (size_t p = 0; p < out.size(); p++) out[p] = global[(p % k) * G + p / k];
+    return out;
+}
+template <typename T> static std::vector<T> global_order_of(const std::vector<T>& blocked, int G) {
+    std::vector<T> out(blocked.size());
+    const size_t k = blocked.size() / G;
+    for (size_t p = 0; p < out.size(); p++) out[(p % k) * G + p / k] = blocked[p];
+    return out;
+}
+// after position p's backward
+static void grad_block_done(GPT& m, int p) {
+    const int M = (int)m.batches.size();
+    if (m.grad_blocks <= 1 || m.dloss_scale == 0.0f || (p + 1) % (M / m.grad_blocks) != 0 || p + 1 == M) return;
+    const size_t n = m.zero.acc_elems();
+    tied_head_into_embedding(m, m.seg_local[0]);
+    grad_accumulate(m.grad_total, m.grad_acc, n);
+    buffer_zero(m.grad_acc, n * sizeof(float));
+    m.blocks_folded = true;
+}
+static void grad_blocks_finish(GPT& m) {
+    if (!m.blocks_folded) return;
+    grad_accumulate(m.grad_acc, m.grad_total, m.zero.acc_elems());
+    m.blocks_folded = false;
 }
 static void zero_gather_params(GPT& m) {
     const ZeroLayout& z = m.zero;
@@ -529,8 +579,7 @@ static void expert_return(GPT& m, floatX* own_rows, int width) { expert_dispatch
 // ---- pipeline stage transfers ----
 // Where a pipeline transfer's bytes are: activations leave from the chunk's last block output and
 // arrive in the slot's input; gradients leave and arrive in the slot's d_stream. A message is
-// named by (micro-batch, direction, sending virtual stage).
-constexpr int TIED_EMBEDDING_TAG = 32767;
+// named by (micro-batch, direction, sending virtual stage), below TIED_EMBEDDING_TAG.
 static P2POp pipe_transfer(GPT& m, const PipeAction& a) {
     const PipelinePlan& pp = m.pipe;
     const int vs = pp.vs(a.chunk);
@@ -548,31 +597,34 @@ static P2POp pipe_transfer(GPT& m, const PipeAction& a) {
     return op;
 }
 
-// The tied embedding (Press & Wolf 2017): the lm head's gradient of wte, summed over the step in
-// head_acc (at stages 0-1 each rank's micro-batches, then reduced over dp here, once per step), is
-// added to the embedding's accumulator once per step, in every layout the same single fp32
-// addition per element (Megatron's rule for the embedding group: the first stage holds the
-// embedding, the last the head; here the last stage sends its sum to the first, which owns wte's
-// optimizer state, and gets the updated weights back after the step: tied_embedding_refresh).
-// head_acc's elements: the whole head at stages 0-1 on the last stage, else the rank's slice
+// The tied embedding (Press & Wolf 2017): the lm head's gradient of wte joins the embedding's as
+// the layout's TiedSum says (llmc/gpt/layout.h); the stage that holds the embedding owns wte's
+// optimizer state, and with pp > 1 the last stage keeps a copy of the weights, refreshed after
+// every update (tied_embedding_refresh; Megatron's embedding group does the same between the first
+// and the last stage).
+// head_acc's elements: per rank, the whole head (the embedding's stage with pp: the receive
+// buffer); per step, the rank's slice of the head's step gradient; per micro-batch, none
 static size_t head_acc_elems(const GPT& m) {
-    return m.pipe.has_head() && m.head.grads_in_acc() ? m.head.padded_total : m.head.shard_len(0);
+    return m.tied == TIED_PER_RANK ? m.head.padded_total : m.tied == TIED_PER_STEP ? m.head.shard_len(0) : 0;
 }
+// After the backward. Per rank with pp > 1: the last stage sends the head's gradient of its
+// micro-batches to the first (which adds it before the embedding's reduction: tied_head_into_embedding).
+// Per step: the slices of the head's gradient, reduced over dp in the backward, join the embedding's
+// accumulator after its reduction (sent from the last stage to the first with pp > 1).
 static void tied_embedding_sum(GPT& m) {
     const PipelinePlan& pp = m.pipe;
     if (!pp.has_embedding() && !pp.has_head()) return;
-    const size_t n = m.head.shard_len(0);
-    float* own = m.head_acc;  // this rank's slice of the head's step gradient
-    if (pp.has_head() && m.head.grads_in_acc()) {  // stages 0-1: the step's local sums, reduced over dp once
-        const CommGroup& dp = comm_world().dp;
-        CommRequest r = reduce_scatter_sum_start(dp, m.head_acc, n, m.comm_scratch);
-        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), r, dp, m.head_acc, n, m.comm_scratch);
-        own = m.head_acc + m.head.own_begin(0);
+    if (m.tied == TIED_PER_RANK) {
+        if (pp.P > 1 && pp.has_head())
+            p2p_group(comm_world().pp, {{true, m.head_acc, m.head.padded_total * sizeof(float), 0, TIED_EMBEDDING_TAG}});
+        return;
     }
-    if (pp.P > 1 && pp.has_head()) p2p_group(comm_world().pp, {{true, own, n * sizeof(float), 0, TIED_EMBEDDING_TAG}});
+    if (m.tied != TIED_PER_STEP) return;
+    const size_t n = m.head.shard_len(0);
+    if (pp.P > 1 && pp.has_head()) p2p_group(comm_world().pp, {{true, m.head_acc, n * sizeof(float), 0, TIED_EMBEDDING_TAG}});
     if (!pp.has_embedding()) return;
-    if (pp.P > 1) p2p_group(comm_world().pp, {{false, own, n * sizeof(float), pp.P - 1, TIED_EMBEDDING_TAG}});
-    grad_accumulate(m.grad_acc + m.zero.acc_own(m.seg_local[0]), own, n);
+    if (pp.P > 1) p2p_group(comm_world().pp, {{false, m.head_acc, n * sizeof(float), pp.P - 1, TIED_EMBEDDING_TAG}});
+    grad_accumulate(m.grad_acc + m.zero.acc_own(m.seg_local[0]), m.head_acc, n);
 }
 static void tied_embedding_refresh(GPT& m) {
     const PipelinePlan& pp = m.pipe;

@@ -336,8 +336,38 @@ static void chunk_bounds(const std::vector<PipeAction>& actions, int V, std::vec
 // gpt_memory_estimate and the memory guard plan from. For a plan only (nothing allocated): the
 // group sizes to plan for instead of the started ranks', and the element size of the build
 // planned (2: the CUDA build's bf16, from any machine).
+// How the tied lm head's gradient joins the embedding's (wte is both: Press & Wolf 2017), and so
+// the order in which the step's gradient is summed. The step's global micro-batches g = round * dp
+// + rank fall into G gradient blocks, block b = {g : g mod G = b}; each block's gradient is the
+// left fold of its micro-batches' (for wte: the embedding's fold E_b plus the head's H_b, one add),
+// and the step's is the blocks' left fold. Each layout picks the G it can sum at the anchors' bytes
+// (one reduction of the tied weight, as DDP and Megatron do), and one process given --grad_blocks G
+// sums the same way, bit for bit (docs/PARALLELISM.md):
+//   TIED_PER_RANK        -z 0/1: a block per dp rank (its micro-batches); the rank adds H_r to E_r
+//                        before the embedding's one reduction (with pp the last stage sends H_r to
+//                        the first first). G = dp.
+//   TIED_PER_MICRO_BATCH -z 2/3 in one stage, dp > 1: a block per micro-batch; each micro-batch's
+//                        head gradient joins the embedding's slot before its reduction. G = all
+//                        micro-batches (for every other weight the same sum as G = 1).
+//   TIED_PER_STEP        -z 2/3 with pp (the head's and the embedding's gradients live on two
+//                        stages; per micro-batch they would cost a transfer of the table), or dp 1:
+//                        the head's gradient summed apart over the step, added once. G = 1.
+enum TiedSum { TIED_PER_RANK, TIED_PER_MICRO_BATCH, TIED_PER_STEP };
+inline TiedSum tied_sum_of(int zero_stage, int dp, int n_stages) {
+    if (zero_stage <= 1) return TIED_PER_RANK;
+    return n_stages == 1 && dp > 1 ? TIED_PER_MICRO_BATCH : TIED_PER_STEP;
+}
+inline int layout_grad_blocks(int zero_stage, int dp, int n_stages, int global_micro) {
+    switch (dp == 1 ? TIED_PER_STEP : tied_sum_of(zero_stage, dp, n_stages)) {
+    case TIED_PER_RANK: return dp;
+    case TIED_PER_MICRO_BATCH: return global_micro;
+    default: return 1;
+    }
+}
+
 struct Layout {
     int zero_stage = 0;
+    int grad_blocks = 1;  // --grad_blocks on one process (> 1: the step's gradient in that many blocks)
     PipelinePlan pipe;  // this rank's stage; no first_layer: one stage holding the whole model
     int recompute = 0;  // -r
     bool sp = false;    // --sp

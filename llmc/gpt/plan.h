@@ -154,13 +154,15 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     m.adam_m = (float*)take(m, host_state ? MEM_HOST_MOMENTS : MEM_MOMENTS, z.state_elems() * sizeof(float));
     m.adam_v = (float*)take(m, host_state ? MEM_HOST_MOMENTS : MEM_MOMENTS, z.state_elems() * sizeof(float));
     if (host_state) m.grad_staging = (float*)take(m, MEM_HOST_STAGING, z.state_elems() * sizeof(float));
+    m.tied = tied_sum_of(zero_stage, dp.size, pp.P);
     if (pp.has_head() || (pp.has_embedding() && pp.P > 1)) {
         const std::vector<SegmentSpec> all = segment_specs(config, m.local);
         m.head = zero_layout({all[0]}, count_params(m.local), zero_stage, dp.size, dp.rank);
-        m.head_acc = (float*)take(m, MEM_GRAD_BUFFERS, head_acc_elems(m) * sizeof(float));
+        if (head_acc_elems(m) > 0) m.head_acc = (float*)take(m, MEM_GRAD_BUFFERS, head_acc_elems(m) * sizeof(float));
         if (pp.has_head()) m.head_leaf = (float*)take(m, MEM_GRAD_BUFFERS, m.head.padded_total * sizeof(float));
         if (pp.has_head() && pp.P > 1) m.head_params = (floatX*)take(m, MEM_PARAMS, m.head.padded_total * fx);
     }
+    if (m.grad_blocks > 1) m.grad_total = (float*)take(m, MEM_GRAD_BUFFERS, z.acc_elems() * sizeof(float));
     const size_t scratch_elems = std::max(z.max_reduced(), m.head.segs.empty() ? 0 : m.head.max_padded);
     if (dp.size > 1) m.comm_scratch = (float*)take(m, MEM_GRAD_BUFFERS, scratch_elems * sizeof(float));
     // a block's forward holds its segments and the next block's (MoE: a block is two segments)
@@ -186,8 +188,9 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     for (const ParamTensor& t : m.local) tensors.push_back({t.offset, t.numel, t.decay});
     m.update_pieces = table_update_pieces(zero_update_pieces(z, tensors), m.pieces);
     // --offload optimizer: the pieces whose gradient download can start at their segment's last
-    // grads_ready of a step (llmc/parallel/offload.h): not the embedding's (the tied head adds to it after
-    // the backward), not a segment that -z 0 replicates (the all-gather before the norm completes it)
+    // grads_ready of a step (llmc/parallel/offload.h): not the embedding's when the tied head's
+    // gradient adds to it after the backward (TIED_PER_STEP), not a segment that -z 0 replicates (the
+    // all-gather before the norm completes it)
     m.early_pieces.assign(z.segs.size(), {});
     m.ready_count.assign(z.segs.size(), 0);
     m.reduced.assign(z.segs.size(), 0);
@@ -195,7 +198,7 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
         for (int s = 0; s < (int)z.segs.size(); s++) {
             const size_t at = m.update_pieces[k].acc_index, own = z.acc_own(s);
             if (at < own || at >= own + z.shard_len(s)) continue;
-            if (z.segs[s].id != 0 && (z.stage >= 1 || (z.segs[s].expert ? edp : dp).size == 1)) m.early_pieces[s].push_back(k);
+            if ((z.segs[s].id != 0 || m.tied != TIED_PER_STEP) && (z.stage >= 1 || (z.segs[s].expert ? edp : dp).size == 1)) m.early_pieces[s].push_back(k);
             break;
         }
     m.table_padding = tp_table_padding(m, pp);
@@ -380,6 +383,7 @@ static void alloc_op_scratch(GPT& m, int B, int T) {
 // mem.plan_only set it counts the same buffers without allocating (gpt_memory_estimate).
 static void gpt_allocate(GPT& m, const GPTConfig& config, int B, int T, const Layout& layout = Layout()) {
     m.offload = layout.offload;
+    m.grad_blocks = layout.grad_blocks;
     if (m.mem.plan_only) {
         m.plan_dp = layout.plan_dp;
         m.plan_tp = layout.plan_tp;

@@ -308,9 +308,10 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
 // ZeRO-3 / FSDP (per micro-batch two all-gathers of the params and a reduce-scatter). Each with a
 // ring's (N - 1) / N of the bytes per rank, on the same flat buffer (segments padded to a multiple
 // of dp * NORM_CHUNK: the anchors pad their buckets too), fp32 gradients (4 bytes) and the build's
-// params (sizeof(floatX)). head: the tied head's gradient, which is reduced on its own (the tied
-// embedding's two accumulators add once per step, after the reductions: tied_embedding_sum), a cost
-// the anchors do not pay (they add the two uses of the tied weight before reducing).
+// params (sizeof(floatX)). head: the tied head's gradient where it is reduced on its own
+// (TIED_PER_STEP: -z 2/3 with pp, the two uses of the tied weight on two stages, as in Megatron's
+// embedding group); elsewhere it joins the embedding's gradient before the one reduction, as the
+// anchors do (llmc/gpt/layout.h).
 struct ZeroVolume {
     double all_to_all = 0, all_gather = 0, head = 0;
     double ddp = 0, megatron = 0, zero2 = 0, zero3 = 0;
@@ -322,8 +323,8 @@ static ZeroVolume zero_comm_volume(const GPT& m, int grad_accum) {
     const PipelinePlan& pp = m.pipe;
     const double k = grad_accum, fx = sizeof(floatX), g4 = sizeof(float);
     ZeroVolume v;
-    // the tied head's gradient, over the dp group: once per step at stages 0-1, per micro-batch at 2-3
-    if (pp.has_head()) v.head = (z.grads_in_acc() ? 1.0 : k) * (z.dp - 1.0) / z.dp * g4 * m.head.padded_total;
+    // the tied head's gradient reduced apart, per micro-batch
+    if (pp.has_head() && m.tied == TIED_PER_STEP) v.head = k * (z.dp - 1.0) / z.dp * g4 * m.head.padded_total;
     v.all_to_all = v.head;
     for (int s = 0; s < (int)z.segs.size(); s++) {
         const Segment& seg = z.segs[s];
@@ -373,7 +374,7 @@ static void print_comm_volume(const GPT& m, int grad_accum) {
         for (int ch = 0; ch < pp.V; ch++) theory[COMM_P2P] += grad_accum * act * (!pp.last_vs(ch) + !pp.first_vs(ch));
         if (pp.has_embedding()) theory[COMM_P2P] += fx * m.head.shard_len(0);     // the tied weights, to the last stage
         if (pp.has_head()) {
-            theory[COMM_P2P] += 4.0 * m.head.shard_len(0);                         // the head's gradient, to the first
+            theory[COMM_P2P] += 4.0 * head_acc_elems(m);                           // the head's gradient, to the first
             theory[COMM_ALL_GATHER] += share * fx * m.head.padded_total;           // its copy of the new weights
         }
     }
