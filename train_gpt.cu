@@ -250,8 +250,8 @@ static void bind_op_scratch(const GPT& m) {
 // of the head's weight gradient (folded into head_leaf in chunk order) and of the gradient at the
 // final LayerNorm's output. Without targets each chunk's logits go to m.logits_sink. Then once:
 // the losses summed into m.loss_sums[mb] on the device (take_losses reads the step's sums at once:
-// no host sync per micro-batch), head_leaf into head_acc, and the final LayerNorm's backward (its
-// weight gradients folded too) into the slot's d_stream.
+// no host sync per micro-batch), head_grads_ready (head_leaf on its way to wte), and the final
+// LayerNorm's backward (its weight gradients folded too) into the slot's d_stream.
 static void head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
     const GPTConfig& c = m.config;
     const int BT = m.B * m.T, C = c.n_embd, Vl = m.ls.vocab, rows = stream_rows(m);

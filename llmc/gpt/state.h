@@ -247,9 +247,9 @@ static void gather_to_table(const GPT& m, const float* own_shard, float* table_o
 }
 
 // The accumulated gradient of the step so far, in table layout, on every rank (collective; tests).
-// In one stage the lm head's part of the tied embedding is added here as tied_embedding_sum will
-// (with pp > 1, call it after tied_embedding_sum). ZeRO stages 0-1 with dp > 1: after the step's
-// reductions (zero_reduce_finish, and for the head tied_embedding_sum).
+// In one stage the lm head's part of the tied embedding still in head_acc (before the embedding's
+// reduction, or per step at -z 2/3) is added here as it will be (with pp > 1, call it after
+// tied_embedding_sum). ZeRO stages 0-1 with dp > 1: after the step's reductions (zero_reduce_finish).
 [[maybe_unused]] static std::vector<float> gpt_grads(const GPT& m) {
     const ZeroLayout& z = m.zero;
     std::vector<float> acc(z.acc_elems()), own(z.shard_total), out(m.n_params, 0.0f), head;

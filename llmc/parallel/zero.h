@@ -17,19 +17,18 @@
 //                                                                                              before each use)
 //
 // A layout moves bytes, not math. Every op adds its weight gradient into its destination with one
-// fp32 addition per element of a sum it computed apart (op(acc) == acc + op(zeros)), so one
-// process folds acc += S(g) over the step's global micro-batches g = micro * dp + rank in order.
+// fp32 addition per element of a sum it computed apart (op(acc) == acc + op(zeros)), so the step's
+// gradient is a fixed association of the micro-batches' S(g), g = micro * dp + rank: the layout's
+// gradient blocks (llmc/gpt/layout.h), which one process reproduces with --grad_blocks.
 //   Stages 2-3 (ZeRO-2, ZeRO-3 / FSDP): each micro-batch's segment gradient goes to a zeroed slot
 //   (scaled by 1 / global micro-batches); reduce_scatter_add sends every rank the slices it owns
 //   and the owner adds them into its fp32 accumulator in rank order: acc += S(g) in increasing g,
-//   one g at a time, exactly as one process does, for every dp: bitwise.
+//   one g at a time (a block per micro-batch).
 //   Stages 0-1 (DDP with no_sync, Megatron's distributed optimizer): no leaf; the ops add straight
 //   into the rank's fp32 accumulator over all of its micro-batches, and each segment is reduced
 //   once per step, when its last micro-batch's gradient is final (reduce_scatter_sum: the owners
 //   add every rank's sum in rank order; stage 0 then all-gathers the reduced fp32 slices, stage 1
-//   the updated params). With one micro-batch per rank that is the one process's fold, bitwise;
-//   with more, each rank sums its own micro-batches first (DDP no_sync's order): the same
-//   gradient to fp32 rounding, not the same bits (docs/PARALLELISM.md).
+//   the updated params): a block per rank (DDP no_sync's order; docs/PARALLELISM.md).
 // (On the CPU build; the GPU kernels are deterministic too, but their gradient norm is summed per
 // segment, see grad_norm_squared.)
 #ifndef LLMC_ZERO_H
