@@ -167,6 +167,39 @@ static void settings_from_llmc(Run& r, LlmcModelFile& init_file) {
 
 // Where the config comes from (flags, a checkpoint, an llm.c file), then the flags that need the
 // final config: the export's shape, the batch, the pipeline and memory flags.
+// The order of the step's gradient sum (llmc/gpt/layout.h): the layout's own gradient blocks. One
+// process (no pipeline, one data-parallel rank) may be given another count (--grad_blocks), and a
+// resume on one process keeps the count of the run that wrote the checkpoint, so that it continues
+// that run bit for bit (a multi-GPU run resumed on one GPU); a resume whose count differs says so.
+static void settle_grad_blocks(Run& r, const Checkpoint& ck) {
+    const int own = layout_grad_blocks(r.zero_stage, r.world, r.n_stages, r.global_micro);
+    const bool one_process = r.world == 1 && r.n_stages == 1;
+    const bool given = !r.args.str("grad_blocks").empty();
+    const CheckpointField* was = r.resume.empty() ? nullptr : ck.find("train.grad_blocks");
+    // what one process can sum: a count dividing the step's micro-batches, blocks only at -z 0/1
+    // without --offload (its early download needs a gradient final at the last micro-batch)
+    auto one_process_can = [&](int64_t G) {
+        return G >= 1 && r.global_micro % G == 0 && (G == 1 || (r.zero_stage <= 1 && r.offload == OFFLOAD_NONE));
+    };
+    int G = given ? r.args.i("grad_blocks", 1) : own;
+    if (!given && was && one_process && one_process_can(was->i)) G = (int)was->i;
+    if (!one_process) {
+        LLMC_CHECK(G == own, "--grad_blocks %d: this layout (dp %d, --pp %d, -z %d) sums the step's gradient in %d block%s; "
+                   "only one process (one data-parallel rank, no --pp) can be given another count", G, r.world, r.n_stages,
+                   r.zero_stage, own, own == 1 ? "" : "s");
+    } else {
+        LLMC_CHECK(r.global_micro % G == 0, "--grad_blocks %d must divide the step's %d micro-batches", G, r.global_micro);
+        LLMC_CHECK(G == 1 || r.zero_stage <= 1, "--grad_blocks %d: one process sums gradient blocks at -z 0 or 1, got -z %d",
+                   G, r.zero_stage);
+        LLMC_CHECK(G == 1 || r.offload == OFFLOAD_NONE, "--grad_blocks %d: not with --offload optimizer (its early "
+                   "download needs a gradient that is final at the last micro-batch)", G);
+    }
+    r.grad_blocks = G;
+    if (was && was->i != G && comm_world().world_rank == 0)
+        printf("note: resuming with the step's gradient summed in %d block%s (the checkpoint's run: %lld): the same math "
+               "to fp32 rounding, not the same bits\n", G, G == 1 ? "" : "s", (long long)was->i);
+}
+
 static void settle_config(Run& r, Checkpoint& ck, LlmcModelFile& init_file) {
     LLMC_CHECK(r.init_from.empty() || r.resume.empty(),
                "--init_from %s and --resume %s: give one (a resumed run has its weights)", r.init_from.c_str(),
@@ -185,24 +218,7 @@ static void settle_config(Run& r, Checkpoint& ck, LlmcModelFile& init_file) {
     r.recompute = r.args.i("recompute", 0, 2);
     r.offload = parse_offload(r.args.str("offload"));
     r.logits_chunk = r.args.i("logits_chunk", 0);
-    // the layout's gradient blocks; one process (no pipeline, one data-parallel rank) may be given
-    // another count, to sum as another layout does
-    const int own_blocks = layout_grad_blocks(r.zero_stage, r.world, r.n_stages, r.global_micro);
-    r.grad_blocks = own_blocks;
-    if (r.args.str("grad_blocks").empty()) return;
-    const int G = r.args.i("grad_blocks", 1);
-    if (r.world > 1 || r.n_stages > 1) {
-        LLMC_CHECK(G == own_blocks, "--grad_blocks %d: this layout (dp %d, --pp %d, -z %d) sums the step's gradient in %d "
-                   "block%s; only one process (one data-parallel rank, no --pp) can be given another count", G, r.world,
-                   r.n_stages, r.zero_stage, own_blocks, own_blocks == 1 ? "" : "s");
-        return;
-    }
-    LLMC_CHECK(r.global_micro % G == 0, "--grad_blocks %d must divide the step's %d micro-batches", G, r.global_micro);
-    LLMC_CHECK(G == 1 || r.zero_stage <= 1, "--grad_blocks %d: one process sums gradient blocks at -z 0 or 1, got -z %d", G,
-               r.zero_stage);
-    LLMC_CHECK(G == 1 || r.offload == OFFLOAD_NONE, "--grad_blocks %d: not with --offload optimizer (its early download "
-               "needs a gradient that is final at the last micro-batch)", G);
-    r.grad_blocks = G;
+    settle_grad_blocks(r, ck);
 }
 
 // This rank's layout in the run (its pipeline stage: pipe).
@@ -364,6 +380,7 @@ static void save_checkpoint(const Run& r, const GPT& model, const RunData& d, co
     out.set_int("train.seq_len", r.T);
     out.set_int("train.total_batch_tokens", r.total_batch);
     out.set_int("train.seed", (int64_t)r.seed);
+    out.set_int("train.grad_blocks", r.grad_blocks);  // the order of the gradient sum (a resume keeps it where it can)
     out.set_int("step", step);
     out.set_int("loader.epoch", d.train.state.epoch);
     out.set_int("loader.shard", d.train.state.shard);
