@@ -168,7 +168,7 @@ struct GPT {
     float* comm_scratch = nullptr;  // a segment reduction's receive buffer (dp > 1)
     SegmentSlots<floatX> param_slots;  // stage 3: gathered segments
     SegmentSlots<float> grad_slots;    // stages 2-3: a micro-batch's segment gradients until reduced
-    std::vector<std::pair<int, CommRequest>> param_gathers;  // stage 3: slots being gathered (params_prefetch)
+    std::vector<std::pair<int, CommRequest>> param_gathers;  // gathers in flight: stage 3's slots (params_prefetch), stages 1-2's after the update
     CommRequest reduce_req;  // stages 0-1: the segment reduction in flight (zero_reduce_start), of segment
     int reducing = -1;       // reducing (-1: none)
     std::vector<std::pair<int, CommRequest>> grad_gathers;  // stage 0: the reduced segments' all-gathers in flight
@@ -764,10 +764,12 @@ static float gpt_grad_norm(GPT& m) {
     return (float)std::sqrt(grad_norm_squared(m.zero, m.grad_acc, m.norm_skip, norm_per_chunk, add_squares, squares_of));
 }
 // gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)))
-// and AdamW on what this rank updates; stages 1-2 then all-gather the updated parameters, and the
-// last pipeline stage gets the tied embedding's new weights. step is 0-based.
+// and AdamW on what this rank updates; stages 1-2 then start the all-gather of the updated
+// parameters (each segment's completes at its first use: params_needed), and the last pipeline
+// stage gets the tied embedding's new weights. step is 0-based.
 static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int step, float norm) {
     bind_op_scratch(m);
+    zero_params_settle(m);  // (the forward completed them; not a step without one)
     float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded
@@ -891,7 +893,7 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
     LossOutlierDetector loss_spikes;  // z-score of the loss against the recent window (llmc/outlier.h)
     const auto run_t0 = std::chrono::steady_clock::now();  // elapsed and ETA of the step line
     for (int step = start_step; step < r.max_steps; step++) {
-        const bool trace = !r.pp_trace.empty() && step == start_step;
+        const bool trace = !r.pp_trace.empty() && step + 1 == r.max_steps;  // (warm: the first step pays first touches)
         const StepResult s = train_step(r, model, data.train, batches, step, trace, loss_spikes);
         bad_in_a_row = s.bad ? bad_in_a_row + 1 : 0;
         bad_total += s.bad;

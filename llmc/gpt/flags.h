@@ -80,7 +80,7 @@ static const Option OPTIONS[] = {
     {"pp_schedule", "", "1f1b", "pipeline schedule: gpipe | 1f1b | interleaved | zb1 (zero bubble, Qi et al. 2023)"},
     {"pp_virtual", "", "1", "interleaved: model chunks per stage"},
     {"pp_layers", "", "", "blocks per virtual stage, e.g. 3,5 (default: balanced by FLOPs)"},
-    {"pp_trace", "", "", "write the executed pipeline timeline of the first step to this file (scripts/plot_pipeline.py)"},
+    {"pp_trace", "", "", "write the executed pipeline timeline of the last step to this file (scripts/plot_pipeline.py)"},
     {"tp", "", "1", "tensor-parallel ranks per layer (neighbouring processes; divides n_head; the processes form "
                     "pp x dp x tp)"},
     {"ep", "", "1", "expert-parallel ranks: each MoE layer's experts are shared out over groups of ep data-parallel "

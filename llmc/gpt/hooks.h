@@ -3,13 +3,15 @@
 // meet ZeRO, tensor / sequence parallelism, expert parallelism and the pipeline. The contract: the
 // model code calls them at fixed points and never reads a rank number or a group itself.
 //   ZeRO                 params_needed / params_done around a segment's use (stage 3 gathers;
-//                        params_prefetch / head_prefetch start them one segment ahead),
+//                        params_prefetch / head_prefetch start them one segment ahead; stages
+//                        1-2 complete the gather started after the last update),
 //   (parallel/zero.h)    grads_needed / grads_ready around its weight gradients (stages 0-1:
 //                        into the accumulator, reduced once per step from the last micro-batch's
 //                        grads_ready; 2-3: a zeroed slot folded into the owners' fp32 accumulators),
 //                        head_weights / head_done and head_grads_ready (the tied lm head),
 //                        zero_reduce_finish and zero_complete_grads before the norm,
-//                        zero_gather_params after the update
+//                        zero_gather_params after the update, zero_params_settle before
+//                        anything else reads the params
 //   tensor parallel      row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
 //   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss and
 //   tensor_parallel.h)   vocab_parallel_dinp (the lm head, per token chunk), tp_attention_backward
@@ -64,15 +66,17 @@ static CommRequest params_gather_start(GPT& m, int s) {
     point_segment(m.p, m.config, m.local, z.segs[s], slot);
     return all_gather_start(seg_group(z, s), own, slot, z.shard_len(s) * sizeof(floatX));
 }
+// A segment's params before its use: a gather in flight (stage 3's prefetch, stages 1-2's after
+// the update: zero_gather_params) completes here; stage 3 gathers one that has none.
 static void params_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
-    if (!z.params_sharded()) return;
+    if (m.param_gathers.empty() && !z.params_sharded()) return;
     for (int s : local_segments(m, seg)) {
         auto in_flight = std::find_if(m.param_gathers.begin(), m.param_gathers.end(), [&](const auto& g) { return g.first == s; });
-        if (in_flight != m.param_gathers.end()) {  // prefetched: its gather completes here
+        if (in_flight != m.param_gathers.end()) {
             comm_finish(in_flight->second);
             m.param_gathers.erase(in_flight);
-        } else if (!m.param_slots.find(s)) {
+        } else if (z.params_sharded() && !m.param_slots.find(s)) {
             CommRequest r = params_gather_start(m, s);
             comm_finish(r);
         }
@@ -196,7 +200,7 @@ static void zero_reduce_finish(GPT& m) {
     zero_gather_grads_start(m, zero_reduce_complete(m));
 }
 // Before the norm, ZeRO stage 0: completes the all-reduce of the gradients (every rank all-gathers
-// the reduced slices of the others; stage 1 updates only its slice). After the update, stages 1-2: all-gathers the updated params.
+// the reduced slices of the others; stage 1 updates only its slice).
 static void zero_complete_grads(GPT& m) {
     const ZeroLayout& z = m.zero;
     if (z.stage != 0) return;
@@ -247,13 +251,25 @@ static void grad_blocks_finish(GPT& m) {
     grad_accumulate(m.grad_acc, m.grad_total, m.zero.acc_elems());
     m.blocks_folded = false;
 }
+// After the update, stages 1-2: each segment's updated slices are all-gathered, started here in
+// segment order (the next forward's) and completed at the segment's first use (params_needed), so
+// they run behind the next step's data loading and the forward of the segments before. Whatever
+// reads the params outside a forward completes them all first (zero_params_settle). In flight, a
+// gather reads the rank's own slice (the update writes only that) and writes the others.
 static void zero_gather_params(GPT& m) {
     const ZeroLayout& z = m.zero;
     if (z.stage == 1 || z.stage == 2)
         for (int s = 0; s < (int)z.segs.size(); s++)
             if (seg_group(z, s).size > 1)
-                all_gather(seg_group(z, s), m.params + z.params_own(s), m.params + z.segs[s].padded_offset,
-                           z.shard_len(s) * sizeof(floatX));
+                m.param_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.params + z.params_own(s),
+                                                                 m.params + z.segs[s].padded_offset,
+                                                                 z.shard_len(s) * sizeof(floatX)));
+}
+// Stages 1-2: every parameter gather still in flight completes (before the update writes the
+// slices they read, a checkpoint, an export, the ranks' agreement check).
+static void zero_params_settle(GPT& m) {
+    for (auto& g : m.param_gathers) comm_finish(g.second);
+    m.param_gathers.clear();
 }
 // the tied lm head's weights: the embedding's in one stage, the last stage's copy with pp > 1
 static const floatX* head_weights(GPT& m) {

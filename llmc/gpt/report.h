@@ -434,5 +434,5 @@ static void write_pipeline_trace(const std::string& path, const std::vector<Pipe
                         pipe_kind_name(pp.kind));
         }
     LLMC_CHECK(fclose(f) == 0, "%s: cannot write the pipeline trace", path.c_str());
-    printf("wrote the pipeline timeline of step %s to %s\n", "1 of this run", path.c_str());
+    printf("wrote the pipeline timeline of step %lld (the run's last) to %s\n", (long long)cm.step, path.c_str());
 }
