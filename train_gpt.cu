@@ -185,6 +185,7 @@ struct GPT {
     float* grad_total = nullptr;  // [zero.acc_elems()]
     bool blocks_folded = false;   // grad_total holds a block this step
     std::vector<std::vector<ChunkSlot>> slots;     // [chunk][k]: activations of micro-batches in flight
+    std::vector<floatX*> d_stream_spare;           // [chunk]: a d_stream while a leaving unit's gradient is sent (release_slot)
     std::vector<std::vector<ChunkStash>> stashes;  // [chunk][k]: zero-bubble B -> W stash
     LayerGrads layer_douts{};  // one layer's output gradients, when its weight gradients follow at once
     LayerActs recomp{};        // -r 1 / 2: one layer's activations that the slots do not keep
@@ -628,8 +629,15 @@ static void chunk_weights(GPT& m, int chunk, int mb, bool already_done) {
         st.mb = -1;
     }
 }
-// the micro-batch has left the chunk (after its last action: its W, or a send deferred past it)
-static void release_slot(GPT& m, int chunk, int mb) { slot_for(m, chunk, mb).mb = -1; }
+// the micro-batch has left the chunk (after its last action: its W, or a send deferred past it);
+// where its gradient may still be on its way to the previous stage, the slot takes the spare
+// d_stream and the gradient's buffer becomes the spare (the executor completes that send before
+// the buffer is written again: PipeModel::d_stream)
+static void release_slot(GPT& m, int chunk, int mb) {
+    ChunkSlot& s = slot_for(m, chunk, mb);
+    s.mb = -1;
+    if (m.d_stream_spare[chunk]) std::swap(s.d_stream, m.d_stream_spare[chunk]);
+}
 
 // block l's activations from the latest forward (this stage's layers; tests)
 [[maybe_unused]] static const LayerActs& gpt_layer_acts(const GPT& m, int l) {
@@ -719,6 +727,7 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
         grad_block_done(m, mb);
     };
     pm.transfer = [&](const PipeAction& a) { return pipe_transfer(m, a); };
+    pm.d_stream = [&](int mb, int c) { return (const void*)slot_for(m, c, mb).d_stream; };
     pm.sync = backend_sync;
     // each segment's gradient is final at its last grads_ready of the step: stages 0-1 reduce it
     // there, --offload starts its download

@@ -232,6 +232,7 @@ static void alloc_activations(GPT& m, int B, int T) {
     std::vector<int> n_slots, n_stashes;
     chunk_bounds(pp.schedule[pp.stage], pp.V, n_slots, n_stashes);
     m.slots.assign(pp.V, {});
+    m.d_stream_spare.clear();
     m.stashes.assign(pp.V, {});
     m.last_forward.assign(pp.V, nullptr);
     for (int c = 0; c < pp.V; c++) {
@@ -246,6 +247,8 @@ static void alloc_activations(GPT& m, int B, int T) {
             s.doc_start = (int*)take(m, MEM_BATCH, BT * sizeof(int));
             m.slots[c].push_back(s);
         }
+        // a chunk that sends gradients: one d_stream more, for the gradient still being sent (release_slot)
+        m.d_stream_spare.push_back(pp.vs(c) > 0 ? take_act(m, rows * C) : nullptr);
         for (int k = 0; k < n_stashes[c]; k++) {
             ChunkStash st;
             for (int l = pp.layer_begin(c); l < pp.layer_end(c); l++) {

@@ -116,10 +116,19 @@ inline void pipe_build_gpipe(PipeStageBuilder& b, int M) {
 }
 
 // 1F1B, PipeDream-Flush (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training"):
-// stage s runs P-s-1 warm-up forwards, then pairs (forward of the next micro-batch, backward of the
-// oldest), then the cool-down backwards. At most P-s micro-batches in flight on stage s.
+// warm-up forwards, then pairs (forward of the next micro-batch, backward of the oldest), then the
+// cool-down backwards. PipeDream-Flush's warm-up, P-s-1 forwards on stage s, leaves no slack in the
+// steady state: the activation stage s sends after F(k) is consumed by stage s+1 as soon as it has
+// finished B(k-1), and the gradient it sends back is awaited the moment stage s finishes F(k+1),
+// so every transfer's time adds to each micro-batch's. One more warm-up forward on every stage but
+// the last (P-s, the last stage 0) puts one micro-batch of compute between a transfer and its use
+// (Megatron's interleaved schedule keeps a warm-up two micro-batches deeper per stage for the same
+// reason): at most P-s+1 micro-batches in flight on stage s < P-1, 1 on the last. The backwards
+// (and so the gradient folds) keep PipeDream-Flush's order; without transfer costs the bubble is
+// the same, (P-1)/(M+P-1).
+inline int pipe_1f1b_warmup(int P, int M, int s) { return std::min(s == P - 1 ? 0 : P - s, M); }
 inline void pipe_build_1f1b(PipeStageBuilder& b, int P, int M) {
-    const int warm = std::min(P - b.s - 1, M);
+    const int warm = pipe_1f1b_warmup(P, M, b.s);
     for (int mb = 0; mb < warm; mb++) b.F(mb, 0);
     for (int i = 0; i < M - warm; i++) { b.F(warm + i, 0); b.BW(i, 0); }
     for (int mb = M - warm; mb < M; mb++) b.BW(mb, 0);
@@ -147,12 +156,12 @@ inline void pipe_build_interleaved(PipeStageBuilder& b, int P, int M, int V) {
 
 // ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", the handcrafted memory-efficient
 // schedule): the backward is split into B (input gradient, on the critical path between stages)
-// and W (weight gradient, free to move). Warm-up as 1F1B (P-s-1 forwards), then (F, B) pairs in
-// which stage s holds back s W's: the W of micro-batch i-s follows B(i). In the cool-down each
-// B is followed by the oldest pending W, and the s W's still pending close the step, filling the
-// tail bubble. Every stage keeps up to P micro-batches whose W has not run (the paper: all stages
-// hold the same number in flight, so the peak, stage 0's, equals 1F1B's). W's stay in increasing
-// micro-batch order. With equal F, B, W costs the bubble per stage is (P-1)(F+B-W), 1/3 of 1F1B's.
+// and W (weight gradient, free to move). Warm-up as PipeDream-Flush (P-s-1 forwards), then (F, B)
+// pairs in which stage s holds back s W's: the W of micro-batch i-s follows B(i). In the cool-down
+// each B is followed by the oldest pending W, and the s W's still pending close the step, filling
+// the tail bubble. Every stage keeps up to P micro-batches whose W has not run (the paper: all
+// stages hold the same number in flight, so the peak, stage 0's, equals PipeDream-Flush's). W's
+// stay in increasing micro-batch order. With equal F, B, W costs the bubble per stage is (P-1)(F+B-W), 1/3 of 1F1B's.
 inline void pipe_build_zb1(PipeStageBuilder& b, int P, int M) {
     const int warm = std::min(P - b.s - 1, M);
     int next_w = 0;
@@ -364,7 +373,9 @@ inline double pipe_bubble_formula(PipeKind kind, int P, int M, int V) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The executor// The model's side of the executor: the three computations of one (micro-batch, chunk), and where
+// The executor
+
+// The model's side of the executor: the three computations of one (micro-batch, chunk), and where
 // each transfer's bytes are.
 struct PipeModel {
     std::function<void(int mb, int chunk)> forward;
@@ -374,7 +385,10 @@ struct PipeModel {
     std::function<void(int mb, int chunk, bool already_done)> weights;
     std::function<void(int mb, int chunk)> release;  // after its last action (pipe_last_use): its slot is free
     std::function<P2POp(const PipeAction& a)> transfer;  // buffer, bytes, peer, tag of a send or receive
-    std::function<void()> sync;                          // wait for the queued device work (timing)
+    // the unit's gradient buffer: what a receive of its gradient, its backward and (on the last
+    // virtual stage) its forward write, and its gradient send reads
+    std::function<const void*(int mb, int chunk)> d_stream;
+    std::function<void()> sync;  // wait for the queued device work (timing)
 };
 
 // One executed action, for --pp_trace: times from the step's start on this rank.
@@ -392,15 +406,16 @@ struct PipeTimes {
 // next computation, which consumes them. The sends stay in flight: a send does not wait for its
 // receiver to reach its group, only for the moment its buffer can change. An activation (the chunk's
 // output) is consumed by the receiver before this stage gets the unit's gradient back: it completes
-// at the unit's backward or release, by then at no wait. A gradient (the slot's d_stream) completes
-// before d_stream can be written again: before a backward, a receive of gradients or a forward of
-// the last virtual stage (its head writes d_stream) once the unit has left its slot. That cannot
-// deadlock: the receiver of a gradient waits only for transfers posted earlier in this stage's list
-// and, before its own backward, for its own gradient sends, a chain that ends at virtual stage 0,
-// which sends none. (The NCCL build runs each group as one request instead: COMM_SENDS_IN_FLIGHT.)
-// A B whose W follows it with no computation in between is run as one backward
-// with the weight gradients (no stash). measure: time every action (on the GPU this waits for the
-// device after each one); a transfer's event spans its wait.
+// at the unit's backward or release, by then at no wait. A gradient (the unit's d_stream) completes
+// right before that buffer is written again: by a receive of gradients, a backward, or a forward of
+// the last virtual stage (its head writes d_stream), of the unit that holds the buffer next (the
+// model may hand a leaving unit's d_stream to a later one: PipeModel::d_stream says which). That
+// cannot deadlock: the receiver of a gradient waits only for transfers posted earlier in this
+// stage's list and, before its own backward, for its own gradient sends, a chain that ends at
+// virtual stage 0, which sends none. (The NCCL build runs each group as one request instead:
+// COMM_SENDS_IN_FLIGHT.) A B whose W follows it with no computation in between is run as one
+// backward with the weight gradients (no stash). measure: time every action (on the GPU this waits
+// for the device after each one); a transfer's event spans its wait.
 inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const CommGroup& pp, const PipeModel& model,
                                   bool measure, std::vector<PipeEvent>* trace) {
     using clock = std::chrono::steady_clock;
@@ -412,7 +427,7 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
     struct InFlight {
         CommRequest req;
         const PipeAction* a;
-        bool left = false;  // its unit has left the slot (which a later micro-batch may hold)
+        const void* buf;  // what it reads
     };
     std::vector<InFlight> in_flight;
     int V = 1;
@@ -437,13 +452,11 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
         in_flight.erase(std::remove_if(in_flight.begin(), in_flight.end(), [](const InFlight& f) { return !f.req.active(); }),
                         in_flight.end());
     };
-    auto of_unit = [](int mb, int chunk) { return [=](const InFlight& f) { return f.a->mb == mb && f.a->chunk == chunk; }; };
-    auto left_d_stream = [](const InFlight& f) { return f.left; };
-    // the unit left its slot: its activation sends complete, its gradient sends are marked
+    // the sends reading buf complete (it is written next)
+    auto free_buffer = [&](const void* buf) { finish_sends([&](const InFlight& f) { return f.buf == buf; }); };
+    // the unit left its slot, whose activations the next unit overwrites: its activation sends complete
     auto unit_left = [&](int mb, int chunk) {
-        finish_sends([&](const InFlight& f) { return of_unit(mb, chunk)(f) && f.a->op == PIPE_SEND_ACT; });
-        for (InFlight& f : in_flight)
-            if (of_unit(mb, chunk)(f)) f.left = true;
+        finish_sends([&](const InFlight& f) { return f.a->mb == mb && f.a->chunk == chunk && f.a->op == PIPE_SEND_ACT; });
     };
     std::vector<std::pair<int, int>> left_in_group;  // released inside the group, before its sends were posted
     std::vector<const PipeAction*> to_release;      // after the current group or computation
@@ -461,15 +474,15 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
             sends.clear();
             send_actions.clear();
         }
-        for (size_t k = 0; k < sends.size(); k++) in_flight.push_back({p2p_start(pp, {sends[k]}), send_actions[k]});
+        for (size_t k = 0; k < sends.size(); k++)
+            in_flight.push_back({p2p_start(pp, {sends[k]}), send_actions[k], sends[k].buf});
         sends.clear();
         send_actions.clear();
         for (const auto& u : left_in_group) unit_left(u.first, u.second);
         left_in_group.clear();
         if (!recvs.empty()) {
-            bool grads = false;
-            for (const PipeAction* a : recv_actions) grads = grads || a->op == PIPE_RECV_GRAD;
-            if (grads) finish_sends(left_d_stream);
+            for (const P2POp& op : recvs)
+                if (!op.send) free_buffer(op.buf);
             CommRequest r = p2p_start(pp, recvs);
             finish(r, recv_actions);
             recvs.clear();
@@ -502,10 +515,9 @@ inline PipeTimes pipeline_execute(const std::vector<PipeAction>& actions, const 
         std::vector<const PipeAction*> mine;
         if (last_use) mine.push_back(&a);
         flush();
-        if (a.op == PIPE_B || (a.op == PIPE_F && last_stage && a.chunk == V - 1)) {
-            finish_sends(left_d_stream);                  // d_stream is written next
-            if (a.op == PIPE_B) finish_sends(of_unit(a.mb, a.chunk));  // (the recomputation rewrites the unit's output)
-        }
+        if (a.op == PIPE_B || (a.op == PIPE_F && last_stage && a.chunk == V - 1)) free_buffer(model.d_stream(a.mb, a.chunk));
+        if (a.op == PIPE_B)  // (the recomputation rewrites the unit's output)
+            finish_sends([&](const InFlight& f) { return f.a->mb == a.mb && f.a->chunk == a.chunk; });
         const bool fused = a.op == PIPE_B && next_compute_is_own_w(actions, k);
         const double t0 = measure ? now_ms() : 0;
         if (a.op == PIPE_F) model.forward(a.mb, a.chunk);
