@@ -761,15 +761,15 @@ struct OptimizerConfig {
 // norm is skipped (see train_main).
 // gpt_grad_norm: (ZeRO stages 0-1) completes the segments' reductions, adds the lm head's part of
 // the tied embedding's gradient where it comes after them and the blocks' sum (--grad_blocks),
-// then (stage 0) completes the all-reduce of the gradients
-// (all-gather of the reduced slices); returns the norm of the whole model's gradient, every
-// stage's (collective over the world).
+// then (stage 0) starts the rest of the all-reduce's all-gather of the reduced slices (the norm
+// reads only the rank's own; the update waits for them); returns the norm of the whole model's
+// gradient, every stage's (collective over the world).
 static float gpt_grad_norm(GPT& m) {
     bind_op_scratch(m);
     zero_reduce_finish(m);
     tied_embedding_sum(m);
     grad_blocks_finish(m);
-    zero_complete_grads(m);
+    zero_gather_grads(m);
     return (float)std::sqrt(grad_norm_squared(m.zero, m.grad_acc, m.norm_skip, norm_per_chunk, add_squares, squares_of));
 }
 // gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)))
@@ -778,7 +778,7 @@ static float gpt_grad_norm(GPT& m) {
 // stage gets the tied embedding's new weights. step is 0-based.
 static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int step, float norm) {
     bind_op_scratch(m);
-    zero_params_settle(m);  // (the forward completed them; not a step without one)
+    zero_settle(m);  // the gathers in flight: -z 0's of the gradients; -z 1/2's of the params (only without a forward since)
     float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded

@@ -506,7 +506,7 @@ static bool after_step(const Run& r, GPT& model, RunData& d, Rng& sample_rng, in
     const bool stopping = !last && stop_agreed(cm.world, stop_sig, stop_rank);
     if (rank0 && stopping) printf("%s on rank %d: stopping after step %d\n", strsignal(stop_sig), stop_rank, step + 1);
     const bool ckpt = (r.ckpt_every > 0 && (step + 1) % r.ckpt_every == 0) || ((last || stopping) && r.ckpt_every >= 0);
-    if (ckpt || stopping) zero_params_settle(model);  // (the parameter gathers still in flight: a checkpoint reads them)
+    if (ckpt || stopping) zero_settle(model);  // (the parameter gathers still in flight: a checkpoint reads them)
     if (ckpt) {
         // not in the middle of a bad streak: --resume latest should land before the trouble began
         if (bad_in_a_row == 0) save_checkpoint(r, model, d, sample_rng, step + 1);
@@ -524,7 +524,7 @@ static bool after_step(const Run& r, GPT& model, RunData& d, Rng& sample_rng, in
 // segments on the dp group, the experts on the expert-dp group).
 static void finish_run(const Run& r, GPT& model) {
     const Comm& cm = comm_world();
-    zero_params_settle(model);
+    zero_settle(model);
     if (!r.export_llmc.empty()) {
         gpt_export_llmc(model, r.export_llmc, r.export_dtype == "bf16");
         if (cm.world_rank == 0) printf("wrote %s (llm.c GPT-2 model, %s)\n", r.export_llmc.c_str(), r.export_dtype.c_str());

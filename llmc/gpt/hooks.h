@@ -9,9 +9,9 @@
 //                        into the accumulator, reduced once per step from the last micro-batch's
 //                        grads_ready; 2-3: a zeroed slot folded into the owners' fp32 accumulators),
 //                        head_weights / head_done and head_grads_ready (the tied lm head),
-//                        zero_reduce_finish and zero_complete_grads before the norm,
-//                        zero_gather_params after the update, zero_params_settle before
-//                        anything else reads the params
+//                        zero_reduce_finish and zero_gather_grads before the norm,
+//                        zero_gather_params after the update, zero_settle before the update
+//                        and anything else that reads the params
 //   tensor parallel      row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
 //   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss and
 //   tensor_parallel.h)   vocab_parallel_dinp (the lm head, per token chunk), tp_attention_backward
@@ -199,18 +199,19 @@ static void zero_reduce_finish(GPT& m) {
     for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_reduce_start(m, s);
     zero_gather_grads_start(m, zero_reduce_complete(m));
 }
-// Before the norm, ZeRO stage 0: completes the all-reduce of the gradients (every rank all-gathers
-// the reduced slices of the others; stage 1 updates only its slice).
-static void zero_complete_grads(GPT& m) {
+// Before the norm, ZeRO stage 0: the all-gathers of the reduced slices not started yet (the tied
+// embedding's, now that the head's gradient has joined it; any segment reduced without one) start,
+// completing the all-reduce of the gradients behind the norm, which reads only the rank's own
+// slices (stage 1 updates only its slice: nothing to gather). zero_settle completes them before
+// the update.
+static void zero_gather_grads(GPT& m) {
     const ZeroLayout& z = m.zero;
     if (z.stage != 0) return;
-    for (int s = 0; s < (int)z.segs.size(); s++) {
-        auto started = std::find_if(m.grad_gathers.begin(), m.grad_gathers.end(), [&](const auto& g) { return g.first == s; });
-        if (started != m.grad_gathers.end()) comm_finish(started->second);  // (started as its reduction completed)
-        else if (seg_group(z, s).size > 1)
-            all_gather(seg_group(z, s), m.grad_acc + z.acc_own(s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4);
-    }
-    m.grad_gathers.clear();
+    for (int s = 0; s < (int)z.segs.size(); s++)
+        if (std::none_of(m.grad_gathers.begin(), m.grad_gathers.end(), [&](const auto& g) { return g.first == s; }) &&
+            seg_group(z, s).size > 1)
+            m.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
+                                                            m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
 }
 // what is still in flight of a backward whose norm was never taken (before the next step's zeroing)
 static void zero_drain(GPT& m) {
@@ -254,7 +255,7 @@ static void grad_blocks_finish(GPT& m) {
 // After the update, stages 1-2: each segment's updated slices are all-gathered, started here in
 // segment order (the next forward's) and completed at the segment's first use (params_needed), so
 // they run behind the next step's data loading and the forward of the segments before. Whatever
-// reads the params outside a forward completes them all first (zero_params_settle). In flight, a
+// reads the params outside a forward completes them all first (zero_settle). In flight, a
 // gather reads the rank's own slice (the update writes only that) and writes the others.
 static void zero_gather_params(GPT& m) {
     const ZeroLayout& z = m.zero;
@@ -265,11 +266,14 @@ static void zero_gather_params(GPT& m) {
                                                                  m.params + z.segs[s].padded_offset,
                                                                  z.shard_len(s) * sizeof(floatX)));
 }
-// Stages 1-2: every parameter gather still in flight completes (before the update writes the
-// slices they read, a checkpoint, an export, the ranks' agreement check).
-static void zero_params_settle(GPT& m) {
-    for (auto& g : m.param_gathers) comm_finish(g.second);
-    m.param_gathers.clear();
+// Every all-gather still in flight completes: stage 0's of the reduced gradients (the update
+// reads them), stages 1-2's of the updated params (before the update writes the slices they read,
+// a checkpoint, an export, the ranks' agreement check: whatever reads params outside a forward).
+static void zero_settle(GPT& m) {
+    for (auto* gathers : {&m.grad_gathers, &m.param_gathers}) {
+        for (auto& g : *gathers) comm_finish(g.second);
+        gathers->clear();
+    }
 }
 // the tied lm head's weights: the embedding's in one stage, the last stage's copy with pp > 1
 static const floatX* head_weights(GPT& m) {
