@@ -34,7 +34,8 @@
 #      bitwise, a second signal exits at once; SIGKILL during the first checkpoint write (10
 #      trials): the same command with --resume latest works; a failed write leaves no .tmp;
 #      oversized checkpoint fields refused by name
-#  12. the simulated link: its model times (test/test_comm), same bits with --sim_link, bad values
+#  12. the simulated link: its model times (test/test_comm), same bits with --sim_link, where the
+#      transfers complete (-z 1's parameter gathers, 1f1b's gradient sends), bad values
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -653,8 +654,8 @@ echo "test_dist: faults (stopped ranks, signals, killed checkpoint writes, bad f
 
 # ---- 12. the simulated link (--sim_link): its timing under test/test_comm (np 2, 3: model times and
 # counters); runs with a slow link give the same bits as the same layout without it (only waits
-# move: -z 0-3 with gathers and reductions in flight, the pipeline's sends in flight); bad values
-# refused by name
+# move: -z 0-3 with gathers and reductions in flight, -z 1/2's parameter gathers into the next
+# forward, the pipeline's sends in flight); where the transfers complete; bad values refused by name
 t0=$(date +%s)
 COMMBIN=$PWD/test/test_comm
 if [ -x "$COMMBIN" ]; then
@@ -665,14 +666,41 @@ if [ -x "$COMMBIN" ]; then
     done
 else fail "test/test_comm is not built (make test/test_comm)"; fi
 tokens=$((B * T * 2 * 2))
-for layout in "2 -z 0" "2 -z 1" "2 -z 2" "2 -z 3" "2 --pp 2 --pp_schedule 1f1b" "2 --pp 2 --pp_schedule zb1 -z 3" \
-              "4 --pp 2 -z 1" "4 --pp 2 -z 3"; do
+for layout in "2 -z 0" "2 -z 1" "2 -z 2" "2 -z 3" "2 -z 1 --ckpt_every 3" "2 --pp 2 --pp_schedule 1f1b" \
+              "2 --pp 2 --pp_schedule zb1 -z 3" "4 --pp 2 -z 1" "4 --pp 2 -z 3"; do
     set -- $layout; np=$1; shift
     out=$W/link.np$np$(echo "$@" | tr -d ' -')
     if run $np "$out.off" $DENSE -d $tokens -x $STEPS "$@" && run $np "$out" $DENSE -d $tokens -x $STEPS "$@" --sim_link 0.05,20; then
         same_run "$out.off" "$out" $STEPS "np $np $* with --sim_link vs without"
     else fail "np $np $* --sim_link: rc $?"; tail -3 "$out.log"; fi
 done
+# where the transfers complete (the traced last step; the order of events, not their durations):
+# -z 1's parameter all-gathers start after the previous step's update and each completes in the
+# forward; 1f1b's last stage completes a gradient send only after the next micro-batch's forward
+# has run (the spare d_stream), never right before it
+out=$W/link.trace.z1
+if run 2 "$out" $DENSE -d $((B * T * 2)) -x 3 -z 1 --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
+    python3 - "$out.jsonl" <<'PY' && pass || fail "-z 1: the parameter all-gathers do not run from the update into the forward"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+for r in (0, 1):
+    mine = [e for e in ev if e["rank"] == r]
+    b0 = min(e["t0_ms"] for e in mine if e["op"] == "B")
+    early = [e for e in mine if e["op"] == "link" and e["comm"] == "all_gather" and e["t0_ms"] < 0]
+    waits = [e for e in mine if e["op"] == "wait" and e["comm"] == "all_gather"]
+    assert len(early) >= 4 and len(waits) == len(early) and all(w["t1_ms"] <= b0 for w in waits), (r, early, waits)
+PY
+else fail "-z 1 trace run: rc $?"; fi
+out=$W/link.trace.pp
+if run 2 "$out" $DENSE -d $((B * T * 6)) -x 2 --pp 2 --pp_schedule 1f1b --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
+    python3 - "$out.jsonl" <<'PY' && pass || fail "1f1b: the last stage waits for its gradient send before the next forward"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1]) if '"stage": 1' in l]
+f_end = {e["mb"]: e["t1_ms"] for e in ev if e["op"] == "F"}
+sends = [e for e in ev if e["op"] == "send"]
+assert len(sends) == 6 and all(e["t0_ms"] >= f_end[e["mb"] + 1] for e in sends if e["mb"] + 1 in f_end), sends
+PY
+else fail "1f1b trace run: rc $?"; fi
 for bad in "0" "abc" "1,-3"; do
     out=$W/link.bad; run 2 "$out" $DENSE -x 2 --sim_link "$bad"; rc=$?
     if [ $rc -ne 0 ] && [ "$(grep -c '^error' "$out.log")" = 1 ] && grep -q "\-\-sim_link" "$out.log"; then pass
