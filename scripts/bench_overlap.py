@@ -13,8 +13,9 @@ communication table (rank 0's all_gather + all_to_all; for the pipeline one acti
 and the latency (--latency_us) is small beside it. A ratio of 1 means the link's time is hidden.
 
 Step times: the median over the steps after --warmup, per run; runs alternate without / with the
-link, --repeats times; the table shows the medians. The machine's load average is printed: a
-busy machine makes every figure noisy. A benchmark, not a test: nothing is asserted.
+link, --repeats times; the table shows the medians. The machine's load average is printed (before,
+after, and the 1-minute figure as each case ends): a busy machine makes every figure noisy. A
+benchmark, not a test: nothing is asserted.
 
   python3 scripts/bench_overlap.py [--bin ./train_gpt_cpu] [--repeats 3] [--steps 14] [--only z0_a1,pp2]
 """
@@ -95,8 +96,8 @@ def bench(args, work):
                    capture_output=True)
     data = glob.glob(work + "/data/*train*.bin")[0]
     print("load average before: %s" % open("/proc/loadavg").read().split()[:3])
-    print("%-10s %10s %12s %14s %16s %10s %10s %7s" % ("case", "hide (ms)", "bytes", "link (Gb/s,us)",
-                                                        "reps", "off (ms)", "on (ms)", "ratio"))
+    print("%-10s %10s %12s %14s %16s %10s %10s %7s %6s" % ("case", "hide (ms)", "bytes", "link (Gb/s,us)",
+                                                             "reps", "off (ms)", "on (ms)", "ratio", "load"))
     only = set(filter(None, args.only.split(",")))
     for name, flags, acc, kind in CASES:
         if only and name not in only:
@@ -111,9 +112,9 @@ def bench(args, work):
             off.append(a)
             on.append(b)
             ratios.append(b / a)
-        print("%-10s %10.2f %12d %14s %16s %10.2f %10.2f %7.3f" % (
+        print("%-10s %10.2f %12d %14s %16s %10.2f %10.2f %7.3f %6s" % (
             name, hide_ms, nbytes, link, ",".join("%.2f" % r for r in ratios), statistics.median(off),
-            statistics.median(on), statistics.median(ratios)), flush=True)
+            statistics.median(on), statistics.median(ratios), open("/proc/loadavg").read().split()[0]), flush=True)
     print("load average after: %s" % open("/proc/loadavg").read().split()[:3])
 
 
