@@ -3,7 +3,8 @@
 link (--sim_link) over step time without, np 2, one OpenMP thread per rank, a small model.
 
 For each layout the link is chosen so that its communication, not overlapped, would take about as
-long as the compute it can hide behind (measured here without the link):
+long as the compute it can hide behind (measured here without the link, the median of
+--sizing_runs runs):
   -z 0 / -z 1   the last micro-batch's backward: step / accumulation x 2/3 (backward = 2 forwards)
   -z 3          the segment computations the gathers and reductions overlap: the whole step
   --pp 2 1f1b   the micro-batch between two transfers: one stage's forward of a micro-batch,
@@ -17,7 +18,7 @@ link, --repeats times; the table shows the medians. The machine's load average i
 after, and the 1-minute figure as each case ends): a busy machine makes every figure noisy. A
 benchmark, not a test: nothing is asserted.
 
-  python3 scripts/bench_overlap.py [--bin ./train_gpt_cpu] [--repeats 3] [--steps 14] [--only z0_a1,pp2]
+  python3 scripts/bench_overlap.py [--bin ./train_gpt_cpu] [--repeats 3] [--steps 14] [--only z0_a1,pp2_1f1b]
 """
 import argparse
 import glob
@@ -80,6 +81,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--sizing_runs", type=int, default=3, help="runs without the link that size it (their median)")
     ap.add_argument("--latency_us", type=float, default=10)
     ap.add_argument("--only", default="", help="comma-separated case names")
     args = ap.parse_args()
@@ -103,8 +105,11 @@ def bench(args, work):
         if only and name not in only:
             continue
         out = os.path.join(work, name)
-        base, sent = run(args, args.bin, data, flags, acc, None, out)
-        link, hide_ms, nbytes = link_for(kind, base, sent, acc, args.latency_us)
+        # the link is sized from the median of a few runs without it: one run's step time moves with
+        # the machine's load, and a link sized from a slow one is too slow for the rest
+        bases = [run(args, args.bin, data, flags, acc, None, out) for _ in range(args.sizing_runs)]
+        sent = bases[0][1]
+        link, hide_ms, nbytes = link_for(kind, statistics.median(b[0] for b in bases), sent, acc, args.latency_us)
         off, on, ratios = [], [], []
         for _ in range(args.repeats):
             a, _ = run(args, args.bin, data, flags, acc, None, out)
