@@ -760,16 +760,15 @@ struct OptimizerConfig {
 // look at the norm (and the loss) before deciding to update: a step with a non-finite loss or
 // norm is skipped (see train_main).
 // gpt_grad_norm: (ZeRO stages 0-1) completes the segments' reductions, adds the lm head's part of
-// the tied embedding's gradient where it comes after them and the blocks' sum (--grad_blocks),
-// then (stage 0) starts the rest of the all-reduce's all-gather of the reduced slices (the norm
-// reads only the rank's own; the update waits for them); returns the norm of the whole model's
-// gradient, every stage's (collective over the world).
+// the tied embedding's gradient where it comes after them and the blocks' sum (--grad_blocks);
+// returns the norm of the whole model's gradient, every stage's (collective over the world). At
+// stage 0 the all-gathers of the reduced slices are still in flight: the norm reads only the
+// rank's own, and the update waits for them (zero_settle).
 static float gpt_grad_norm(GPT& m) {
     bind_op_scratch(m);
     zero_reduce_finish(m);
     tied_embedding_sum(m);
     grad_blocks_finish(m);
-    zero_gather_grads(m);
     return (float)std::sqrt(grad_norm_squared(m.zero, m.grad_acc, m.norm_skip, norm_per_chunk, add_squares, squares_of));
 }
 // gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)))

@@ -9,7 +9,7 @@
 //                        into the accumulator, reduced once per step from the last micro-batch's
 //                        grads_ready; 2-3: a zeroed slot folded into the owners' fp32 accumulators),
 //                        head_weights / head_done and head_grads_ready (the tied lm head),
-//                        zero_reduce_finish and zero_gather_grads before the norm,
+//                        zero_reduce_finish before the norm,
 //                        zero_gather_params after the update, zero_settle before the update
 //                        and anything else that reads the params
 //   tensor parallel      row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
@@ -124,7 +124,8 @@ static void offload_start(GPT& m, int s) {
 // segment): the next start, or zero_reduce_finish before the norm, completes it, and the offload's
 // early download follows.
 // Stage 0: the all-gather of segment s's reduced slices, in place (no buffer), in flight behind the
-// backward too.
+// backward too, and behind the norm, which reads only the rank's own slices (zero_settle completes
+// it before the update).
 static void zero_gather_grads_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
     if (s < 0 || z.stage != 0) return;
@@ -198,20 +199,6 @@ static void zero_reduce_finish(GPT& m) {
     if (!m.zero.grads_in_acc()) return;
     for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_reduce_start(m, s);
     zero_gather_grads_start(m, zero_reduce_complete(m));
-}
-// Before the norm, ZeRO stage 0: the all-gathers of the reduced slices not started yet (the tied
-// embedding's, now that the head's gradient has joined it; any segment reduced without one) start,
-// completing the all-reduce of the gradients behind the norm, which reads only the rank's own
-// slices (stage 1 updates only its slice: nothing to gather). zero_settle completes them before
-// the update.
-static void zero_gather_grads(GPT& m) {
-    const ZeroLayout& z = m.zero;
-    if (z.stage != 0) return;
-    for (int s = 0; s < (int)z.segs.size(); s++)
-        if (std::none_of(m.grad_gathers.begin(), m.grad_gathers.end(), [&](const auto& g) { return g.first == s; }) &&
-            seg_group(z, s).size > 1)
-            m.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
-                                                            m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
 }
 // what is still in flight of a backward whose norm was never taken (before the next step's zeroing)
 static void zero_drain(GPT& m) {
