@@ -3,8 +3,8 @@
 link (--sim_link) over step time without, np 2, one OpenMP thread per rank, a small model.
 
 For each layout the link is chosen so that its communication, not overlapped, would take about as
-long as the compute it can hide behind (measured here without the link, the median of
---sizing_runs runs):
+long as the compute it can hide behind (measured without the link, in the run just before each run
+with it: the machine's load moves step times, and a link sized at another moment would not match):
   -z 0 / -z 1   the last micro-batch's backward: step / accumulation x 2/3 (backward = 2 forwards)
   -z 3          the segment computations the gathers and reductions overlap: the whole step
   --pp 2 1f1b   the micro-batch between two transfers: one stage's forward of a micro-batch,
@@ -14,7 +14,7 @@ communication table (rank 0's all_gather + all_to_all; for the pipeline one acti
 and the latency (--latency_us) is small beside it. A ratio of 1 means the link's time is hidden.
 
 Step times: the median over the steps after --warmup, per run; runs alternate without / with the
-link, --repeats times; the table shows the medians. The machine's load average is printed (before,
+link, --repeats times; the table shows the medians (of the hidden time and the link too). The machine's load average is printed (before,
 after, and the 1-minute figure as each case ends): a busy machine makes every figure noisy. A
 benchmark, not a test: nothing is asserted.
 
@@ -81,7 +81,6 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--sizing_runs", type=int, default=3, help="runs without the link that size it (their median)")
     ap.add_argument("--latency_us", type=float, default=10)
     ap.add_argument("--only", default="", help="comma-separated case names")
     args = ap.parse_args()
@@ -105,18 +104,19 @@ def bench(args, work):
         if only and name not in only:
             continue
         out = os.path.join(work, name)
-        # the link is sized from the median of a few runs without it: one run's step time moves with
-        # the machine's load, and a link sized from a slow one is too slow for the rest
-        bases = [run(args, args.bin, data, flags, acc, None, out) for _ in range(args.sizing_runs)]
-        sent = bases[0][1]
-        link, hide_ms, nbytes = link_for(kind, statistics.median(b[0] for b in bases), sent, acc, args.latency_us)
-        off, on, ratios = [], [], []
+        # each run with the link is sized from the run without it just before: a step's time moves
+        # with the machine's load, and a link sized at another moment would not match its compute
+        off, on, ratios, hides, gbits = [], [], [], [], []
         for _ in range(args.repeats):
-            a, _ = run(args, args.bin, data, flags, acc, None, out)
+            a, sent = run(args, args.bin, data, flags, acc, None, out)
+            link, hide_ms, nbytes = link_for(kind, a, sent, acc, args.latency_us)
             b, _ = run(args, args.bin, data, flags, acc, link, out)
             off.append(a)
             on.append(b)
             ratios.append(b / a)
+            hides.append(hide_ms)
+            gbits.append(float(link.split(",")[0]))
+        hide_ms, link = statistics.median(hides), "%.4g,%g" % (statistics.median(gbits), args.latency_us)
         print("%-10s %10.2f %12d %14s %16s %10.2f %10.2f %7.3f %6s" % (
             name, hide_ms, nbytes, link, ",".join("%.2f" % r for r in ratios), statistics.median(off),
             statistics.median(on), statistics.median(ratios), open("/proc/loadavg").read().split()[0]), flush=True)
