@@ -253,10 +253,26 @@ static void zero_gather_params(GPT& m) {
                                                                  m.params + z.segs[s].padded_offset,
                                                                  z.shard_len(s) * sizeof(floatX)));
 }
-// Every all-gather still in flight completes: stage 0's of the reduced gradients (the update
-// reads them), stages 1-2's of the updated params (before the update writes the slices they read,
-// a checkpoint, an export, the ranks' agreement check: whatever reads params outside a forward).
+// param_gathers' key of the tied head's copy in flight (pp > 1, tied_embedding_refresh): on the
+// embedding's stage the send of the updated weights, on the last stage their receive
+constexpr int HEAD_COPY = -2;
+// The last stage's copy of the tied embedding complete: its receive, then (dp > 1) the all-gather
+// of the slices the dp ranks received. At its first use (head_weights), or zero_settle.
+static void head_copy_complete(GPT& m) {
+    auto in_flight = std::find_if(m.param_gathers.begin(), m.param_gathers.end(), [](const auto& g) { return g.first == HEAD_COPY; });
+    if (in_flight == m.param_gathers.end()) return;
+    comm_finish(in_flight->second);
+    m.param_gathers.erase(in_flight);
+    if (!m.pipe.has_head() || comm_world().dp.size == 1) return;
+    const size_t bytes = m.head.shard_len(0) * sizeof(floatX);
+    all_gather(comm_world().dp, m.head_params + m.head.own_begin(0), m.head_params, bytes);
+}
+// Every transfer of params or gradients still in flight completes: stage 0's all-gathers of the
+// reduced gradients (the update reads them), stages 1-2's of the updated params and the tied
+// head's copy (before the update writes the slices they read, a checkpoint, an export, the ranks'
+// agreement check: whatever reads params outside a forward).
 static void zero_settle(GPT& m) {
+    head_copy_complete(m);
     for (auto* gathers : {&m.grad_gathers, &m.param_gathers}) {
         for (auto& g : *gathers) comm_finish(g.second);
         gathers->clear();
@@ -264,7 +280,10 @@ static void zero_settle(GPT& m) {
 }
 // the tied lm head's weights: the embedding's in one stage, the last stage's copy with pp > 1
 static const floatX* head_weights(GPT& m) {
-    if (m.head_params) return m.head_params;
+    if (m.head_params) {
+        head_copy_complete(m);
+        return m.head_params;
+    }
     params_needed(m, 0);
     return m.p.wte;
 }
@@ -633,16 +652,19 @@ static void tied_embedding_sum(GPT& m) {
     if (pp.P > 1) p2p_group(comm_world().pp, {{false, m.head_acc, n * sizeof(float), pp.P - 1, TIED_EMBEDDING_TAG}});
     grad_accumulate(m.grad_acc + m.zero.acc_own(m.seg_local[0]), m.head_acc, n);
 }
+// After the update (pp > 1): the embedding's stage sends the rank's slice of the updated weights
+// to the last stage, started here and in flight behind the next step's data loading and the
+// forwards before the head; the last stage completes it at the head's first use (head_weights),
+// after its first micro-batch's blocks.
 static void tied_embedding_refresh(GPT& m) {
     const PipelinePlan& pp = m.pipe;
     if (pp.P == 1 || (!pp.has_embedding() && !pp.has_head())) return;
     const ZeroLayout& z = m.zero;
     const size_t n = m.head.shard_len(0), bytes = n * sizeof(floatX);
     if (pp.has_embedding())
-        p2p_group(comm_world().pp, {{true, m.params + z.params_own(m.seg_local[0]), bytes, pp.P - 1, TIED_EMBEDDING_TAG}});
-    if (pp.has_head()) {
-        floatX* own = m.head_params + m.head.own_begin(0);
-        p2p_group(comm_world().pp, {{false, own, bytes, 0, TIED_EMBEDDING_TAG}});
-        if (comm_world().dp.size > 1) all_gather(comm_world().dp, own, m.head_params, bytes);
-    }
+        m.param_gathers.emplace_back(HEAD_COPY, p2p_start(comm_world().pp, {{true, m.params + z.params_own(m.seg_local[0]),
+                                                                               bytes, pp.P - 1, TIED_EMBEDDING_TAG}}));
+    if (pp.has_head())
+        m.param_gathers.emplace_back(HEAD_COPY, p2p_start(comm_world().pp, {{false, m.head_params + m.head.own_begin(0),
+                                                                               bytes, 0, TIED_EMBEDDING_TAG}}));
 }
