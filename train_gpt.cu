@@ -169,8 +169,10 @@ struct GPT {
     SegmentSlots<floatX> param_slots;  // stage 3: gathered segments
     SegmentSlots<float> grad_slots;    // stages 2-3: a micro-batch's segment gradients until reduced
     std::vector<std::pair<int, CommRequest>> param_gathers;  // gathers in flight: stage 3's slots (params_prefetch), stages 1-2's after the update
-    CommRequest reduce_req;  // stages 0-1: the segment reduction in flight (zero_reduce_start), of segment
-    int reducing = -1;       // reducing (-1: none)
+    CommRequest reduce_req;              // stages 0-1: the segment reduction in flight (zero_reduce_start),
+    std::vector<CommRequest> leaf_reqs;  // stages 2-3: its leaves' (grads_ready), of segment
+    int reducing = -1;                   // reducing (-1: none),
+    bool reducing_last = false;          // whose gradient is final with it (--offload downloads it)
     std::vector<std::pair<int, CommRequest>> grad_gathers;  // stage 0: the reduced segments' all-gathers in flight
     // The tied lm head (on the last stage) and its gradient, which joins the embedding's as `tied`
     // says (llmc/gpt/layout.h; hooks.h tied_embedding_sum); with pp > 1 the last stage keeps a copy of

@@ -103,17 +103,8 @@ static void params_done(GPT& m, int seg) {
         point_segment(m.p, m.config, m.local, m.zero.segs[s], nullptr);
     }
 }
-static void grads_needed(GPT& m, int seg) {
-    const ZeroLayout& z = m.zero;
-    if (z.grads_in_acc()) return;
-    for (int s : local_segments(m, seg)) {
-        float* slot = m.grad_slots.acquire(s, "gradient");
-        buffer_zero(slot, z.segs[s].n_leaves * z.segs[s].padded * sizeof(float));
-        point_segment(m.g, m.config, m.local, z.segs[s], slot);
-    }
-}
 // --offload optimizer: local segment s's gradient is final (reduced into the accumulator); its
-// pieces' download can start (not the embedding's: the tied head adds to it before the norm)
+// pieces' download can start (not the embedding's where the tied head adds to it after the backward)
 static void offload_start(GPT& m, int s) {
     if (m.count_ready && !m.early_pieces[s].empty())
         offload_download_early<OffloadCopies>(m.update_pieces, m.early_pieces[s], m.grad_acc, m.grad_staging);
@@ -132,16 +123,37 @@ static void zero_gather_grads_start(GPT& m, int s) {
     m.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
                                                     m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
 }
+// Stages 2-3: each micro-batch's segment reduction (reduce_scatter_add_start) stays in flight
+// behind the next segment's backward in the same way, its slot held until it completes: the next
+// start, grads_needed of the same segment, the head's per-step reduction (it needs the receive
+// buffer) or zero_reduce_finish completes it, and frees the slot.
 // completes the reduction in flight; returns its segment (-1: none)
 static int zero_reduce_complete(GPT& m) {
     const int s = m.reducing;
     if (s < 0) return -1;
     const ZeroLayout& z = m.zero;
-    reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), m.reduce_req, seg_group(z, s),
-                              m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), m.comm_scratch);
+    if (z.grads_in_acc()) {
+        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), m.reduce_req, seg_group(z, s),
+                                  m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), m.comm_scratch);
+    } else {
+        reduce_scatter_add_finish(AccumulateGrads(), m.leaf_reqs, seg_group(z, s), m.grad_acc + z.acc_own(s),
+                                  m.grad_slots.find(s), z.shard_len(s), m.comm_scratch, z.segs[s].n_leaves);
+        m.grad_slots.release(s);
+        point_segment(m.g, m.config, m.local, z.segs[s], (float*)nullptr);
+    }
     m.reducing = -1;
-    offload_start(m, s);
+    if (m.reducing_last) offload_start(m, s);
     return s;
+}
+static void grads_needed(GPT& m, int seg) {
+    const ZeroLayout& z = m.zero;
+    if (z.grads_in_acc()) return;
+    for (int s : local_segments(m, seg)) {
+        if (m.reducing == s) zero_reduce_complete(m);  // its previous micro-batch's reduction holds its slot
+        float* slot = m.grad_slots.acquire(s, "gradient");
+        buffer_zero(slot, z.segs[s].n_leaves * z.segs[s].padded * sizeof(float));
+        point_segment(m.g, m.config, m.local, z.segs[s], slot);
+    }
 }
 // TIED_PER_RANK (stages 0-1): the head's gradient of the rank's micro-batches joins the embedding's
 // accumulator before the embedding's one reduction (with pp it comes from the last stage first:
@@ -162,6 +174,7 @@ static void zero_reduce_start(GPT& m, int s) {
     m.reduce_req = reduce_scatter_sum_start(seg_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
                                             m.comm_scratch);
     m.reducing = s;
+    m.reducing_last = true;
     // after the new reduction: each rank's link takes them in start order, and the next start
     // waits for this reduction, not for the gather
     zero_gather_grads_start(m, done);
@@ -177,11 +190,12 @@ static void grads_ready(GPT& m, int seg) {
         }
         if (z.segs[s].id == 0 && m.tied == TIED_PER_MICRO_BATCH)  // the micro-batch's head gradient joins the embedding's
             grad_accumulate(m.grad_slots.find(s), m.head_leaf, m.head.padded_total);
-        reduce_scatter_add(AccumulateGrads(), seg_group(z, s), m.grad_acc + z.acc_own(s), m.grad_slots.find(s),
-                           z.shard_len(s), m.comm_scratch, z.segs[s].n_leaves);
-        if (last) offload_start(m, s);
-        m.grad_slots.release(s);
-        point_segment(m.g, m.config, m.local, z.segs[s], (float*)nullptr);
+        zero_reduce_complete(m);  // one in flight at a time
+        m.leaf_reqs = reduce_scatter_add_start(seg_group(z, s), m.grad_slots.find(s), z.shard_len(s), m.comm_scratch,
+                                               z.segs[s].n_leaves);
+        m.reducing = s;
+        m.reducing_last = last;
+        if (seg_group(z, s).size == 1) zero_reduce_complete(m);  // nothing to wait for: the adds now
     }
 }
 // The tied lm head's gradient of this micro-batch (head_leaf, fp32), by the layout's TiedSum
@@ -190,13 +204,18 @@ static void grads_ready(GPT& m, int seg) {
 // step, reduce-scattered over the dp group into head_acc's slice.
 static void head_grads_ready(GPT& m) {
     if (m.tied == TIED_PER_RANK) grad_accumulate(m.head_acc, m.head_leaf, m.head.padded_total);
-    else if (m.tied == TIED_PER_STEP)
+    else if (m.tied == TIED_PER_STEP) {
+        zero_reduce_complete(m);  // (a segment's, in the receive buffer)
         reduce_scatter_add(AccumulateGrads(), comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
+    }
 }
-// Before the norm, stages 0-1: every segment's reduction completes (one not started in the
+// Before the norm: every segment's reduction completes (stages 0-1: one not started in the
 // backward, e.g. after gpt_backward, runs now).
 static void zero_reduce_finish(GPT& m) {
-    if (!m.zero.grads_in_acc()) return;
+    if (!m.zero.grads_in_acc()) {
+        zero_reduce_complete(m);
+        return;
+    }
     for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_reduce_start(m, s);
     zero_gather_grads_start(m, zero_reduce_complete(m));
 }

@@ -15,8 +15,9 @@ static int* take_ints(GPT& m, size_t n) { return (int*)take(m, MEM_ACTIVATIONS, 
 
 // Stage 3 keeps this many gathered segments at once: parameters of the current and the next
 // segment (a block's forward ends with the next block's LN1). Stages 2-3 keep the gradient of the
-// segment in its backward until it is reduced (times two in an MoE block: its experts' segment).
-constexpr int ZERO3_PARAM_SLOTS = 2, ZERO_GRAD_SLOTS = 1;
+// segment in its backward and of the one before it, whose reduction runs behind that backward
+// (times two in an MoE block: its experts' segment).
+constexpr int ZERO3_PARAM_SLOTS = 2, ZERO_GRAD_SLOTS = 2;
 
 // tp > 1: the table's alignment padding after the split tensors of this stage belongs to no local
 // tensor; dp rank 0 of tp rank 0 reports it (zeros), so that a checkpoint covers every element once

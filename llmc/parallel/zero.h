@@ -177,17 +177,36 @@ inline std::vector<UpdatePiece> zero_update_pieces(const ZeroLayout& z, const st
 // n_leaves > 1: send holds that many leaves (g.size * chunk each), rank r's leaf k being global
 // micro-batch r * n_leaves + k of the group's: they fold in (r, k) order. scratch holds n_leaves *
 // g.size * chunk elements. add(acc, leaf, n): acc[i] += leaf[i] in fp32 (the backend's op).
+// In two halves, so that a segment's all-to-alls run behind the next segment's backward:
+// reduce_scatter_add_start sends the leaves (send and scratch stay untouched until the finish),
+// _finish completes them and adds the received slices as above. (One group member: no transfer,
+// the adds at the finish.)
+inline std::vector<CommRequest> reduce_scatter_add_start(const CommGroup& g, const float* send, size_t chunk, float* scratch,
+                                                         int n_leaves = 1) {
+    std::vector<CommRequest> reqs;
+    const size_t leaf = (size_t)g.size * chunk;
+    for (int k = 0; k < n_leaves && g.size > 1; k++)
+        reqs.push_back(all_to_all_start(g, send + k * leaf, scratch + k * leaf, chunk * sizeof(float)));
+    return reqs;
+}
 template <typename Add>
-inline void reduce_scatter_add(const Add& add, const CommGroup& g, float* acc_own, const float* send, size_t chunk,
-                               float* scratch, int n_leaves = 1) {
+inline void reduce_scatter_add_finish(const Add& add, std::vector<CommRequest>& reqs, const CommGroup& g, float* acc_own,
+                                      const float* send, size_t chunk, const float* scratch, int n_leaves = 1) {
+    for (CommRequest& r : reqs) comm_finish(r);
+    reqs.clear();
     const size_t leaf = (size_t)g.size * chunk;
     if (g.size == 1) {
         for (int k = 0; k < n_leaves; k++) add(acc_own, send + k * leaf, chunk);
         return;
     }
-    for (int k = 0; k < n_leaves; k++) all_to_all(g, send + k * leaf, scratch + k * leaf, chunk * sizeof(float));
     for (int r = 0; r < g.size; r++)
         for (int k = 0; k < n_leaves; k++) add(acc_own, scratch + k * leaf + (size_t)r * chunk, chunk);
+}
+template <typename Add>
+inline void reduce_scatter_add(const Add& add, const CommGroup& g, float* acc_own, const float* send, size_t chunk,
+                               float* scratch, int n_leaves = 1) {
+    std::vector<CommRequest> reqs = reduce_scatter_add_start(g, send, chunk, scratch, n_leaves);
+    reduce_scatter_add_finish(add, reqs, g, acc_own, send, chunk, scratch, n_leaves);
 }
 
 // Stages 0-1, once per step and segment: acc[rank * chunk, + chunk) = the sum over ranks r, in rank
