@@ -528,7 +528,9 @@ LLMC_FAULT_CHECKPOINT_DELAY=1:5000 run 2 "$out" $DENSE -d $TOK -x 4 -n 2 --comm_
 
 # SIGTERM / SIGINT at a random step: every rank stops after the same step N with a checkpoint of
 # it; --resume latest continues to the bytes of the uninterrupted run of the same layout
-SIGTOK=$((B * T * 16)); SIGSTEPS=40
+# (300 steps: a step takes a few ms, so the signal lands well before the end even when the log
+# shows step k late)
+SIGTOK=$((B * T * 16)); SIGSTEPS=300
 for np in 1 2 4; do run $np "$W/sig.ref.np$np" $DENSE -d $SIGTOK -x $SIGSTEPS || fail "signal reference run np $np"; done
 for case in "1 TERM 0" "1 INT 0" "2 TERM 1" "4 INT all" "4 TERM 3"; do
     set -- $case; np=$1 sig=$2 who=$3
