@@ -784,17 +784,22 @@ static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int ste
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded
     const uint64_t step_seed = Rng(0xADA3ull ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull)).next_u64();
-    if (m.offload == OFFLOAD_OPTIMIZER)  // the same step on the CPU, the state in host memory (llmc/parallel/offload.h)
+    if (m.offload == OFFLOAD_OPTIMIZER) {  // the same step on the CPU, the state in host memory (llmc/parallel/offload.h)
         offload_adamw_step<OffloadCopies>(m.update_pieces, m.params, m.grad_acc, m.master, m.adam_m, m.adam_v, m.grad_staging, lr,
                            o.beta1, o.beta2, o.eps, o.weight_decay, scale, step + 1, step_seed);
-    else {  // every piece in one call (the GPU's: a few multi-tensor launches)
-        std::vector<cpu::AdamwPiece> pieces;
-        for (const UpdatePiece& u : m.update_pieces)
-            pieces.push_back({u.param_index, u.state_index, u.acc_index, u.n, u.table_offset, u.decay});
-        adamw_update_pieces(m.params, m.master, m.grad_acc, m.adam_m, m.adam_v, pieces.data(), (int)pieces.size(), lr,
-                            o.beta1, o.beta2, o.eps, o.weight_decay, scale, step + 1, step_seed);
+        zero_gather_params(m);
+    } else {  // the pieces in a few calls (the GPU's: a few multi-tensor launches each), -z 1/2's gathers behind them
+        zero_update(m, [&](const std::vector<int>& which) {
+            std::vector<cpu::AdamwPiece> pieces;
+            for (int k : which) {
+                const UpdatePiece& u = m.update_pieces[k];
+                pieces.push_back({u.param_index, u.state_index, u.acc_index, u.n, u.table_offset, u.decay});
+            }
+            if (!pieces.empty())
+                adamw_update_pieces(m.params, m.master, m.grad_acc, m.adam_m, m.adam_v, pieces.data(), (int)pieces.size(), lr,
+                                    o.beta1, o.beta2, o.eps, o.weight_decay, scale, step + 1, step_seed);
+        });
     }
-    zero_gather_params(m);
     tied_embedding_refresh(m);
 }
 [[maybe_unused]] static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {

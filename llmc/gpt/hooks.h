@@ -263,14 +263,33 @@ static void grad_blocks_finish(GPT& m) {
 // they run behind the next step's data loading and the forward of the segments before. Whatever
 // reads the params outside a forward completes them all first (zero_settle). In flight, a
 // gather reads the rank's own slice (the update writes only that) and writes the others.
-static void zero_gather_params(GPT& m) {
+static void zero_gather_params_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
-    if (z.stage == 1 || z.stage == 2)
-        for (int s = 0; s < (int)z.segs.size(); s++)
-            if (seg_group(z, s).size > 1)
-                m.param_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.params + z.params_own(s),
-                                                                 m.params + z.segs[s].padded_offset,
-                                                                 z.shard_len(s) * sizeof(floatX)));
+    if ((z.stage == 1 || z.stage == 2) && seg_group(z, s).size > 1)
+        m.param_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.params + z.params_own(s),
+                                                         m.params + z.segs[s].padded_offset, z.shard_len(s) * sizeof(floatX)));
+}
+static void zero_gather_params(GPT& m) {
+    for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_gather_params_start(m, s);
+}
+// The update in the order that starts the gathers earliest: at stages 1-2 segment by segment, each
+// one's all-gather started as soon as the rank's slice of it is updated (so the first segments'
+// gathers run behind the later segments' updates, and are the first the next forward needs);
+// elsewhere every piece in one call. update(pieces): AdamW over those of m.update_pieces.
+template <typename Update> static void zero_update(GPT& m, const Update& update) {
+    const ZeroLayout& z = m.zero;
+    std::vector<int> all(m.update_pieces.size());
+    std::iota(all.begin(), all.end(), 0);
+    if (z.stage != 1 && z.stage != 2) return update(all);
+    for (int s = 0; s < (int)z.segs.size(); s++) {
+        std::vector<int> mine;
+        for (int k : all) {
+            const size_t at = m.update_pieces[k].acc_index;
+            if (at >= z.acc_own(s) && at < z.acc_own(s) + z.shard_len(s)) mine.push_back(k);
+        }
+        update(mine);
+        zero_gather_params_start(m, s);
+    }
 }
 // param_gathers' key of the tied head's copy in flight (pp > 1, tied_embedding_refresh): on the
 // embedding's stage the send of the updated weights, on the last stage their receive
