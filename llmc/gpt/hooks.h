@@ -10,7 +10,7 @@
 //                        grads_ready; 2-3: a zeroed slot folded into the owners' fp32 accumulators),
 //                        head_weights / head_done and head_grads_ready (the tied lm head),
 //                        zero_reduce_finish before the norm,
-//                        zero_gather_params after the update, zero_settle before the update
+//                        zero_update (the update, -z 1/2 gathers behind it), zero_settle before the update
 //                        and anything else that reads the params
 //   tensor parallel      row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
 //   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss and
@@ -67,7 +67,7 @@ static CommRequest params_gather_start(GPT& m, int s) {
     return all_gather_start(seg_group(z, s), own, slot, z.shard_len(s) * sizeof(floatX));
 }
 // A segment's params before its use: a gather in flight (stage 3's prefetch, stages 1-2's after
-// the update: zero_gather_params) completes here; stage 3 gathers one that has none.
+// the update: zero_update) completes here; stage 3 gathers one that has none.
 static void params_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
     if (m.param_gathers.empty() && !z.params_sharded()) return;
