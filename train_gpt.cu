@@ -147,6 +147,7 @@ struct GPT {
     // the tied lm head's buffers (below) are laid out as the embedding segment: `head`
     ZeroLayout head;
     std::vector<UpdatePiece> update_pieces;      // what this rank's optimizer step updates
+    std::vector<std::vector<int>> seg_pieces;    // per local segment, its update pieces
     std::vector<std::vector<int>> early_pieces;  // --offload: per local segment, update pieces to download early
     AccRanges norm_skip;                         // tensor-parallel replicas' gradients (not counted here)
     int recompute = 0;                           // -r: activation recomputation level (acts_for)
@@ -168,12 +169,7 @@ struct GPT {
     float* comm_scratch = nullptr;  // a segment reduction's receive buffer (dp > 1)
     SegmentSlots<floatX> param_slots;  // stage 3: gathered segments
     SegmentSlots<float> grad_slots;    // stages 2-3: a micro-batch's segment gradients until reduced
-    std::vector<std::pair<int, CommRequest>> param_gathers;  // gathers in flight: stage 3's slots (params_prefetch), stages 1-2's after the update
-    CommRequest reduce_req;              // stages 0-1: the segment reduction in flight (zero_reduce_start),
-    std::vector<CommRequest> leaf_reqs;  // stages 2-3: its leaves' (grads_ready), of segment
-    int reducing = -1;                   // reducing (-1: none),
-    bool reducing_last = false;          // whose gradient is final with it (--offload downloads it)
-    std::vector<std::pair<int, CommRequest>> grad_gathers;  // stage 0: the reduced segments' all-gathers in flight
+    ZeroInFlight zs;                   // the step's ZeRO communication in flight, the segments' progress
     // The tied lm head (on the last stage) and its gradient, which joins the embedding's as `tied`
     // says (llmc/gpt/layout.h; hooks.h tied_embedding_sum); with pp > 1 the last stage keeps a copy of
     // the embedding's weights, refreshed after every update.
@@ -219,10 +215,7 @@ struct GPT {
     double activation_bytes = 0;
 
     // ---- the call in progress: the micro-batches the forwards read (B x T tokens each), their loss
-    // scale, the last stage's losses; the latest forward's slot per chunk (MoE statistics);
-    // grads_ready's count per local segment this step: at reduce_at (the step's micro-batches; 0 in
-    // a lone gpt_backward) the segment's gradient is final: stages 0-1 start its reduction (reduced:
-    // started), --offload its download (count_ready)
+    // scale, the last stage's losses; the latest forward's slot per chunk (MoE statistics)
     int B = 0, T = 0;
     std::vector<MicroBatch> batches;
     float dloss_scale = 0.0f;
@@ -230,10 +223,6 @@ struct GPT {
     std::vector<int> mb_valid;  // the real targets of each micro-batch (the head's stage)
     std::vector<const ChunkSlot*> last_forward;
     LogitsSink logits_sink;  // a forward without targets: where each token chunk's logits go
-    std::vector<int> ready_count;
-    std::vector<char> reduced;
-    int reduce_at = 0;
-    bool count_ready = false;
 };
 
 // The CUDA ops take their scratch and the matmul workspace from the model that runs them (a test
@@ -731,27 +720,19 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     pm.transfer = [&](const PipeAction& a) { return pipe_transfer(m, a); };
     pm.d_stream = [&](int mb, int c) { return (const void*)slot_for(m, c, mb).d_stream; };
     pm.sync = backend_sync;
-    // each segment's gradient is final at its last grads_ready of the step: stages 0-1 reduce it
-    // there, --offload starts its download
-    m.reduce_at = dloss_scale != 0.0f ? (int)batches.size() : 0;
-    m.count_ready = m.offload == OFFLOAD_OPTIMIZER && dloss_scale != 0.0f;
-    offload_early_reset(m.update_pieces.size());
+    zero_step_begin(m);
     const PipeTimes times = pipeline_execute(m.pipe.schedule[m.pipe.stage], comm_world().pp, pm, measure, trace);
-    m.reduce_at = 0;
-    m.count_ready = false;
+    zero_step_end(m);
     if (m.pipe.has_head()) queue_losses(m, (int)batches.size());  // read after the norm's host sync: gpt_step_losses
     return times;
 }
 
 // the step's gradient starts at zero (and so do its reductions)
 static void gpt_zero_grad(GPT& m) {
-    zero_drain(m);  // (a backward whose norm was never taken)
+    zero_drain(m);  // (what a backward whose norm was never taken left in flight; the segments' progress)
     buffer_zero(m.grad_acc, m.zero.acc_elems() * sizeof(float));
     if (m.head_acc) buffer_zero(m.head_acc, head_acc_elems(m) * sizeof(float));
-    if (m.grad_total) buffer_zero(m.grad_total, m.zero.acc_elems() * sizeof(float));
-    m.blocks_folded = false;
-    std::fill(m.ready_count.begin(), m.ready_count.end(), 0);
-    std::fill(m.reduced.begin(), m.reduced.end(), 0);
+    grad_blocks_reset(m);
 }
 
 struct OptimizerConfig {

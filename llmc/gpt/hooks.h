@@ -70,12 +70,12 @@ static CommRequest params_gather_start(GPT& m, int s) {
 // the update: zero_update) completes here; stage 3 gathers one that has none.
 static void params_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
-    if (m.param_gathers.empty() && !z.params_sharded()) return;
+    if (m.zs.param_gathers.empty() && !z.params_sharded()) return;
     for (int s : local_segments(m, seg)) {
-        auto in_flight = std::find_if(m.param_gathers.begin(), m.param_gathers.end(), [&](const auto& g) { return g.first == s; });
-        if (in_flight != m.param_gathers.end()) {
+        auto in_flight = std::find_if(m.zs.param_gathers.begin(), m.zs.param_gathers.end(), [&](const auto& g) { return g.first == s; });
+        if (in_flight != m.zs.param_gathers.end()) {
             comm_finish(in_flight->second);
-            m.param_gathers.erase(in_flight);
+            m.zs.param_gathers.erase(in_flight);
         } else if (z.params_sharded() && !m.param_slots.find(s)) {
             CommRequest r = params_gather_start(m, s);
             comm_finish(r);
@@ -94,7 +94,7 @@ static void params_prefetch(GPT& m, int seg) {
     for (int s : local_segments(m, seg)) needed += m.param_slots.find(s) == nullptr;
     if (needed == 0 || needed > free) return;
     for (int s : local_segments(m, seg))
-        if (!m.param_slots.find(s)) m.param_gathers.emplace_back(s, params_gather_start(m, s));
+        if (!m.param_slots.find(s)) m.zs.param_gathers.emplace_back(s, params_gather_start(m, s));
 }
 static void params_done(GPT& m, int seg) {
     if (!m.zero.params_sharded()) return;
@@ -106,7 +106,7 @@ static void params_done(GPT& m, int seg) {
 // --offload optimizer: local segment s's gradient is final (reduced into the accumulator); its
 // pieces' download can start (not the embedding's where the tied head adds to it after the backward)
 static void offload_start(GPT& m, int s) {
-    if (m.count_ready && !m.early_pieces[s].empty())
+    if (m.zs.count_ready && !m.early_pieces[s].empty())
         offload_download_early<OffloadCopies>(m.update_pieces, m.early_pieces[s], m.grad_acc, m.grad_staging);
 }
 // Stages 0-1: local segment s's once-per-step reduction over its group (reduce_scatter_sum: the
@@ -120,7 +120,7 @@ static void offload_start(GPT& m, int s) {
 static void zero_gather_grads_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
     if (s < 0 || z.stage != 0) return;
-    m.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
+    m.zs.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
                                                     m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
 }
 // Stages 2-3: each micro-batch's segment reduction (reduce_scatter_add_start) stays in flight
@@ -129,27 +129,27 @@ static void zero_gather_grads_start(GPT& m, int s) {
 // buffer) or zero_reduce_finish completes it, and frees the slot.
 // completes the reduction in flight; returns its segment (-1: none)
 static int zero_reduce_complete(GPT& m) {
-    const int s = m.reducing;
+    const int s = m.zs.reducing;
     if (s < 0) return -1;
     const ZeroLayout& z = m.zero;
     if (z.grads_in_acc()) {
-        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), m.reduce_req, seg_group(z, s),
+        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), m.zs.reduce_req, seg_group(z, s),
                                   m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), m.comm_scratch);
     } else {
-        reduce_scatter_add_finish(AccumulateGrads(), m.leaf_reqs, seg_group(z, s), m.grad_acc + z.acc_own(s),
+        reduce_scatter_add_finish(AccumulateGrads(), m.zs.leaf_reqs, seg_group(z, s), m.grad_acc + z.acc_own(s),
                                   m.grad_slots.find(s), z.shard_len(s), m.comm_scratch, z.segs[s].n_leaves);
         m.grad_slots.release(s);
         point_segment(m.g, m.config, m.local, z.segs[s], (float*)nullptr);
     }
-    m.reducing = -1;
-    if (m.reducing_last) offload_start(m, s);
+    m.zs.reducing = -1;
+    if (m.zs.reducing_last) offload_start(m, s);
     return s;
 }
 static void grads_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
     if (z.grads_in_acc()) return;
     for (int s : local_segments(m, seg)) {
-        if (m.reducing == s) zero_reduce_complete(m);  // its previous micro-batch's reduction holds its slot
+        if (m.zs.reducing == s) zero_reduce_complete(m);  // its previous micro-batch's reduction holds its slot
         float* slot = m.grad_slots.acquire(s, "gradient");
         buffer_zero(slot, z.segs[s].n_leaves * z.segs[s].padded * sizeof(float));
         point_segment(m.g, m.config, m.local, z.segs[s], slot);
@@ -167,14 +167,14 @@ static void tied_head_into_embedding(GPT& m, int s) {
 }
 static void zero_reduce_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
-    if (m.reduced[s]) return;
-    m.reduced[s] = 1;
+    if (m.zs.reduced[s]) return;
+    m.zs.reduced[s] = 1;
     tied_head_into_embedding(m, s);
     const int done = zero_reduce_complete(m);
-    m.reduce_req = reduce_scatter_sum_start(seg_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
+    m.zs.reduce_req = reduce_scatter_sum_start(seg_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
                                             m.comm_scratch);
-    m.reducing = s;
-    m.reducing_last = true;
+    m.zs.reducing = s;
+    m.zs.reducing_last = true;
     // after the new reduction: each rank's link takes them in start order, and the next start
     // waits for this reduction, not for the gather
     zero_gather_grads_start(m, done);
@@ -183,7 +183,7 @@ static void grads_ready(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
     for (int s : local_segments(m, seg)) {
         // the step's last micro-batch of this segment: its gradient is final
-        const bool last = m.reduce_at > 0 && ++m.ready_count[s] == m.reduce_at;
+        const bool last = m.zs.reduce_at > 0 && ++m.zs.ready_count[s] == m.zs.reduce_at;
         if (z.grads_in_acc()) {
             if (last) zero_reduce_start(m, s);
             continue;
@@ -191,10 +191,10 @@ static void grads_ready(GPT& m, int seg) {
         if (z.segs[s].id == 0 && m.tied == TIED_PER_MICRO_BATCH)  // the micro-batch's head gradient joins the embedding's
             grad_accumulate(m.grad_slots.find(s), m.head_leaf, m.head.padded_total);
         zero_reduce_complete(m);  // one in flight at a time
-        m.leaf_reqs = reduce_scatter_add_start(seg_group(z, s), m.grad_slots.find(s), z.shard_len(s), m.comm_scratch,
+        m.zs.leaf_reqs = reduce_scatter_add_start(seg_group(z, s), m.grad_slots.find(s), z.shard_len(s), m.comm_scratch,
                                                z.segs[s].n_leaves);
-        m.reducing = s;
-        m.reducing_last = last;
+        m.zs.reducing = s;
+        m.zs.reducing_last = last;
         if (seg_group(z, s).size == 1) zero_reduce_complete(m);  // nothing to wait for: the adds now
     }
 }
@@ -219,11 +219,26 @@ static void zero_reduce_finish(GPT& m) {
     for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_reduce_start(m, s);
     zero_gather_grads_start(m, zero_reduce_complete(m));
 }
-// what is still in flight of a backward whose norm was never taken (before the next step's zeroing)
+// A step's forwards and backwards: each segment's gradient is final at its last grads_ready of
+// the step (stages 0-1 reduce it there, --offload starts its download).
+static void zero_step_begin(GPT& m) {
+    const bool backward = m.dloss_scale != 0.0f;
+    m.zs.reduce_at = backward ? (int)m.batches.size() : 0;
+    m.zs.count_ready = m.offload == OFFLOAD_OPTIMIZER && backward;
+    offload_early_reset(m.update_pieces.size());
+}
+static void zero_step_end(GPT& m) {
+    m.zs.reduce_at = 0;
+    m.zs.count_ready = false;
+}
+// what is still in flight of a backward whose norm was never taken (before the next step's
+// zeroing), and the segments' progress back to none
 static void zero_drain(GPT& m) {
+    std::fill(m.zs.ready_count.begin(), m.zs.ready_count.end(), 0);
+    std::fill(m.zs.reduced.begin(), m.zs.reduced.end(), 0);
     zero_reduce_complete(m);  // (its gather is not needed: the step is over)
-    for (auto& g : m.grad_gathers) comm_finish(g.second);
-    m.grad_gathers.clear();
+    for (auto& g : m.zs.grad_gathers) comm_finish(g.second);
+    m.zs.grad_gathers.clear();
 }
 // --grad_blocks G > 1 on one process (llmc/gpt/layout.h): the step's micro-batches run block by
 // block, position p being global micro-batch (p % k) * G + p / k (k = M / G per block), so that each
@@ -253,6 +268,10 @@ static void grad_block_done(GPT& m, int p) {
     buffer_zero(m.grad_acc, n * sizeof(float));
     m.blocks_folded = true;
 }
+static void grad_blocks_reset(GPT& m) {
+    if (m.grad_total) buffer_zero(m.grad_total, m.zero.acc_elems() * sizeof(float));
+    m.blocks_folded = false;
+}
 static void grad_blocks_finish(GPT& m) {
     if (!m.blocks_folded) return;
     grad_accumulate(m.grad_acc, m.grad_total, m.zero.acc_elems());
@@ -266,7 +285,7 @@ static void grad_blocks_finish(GPT& m) {
 static void zero_gather_params_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
     if ((z.stage == 1 || z.stage == 2) && seg_group(z, s).size > 1)
-        m.param_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.params + z.params_own(s),
+        m.zs.param_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.params + z.params_own(s),
                                                          m.params + z.segs[s].padded_offset, z.shard_len(s) * sizeof(floatX)));
 }
 static void zero_gather_params(GPT& m) {
@@ -278,16 +297,13 @@ static void zero_gather_params(GPT& m) {
 // elsewhere every piece in one call. update(pieces): AdamW over those of m.update_pieces.
 template <typename Update> static void zero_update(GPT& m, const Update& update) {
     const ZeroLayout& z = m.zero;
-    std::vector<int> all(m.update_pieces.size());
-    std::iota(all.begin(), all.end(), 0);
-    if (z.stage != 1 && z.stage != 2) return update(all);
+    if (z.stage != 1 && z.stage != 2) {
+        std::vector<int> all(m.update_pieces.size());
+        std::iota(all.begin(), all.end(), 0);
+        return update(all);
+    }
     for (int s = 0; s < (int)z.segs.size(); s++) {
-        std::vector<int> mine;
-        for (int k : all) {
-            const size_t at = m.update_pieces[k].acc_index;
-            if (at >= z.acc_own(s) && at < z.acc_own(s) + z.shard_len(s)) mine.push_back(k);
-        }
-        update(mine);
+        update(m.seg_pieces[s]);
         zero_gather_params_start(m, s);
     }
 }
@@ -297,10 +313,10 @@ constexpr int HEAD_COPY = -2;
 // The last stage's copy of the tied embedding complete: its receive, then (dp > 1) the all-gather
 // of the slices the dp ranks received. At its first use (head_weights), or zero_settle.
 static void head_copy_complete(GPT& m) {
-    auto in_flight = std::find_if(m.param_gathers.begin(), m.param_gathers.end(), [](const auto& g) { return g.first == HEAD_COPY; });
-    if (in_flight == m.param_gathers.end()) return;
+    auto in_flight = std::find_if(m.zs.param_gathers.begin(), m.zs.param_gathers.end(), [](const auto& g) { return g.first == HEAD_COPY; });
+    if (in_flight == m.zs.param_gathers.end()) return;
     comm_finish(in_flight->second);
-    m.param_gathers.erase(in_flight);
+    m.zs.param_gathers.erase(in_flight);
     if (!m.pipe.has_head() || comm_world().dp.size == 1) return;
     const size_t bytes = m.head.shard_len(0) * sizeof(floatX);
     all_gather(comm_world().dp, m.head_params + m.head.own_begin(0), m.head_params, bytes);
@@ -311,7 +327,7 @@ static void head_copy_complete(GPT& m) {
 // agreement check: whatever reads params outside a forward).
 static void zero_settle(GPT& m) {
     head_copy_complete(m);
-    for (auto* gathers : {&m.grad_gathers, &m.param_gathers}) {
+    for (auto* gathers : {&m.zs.grad_gathers, &m.zs.param_gathers}) {
         for (auto& g : *gathers) comm_finish(g.second);
         gathers->clear();
     }
@@ -700,9 +716,9 @@ static void tied_embedding_refresh(GPT& m) {
     const ZeroLayout& z = m.zero;
     const size_t n = m.head.shard_len(0), bytes = n * sizeof(floatX);
     if (pp.has_embedding())
-        m.param_gathers.emplace_back(HEAD_COPY, p2p_start(comm_world().pp, {{true, m.params + z.params_own(m.seg_local[0]),
+        m.zs.param_gathers.emplace_back(HEAD_COPY, p2p_start(comm_world().pp, {{true, m.params + z.params_own(m.seg_local[0]),
                                                                                bytes, pp.P - 1, TIED_EMBEDDING_TAG}}));
     if (pp.has_head())
-        m.param_gathers.emplace_back(HEAD_COPY, p2p_start(comm_world().pp, {{false, m.head_params + m.head.own_begin(0),
+        m.zs.param_gathers.emplace_back(HEAD_COPY, p2p_start(comm_world().pp, {{false, m.head_params + m.head.own_begin(0),
                                                                                bytes, 0, TIED_EMBEDDING_TAG}}));
 }

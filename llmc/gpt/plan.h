@@ -188,20 +188,25 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     std::vector<TensorRange> tensors;
     for (const ParamTensor& t : m.local) tensors.push_back({t.offset, t.numel, t.decay});
     m.update_pieces = table_update_pieces(zero_update_pieces(z, tensors), m.pieces);
-    // --offload optimizer: the pieces whose gradient download can start at their segment's last
-    // grads_ready of a step (llmc/parallel/offload.h): not the embedding's when the tied head's
-    // gradient adds to it after the backward (TIED_PER_STEP), not a segment that -z 0 replicates (the
-    // all-gather before the norm completes it)
+    // each local segment's pieces (zero_update runs them segment by segment); --offload optimizer:
+    // those whose gradient download can start at their segment's last grads_ready of a step
+    // (llmc/parallel/offload.h): not the embedding's when the tied head's gradient adds to it after
+    // the backward (TIED_PER_STEP), not a segment that -z 0 replicates (the all-gather before the
+    // norm completes it)
+    m.seg_pieces.assign(z.segs.size(), {});
     m.early_pieces.assign(z.segs.size(), {});
-    m.ready_count.assign(z.segs.size(), 0);
-    m.reduced.assign(z.segs.size(), 0);
-    for (int k = 0; k < (int)m.update_pieces.size() && m.offload == OFFLOAD_OPTIMIZER; k++)
+    m.zs.ready_count.assign(z.segs.size(), 0);
+    m.zs.reduced.assign(z.segs.size(), 0);
+    for (int k = 0; k < (int)m.update_pieces.size(); k++)
         for (int s = 0; s < (int)z.segs.size(); s++) {
             const size_t at = m.update_pieces[k].acc_index, own = z.acc_own(s);
             if (at < own || at >= own + z.shard_len(s)) continue;
-            if ((z.segs[s].id != 0 || m.tied != TIED_PER_STEP) && (z.stage >= 1 || (z.segs[s].expert ? edp : dp).size == 1)) m.early_pieces[s].push_back(k);
+            m.seg_pieces[s].push_back(k);
             break;
         }
+    for (int s = 0; s < (int)z.segs.size() && m.offload == OFFLOAD_OPTIMIZER; s++)
+        if ((z.segs[s].id != 0 || m.tied != TIED_PER_STEP) && (z.stage >= 1 || (z.segs[s].expert ? edp : dp).size == 1))
+            m.early_pieces[s] = m.seg_pieces[s];
     m.table_padding = tp_table_padding(m, pp);
     for (int s = 0; s < (int)z.segs.size(); s++) {  // replicas: the grad norm counts them on their owner
         const Segment& seg = z.segs[s];

@@ -172,6 +172,24 @@ inline std::vector<UpdatePiece> zero_update_pieces(const ZeroLayout& z, const st
     return pieces;
 }
 
+// What a rank's ZeRO communication has in flight during a step, and how far each local segment's
+// gradient is (llmc/gpt/hooks.h starts and completes them; the model holds one).
+struct ZeroInFlight {
+    std::vector<std::pair<int, CommRequest>> param_gathers;  // stage 3's slots (params_prefetch), stages 1-2's after the update
+    CommRequest reduce_req;                                   // stages 0-1: the segment reduction in flight (zero_reduce_start),
+    std::vector<CommRequest> leaf_reqs;                       // stages 2-3: its leaves' (grads_ready), of segment
+    int reducing = -1;                                        // reducing (-1: none),
+    bool reducing_last = false;                               // whose gradient is final with it (--offload downloads it)
+    std::vector<std::pair<int, CommRequest>> grad_gathers;    // stage 0: the reduced segments' all-gathers
+    // grads_ready's count per local segment this step: at reduce_at (the step's micro-batches; 0 in
+    // a lone backward) the segment's gradient is final: stages 0-1 start its reduction (reduced:
+    // started), --offload its download (count_ready)
+    std::vector<int> ready_count;
+    std::vector<char> reduced;
+    int reduce_at = 0;
+    bool count_ready = false;
+};
+
 // acc_own[0, chunk) += sum over ranks r, in rank order, of rank r's send[rank * chunk, + chunk):
 // a reduce-scatter whose float sums happen here, in a fixed order, never inside MPI or NCCL.
 // n_leaves > 1: send holds that many leaves (g.size * chunk each), rank r's leaf k being global
