@@ -730,7 +730,7 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
 // the step's gradient starts at zero (and so do its reductions)
 static void gpt_zero_grad(GPT& m) {
     zero_drain(m);  // (what a backward whose norm was never taken left in flight; the segments' progress)
-    buffer_zero(m.grad_acc, m.zero.acc_elems() * sizeof(float));
+    zero_clear_grads(m);
     if (m.head_acc) buffer_zero(m.head_acc, head_acc_elems(m) * sizeof(float));
     grad_blocks_reset(m);
 }
@@ -746,7 +746,7 @@ struct OptimizerConfig {
 // the tied embedding's gradient where it comes after them and the blocks' sum (--grad_blocks);
 // returns the norm of the whole model's gradient, every stage's (collective over the world). At
 // stage 0 the all-gathers of the reduced slices are still in flight: the norm reads only the
-// rank's own, and the update waits for them (zero_settle).
+// rank's own, and each segment's update waits for its gather (zero_update).
 static float gpt_grad_norm(GPT& m) {
     bind_op_scratch(m);
     zero_reduce_finish(m);
@@ -756,21 +756,23 @@ static float gpt_grad_norm(GPT& m) {
 }
 // gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)))
 // and AdamW on what this rank updates; stages 1-2 then start the all-gather of the updated
-// parameters (each segment's completes at its first use: params_needed), and the last pipeline
-// stage gets the tied embedding's new weights. step is 0-based.
+// parameters (each segment's completes at its first use: params_needed); at stage 0 with dp > 1
+// each segment's update runs at its first use, when its gradient's all-gather is in; the last
+// pipeline stage gets the tied embedding's new weights. step is 0-based.
 static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int step, float norm) {
     bind_op_scratch(m);
-    zero_settle(m);  // the gathers in flight: -z 0's of the gradients; -z 1/2's of the params (only without a forward since)
+    zero_settle_params(m);  // -z 1/2's param gathers in flight (only without a forward since), the tied head's copy
     float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded
     const uint64_t step_seed = Rng(0xADA3ull ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull)).next_u64();
     if (m.offload == OFFLOAD_OPTIMIZER) {  // the same step on the CPU, the state in host memory (llmc/parallel/offload.h)
+        zero_settle(m);  // (-z 0's gradient gathers)
         offload_adamw_step<OffloadCopies>(m.update_pieces, m.params, m.grad_acc, m.master, m.adam_m, m.adam_v, m.grad_staging, lr,
                            o.beta1, o.beta2, o.eps, o.weight_decay, scale, step + 1, step_seed);
         zero_gather_params(m);
     } else {  // the pieces in a few calls (the GPU's: a few multi-tensor launches each), -z 1/2's gathers behind them
-        zero_update(m, [&](const std::vector<int>& which) {
+        zero_update(m, [&m, o, lr, step, scale, step_seed](const std::vector<int>& which) {
             std::vector<cpu::AdamwPiece> pieces;
             for (int k : which) {
                 const UpdatePiece& u = m.update_pieces[k];
@@ -786,6 +788,7 @@ static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int ste
 [[maybe_unused]] static float gpt_update(GPT& m, const OptimizerConfig& o, float lr, int step) {
     const float norm = gpt_grad_norm(m);
     gpt_apply_update(m, o, lr, step, norm);
+    zero_settle(m);
     return norm;
 }
 

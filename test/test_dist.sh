@@ -35,7 +35,7 @@
 #      trials): the same command with --resume latest works; a failed write leaves no .tmp;
 #      oversized checkpoint fields refused by name
 #  12. the simulated link: its model times (test/test_comm), same bits with --sim_link, where the
-#      transfers complete (-z 1's parameter gathers, 1f1b's gradient sends), bad values
+#      transfers complete (-z 1's parameter and -z 0's gradient gathers, 1f1b's gradient sends), bad values
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -677,22 +677,27 @@ for layout in "2 -z 0" "2 -z 1" "2 -z 2" "2 -z 3" "2 -z 1 --ckpt_every 3" "2 --p
     else fail "np $np $* --sim_link: rc $?"; tail -3 "$out.log"; fi
 done
 # where the transfers complete (the traced last step; the order of events, not their durations):
-# -z 1's parameter all-gathers start after the previous step's update and each completes in the
-# forward; 1f1b's last stage completes a gradient send only after the next micro-batch's forward
-# has run (the spare d_stream), never right before it
-out=$W/link.trace.z1
-if run 2 "$out" $DENSE -d $((B * T * 2)) -x 3 -z 1 --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
-    python3 - "$out.jsonl" <<'PY' && pass || fail "-z 1: the parameter all-gathers do not run from the update into the forward"
+# -z 1's parameter all-gathers start after the previous step's update, -z 0's of the gradients
+# after the previous step's reductions (so no gather runs in the backward), and each completes in the
+# forward (-z 0: the segment's update follows it there); 1f1b's last stage completes a gradient send
+# only after the next micro-batch's forward has run (the spare d_stream), never right before it
+for z in 0 1; do
+    out=$W/link.trace.z$z
+    if run 2 "$out" $DENSE -d $((B * T * 2)) -x 3 -z $z --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
+        python3 - "$out.jsonl" <<'PY' && pass || fail "-z $z: the all-gathers do not run from the last step into the forward"
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
 for r in (0, 1):
     mine = [e for e in ev if e["rank"] == r]
     b0 = min(e["t0_ms"] for e in mine if e["op"] == "B")
-    early = [e for e in mine if e["op"] == "link" and e["comm"] == "all_gather" and e["t0_ms"] < 0]
+    gathers = [e for e in mine if e["op"] == "link" and e["comm"] == "all_gather"]
+    early = [e for e in gathers if e["t0_ms"] < 0]
     waits = [e for e in mine if e["op"] == "wait" and e["comm"] == "all_gather"]
-    assert len(early) >= 4 and len(waits) == len(early) and all(w["t1_ms"] <= b0 for w in waits), (r, early, waits)
+    assert len(early) >= 4 and len(gathers) == len(early) and len(waits) == len(early), (r, gathers, waits)
+    assert all(w["t1_ms"] <= b0 for w in waits), (r, early, waits)
 PY
-else fail "-z 1 trace run: rc $?"; fi
+    else fail "-z $z trace run: rc $?"; fi
+done
 out=$W/link.trace.pp
 if run 2 "$out" $DENSE -d $((B * T * 6)) -x 2 --pp 2 --pp_schedule 1f1b --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
     python3 - "$out.jsonl" <<'PY' && pass || fail "1f1b: the last stage waits for its gradient send before the next forward"

@@ -44,6 +44,10 @@ constexpr int TIED_EMBEDDING_TAG = 32767;
 static const CommGroup& seg_group(const ZeroLayout& z, int s) {
     return z.segs[s].expert ? comm_world().edp : comm_world().dp;
 }
+// the same ranks, for the segment's reductions (their own communicator: see Comm::dp_reduce)
+static const CommGroup& seg_reduce_group(const ZeroLayout& z, int s) {
+    return z.segs[s].expert ? comm_world().edp_reduce : comm_world().dp_reduce;
+}
 // the local segments of model segment seg: a block's, and its experts' in an MoE layer
 struct LocalSegments {
     int s[2] = {-1, -1}, n = 0;
@@ -66,10 +70,16 @@ static CommRequest params_gather_start(GPT& m, int s) {
     point_segment(m.p, m.config, m.local, z.segs[s], slot);
     return all_gather_start(seg_group(z, s), own, slot, z.shard_len(s) * sizeof(floatX));
 }
+static void zero_update_segment(GPT& m, int s);
+static void zero_reduce_poll(GPT& m);
 // A segment's params before its use: a gather in flight (stage 3's prefetch, stages 1-2's after
-// the update: zero_update) completes here; stage 3 gathers one that has none.
+// the update: zero_update) completes here; stage 3 gathers one that has none; stage 0's deferred
+// update of the segment runs here.
 static void params_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
+    zero_reduce_poll(m);
+    if (m.zs.n_pending > 0)
+        for (int s : local_segments(m, seg)) zero_update_segment(m, s);
     if (m.zs.param_gathers.empty() && !z.params_sharded()) return;
     for (int s : local_segments(m, seg)) {
         auto in_flight = std::find_if(m.zs.param_gathers.begin(), m.zs.param_gathers.end(), [&](const auto& g) { return g.first == s; });
@@ -114,9 +124,11 @@ static void offload_start(GPT& m, int s) {
 // flight behind the next segment's backward, one at a time (the receive buffer holds one
 // segment): the next start, or zero_reduce_finish before the norm, completes it, and the offload's
 // early download follows.
-// Stage 0: the all-gather of segment s's reduced slices, in place (no buffer), in flight behind the
-// backward too, and behind the norm, which reads only the rank's own slices (zero_settle completes
-// it before the update).
+// Stage 0: the all-gather of segment s's reduced slices, in place (no buffer), started once every
+// segment's reduction is complete, in table order (the next forward's), and in flight behind the
+// norm, which reads only the rank's own slices, and the next step's forward: each segment's update
+// waits for its gather at the segment's first use (zero_update_segment). (Started in the backward
+// they would delay the reductions behind them on the link, and the norm waits for those.)
 static void zero_gather_grads_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
     if (s < 0 || z.stage != 0) return;
@@ -124,32 +136,85 @@ static void zero_gather_grads_start(GPT& m, int s) {
                                                     m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
 }
 // Stages 2-3: each micro-batch's segment reduction (reduce_scatter_add_start) stays in flight
-// behind the next segment's backward in the same way, its slot held until it completes: the next
-// start, grads_needed of the same segment, the head's per-step reduction (it needs the receive
-// buffer) or zero_reduce_finish completes it, and frees the slot.
-// completes the reduction in flight; returns its segment (-1: none)
-static int zero_reduce_complete(GPT& m) {
+// behind the next segment's backward in the same way, its slot held until it completes.
+// One reduction is in flight at a time (it holds the receive buffer); those that are ready while
+// it is wait in a queue, in order, and start when it has completed: every hook polls it
+// (zero_reduce_poll, never waiting), and where a slot or the buffer is needed (grads_needed, the
+// head's per-step reduction) or the step's gradient is (zero_reduce_finish) it is waited for. So a
+// micro-batch's last reductions run behind the next one's forward instead of stopping it.
+// completes the reduction in flight (if any)
+static void zero_reduce_complete(GPT& m) {
     const int s = m.zs.reducing;
-    if (s < 0) return -1;
+    if (s < 0) return;
     const ZeroLayout& z = m.zero;
     if (z.grads_in_acc()) {
-        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), m.zs.reduce_req, seg_group(z, s),
+        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), m.zs.reduce_req, seg_reduce_group(z, s),
                                   m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), m.comm_scratch);
     } else {
-        reduce_scatter_add_finish(AccumulateGrads(), m.zs.leaf_reqs, seg_group(z, s), m.grad_acc + z.acc_own(s),
+        reduce_scatter_add_finish(AccumulateGrads(), m.zs.leaf_reqs, seg_reduce_group(z, s), m.grad_acc + z.acc_own(s),
                                   m.grad_slots.find(s), z.shard_len(s), m.comm_scratch, z.segs[s].n_leaves);
         m.grad_slots.release(s);
         point_segment(m.g, m.config, m.local, z.segs[s], (float*)nullptr);
     }
     m.zs.reducing = -1;
     if (m.zs.reducing_last) offload_start(m, s);
-    return s;
+}
+// starts the first queued reduction (none in flight)
+static void zero_reduce_begin(GPT& m) {
+    const ZeroLayout& z = m.zero;
+    const auto [s, last] = m.zs.reduce_queue.front();
+    m.zs.reduce_queue.pop_front();
+    if (z.grads_in_acc())
+        m.zs.reduce_req = reduce_scatter_sum_start(seg_reduce_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
+                                                m.comm_scratch);
+    else
+        m.zs.leaf_reqs = reduce_scatter_add_start(seg_reduce_group(z, s), m.grad_slots.find(s), z.shard_len(s), m.comm_scratch,
+                                               z.segs[s].n_leaves);
+    m.zs.reducing = s;
+    m.zs.reducing_last = last;
+}
+static bool zero_reduce_ready(GPT& m) {
+    if (m.zero.grads_in_acc()) return comm_ready(m.zs.reduce_req);
+    for (CommRequest& r : m.zs.leaf_reqs)
+        if (!comm_ready(r)) return false;
+    return true;
+}
+// without waiting: the reductions that can start, start
+static void zero_reduce_poll(GPT& m) {
+    if (!COMM_START_ORDER_FREE) return;
+    while (m.zs.reducing >= 0 || !m.zs.reduce_queue.empty()) {
+        if (m.zs.reducing >= 0 && !zero_reduce_ready(m)) return;
+        zero_reduce_complete(m);
+        if (!m.zs.reduce_queue.empty()) zero_reduce_begin(m);
+    }
+}
+// waits for the one in flight and starts the next (all: every queued one completes)
+static void zero_reduce_wait(GPT& m, bool all) {
+    do {
+        zero_reduce_complete(m);
+        if (!m.zs.reduce_queue.empty()) zero_reduce_begin(m);
+    } while (all && m.zs.reducing >= 0);
+}
+static void zero_reduce_enqueue(GPT& m, int s, bool last) {
+    m.zs.reduce_queue.emplace_back(s, last);
+    if (m.zs.reducing < 0) zero_reduce_begin(m);
+    if (seg_reduce_group(m.zero, s).size == 1) zero_reduce_wait(m, true);  // nothing to wait for: the adds now
+}
+static bool zero_reduce_holds(const GPT& m, int s) {
+    if (m.zs.reducing == s) return true;
+    for (const auto& q : m.zs.reduce_queue)
+        if (q.first == s) return true;
+    return false;
 }
 static void grads_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
+    zero_reduce_poll(m);
     if (z.grads_in_acc()) return;
     for (int s : local_segments(m, seg)) {
-        if (m.zs.reducing == s) zero_reduce_complete(m);  // its previous micro-batch's reduction holds its slot
+        while (zero_reduce_holds(m, s)) zero_reduce_wait(m, false);  // its previous micro-batch's reduction holds its slot
+        int free = 0;
+        for (int h : m.grad_slots.holds) free += h < 0;
+        if (free == 0) zero_reduce_wait(m, false);  // the slot of the reduction in flight
         float* slot = m.grad_slots.acquire(s, "gradient");
         buffer_zero(slot, z.segs[s].n_leaves * z.segs[s].padded * sizeof(float));
         point_segment(m.g, m.config, m.local, z.segs[s], slot);
@@ -166,21 +231,14 @@ static void tied_head_into_embedding(GPT& m, int s) {
     buffer_zero(m.head_acc, n * sizeof(float));
 }
 static void zero_reduce_start(GPT& m, int s) {
-    const ZeroLayout& z = m.zero;
     if (m.zs.reduced[s]) return;
     m.zs.reduced[s] = 1;
     tied_head_into_embedding(m, s);
-    const int done = zero_reduce_complete(m);
-    m.zs.reduce_req = reduce_scatter_sum_start(seg_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
-                                            m.comm_scratch);
-    m.zs.reducing = s;
-    m.zs.reducing_last = true;
-    // after the new reduction: each rank's link takes them in start order, and the next start
-    // waits for this reduction, not for the gather
-    zero_gather_grads_start(m, done);
+    zero_reduce_enqueue(m, s, true);
 }
 static void grads_ready(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
+    zero_reduce_poll(m);
     for (int s : local_segments(m, seg)) {
         // the step's last micro-batch of this segment: its gradient is final
         const bool last = m.zs.reduce_at > 0 && ++m.zs.ready_count[s] == m.zs.reduce_at;
@@ -190,12 +248,7 @@ static void grads_ready(GPT& m, int seg) {
         }
         if (z.segs[s].id == 0 && m.tied == TIED_PER_MICRO_BATCH)  // the micro-batch's head gradient joins the embedding's
             grad_accumulate(m.grad_slots.find(s), m.head_leaf, m.head.padded_total);
-        zero_reduce_complete(m);  // one in flight at a time
-        m.zs.leaf_reqs = reduce_scatter_add_start(seg_group(z, s), m.grad_slots.find(s), z.shard_len(s), m.comm_scratch,
-                                               z.segs[s].n_leaves);
-        m.zs.reducing = s;
-        m.zs.reducing_last = last;
-        if (seg_group(z, s).size == 1) zero_reduce_complete(m);  // nothing to wait for: the adds now
+        zero_reduce_enqueue(m, s, last);
     }
 }
 // The tied lm head's gradient of this micro-batch (head_leaf, fp32), by the layout's TiedSum
@@ -205,19 +258,17 @@ static void grads_ready(GPT& m, int seg) {
 static void head_grads_ready(GPT& m) {
     if (m.tied == TIED_PER_RANK) grad_accumulate(m.head_acc, m.head_leaf, m.head.padded_total);
     else if (m.tied == TIED_PER_STEP) {
-        zero_reduce_complete(m);  // (a segment's, in the receive buffer)
+        zero_reduce_wait(m, true);  // (the segments', in the receive buffer)
         reduce_scatter_add(AccumulateGrads(), comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
     }
 }
 // Before the norm: every segment's reduction completes (stages 0-1: one not started in the
 // backward, e.g. after gpt_backward, runs now).
 static void zero_reduce_finish(GPT& m) {
-    if (!m.zero.grads_in_acc()) {
-        zero_reduce_complete(m);
-        return;
-    }
-    for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_reduce_start(m, s);
-    zero_gather_grads_start(m, zero_reduce_complete(m));
+    if (m.zero.grads_in_acc())
+        for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_reduce_start(m, s);
+    zero_reduce_wait(m, true);
+    for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_gather_grads_start(m, s);
 }
 // A step's forwards and backwards: each segment's gradient is final at its last grads_ready of
 // the step (stages 0-1 reduce it there, --offload starts its download).
@@ -231,14 +282,26 @@ static void zero_step_end(GPT& m) {
     m.zs.reduce_at = 0;
     m.zs.count_ready = false;
 }
-// what is still in flight of a backward whose norm was never taken (before the next step's
-// zeroing), and the segments' progress back to none
+// what is still in flight of a backward whose norm was never taken or of a step that was not
+// applied (before the next step's zeroing), and the segments' progress back to none; the gathers
+// of stage 0's deferred updates stay
 static void zero_drain(GPT& m) {
     std::fill(m.zs.ready_count.begin(), m.zs.ready_count.end(), 0);
     std::fill(m.zs.reduced.begin(), m.zs.reduced.end(), 0);
-    zero_reduce_complete(m);  // (its gather is not needed: the step is over)
-    for (auto& g : m.zs.grad_gathers) comm_finish(g.second);
-    m.zs.grad_gathers.clear();
+    zero_reduce_wait(m, true);
+    auto& gathers = m.zs.grad_gathers;
+    for (auto& g : gathers)
+        if (!m.zs.update_pending[g.first]) comm_finish(g.second);
+    gathers.erase(std::remove_if(gathers.begin(), gathers.end(), [&](const auto& g) { return !g.second.active(); }),
+                  gathers.end());
+}
+// The step's accumulator from zero: every segment's but those whose deferred update (stage 0) is
+// still to read their gradient (zero_update_segment clears those after it).
+static void zero_clear_grads(GPT& m) {
+    const ZeroLayout& z = m.zero;
+    if (m.zs.n_pending == 0) return buffer_zero(m.grad_acc, z.acc_elems() * sizeof(float));
+    for (int s = 0; s < (int)z.segs.size(); s++)
+        if (!m.zs.update_pending[s]) buffer_zero(m.grad_acc + z.segs[s].padded_offset, z.segs[s].padded * sizeof(float));
 }
 // --grad_blocks G > 1 on one process (llmc/gpt/layout.h): the step's micro-batches run block by
 // block, position p being global micro-batch (p % k) * G + p / k (k = M / G per block), so that each
@@ -293,10 +356,18 @@ static void zero_gather_params(GPT& m) {
 }
 // The update in the order that starts the gathers earliest: at stages 1-2 segment by segment, each
 // one's all-gather started as soon as the rank's slice of it is updated (so the first segments'
-// gathers run behind the later segments' updates, and are the first the next forward needs);
-// elsewhere every piece in one call. update(pieces): AdamW over those of m.update_pieces.
+// gathers run behind the later segments' updates, and are the first the next forward needs); at
+// stage 0 with dp > 1 each segment's where its gradient's all-gather completes, at its first use
+// in the next forward (or zero_settle); elsewhere every piece in one call. update(pieces): AdamW
+// over those of m.update_pieces (kept, for stage 0: it must own what it reads).
 template <typename Update> static void zero_update(GPT& m, const Update& update) {
     const ZeroLayout& z = m.zero;
+    if (z.stage == 0 && !m.zs.grad_gathers.empty()) {
+        m.zs.deferred_update = update;
+        std::fill(m.zs.update_pending.begin(), m.zs.update_pending.end(), 1);
+        m.zs.n_pending = (int)z.segs.size();
+        return;
+    }
     if (z.stage != 1 && z.stage != 2) {
         std::vector<int> all(m.update_pieces.size());
         std::iota(all.begin(), all.end(), 0);
@@ -325,12 +396,33 @@ static void head_copy_complete(GPT& m) {
 // reduced gradients (the update reads them), stages 1-2's of the updated params and the tied
 // head's copy (before the update writes the slices they read, a checkpoint, an export, the ranks'
 // agreement check: whatever reads params outside a forward).
-static void zero_settle(GPT& m) {
+// zero_settle_params: the params' side only (before an update: the gradients' gathers may stay).
+static void zero_settle_params(GPT& m) {
     head_copy_complete(m);
-    for (auto* gathers : {&m.zs.grad_gathers, &m.zs.param_gathers}) {
-        for (auto& g : *gathers) comm_finish(g.second);
-        gathers->clear();
+    for (auto& g : m.zs.param_gathers) comm_finish(g.second);
+    m.zs.param_gathers.clear();
+}
+static void zero_settle(GPT& m) {
+    for (int s = 0; s < (int)m.zero.segs.size() && m.zs.n_pending > 0; s++) zero_update_segment(m, s);
+    zero_settle_params(m);
+    for (auto& g : m.zs.grad_gathers) comm_finish(g.second);
+    m.zs.grad_gathers.clear();
+}
+// Stage 0's deferred update of local segment s (zero_update): its gradient's all-gather completes,
+// its pieces are updated, its accumulator is cleared for the step it is in (zero_clear_grads left
+// it). The same AdamW over the same pieces as in one call: the order of segments changes nothing.
+static void zero_update_segment(GPT& m, int s) {
+    if (!m.zs.update_pending[s]) return;
+    auto g = std::find_if(m.zs.grad_gathers.begin(), m.zs.grad_gathers.end(), [&](const auto& x) { return x.first == s; });
+    if (g != m.zs.grad_gathers.end()) {
+        comm_finish(g->second);
+        m.zs.grad_gathers.erase(g);
     }
+    m.zs.deferred_update(m.seg_pieces[s]);
+    const Segment& seg = m.zero.segs[s];
+    buffer_zero(m.grad_acc + seg.padded_offset, seg.padded * sizeof(float));
+    m.zs.update_pending[s] = 0;
+    if (--m.zs.n_pending == 0) m.zs.deferred_update = nullptr;
 }
 // the tied lm head's weights: the embedding's in one stage, the last stage's copy with pp > 1
 static const floatX* head_weights(GPT& m) {
@@ -715,6 +807,7 @@ static void tied_embedding_refresh(GPT& m) {
     if (pp.P == 1 || (!pp.has_embedding() && !pp.has_head())) return;
     const ZeroLayout& z = m.zero;
     const size_t n = m.head.shard_len(0), bytes = n * sizeof(floatX);
+    if (pp.has_embedding()) zero_update_segment(m, m.seg_local[0]);  // (stage 0: the embedding's update now)
     if (pp.has_embedding())
         m.zs.param_gathers.emplace_back(HEAD_COPY, p2p_start(comm_world().pp, {{true, m.params + z.params_own(m.seg_local[0]),
                                                                                bytes, pp.P - 1, TIED_EMBEDDING_TAG}}));

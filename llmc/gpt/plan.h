@@ -196,11 +196,13 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     m.seg_pieces.assign(z.segs.size(), {});
     m.early_pieces.assign(z.segs.size(), {});
     m.zs.ready_count.assign(z.segs.size(), 0);
+    m.zs.update_pending.assign(z.segs.size(), 0);
     m.zs.reduced.assign(z.segs.size(), 0);
     for (int k = 0; k < (int)m.update_pieces.size(); k++)
         for (int s = 0; s < (int)z.segs.size(); s++) {
-            const size_t at = m.update_pieces[k].acc_index, own = z.acc_own(s);
-            if (at < own || at >= own + z.shard_len(s)) continue;
+            const size_t at = m.update_pieces[k].acc_index;
+            const size_t lo = z.acc_sharded() ? z.segs[s].shard_offset : z.segs[s].padded_offset;
+            if (at < lo || at >= lo + (z.acc_sharded() ? z.shard_len(s) : z.segs[s].padded)) continue;
             m.seg_pieces[s].push_back(k);
             break;
         }

@@ -153,6 +153,12 @@ struct Comm {
     CommGroup ep, edp;  // expert parallel: the dp ranks that share out an MoE layer's experts, and the
                         // ranks (one per ep group) that hold the same experts (their data parallelism)
     CommGroup tp_kv;  // the tp ranks that share a kv head (--tp > n_kv_head): they gather the group's attention inputs
+    // the ranks of dp / edp again, for the gradient reductions: MPI, a communicator of their own (a
+    // rank starts a queued reduction when the one before it has completed, llmc/gpt/hooks.h, so
+    // the ranks may start it before or after their next gather, and the order of collectives is
+    // fixed per communicator); NCCL, the same communicators (the reductions start in a fixed order
+    // there: COMM_START_ORDER_FREE)
+    CommGroup dp_reduce, edp_reduce;
     uint64_t sent_bytes[COMM_N_OPS] = {}, recv_bytes[COMM_N_OPS] = {};
     bool initialized = false;
     // deadlines (see the top of this file)
@@ -332,6 +338,15 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1, int ep = 1) {
         c.dp.mpi = c.pp.mpi = c.tp.mpi = c.ep.mpi = c.edp.mpi = MPI_COMM_WORLD;
     }
 #endif
+    c.dp_reduce = c.dp;
+    c.edp_reduce = c.edp;
+#ifdef LLMC_MPI
+    if (c.world_size > 1)
+        for (CommGroup* g : {&c.dp_reduce, &c.edp_reduce}) {
+            mpiCheck(MPI_Comm_dup(g->mpi, &g->mpi));
+            MPI_Comm_set_errhandler(g->mpi, MPI_ERRORS_RETURN);
+        }
+#endif
 #ifdef LLMC_NCCL
     if (c.world_size > 1) {
         // (the process's GPU was chosen in comm_init)
@@ -342,6 +357,8 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1, int ep = 1) {
         for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.ep, &c.edp})
             if (g->nccl) nccl_watchdog_watch(*g);
         nccl_watchdog_start();
+        c.dp_reduce.nccl = c.dp.nccl;
+        c.edp_reduce.nccl = c.edp.nccl;
     }
 #endif
 }
@@ -864,6 +881,33 @@ inline void comm_finish(CommRequest& r) {
     const double end_s = comm_now_s();
     if (c.trace) c.trace->push_back({r.op, r.g->id, r.bytes, r.start_s, r.link ? r.done_s : end_s, wait_s, end_s});
     r.op = -1;
+}
+
+// Whether a started operation has completed (the link's end included), without waiting: where it
+// has, comm_finish returns at once. (NCCL: whether the comm stream has run it.) Where the ranks may
+// start operations in an order that depends on it: COMM_START_ORDER_FREE (MPI: on communicators
+// of their own, Comm::dp_reduce; NCCL runs one stream, in the order of the calls: never).
+#ifdef LLMC_NCCL
+constexpr bool COMM_START_ORDER_FREE = false;
+#else
+constexpr bool COMM_START_ORDER_FREE = true;
+#endif
+inline bool comm_ready(CommRequest& r) {
+    if (!r.active()) return true;
+#if defined(LLMC_NCCL)
+    const cudaError_t e = cudaEventQuery(r.done);
+    if (e == cudaErrorNotReady) return false;
+    cudaCheck(e);
+    return true;
+#elif defined(LLMC_MPI)
+    int done = 0;
+    mpiCheck(MPI_Testall((int)r.reqs.size(), r.reqs.data(), &done, MPI_STATUSES_IGNORE));
+    if (!done || !r.link) return done != 0;
+    r.done_s = comm_link_done_s(r);
+    return comm_now_s() >= r.done_s;
+#else
+    return true;
+#endif
 }
 
 // recv[r * bytes ...] = rank r's send (bytes each). In place when send == recv + rank * bytes.

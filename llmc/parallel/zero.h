@@ -34,6 +34,8 @@
 #ifndef LLMC_ZERO_H
 #define LLMC_ZERO_H
 #include <algorithm>
+#include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 #include "llmc/parallel/comm.h"
@@ -180,7 +182,13 @@ struct ZeroInFlight {
     std::vector<CommRequest> leaf_reqs;                       // stages 2-3: its leaves' (grads_ready), of segment
     int reducing = -1;                                        // reducing (-1: none),
     bool reducing_last = false;                               // whose gradient is final with it (--offload downloads it)
+    std::deque<std::pair<int, bool>> reduce_queue;            // (segment, last) whose reductions wait for it, in order
     std::vector<std::pair<int, CommRequest>> grad_gathers;    // stage 0: the reduced segments' all-gathers
+    // stage 0 with dp > 1: the update runs segment by segment where its gradient's all-gather
+    // completes, at the segment's first use after the step (hooks.h: zero_update_segment)
+    std::function<void(const std::vector<int>&)> deferred_update;
+    std::vector<char> update_pending;
+    int n_pending = 0;
     // grads_ready's count per local segment this step: at reduce_at (the step's micro-batches; 0 in
     // a lone backward) the segment's gradient is final: stages 0-1 start its reduction (reduced:
     // started), --offload its download (count_ready)
