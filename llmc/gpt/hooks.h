@@ -174,14 +174,13 @@ static void zero_reduce_begin(GPT& m) {
     m.zs.reducing_last = last;
 }
 static bool zero_reduce_ready(GPT& m) {
-    if (m.zero.grads_in_acc()) return comm_ready(m.zs.reduce_req);
+    if (m.zero.grads_in_acc()) return comm_done_early(m.zs.reduce_req);
     for (CommRequest& r : m.zs.leaf_reqs)
-        if (!comm_ready(r)) return false;
+        if (!comm_done_early(r)) return false;
     return true;
 }
 // without waiting: the reductions that can start, start
 static void zero_reduce_poll(GPT& m) {
-    if (!COMM_START_ORDER_FREE) return;
     while (m.zs.reducing >= 0 || !m.zs.reduce_queue.empty()) {
         if (m.zs.reducing >= 0 && !zero_reduce_ready(m)) return;
         zero_reduce_complete(m);

@@ -157,7 +157,7 @@ struct Comm {
     // rank starts a queued reduction when the one before it has completed, llmc/gpt/hooks.h, so
     // the ranks may start it before or after their next gather, and the order of collectives is
     // fixed per communicator); NCCL, the same communicators (the reductions start in a fixed order
-    // there: COMM_START_ORDER_FREE)
+    // there: comm_done_early)
     CommGroup dp_reduce, edp_reduce;
     uint64_t sent_bytes[COMM_N_OPS] = {}, recv_bytes[COMM_N_OPS] = {};
     bool initialized = false;
@@ -884,21 +884,14 @@ inline void comm_finish(CommRequest& r) {
 }
 
 // Whether a started operation has completed (the link's end included), without waiting: where it
-// has, comm_finish returns at once. (NCCL: whether the comm stream has run it.) Where the ranks may
-// start operations in an order that depends on it: COMM_START_ORDER_FREE (MPI: on communicators
-// of their own, Comm::dp_reduce; NCCL runs one stream, in the order of the calls: never).
-#ifdef LLMC_NCCL
-constexpr bool COMM_START_ORDER_FREE = false;
-#else
-constexpr bool COMM_START_ORDER_FREE = true;
-#endif
-inline bool comm_ready(CommRequest& r) {
+// has, comm_finish returns at once. For a rank to act on it in an order of its own, e.g. to start
+// the next queued reduction (llmc/gpt/hooks.h): MPI, yes (those run on communicators of their own,
+// Comm::dp_reduce); NCCL, never true (one comm stream runs the collectives in the order of the
+// calls, which must then be the same on every rank).
+inline bool comm_done_early(CommRequest& r) {
     if (!r.active()) return true;
 #if defined(LLMC_NCCL)
-    const cudaError_t e = cudaEventQuery(r.done);
-    if (e == cudaErrorNotReady) return false;
-    cudaCheck(e);
-    return true;
+    return false;
 #elif defined(LLMC_MPI)
     int done = 0;
     mpiCheck(MPI_Testall((int)r.reqs.size(), r.reqs.data(), &done, MPI_STATUSES_IGNORE));
