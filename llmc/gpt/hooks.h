@@ -195,6 +195,8 @@ static void zero_reduce_wait(GPT& m, bool all) {
     } while (all && m.zs.reducing >= 0);
 }
 static void zero_reduce_enqueue(GPT& m, int s, bool last) {
+    // NCCL: no queue (it would wait for a fixed point); the compute stream waits for the one before
+    if (!COMM_ORDER_PER_COMMUNICATOR) zero_reduce_wait(m, false);
     m.zs.reduce_queue.emplace_back(s, last);
     if (m.zs.reducing < 0) zero_reduce_begin(m);
     if (seg_reduce_group(m.zero, s).size == 1) zero_reduce_wait(m, true);  // nothing to wait for: the adds now

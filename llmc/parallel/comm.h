@@ -887,7 +887,12 @@ inline void comm_finish(CommRequest& r) {
 // has, comm_finish returns at once. For a rank to act on it in an order of its own, e.g. to start
 // the next queued reduction (llmc/gpt/hooks.h): MPI, yes (those run on communicators of their own,
 // Comm::dp_reduce); NCCL, never true (one comm stream runs the collectives in the order of the
-// calls, which must then be the same on every rank).
+// calls, which must then be the same on every rank: COMM_ORDER_PER_COMMUNICATOR false).
+#ifdef LLMC_NCCL
+constexpr bool COMM_ORDER_PER_COMMUNICATOR = false;
+#else
+constexpr bool COMM_ORDER_PER_COMMUNICATOR = true;
+#endif
 inline bool comm_done_early(CommRequest& r) {
     if (!r.active()) return true;
 #if defined(LLMC_NCCL)
