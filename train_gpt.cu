@@ -167,7 +167,7 @@ struct GPT {
     float *adam_m = nullptr, *adam_v = nullptr;
     float* grad_staging = nullptr;  // offload: host fp32 [state_elems], the gradients down, the params up
     float* comm_scratch = nullptr;  // a segment reduction's receive buffer (dp > 1)
-    SegmentSlots<floatX> param_slots;  // stage 3: gathered segments
+    ParamSlots<floatX> param_slots;    // stage 3: gathered segments
     SegmentSlots<float> grad_slots;    // stages 2-3: a micro-batch's segment gradients until reduced
     ZeroInFlight zs;                   // the step's ZeRO communication in flight, the segments' progress
     // The tied lm head (on the last stage) and its gradient, which joins the embedding's as `tied`
@@ -222,6 +222,7 @@ struct GPT {
     std::vector<double> mb_loss;
     std::vector<int> mb_valid;  // the real targets of each micro-batch (the head's stage)
     std::vector<const ChunkSlot*> last_forward;
+    PipeAction next_pass{PIPE_F, -1, -1, -1};  // in a step's schedule, the stage's pass after the running one (hooks.h)
     LogitsSink logits_sink;  // a forward without targets: where each token chunk's logits go
 };
 
@@ -414,7 +415,7 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
             encoder_forward(dst, s.inputs, s.doc_start, m.p.wte, m.ls.rank == 0 ? m.p.wpe : (const floatX*)nullptr, B, T, C,
                             m.ls.vocab0, m.ls.vocab);
         }, tp_add, tp_copy);
-        params_done(m, embedding);
+        if (!pp.last_vs(chunk)) params_done(m, embedding);  // (else the tied head reads it again: head_done)
     }
     // ZeRO-3: each segment's gather runs one segment ahead, behind the compute of the one before
     params_needed(m, l0 + 1);
@@ -439,10 +440,9 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
                                              m.scratch, m.p.layers[l + 1].ln1w, m.p.layers[l + 1].ln1b, rows, C);
             a = next;
         }
-        params_done(m, l + 1);
-        // what the next block's iteration needs: its successor, or the final LN; after the last block the head's weights
+        params_done(m, l + 1, chunk_end && next_pass_is(m, PIPE_B, chunk, s.mb));  // (its backward starts with it)
+        // what the next block's iteration needs: its successor, or the final LN
         if (l + 2 < l1 || (l + 2 == l1 && l1 == L)) params_prefetch(m, l + 3);
-        else if (model_end) head_prefetch(m);
     }
     if (!pp.last_vs(chunk)) return;
     head_forward(m, s, s.acts.back().residual3);
@@ -580,15 +580,18 @@ static void chunk_backward(GPT& m, int chunk, int mb, bool with_weights) {
     ChunkStash* st = with_weights ? nullptr : &stash_for(m, chunk, mb);
     const int l0 = pp.layer_begin(chunk), l1 = pp.layer_end(chunk);
     for (int l = l1 - 1; l >= l0; l--) {
+        // the block below, behind this one's backward; below the first, the embedding for a forward
+        // of the chunk that follows (which starts with these first two blocks: kept for it)
+        const bool forward_next = next_pass_is(m, PIPE_F, chunk);
         params_needed(m, l + 1);
-        if (l > l0) params_prefetch(m, l);  // the block below, behind this one's backward
+        params_prefetch(m, l > l0 ? l : pp.first_vs(chunk) && forward_next ? 0 : -1);
         if (with_weights) grads_needed(m, l + 1);
         const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
         LayerActs a = acts_for(m, s, chunk, l);
         recompute_block(m, l, a, x, s.doc_start);
         LayerGrads scratch = m.layer_douts;  // (a copy: the dense branches point it at the stream)
         layer_backward(m, l, a, x, s.doc_start, s.d_stream, st ? st->layers[l - l0] : scratch, st != nullptr);
-        params_done(m, l + 1);
+        params_done(m, l + 1, forward_next && l <= l0 + 1);
         if (with_weights) grads_ready(m, l + 1);
     }
     if (with_weights && pp.first_vs(chunk)) embedding_weight_grads(m, s);
@@ -710,9 +713,18 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     m.mb_loss.assign(batches.size(), 0.0);
     release_all_slots(m);
     PipeModel pm;
-    pm.forward = [&](int mb, int c) { chunk_forward(m, c, slot_for(m, c, mb)); };
-    pm.backward = [&](int mb, int c, bool with_weights) { chunk_backward(m, c, mb, with_weights); };
-    pm.weights = [&](int mb, int c, bool done) { chunk_weights(m, c, mb, done); };
+    pm.forward = [&](int mb, int c) {
+        m.next_pass = pass_after(m, PIPE_F, mb, c);
+        chunk_forward(m, c, slot_for(m, c, mb));
+    };
+    pm.backward = [&](int mb, int c, bool with_weights) {
+        m.next_pass = pass_after(m, PIPE_B, mb, c);
+        chunk_backward(m, c, mb, with_weights);
+    };
+    pm.weights = [&](int mb, int c, bool done) {
+        m.next_pass = pass_after(m, PIPE_W, mb, c);
+        chunk_weights(m, c, mb, done);
+    };
     pm.release = [&](int mb, int c) {
         release_slot(m, c, mb);
         grad_block_done(m, mb);
@@ -722,6 +734,7 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     pm.sync = backend_sync;
     zero_step_begin(m);
     const PipeTimes times = pipeline_execute(m.pipe.schedule[m.pipe.stage], comm_world().pp, pm, measure, trace);
+    m.next_pass = PipeAction{PIPE_F, -1, -1, -1};
     zero_step_end(m);
     if (m.pipe.has_head()) queue_losses(m, (int)batches.size());  // read after the norm's host sync: gpt_step_losses
     return times;
@@ -762,6 +775,7 @@ static float gpt_grad_norm(GPT& m) {
 static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int step, float norm) {
     bind_op_scratch(m);
     zero_settle_params(m);  // -z 1/2's param gathers in flight (only without a forward since), the tied head's copy
+    params_drop_all(m);  // -z 3: the slots hold the params before the update
     float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded

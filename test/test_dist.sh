@@ -88,7 +88,9 @@ ref_for() {
 }
 # the measured bytes of every collective == the theory on rank 0; with dp > 1 the data-parallel
 # gradient and parameter bytes <= the anchor of the ZeRO stage (with pp at -z 2/3, less the tied
-# head's own reduction, which Megatron's embedding group pays too; without pp it must be 0)
+# head's own reduction, which Megatron's embedding group pays too; without pp it must be 0; at -z 3
+# less the gathers of the next step's first segments: the first step, which the line is of, gathers
+# them after its update as well as its own in its forward, a later step only the next step's)
 comm_theory() {  # comm_theory OUT WHAT
     local line; line=$(grep "^communication per step" "$1.log")
     echo "$line" | python3 -c "
@@ -97,10 +99,10 @@ sys.exit(0 if m and all(a==b for _,a,b in m) else 1)" && pass || fail "$2: commu
     line=$(grep "^data-parallel gradients and params per step" "$1.log") || return 0
     echo "$line" | python3 -c "
 import re,sys; l=sys.stdin.read()
-z, sent, head = re.search(r'-z (\d) sends (\d+) \(tied head (\d+) of it\)', l).groups()
+z, sent, head, nxt = re.search(r'-z (\d) sends (\d+) \(tied head (\d+) of it, the next step.s first segments (\d+) of it\)', l).groups()
 anchors = [float(x) for x in re.search(r'DDP all-reduce (\d+), Megatron distributed optimizer (\d+), ZeRO-2 (\d+), ZeRO-3/FSDP (\d+)', l).groups()]
 pp = int(re.search(r'pp (\d+) x dp', open('$1.log').read()).group(1))
-sys.exit(0 if float(sent) - float(head) <= anchors[int(z)] and (pp > 1 or float(head) == 0) else 1)" && pass || fail "$2: data-parallel bytes above the anchor: $line"
+sys.exit(0 if float(sent) - float(head) - float(nxt) <= anchors[int(z)] and (pp > 1 or float(head) == 0) else 1)" && pass || fail "$2: data-parallel bytes above the anchor: $line"
 }
 
 # ---- 1. the matrix
@@ -657,7 +659,8 @@ echo "test_dist: faults (stopped ranks, signals, killed checkpoint writes, bad f
 # ---- 12. the simulated link (--sim_link): its timing under test/test_comm (np 2, 3: model times and
 # counters); runs with a slow link give the same bits as the same layout without it (only waits
 # move: -z 0-3 with gathers and reductions in flight, -z 1/2's parameter gathers into the next
-# forward, the pipeline's sends in flight); where the transfers complete; bad values refused by name
+# forward, the pipeline's sends in flight); where the transfers complete (and -z 3's kept slots
+# spare); bad values refused by name
 t0=$(date +%s)
 COMMBIN=$PWD/test/test_comm
 if [ -x "$COMMBIN" ]; then
@@ -698,6 +701,27 @@ for r in (0, 1):
 PY
     else fail "-z $z trace run: rc $?"; fi
 done
+# -z 3 (2 blocks, 2 micro-batches per rank: F B F B): the next forward's first segments (embedding,
+# blocks 0 and 1: the 3 slots) are gathered after the previous step's update and complete in the
+# first forward; in the step only 5 gathers: the final LN in each forward (the tied head reads the
+# embedding's slot), block 0 in each backward (each starts with the forward's last block, kept),
+# the embedding in the first backward for the second forward (which starts with blocks 0 and 1,
+# kept from that backward); before, 14 (every segment per forward, the embedding twice, every block per backward)
+out=$W/link.trace.z3
+if run 2 "$out" $DENSE -d $((B * T * 4)) -x 3 -z 3 --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
+    python3 - "$out.jsonl" <<'PY' && pass || fail "-z 3: the parameter gathers are not the kept slots' and the update's"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+for r in (0, 1):
+    mine = [e for e in ev if e["rank"] == r]
+    b0 = min(e["t0_ms"] for e in mine if e["op"] == "B")
+    gathers = [e for e in mine if e["op"] == "link" and e["comm"] == "all_gather"]
+    early = [e for e in gathers if e["t0_ms"] < 0]
+    early_waits = [e for e in mine if e["op"] == "wait" and e["comm"] == "all_gather" and e["t0_ms"] < b0][:len(early)]
+    assert len(early) == 3 and len(gathers) - len(early) == 5, (r, gathers)
+    assert all(w["t1_ms"] <= b0 for w in early_waits), (r, early_waits)
+PY
+else fail "-z 3 trace run: rc $?"; fi
 out=$W/link.trace.pp
 if run 2 "$out" $DENSE -d $((B * T * 6)) -x 2 --pp 2 --pp_schedule 1f1b --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
     python3 - "$out.jsonl" <<'PY' && pass || fail "1f1b: the last stage waits for its gradient send before the next forward"

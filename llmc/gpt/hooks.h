@@ -3,7 +3,8 @@
 // meet ZeRO, tensor / sequence parallelism, expert parallelism and the pipeline. The contract: the
 // model code calls them at fixed points and never reads a rank number or a group itself.
 //   ZeRO                 params_needed / params_done around a segment's use (stage 3 gathers;
-//                        params_prefetch / head_prefetch start them one segment ahead; stages
+//                        params_prefetch starts them one segment ahead, params_done(keep)
+//                        holds one for the next pass, params_drop_all at the update; stages
 //                        1-2 complete the gather started after the last update),
 //   (parallel/zero.h)    grads_needed / grads_ready around its weight gradients (stages 0-1:
 //                        into the accumulator, reduced once per step from the last micro-batch's
@@ -61,20 +62,60 @@ static LocalSegments local_segments(const GPT& m, int seg) {
     if (seg >= 1 && seg <= m.config.n_layer && m.config.is_moe(l)) out.s[out.n++] = m.seg_local[m.config.n_layer + 2 + l];
     return out;
 }
-// Stage 3: local segment s into a slot: the rank's shard in place, the others' by an all-gather (started)
-static CommRequest params_gather_start(GPT& m, int s) {
+// the gather of local segment s in flight (stage 3's into its slot, stages 1-2's after the update)
+// completed; false: none
+static bool param_gather_finish(GPT& m, int s) {
+    auto in_flight = std::find_if(m.zs.param_gathers.begin(), m.zs.param_gathers.end(), [&](const auto& g) { return g.first == s; });
+    if (in_flight == m.zs.param_gathers.end()) return false;
+    comm_finish(in_flight->second);
+    m.zs.param_gathers.erase(in_flight);
+    return true;
+}
+// Stage 3: local segment s into a slot (an empty one; with take_held, else one held and not in use,
+// whose gather completes first): the rank's shard in place, the others' by an all-gather (started)
+static CommRequest params_gather_start(GPT& m, int s, bool take_held) {
     const ZeroLayout& z = m.zero;
-    floatX* slot = m.param_slots.acquire(s, "parameter");
-    floatX* own = slot + z.own_begin(s);
+    ParamSlots<floatX>& ps = m.param_slots;
+    const int k = ps.free_slot(take_held);
+    LLMC_CHECK(k >= 0, "internal: zero stage 3: no free parameter slot for segment %d (all %zu in use)", s, ps.buf.size());
+    if (ps.holds[k] >= 0) param_gather_finish(m, ps.holds[k]);
+    ps.holds[k] = s;
+    ps.in_use[k] = 0;
+    floatX* own = ps.buf[k] + z.own_begin(s);
     copy_buffer(own, m.params + z.segs[s].shard_offset, z.shard_len(s) * sizeof(floatX));
-    point_segment(m.p, m.config, m.local, z.segs[s], slot);
-    return all_gather_start(seg_group(z, s), own, slot, z.shard_len(s) * sizeof(floatX));
+    return all_gather_start(seg_group(z, s), own, ps.buf[k], z.shard_len(s) * sizeof(floatX));
 }
 static void zero_update_segment(GPT& m, int s);
 static void zero_reduce_poll(GPT& m);
 // A segment's params before its use: a gather in flight (stage 3's prefetch, stages 1-2's after
-// the update: zero_update) completes here; stage 3 gathers one that has none; stage 0's deferred
-// update of the segment runs here.
+// stage 0 with dp > 1 each segment's where its gradient's all-gather completes, at its first use
+// in the next forward (or zero_settle); at stage 3 the next forward's first segments so (their
+// gathers into the slots, which params_drop_all emptied), then every other piece in one call;
+// elsewhere every piece in one call. update(pieces): AdamW over those of m.update_pieces (kept,
+// for stage 0: it must own what it reads).
+template <typename Update> static void zero_update(GPT& m, const Update& update) {
+    const ZeroLayout& z = m.zero;
+    if (z.stage == 0 && !m.zs.grad_gathers.empty()) {
+        m.zs.deferred_update = update;
+        std::fill(m.zs.update_pending.begin(), m.zs.update_pending.end(), 1);
+        m.zs.n_pending = (int)z.segs.size();
+        return;
+    }
+    if (z.stage == 3) {
+        std::vector<char> first(z.segs.size(), 0);
+        for (int seg : forward_first_segments(m)) {
+            for (int s : local_segments(m, seg)) {
+                update(m.seg_pieces[s]);
+                first[s] = 1;
+            }
+            params_prefetch(m, seg);
+        }
+        std::vector<int> rest;
+        for (int s = 0; s < (int)z.segs.size(); s++)
+            if (!first[s]) rest.insert(rest.end(), m.seg_pieces[s].begin(), m.seg_pieces[s].end());
+        return update(rest);
+    }
+    if (z.stage != 1 && z.stage != 2) {
 static void params_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
     zero_reduce_poll(m);
@@ -82,36 +123,76 @@ static void params_needed(GPT& m, int seg) {
         for (int s : local_segments(m, seg)) zero_update_segment(m, s);
     if (m.zs.param_gathers.empty() && !z.params_sharded()) return;
     for (int s : local_segments(m, seg)) {
-        auto in_flight = std::find_if(m.zs.param_gathers.begin(), m.zs.param_gathers.end(), [&](const auto& g) { return g.first == s; });
-        if (in_flight != m.zs.param_gathers.end()) {
-            comm_finish(in_flight->second);
-            m.zs.param_gathers.erase(in_flight);
-        } else if (z.params_sharded() && !m.param_slots.find(s)) {
-            CommRequest r = params_gather_start(m, s);
+        const bool in_flight = param_gather_finish(m, s);
+        if (!z.params_sharded()) continue;
+        if (!in_flight && !m.param_slots.find(s)) {
+            CommRequest r = params_gather_start(m, s, true);
             comm_finish(r);
         }
+        const int k = m.param_slots.slot_of(s);
+        m.param_slots.in_use[k] = 1;
+        point_segment(m.p, m.config, m.local, z.segs[s], m.param_slots.buf[k]);
     }
 }
 // Stage 3: starts the gather of segment seg ahead of its params_needed (the model code calls it one
 // segment ahead, so the gather runs behind the compute of the segment before). All of a layer's
-// segments or none: when the slots that are free do not hold them, the gather waits for
-// params_needed. -1 or another stage's segment: nothing. The slot count is the plan's: a segment in
-// use and the next one (ZERO3_PARAM_SLOTS per layer segment).
+// segments or none: when the empty slots cannot take them, the gather waits for params_needed
+// (a prefetch takes no slot that holds a segment). -1 or another stage's segment: nothing.
 static void params_prefetch(GPT& m, int seg) {
     if (!m.zero.params_sharded() || seg < 0 || m.seg_local[seg] < 0) return;
-    int free = 0, needed = 0;
-    for (int h : m.param_slots.holds) free += h < 0;
+    int needed = 0;
     for (int s : local_segments(m, seg)) needed += m.param_slots.find(s) == nullptr;
-    if (needed == 0 || needed > free) return;
+    if (needed == 0 || needed > m.param_slots.empty()) return;
     for (int s : local_segments(m, seg))
-        if (!m.param_slots.find(s)) m.zs.param_gathers.emplace_back(s, params_gather_start(m, s));
+        if (!m.param_slots.find(s)) m.zs.param_gathers.emplace_back(s, params_gather_start(m, s, false));
 }
-static void params_done(GPT& m, int seg) {
+// Stage 3: the segment's use is over: its slot is free, or with keep held for the next pass on this
+// stage, which starts with it (a forward's last block for its backward; a backward's first blocks
+// for the next forward of the chunk)
+static void params_done(GPT& m, int seg, bool keep = false) {
     if (!m.zero.params_sharded()) return;
+    ParamSlots<floatX>& ps = m.param_slots;
     for (int s : local_segments(m, seg)) {
-        m.param_slots.release(s);
+        const int k = ps.slot_of(s);
+        ps.in_use[k] = 0;
+        if (!keep) ps.holds[k] = -1;
         point_segment(m.p, m.config, m.local, m.zero.segs[s], nullptr);
     }
+}
+// Stage 3: every slot emptied before the params change (the update, a state load): a slot's params
+// are always the current ones. Nothing is in use between passes.
+static void params_drop_all(GPT& m) {
+    ParamSlots<floatX>& ps = m.param_slots;
+    for (size_t k = 0; k < ps.buf.size(); k++) {
+        LLMC_CHECK(!ps.in_use[k], "internal: zero stage 3: segment %d in use while the params change", ps.holds[k]);
+        if (ps.holds[k] >= 0) param_gather_finish(m, ps.holds[k]);
+        ps.holds[k] = -1;
+    }
+}
+// The pass after the running one on this stage (in a step's schedule: gpt_pipeline_step sets
+// m.next_pass; mb -1 outside one, e.g. an evaluation forward, and after the step's last pass)
+static PipeAction pass_after(const GPT& m, PipeOp op, int mb, int chunk) {
+    const std::vector<PipeAction>& acts = m.pipe.schedule[m.pipe.stage];
+    const int k = find_computation(acts, op, mb, chunk), next = k < 0 ? -1 : next_computation(acts, k);
+    return next < 0 ? PipeAction{PIPE_F, -1, -1, -1} : acts[next];
+}
+// the next pass is op on chunk (of micro-batch mb; -1: any)
+static bool next_pass_is(const GPT& m, PipeOp op, int chunk, int mb = -1) {
+    const PipeAction& n = m.next_pass;
+    return n.mb >= 0 && n.op == op && n.chunk == chunk && (mb < 0 || n.mb == mb);
+}
+// Stage 3: the model segments the next forward of this stage starts with, as many as the slots hold
+// beside it (ZERO3_PARAM_SLOTS layer segments): chunk 0's embedding, blocks and final LayerNorm, in
+// order. The update gathers them (zero_update), behind the rest of the update and the data loading.
+static std::vector<int> forward_first_segments(const GPT& m) {
+    const PipelinePlan& pp = m.pipe;
+    const int L = m.config.n_layer, n = (int)m.param_slots.buf.size() / (m.config.n_expert > 0 ? 2 : 1);
+    std::vector<int> segs;
+    if (pp.first_vs(0)) segs.push_back(0);
+    for (int l = pp.layer_begin(0); l < pp.layer_end(0); l++) segs.push_back(l + 1);
+    if (pp.last_vs(0)) segs.push_back(L + 1);
+    segs.resize(std::min((int)segs.size(), n));
+    return segs;
 }
 // --offload optimizer: local segment s's gradient is final (reduced into the accumulator); its
 // pieces' download can start (not the embedding's where the tied head adds to it after the backward)
@@ -354,13 +435,16 @@ static void zero_gather_params_start(GPT& m, int s) {
 }
 static void zero_gather_params(GPT& m) {
     for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_gather_params_start(m, s);
+    for (int seg : m.zero.params_sharded() ? forward_first_segments(m) : std::vector<int>()) params_prefetch(m, seg);
 }
 // The update in the order that starts the gathers earliest: at stages 1-2 segment by segment, each
 // one's all-gather started as soon as the rank's slice of it is updated (so the first segments'
 // gathers run behind the later segments' updates, and are the first the next forward needs); at
 // stage 0 with dp > 1 each segment's where its gradient's all-gather completes, at its first use
-// in the next forward (or zero_settle); elsewhere every piece in one call. update(pieces): AdamW
-// over those of m.update_pieces (kept, for stage 0: it must own what it reads).
+// in the next forward (or zero_settle); at stage 3 the next forward's first segments so (their
+// gathers into the slots, which params_drop_all emptied), then every other piece in one call;
+// elsewhere every piece in one call. update(pieces): AdamW over those of m.update_pieces (kept,
+// for stage 0: it must own what it reads).
 template <typename Update> static void zero_update(GPT& m, const Update& update) {
     const ZeroLayout& z = m.zero;
     if (z.stage == 0 && !m.zs.grad_gathers.empty()) {
@@ -368,6 +452,20 @@ template <typename Update> static void zero_update(GPT& m, const Update& update)
         std::fill(m.zs.update_pending.begin(), m.zs.update_pending.end(), 1);
         m.zs.n_pending = (int)z.segs.size();
         return;
+    }
+    if (z.stage == 3) {
+        std::vector<char> first(z.segs.size(), 0);
+        for (int seg : forward_first_segments(m)) {
+            for (int s : local_segments(m, seg)) {
+                update(m.seg_pieces[s]);
+                first[s] = 1;
+            }
+            params_prefetch(m, seg);
+        }
+        std::vector<int> rest;
+        for (int s = 0; s < (int)z.segs.size(); s++)
+            if (!first[s]) rest.insert(rest.end(), m.seg_pieces[s].begin(), m.seg_pieces[s].end());
+        return update(rest);
     }
     if (z.stage != 1 && z.stage != 2) {
         std::vector<int> all(m.update_pieces.size());
@@ -385,10 +483,7 @@ constexpr int HEAD_COPY = -2;
 // The last stage's copy of the tied embedding complete: its receive, then (dp > 1) the all-gather
 // of the slices the dp ranks received. At its first use (head_weights), or zero_settle.
 static void head_copy_complete(GPT& m) {
-    auto in_flight = std::find_if(m.zs.param_gathers.begin(), m.zs.param_gathers.end(), [](const auto& g) { return g.first == HEAD_COPY; });
-    if (in_flight == m.zs.param_gathers.end()) return;
-    comm_finish(in_flight->second);
-    m.zs.param_gathers.erase(in_flight);
+    if (!param_gather_finish(m, HEAD_COPY)) return;
     if (!m.pipe.has_head() || comm_world().dp.size == 1) return;
     const size_t bytes = m.head.shard_len(0) * sizeof(floatX);
     all_gather(comm_world().dp, m.head_params + m.head.own_begin(0), m.head_params, bytes);
@@ -434,10 +529,7 @@ static const floatX* head_weights(GPT& m) {
     params_needed(m, 0);
     return m.p.wte;
 }
-// the head's weights ahead of head_weights (stage 3 without a pipeline: the embedding's gather)
-static void head_prefetch(GPT& m) {
-    if (!m.head_params) params_prefetch(m, 0);
-}
+// (stage 3 without a pipeline: the embedding's slot, held since the embedding's forward)
 static void head_done(GPT& m) {
     if (!m.head_params) params_done(m, 0);
 }

@@ -14,10 +14,12 @@ static float* take_stats(GPT& m, size_t n) { return (float*)take(m, MEM_ACTIVATI
 static int* take_ints(GPT& m, size_t n) { return (int*)take(m, MEM_ACTIVATIONS, n * sizeof(int)); }
 
 // Stage 3 keeps this many gathered segments at once: parameters of the current and the next
-// segment (a block's forward ends with the next block's LN1). Stages 2-3 keep the gradient of the
-// segment in its backward and of the one before it, whose reduction runs behind that backward
-// (times two in an MoE block: its experts' segment).
-constexpr int ZERO3_PARAM_SLOTS = 2, ZERO_GRAD_SLOTS = 2;
+// segment (a block's forward ends with the next block's LN1) and a third: in one stage the
+// embedding, held through the forward for the tied head; at a pass boundary a segment kept for the
+// next pass or the embedding prefetched for the next forward (llmc/gpt/hooks.h). Stages 2-3 keep
+// the gradient of the segment in its backward and of the one before it, whose reduction runs
+// behind that backward (times two in an MoE block: its experts' segment).
+constexpr int ZERO3_PARAM_SLOTS = 3, ZERO_GRAD_SLOTS = 2;
 
 // tp > 1: the table's alignment padding after the split tensors of this stage belongs to no local
 // tensor; dp rank 0 of tp rank 0 reports it (zeros), so that a checkpoint covers every element once
@@ -166,12 +168,13 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     if (m.grad_blocks > 1) m.grad_total = (float*)take(m, MEM_GRAD_BUFFERS, z.acc_elems() * sizeof(float));
     const size_t scratch_elems = std::max(z.max_reduced(), m.head.segs.empty() ? 0 : m.head.max_padded);
     if (dp.size > 1) m.comm_scratch = (float*)take(m, MEM_GRAD_BUFFERS, scratch_elems * sizeof(float));
-    // a block's forward holds its segments and the next block's (MoE: a block is two segments)
+    // per layer segment (MoE: a block is two segments, its own and its experts')
     const int per_block = config.n_expert > 0 ? 2 : 1;
     if (z.params_sharded()) {
         for (int k = 0; k < ZERO3_PARAM_SLOTS * per_block; k++)
             m.param_slots.buf.push_back((floatX*)take(m, MEM_PARAMS, z.max_padded * fx));
         m.param_slots.holds.assign(m.param_slots.buf.size(), -1);
+        m.param_slots.in_use.assign(m.param_slots.buf.size(), 0);
     }
     if (!z.grads_in_acc()) {
         for (int k = 0; k < ZERO_GRAD_SLOTS * per_block; k++)

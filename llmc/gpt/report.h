@@ -305,7 +305,7 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
 // anchors send for the same gradient elements: PyTorch DDP with no_sync (one all-reduce per step),
 // Megatron's distributed optimizer (one reduce-scatter of fp32 gradients, one all-gather of the
 // params per step), ZeRO-2 (a reduce-scatter per micro-batch, an all-gather of the params per step),
-// ZeRO-3 / FSDP (per micro-batch two all-gathers of the params and a reduce-scatter). Each with a
+// ZeRO-3 / FSDP (per micro-batch two all-gathers of the params and a reduce-scatter; ours: zero3_gathers). Each with a
 // ring's (N - 1) / N of the bytes per rank, on the same flat buffer (segments padded to a multiple
 // of dp * NORM_CHUNK: the anchors pad their buckets too), fp32 gradients (4 bytes) and the build's
 // params (sizeof(floatX)). head: the tied head's gradient where it is reduced on its own
@@ -314,10 +314,48 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
 // anchors do (llmc/gpt/layout.h).
 struct ZeroVolume {
     double all_to_all = 0, all_gather = 0, head = 0;
+    double next_step = 0;  // -z 3: the gathers of the next step's first segments (after the update)
     double ddp = 0, megatron = 0, zero2 = 0, zero3 = 0;
     double total() const { return all_to_all + all_gather; }
     double anchor(int stage) const { return stage == 0 ? ddp : stage == 1 ? megatron : stage == 2 ? zero2 : zero3; }
 };
+// -z 3: how often this stage gathers each model segment in a first step, its passes in schedule
+// order by the rules of llmc/gpt/hooks.h: every segment of a forward (the embedding once: the tied
+// head reads its slot), every block of a backward and of a W that recomputes; less a forward's last
+// block, which its backward right after starts with, and a backward's first two blocks, which the
+// chunk's forward right after starts with (that backward gathers the embedding for it); and after
+// the update the next step's first segments (forward_first_segments: a later step finds them).
+// next: the count of that last part alone
+static std::vector<double> zero3_gathers(const GPT& m, std::vector<double>* next = nullptr) {
+    const PipelinePlan& pp = m.pipe;
+    const int L = m.config.n_layer;
+    const std::vector<PipeAction>& acts = pp.schedule[pp.stage];
+    std::vector<double> n(L + 2, 0.0);
+    int prev = -1;
+    for (int k = 0; k < (int)acts.size(); k++) {
+        if (!is_group_boundary(acts, k)) continue;
+        const PipeAction& a = acts[k];
+        const int l0 = pp.layer_begin(a.chunk), l1 = pp.layer_end(a.chunk), next = next_computation(acts, k);
+        const bool after_b = prev >= 0 && acts[prev].op == PIPE_B && acts[prev].chunk == a.chunk;
+        const bool after_own_f = prev >= 0 && acts[prev].op == PIPE_F && acts[prev].chunk == a.chunk && acts[prev].mb == a.mb;
+        const bool f_next = next >= 0 && acts[next].op == PIPE_F && acts[next].chunk == a.chunk;
+        prev = k;
+        if (a.op == PIPE_F) {
+            n[0] += pp.first_vs(a.chunk) && !after_b;
+            for (int l = l0; l < l1; l++) n[l + 1] += !(after_b && l <= l0 + 1);
+            n[L + 1] += pp.last_vs(a.chunk);
+        } else if (a.op == PIPE_B || m.recompute > 0) {
+            for (int l = l0; l < l1; l++) n[l + 1] += !(a.op == PIPE_B && after_own_f && l == l1 - 1);
+            n[0] += a.op == PIPE_B && pp.first_vs(a.chunk) && f_next;
+        }
+    }
+    if (next) next->assign(L + 2, 0.0);
+    for (int seg : forward_first_segments(m)) {
+        n[seg]++;
+        if (next) (*next)[seg]++;
+    }
+    return n;
+}
 static ZeroVolume zero_comm_volume(const GPT& m, int grad_accum) {
     const ZeroLayout& z = m.zero;
     const PipelinePlan& pp = m.pipe;
@@ -326,17 +364,21 @@ static ZeroVolume zero_comm_volume(const GPT& m, int grad_accum) {
     // the tied head's gradient reduced apart, per micro-batch
     if (pp.has_head() && m.tied == TIED_PER_STEP) v.head = k * (z.dp - 1.0) / z.dp * g4 * m.head.padded_total;
     v.all_to_all = v.head;
+    std::vector<double> next;
+    const std::vector<double> gathers = z.stage == 3 ? zero3_gathers(m, &next) : std::vector<double>();
     for (int s = 0; s < (int)z.segs.size(); s++) {
         const Segment& seg = z.segs[s];
         const double sh = (seg.dp - 1.0) / seg.dp, n = (double)seg.padded;
-        const bool block = segment_layer(seg.id, m.config.n_layer) >= 0;
+        const int layer = segment_layer(seg.id, m.config.n_layer);
         // stages 0-1: reduce_scatter_sum of the accumulator once per step; 2-3: reduce_scatter_add
         // of every micro-batch's leaves (one per source rank of an expert segment)
         v.all_to_all += z.grads_in_acc() ? sh * g4 * n : k * sh * g4 * n * seg.n_leaves;
         if (z.stage == 0) v.all_gather += sh * g4 * n;                          // completes the all-reduce
         if (z.stage == 1 || z.stage == 2) v.all_gather += sh * fx * n;          // updated params
-        if (z.stage == 3)  // per micro-batch: every segment in the forward (the embedding again for the head in one stage), blocks in the backward
-            v.all_gather += k * sh * fx * n * (1 + block + (seg.id == 0 && pp.P == 1));
+        if (z.stage == 3) {  // (an expert segment with its block)
+            v.all_gather += gathers[layer >= 0 ? layer + 1 : seg.id] * sh * fx * n;
+            v.next_step += next[layer >= 0 ? layer + 1 : seg.id] * sh * fx * n;
+        }
         v.ddp += 2 * sh * g4 * n;
         v.megatron += sh * g4 * n + sh * fx * n;
         v.zero2 += k * sh * g4 * n + sh * fx * n;
@@ -387,9 +429,10 @@ static void print_comm_volume(const GPT& m, int grad_accum) {
     printf("\n");
     if (z.dp == 1) return;
     printf("data-parallel gradients and params per step, rank %d, dp %d, %d micro-batch%s: -z %d sends %.0f (tied head "
-           "%.0f of it); anchors: DDP all-reduce %.0f, Megatron distributed optimizer %.0f, ZeRO-2 %.0f, ZeRO-3/FSDP %.0f\n",
-           c.world_rank, z.dp, grad_accum, grad_accum == 1 ? "" : "es", z.stage, zv.total(), zv.head, zv.ddp, zv.megatron,
-           zv.zero2, zv.zero3);
+           "%.0f of it, the next step's first segments %.0f of it); anchors: DDP all-reduce %.0f, Megatron distributed "
+           "optimizer %.0f, ZeRO-2 %.0f, ZeRO-3/FSDP %.0f\n",
+           c.world_rank, z.dp, grad_accum, grad_accum == 1 ? "" : "es", z.stage, zv.total(), zv.head, zv.next_step, zv.ddp,
+           zv.megatron, zv.zero2, zv.zero3);
 }
 
 // --pp_trace: every rank's executed actions of one step, gathered to rank 0 and written as JSON

@@ -47,6 +47,7 @@ static size_t state_index(const ZeroLayout& z, int s, size_t rel) {
 // chunk of local elements maps to table runs (tensor parallel: the rank's rows and columns; the
 // local alignment padding between tensors is no one's and stays zero, as the segment padding).
 static void gpt_set_state(GPT& m, const StateSource& src) {
+    params_drop_all(m);  // -z 3: what the slots hold is the params before
     const size_t cap = staging_cap(m);
     std::vector<float> p(cap), mm(cap), v(cap);
     std::vector<floatX> px(cap);

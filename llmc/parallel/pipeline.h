@@ -197,6 +197,19 @@ inline bool next_compute_is_own_w(const std::vector<PipeAction>& actions, size_t
 inline bool is_group_boundary(const std::vector<PipeAction>& actions, size_t k) {
     return is_compute(actions[k].op) && !(actions[k].op == PIPE_W && previous_compute_is_b(actions, k));
 }
+// The computation that follows the one at k (a W that its B ran is none): its index, -1 at the end;
+// what ZeRO-3 keeps a pass's gathered parameters for (llmc/gpt/hooks.h)
+inline int next_computation(const std::vector<PipeAction>& actions, size_t k) {
+    for (size_t j = k + 1; j < actions.size(); j++)
+        if (is_group_boundary(actions, j)) return (int)j;
+    return -1;
+}
+// the index of computation (op, mb, chunk) in a stage's actions, -1: none
+inline int find_computation(const std::vector<PipeAction>& actions, PipeOp op, int mb, int chunk) {
+    for (size_t k = 0; k < actions.size(); k++)
+        if (actions[k].op == op && actions[k].mb == mb && actions[k].chunk == chunk) return (int)k;
+    return -1;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Rendezvous groups. The executor runs each run of consecutive transfers as one group (p2p_group:

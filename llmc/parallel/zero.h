@@ -327,8 +327,7 @@ inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc, cons
     return total;
 }
 
-// Stage 3: a few segment-sized buffers that hold gathered segments (parameters in the forward and
-// backward) while they are in use; stages 2-3: the segment gradients of a micro-batch (fp32) from
+// Stages 2-3: segment-sized buffers that hold the segment gradients of a micro-batch (fp32) from
 // grads_needed to their reduction.
 template <typename floatX>
 struct SegmentSlots {
@@ -348,6 +347,34 @@ struct SegmentSlots {
     void release(int seg) {
         for (size_t k = 0; k < buf.size(); k++)
             if (holds[k] == seg) holds[k] = -1;
+    }
+};
+
+// Stage 3: segment-sized buffers that hold gathered segments' parameters. A slot holds its segment
+// from the gather's start until it is dropped, in use from its params_needed to its params_done;
+// held and not in use, it is a gather in flight (a prefetch) or a segment kept for the pass that
+// starts with it (llmc/gpt/hooks.h).
+template <typename floatX>
+struct ParamSlots {
+    std::vector<floatX*> buf;
+    std::vector<int> holds;  // segment index, or -1
+    std::vector<char> in_use;
+    int slot_of(int seg) const {
+        for (size_t k = 0; k < buf.size(); k++)
+            if (holds[k] == seg) return (int)k;
+        return -1;
+    }
+    floatX* find(int seg) const {
+        const int k = slot_of(seg);
+        return k < 0 ? nullptr : buf[k];
+    }
+    int empty() const { return (int)std::count(holds.begin(), holds.end(), -1); }
+    // an empty slot, else with take_held the first one held and not in use; -1: none
+    int free_slot(bool take_held) const {
+        int k = slot_of(-1);
+        for (size_t j = 0; j < buf.size() && k < 0 && take_held; j++)
+            if (!in_use[j]) k = (int)j;
+        return k;
     }
 };
 
