@@ -88,34 +88,9 @@ static CommRequest params_gather_start(GPT& m, int s, bool take_held) {
 static void zero_update_segment(GPT& m, int s);
 static void zero_reduce_poll(GPT& m);
 // A segment's params before its use: a gather in flight (stage 3's prefetch, stages 1-2's after
-// stage 0 with dp > 1 each segment's where its gradient's all-gather completes, at its first use
-// in the next forward (or zero_settle); at stage 3 the next forward's first segments so (their
-// gathers into the slots, which params_drop_all emptied), then every other piece in one call;
-// elsewhere every piece in one call. update(pieces): AdamW over those of m.update_pieces (kept,
-// for stage 0: it must own what it reads).
-template <typename Update> static void zero_update(GPT& m, const Update& update) {
-    const ZeroLayout& z = m.zero;
-    if (z.stage == 0 && !m.zs.grad_gathers.empty()) {
-        m.zs.deferred_update = update;
-        std::fill(m.zs.update_pending.begin(), m.zs.update_pending.end(), 1);
-        m.zs.n_pending = (int)z.segs.size();
-        return;
-    }
-    if (z.stage == 3) {
-        std::vector<char> first(z.segs.size(), 0);
-        for (int seg : forward_first_segments(m)) {
-            for (int s : local_segments(m, seg)) {
-                update(m.seg_pieces[s]);
-                first[s] = 1;
-            }
-            params_prefetch(m, seg);
-        }
-        std::vector<int> rest;
-        for (int s = 0; s < (int)z.segs.size(); s++)
-            if (!first[s]) rest.insert(rest.end(), m.seg_pieces[s].begin(), m.seg_pieces[s].end());
-        return update(rest);
-    }
-    if (z.stage != 1 && z.stage != 2) {
+// the update: zero_update) completes here; stage 3 gathers one its slots do not hold, and points
+// the segment's tensors at its slot, in use until params_done; stage 0's deferred update of the
+// segment runs here.
 static void params_needed(GPT& m, int seg) {
     const ZeroLayout& z = m.zero;
     zero_reduce_poll(m);
