@@ -10,7 +10,8 @@ with it: the machine's load moves step times, and a link sized at another moment
   --pp 2 1f1b   the micro-batch between two transfers: one stage's forward of a micro-batch,
                 step x (1 - bubble) / M / 3
 bandwidth = bytes / that time, where bytes are the step's buffer bytes from the start-up
-communication table (rank 0's all_gather + all_to_all; for the pipeline one activation, B*T*C*4)
+communication table (rank 0's all_gather + all_to_all, less what only the first step sends; for the
+pipeline one activation, B*T*C*4)
 and the latency (--latency_us) is small beside it. A ratio of 1 means the link's time is hidden.
 
 Step times: the median over the steps after --warmup, per run; runs alternate without / with the
@@ -59,15 +60,20 @@ def run(args, bin_path, data, flags, acc, link, out):
     ms = [r["ms"] for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if "ms" in r]
     table = re.search(r"communication per step, rank 0 \(sent bytes\): (.*)", p.stdout)
     sent = {k: int(v) for k, v in re.findall(r"(\w[\w/ ()]*?) (\d+) \(theory", table.group(1))} if table else {}
+    # the table is of the first step; -z 3's first step also gathers its own first segments, which
+    # a later step (the ones timed) finds gathered
+    extra = re.search(r"the first step (\d+) more", p.stdout)
+    sent["first_step_extra"] = int(extra.group(1)) if extra else 0
     return statistics.median(ms[args.warmup:]), sent
 
 
 def link_for(kind, step_ms, sent, acc, latency_us):
     """the --sim_link value whose communication takes about as long as the compute it hides behind"""
+    step_bytes = sent.get("all_gather", 0) + sent.get("all_to_all", 0) - sent.get("first_step_extra", 0)
     if kind == "backward":
-        hide_s, nbytes = step_ms / 1e3 / acc * 2 / 3, sent.get("all_gather", 0) + sent.get("all_to_all", 0)
+        hide_s, nbytes = step_ms / 1e3 / acc * 2 / 3, step_bytes
     elif kind == "segments":
-        hide_s, nbytes = step_ms / 1e3, sent.get("all_gather", 0) + sent.get("all_to_all", 0)
+        hide_s, nbytes = step_ms / 1e3, step_bytes
     else:  # one activation between two transfers, 2 stages, 1f1b
         bubble = 1 / (acc + 1)
         hide_s, nbytes = step_ms / 1e3 * (1 - bubble) / acc / 3, B * T * C * 4

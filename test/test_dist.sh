@@ -88,9 +88,9 @@ ref_for() {
 }
 # the measured bytes of every collective == the theory on rank 0; with dp > 1 the data-parallel
 # gradient and parameter bytes <= the anchor of the ZeRO stage (with pp at -z 2/3, less the tied
-# head's own reduction, which Megatron's embedding group pays too; without pp it must be 0; at -z 3
-# less the gathers of the next step's first segments: the first step, which the line is of, gathers
-# them after its update as well as its own in its forward, a later step only the next step's)
+# head's own reduction, which Megatron's embedding group pays too; without pp it must be 0); the
+# line gives a later step's bytes (at -z 3 the first one gathers its own first segments too) and
+# their sum with the first step's extra is the measured first step's
 comm_theory() {  # comm_theory OUT WHAT
     local line; line=$(grep "^communication per step" "$1.log")
     echo "$line" | python3 -c "
@@ -99,10 +99,15 @@ sys.exit(0 if m and all(a==b for _,a,b in m) else 1)" && pass || fail "$2: commu
     line=$(grep "^data-parallel gradients and params per step" "$1.log") || return 0
     echo "$line" | python3 -c "
 import re,sys; l=sys.stdin.read()
-z, sent, head, nxt = re.search(r'-z (\d) sends (\d+) \(tied head (\d+) of it, the next step.s first segments (\d+) of it\)', l).groups()
+z, sent, head, extra = re.search(r'-z (\d) sends (\d+) \(tied head (\d+) of it; the first step (\d+) more', l).groups()
 anchors = [float(x) for x in re.search(r'DDP all-reduce (\d+), Megatron distributed optimizer (\d+), ZeRO-2 (\d+), ZeRO-3/FSDP (\d+)', l).groups()]
-pp = int(re.search(r'pp (\d+) x dp', open('$1.log').read()).group(1))
-sys.exit(0 if float(sent) - float(head) - float(nxt) <= anchors[int(z)] and (pp > 1 or float(head) == 0) else 1)" && pass || fail "$2: data-parallel bytes above the anchor: $line"
+log = open('$1.log').read()
+pp = int(re.search(r'pp (\d+) x dp', log).group(1))
+first = re.search(r'^communication per step, rank 0.*', log, re.M).group(0)
+dp_first = sum(int(b) for _, b in re.findall(r'(all_gather|all_to_all) (\d+) \(theory', first))
+only_dp = re.search(r'\(pp 1 x dp \d+ x tp 1, ep 1\)', log)  # (then every buffer collective is the dp group's)
+ok = float(sent) - float(head) <= anchors[int(z)] and (pp > 1 or float(head) == 0) and (int(z) == 3 or float(extra) == 0)
+sys.exit(0 if ok and (not only_dp or dp_first == float(sent) + float(extra)) else 1)" && pass || fail "$2: data-parallel bytes above the anchor: $line"
 }
 
 # ---- 1. the matrix

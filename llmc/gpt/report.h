@@ -428,11 +428,13 @@ static void print_comm_volume(const GPT& m, int grad_accum) {
     }
     printf("\n");
     if (z.dp == 1) return;
+    // a step after the first: the first one gathers its own first segments in its forward as well
+    // as (after its update) the next step's; later steps find theirs gathered
     printf("data-parallel gradients and params per step, rank %d, dp %d, %d micro-batch%s: -z %d sends %.0f (tied head "
-           "%.0f of it, the next step's first segments %.0f of it); anchors: DDP all-reduce %.0f, Megatron distributed "
-           "optimizer %.0f, ZeRO-2 %.0f, ZeRO-3/FSDP %.0f\n",
-           c.world_rank, z.dp, grad_accum, grad_accum == 1 ? "" : "es", z.stage, zv.total(), zv.head, zv.next_step, zv.ddp,
-           zv.megatron, zv.zero2, zv.zero3);
+           "%.0f of it; the first step %.0f more: its own first segments); anchors: DDP all-reduce %.0f, Megatron "
+           "distributed optimizer %.0f, ZeRO-2 %.0f, ZeRO-3/FSDP %.0f\n",
+           c.world_rank, z.dp, grad_accum, grad_accum == 1 ? "" : "es", z.stage, zv.total() - zv.next_step, zv.head,
+           zv.next_step, zv.ddp, zv.megatron, zv.zero2, zv.zero3);
 }
 
 // --pp_trace: every rank's executed actions of one step, gathered to rank 0 and written as JSON
