@@ -11,8 +11,9 @@
 //                        grads_ready; 2-3: a zeroed slot folded into the owners' fp32 accumulators),
 //                        head_weights / head_done and head_grads_ready (the tied lm head),
 //                        zero_reduce_finish before the norm,
-//                        zero_update (the update, -z 1/2 gathers behind it), zero_settle before the update
-//                        and anything else that reads the params
+//                        zero_update (the update: -z 1/2 gathers behind it; -z 0 deferred to each
+//                        segment's first use, zero_update_segment), zero_settle_params before
+//                        the update, zero_settle before anything else that reads params or state
 //   tensor parallel      row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
 //   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss and
 //   tensor_parallel.h)   vocab_parallel_dinp (the lm head, per token chunk), tp_attention_backward
@@ -463,11 +464,11 @@ static void head_copy_complete(GPT& m) {
     const size_t bytes = m.head.shard_len(0) * sizeof(floatX);
     all_gather(comm_world().dp, m.head_params + m.head.own_begin(0), m.head_params, bytes);
 }
-// Every transfer of params or gradients still in flight completes: stage 0's all-gathers of the
-// reduced gradients (the update reads them), stages 1-2's of the updated params and the tied
-// head's copy (before the update writes the slices they read, a checkpoint, an export, the ranks'
-// agreement check: whatever reads params outside a forward).
-// zero_settle_params: the params' side only (before an update: the gradients' gathers may stay).
+// Every transfer of params or gradients still in flight completes, and stage 0's deferred updates
+// run: for a checkpoint, an export, the ranks' agreement check, whatever reads params or optimizer
+// state outside a forward. zero_settle_params: the params' side only, stages 1-2's gathers of the
+// updated params and the tied head's copy (before an update writes the slices they read; stage 0's
+// gradient gathers stay in flight).
 static void zero_settle_params(GPT& m) {
     head_copy_complete(m);
     for (auto& g : m.zs.param_gathers) comm_finish(g.second);
