@@ -440,7 +440,7 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
                                              m.scratch, m.p.layers[l + 1].ln1w, m.p.layers[l + 1].ln1b, rows, C);
             a = next;
         }
-        params_done(m, l + 1, chunk_end && next_pass_is(m, PIPE_B, chunk, s.mb));  // (its backward starts with it)
+        forward_block_done(m, chunk, s.mb, l);
         // what the next block's iteration needs: its successor, or the final LN
         if (l + 2 < l1 || (l + 2 == l1 && l1 == L)) params_prefetch(m, l + 3);
     }
@@ -580,18 +580,15 @@ static void chunk_backward(GPT& m, int chunk, int mb, bool with_weights) {
     ChunkStash* st = with_weights ? nullptr : &stash_for(m, chunk, mb);
     const int l0 = pp.layer_begin(chunk), l1 = pp.layer_end(chunk);
     for (int l = l1 - 1; l >= l0; l--) {
-        // the block below, behind this one's backward; below the first, the embedding for a forward
-        // of the chunk that follows (which starts with these first two blocks: kept for it)
-        const bool forward_next = next_pass_is(m, PIPE_F, chunk);
         params_needed(m, l + 1);
-        params_prefetch(m, l > l0 ? l : pp.first_vs(chunk) && forward_next ? 0 : -1);
+        backward_block_prefetch(m, chunk, l);
         if (with_weights) grads_needed(m, l + 1);
         const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
         LayerActs a = acts_for(m, s, chunk, l);
         recompute_block(m, l, a, x, s.doc_start);
         LayerGrads scratch = m.layer_douts;  // (a copy: the dense branches point it at the stream)
         layer_backward(m, l, a, x, s.doc_start, s.d_stream, st ? st->layers[l - l0] : scratch, st != nullptr);
-        params_done(m, l + 1, forward_next && l <= l0 + 1);
+        backward_block_done(m, chunk, l);
         if (with_weights) grads_ready(m, l + 1);
     }
     if (with_weights && pp.first_vs(chunk)) embedding_weight_grads(m, s);
@@ -713,18 +710,9 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     m.mb_loss.assign(batches.size(), 0.0);
     release_all_slots(m);
     PipeModel pm;
-    pm.forward = [&](int mb, int c) {
-        m.next_pass = pass_after(m, PIPE_F, mb, c);
-        chunk_forward(m, c, slot_for(m, c, mb));
-    };
-    pm.backward = [&](int mb, int c, bool with_weights) {
-        m.next_pass = pass_after(m, PIPE_B, mb, c);
-        chunk_backward(m, c, mb, with_weights);
-    };
-    pm.weights = [&](int mb, int c, bool done) {
-        m.next_pass = pass_after(m, PIPE_W, mb, c);
-        chunk_weights(m, c, mb, done);
-    };
+    pm.forward = [&](int mb, int c) { pass_begin(m, PIPE_F, mb, c); chunk_forward(m, c, slot_for(m, c, mb)); };
+    pm.backward = [&](int mb, int c, bool with_weights) { pass_begin(m, PIPE_B, mb, c); chunk_backward(m, c, mb, with_weights); };
+    pm.weights = [&](int mb, int c, bool done) { pass_begin(m, PIPE_W, mb, c); chunk_weights(m, c, mb, done); };
     pm.release = [&](int mb, int c) {
         release_slot(m, c, mb);
         grad_block_done(m, mb);
@@ -734,7 +722,6 @@ static PipeTimes gpt_pipeline_step(GPT& m, const std::vector<MicroBatch>& batche
     pm.sync = backend_sync;
     zero_step_begin(m);
     const PipeTimes times = pipeline_execute(m.pipe.schedule[m.pipe.stage], comm_world().pp, pm, measure, trace);
-    m.next_pass = PipeAction{PIPE_F, -1, -1, -1};
     zero_step_end(m);
     if (m.pipe.has_head()) queue_losses(m, (int)batches.size());  // read after the norm's host sync: gpt_step_losses
     return times;

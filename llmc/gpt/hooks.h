@@ -145,17 +145,33 @@ static void params_drop_all(GPT& m) {
         ps.holds[k] = -1;
     }
 }
-// The pass after the running one on this stage (in a step's schedule: gpt_pipeline_step sets
-// m.next_pass; mb -1 outside one, e.g. an evaluation forward, and after the step's last pass)
-static PipeAction pass_after(const GPT& m, PipeOp op, int mb, int chunk) {
+// A pass of a step's schedule begins (gpt_pipeline_step): m.next_pass is the stage's pass after it
+// (mb -1 outside a step, e.g. an evaluation forward, and after the step's last pass: zero_step_end)
+static void pass_begin(GPT& m, PipeOp op, int mb, int chunk) {
     const std::vector<PipeAction>& acts = m.pipe.schedule[m.pipe.stage];
     const int k = find_computation(acts, op, mb, chunk), next = k < 0 ? -1 : next_computation(acts, k);
-    return next < 0 ? PipeAction{PIPE_F, -1, -1, -1} : acts[next];
+    m.next_pass = next < 0 ? PipeAction{PIPE_F, -1, -1, -1} : acts[next];
 }
 // the next pass is op on chunk (of micro-batch mb; -1: any)
 static bool next_pass_is(const GPT& m, PipeOp op, int chunk, int mb = -1) {
     const PipeAction& n = m.next_pass;
     return n.mb >= 0 && n.op == op && n.chunk == chunk && (mb < 0 || n.mb == mb);
+}
+// Stage 3, the blocks of a pass. After block l's forward (chunk, micro-batch mb): its slot is
+// freed, or kept where the chunk's backward of mb comes next, which starts with its last block.
+static void forward_block_done(GPT& m, int chunk, int mb, int l) {
+    params_done(m, l + 1, l + 1 == m.pipe.layer_end(chunk) && next_pass_is(m, PIPE_B, chunk, mb));
+}
+// In block l's backward: the block below is gathered behind it; below the chunk's first block, the
+// embedding, for a forward of the chunk that comes next.
+static void backward_block_prefetch(GPT& m, int chunk, int l) {
+    const PipelinePlan& pp = m.pipe;
+    params_prefetch(m, l > pp.layer_begin(chunk) ? l : pp.first_vs(chunk) && next_pass_is(m, PIPE_F, chunk) ? 0 : -1);
+}
+// After block l's backward: the chunk's first two blocks are kept for a forward of the chunk that
+// comes next (it starts with them).
+static void backward_block_done(GPT& m, int chunk, int l) {
+    params_done(m, l + 1, next_pass_is(m, PIPE_F, chunk) && l <= m.pipe.layer_begin(chunk) + 1);
 }
 // Stage 3: the model segments the next forward of this stage starts with, as many as the slots hold
 // beside it (ZERO3_PARAM_SLOTS layer segments): chunk 0's embedding, blocks and final LayerNorm, in
@@ -339,6 +355,7 @@ static void zero_step_begin(GPT& m) {
 static void zero_step_end(GPT& m) {
     m.zs.reduce_at = 0;
     m.zs.count_ready = false;
+    m.next_pass = PipeAction{PIPE_F, -1, -1, -1};
 }
 // what is still in flight of a backward whose norm was never taken or of a step that was not
 // applied (before the next step's zeroing), and the segments' progress back to none; the gathers
