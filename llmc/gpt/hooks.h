@@ -52,7 +52,7 @@ static const CommGroup& seg_reduce_group(const ZeroLayout& z, int s) {
 }
 // the local segments of model segment seg: a block's, and its experts' in an MoE layer
 struct LocalSegments {
-    int s[2] = {-1, -1}, n = 0;
+    int s[3] = {-1, -1, -1}, n = 0;
     const int* begin() const { return s; }
     const int* end() const { return s + n; }
 };
@@ -60,6 +60,7 @@ static LocalSegments local_segments(const GPT& m, int seg) {
     LocalSegments out;
     out.s[out.n++] = m.seg_local[seg];
     const int l = segment_layer(seg, m.config.n_layer);
+    if (seg >= 1 && seg <= m.config.n_layer) out.s[out.n++] = m.seg_local[2 * m.config.n_layer + 2 + l];
     if (seg >= 1 && seg <= m.config.n_layer && m.config.is_moe(l)) out.s[out.n++] = m.seg_local[m.config.n_layer + 2 + l];
     return out;
 }
@@ -215,67 +216,75 @@ static void zero_gather_grads_start(GPT& m, int s) {
 // (zero_reduce_poll, never waiting), and where a slot or the buffer is needed (grads_needed, the
 // head's per-step reduction) or the step's gradient is (zero_reduce_finish) it is waited for. So a
 // micro-batch's last reductions run behind the next one's forward instead of stopping it.
-// completes the reduction in flight (if any)
+// completes the oldest reduction in flight (if any)
 static void zero_reduce_complete(GPT& m) {
-    const int s = m.zs.reducing;
-    if (s < 0) return;
+    if (m.zs.in_flight.empty()) return;
+    ZeroInFlight::Reduction& r = m.zs.in_flight.front();
+    const int s = r.s;
     const ZeroLayout& z = m.zero;
     if (z.grads_in_acc()) {
-        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), m.zs.reduce_req, seg_reduce_group(z, s),
-                                  m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), m.comm_scratch);
+        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), r.req, seg_reduce_group(z, s),
+                                  m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), r.scratch);
     } else {
-        reduce_scatter_add_finish(AccumulateGrads(), m.zs.leaf_reqs, seg_reduce_group(z, s), m.grad_acc + z.acc_own(s),
-                                  m.grad_slots.find(s), z.shard_len(s), m.comm_scratch, z.segs[s].n_leaves);
+        reduce_scatter_add_finish(AccumulateGrads(), r.leaf_reqs, seg_reduce_group(z, s), m.grad_acc + z.acc_own(s),
+                                  m.grad_slots.find(s), z.shard_len(s), r.scratch, z.segs[s].n_leaves);
         m.grad_slots.release(s);
         point_segment(m.g, m.config, m.local, z.segs[s], (float*)nullptr);
     }
-    m.zs.reducing = -1;
-    if (m.zs.reducing_last) offload_start(m, s);
+    const bool last = r.last;
+    m.zs.free_scratch.push_back(r.scratch);
+    m.zs.in_flight.pop_front();
+    if (last) offload_start(m, s);
 }
-// starts the first queued reduction (none in flight)
+// starts queued reductions while a receive buffer is free
 static void zero_reduce_begin(GPT& m) {
     const ZeroLayout& z = m.zero;
-    const auto [s, last] = m.zs.reduce_queue.front();
-    m.zs.reduce_queue.pop_front();
-    if (z.grads_in_acc())
-        m.zs.reduce_req = reduce_scatter_sum_start(seg_reduce_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
-                                                m.comm_scratch);
-    else
-        m.zs.leaf_reqs = reduce_scatter_add_start(seg_reduce_group(z, s), m.grad_slots.find(s), z.shard_len(s), m.comm_scratch,
-                                               z.segs[s].n_leaves);
-    m.zs.reducing = s;
-    m.zs.reducing_last = last;
+    while (!m.zs.reduce_queue.empty() && !m.zs.free_scratch.empty()) {
+        const auto [s, last] = m.zs.reduce_queue.front();
+        m.zs.reduce_queue.pop_front();
+        ZeroInFlight::Reduction r;
+        r.s = s;
+        r.last = last;
+        r.scratch = m.zs.free_scratch.back();
+        m.zs.free_scratch.pop_back();
+        if (z.grads_in_acc())
+            r.req = reduce_scatter_sum_start(seg_reduce_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
+                                             r.scratch);
+        else
+            r.leaf_reqs = reduce_scatter_add_start(seg_reduce_group(z, s), m.grad_slots.find(s), z.shard_len(s), r.scratch,
+                                                   z.segs[s].n_leaves);
+        m.zs.in_flight.push_back(std::move(r));
+    }
 }
 static bool zero_reduce_ready(GPT& m) {
-    if (m.zero.grads_in_acc()) return comm_done_early(m.zs.reduce_req);
-    for (CommRequest& r : m.zs.leaf_reqs)
-        if (!comm_done_early(r)) return false;
+    ZeroInFlight::Reduction& r = m.zs.in_flight.front();
+    if (m.zero.grads_in_acc()) return comm_done_early(r.req);
+    for (CommRequest& q : r.leaf_reqs)
+        if (!comm_done_early(q)) return false;
     return true;
 }
 // without waiting: the reductions that can start, start
 static void zero_reduce_poll(GPT& m) {
-    while (m.zs.reducing >= 0 || !m.zs.reduce_queue.empty()) {
-        if (m.zs.reducing >= 0 && !zero_reduce_ready(m)) return;
-        zero_reduce_complete(m);
-        if (!m.zs.reduce_queue.empty()) zero_reduce_begin(m);
-    }
+    while (!m.zs.in_flight.empty() && zero_reduce_ready(m)) zero_reduce_complete(m);
+    zero_reduce_begin(m);
 }
-// waits for the one in flight and starts the next (all: every queued one completes)
+// waits for the oldest in flight and starts what can (all: every queued one completes)
 static void zero_reduce_wait(GPT& m, bool all) {
     do {
         zero_reduce_complete(m);
-        if (!m.zs.reduce_queue.empty()) zero_reduce_begin(m);
-    } while (all && m.zs.reducing >= 0);
+        zero_reduce_begin(m);
+    } while (all && !m.zs.in_flight.empty());
 }
 static void zero_reduce_enqueue(GPT& m, int s, bool last) {
     // NCCL: no queue (it would wait for a fixed point); the compute stream waits for the one before
     if (!COMM_ORDER_PER_COMMUNICATOR) zero_reduce_wait(m, false);
     m.zs.reduce_queue.emplace_back(s, last);
-    if (m.zs.reducing < 0) zero_reduce_begin(m);
+    zero_reduce_begin(m);
     if (seg_reduce_group(m.zero, s).size == 1) zero_reduce_wait(m, true);  // nothing to wait for: the adds now
 }
 static bool zero_reduce_holds(const GPT& m, int s) {
-    if (m.zs.reducing == s) return true;
+    for (const auto& r : m.zs.in_flight)
+        if (r.s == s) return true;
     for (const auto& q : m.zs.reduce_queue)
         if (q.first == s) return true;
     return false;
@@ -310,19 +319,33 @@ static void zero_reduce_start(GPT& m, int s) {
     tied_head_into_embedding(m, s);
     zero_reduce_enqueue(m, s, true);
 }
-static void grads_ready(GPT& m, int seg) {
+static void segment_grads_ready(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
+    // the step's last micro-batch of this segment: its gradient is final
+    const bool last = m.zs.reduce_at > 0 && ++m.zs.ready_count[s] == m.zs.reduce_at;
+    if (z.grads_in_acc()) {
+        if (last) zero_reduce_start(m, s);
+        return;
+    }
+    if (z.segs[s].id == 0 && m.tied == TIED_PER_MICRO_BATCH)  // the micro-batch's head gradient joins the embedding's
+        grad_accumulate(m.grad_slots.find(s), m.head_leaf, m.head.padded_total);
+    zero_reduce_enqueue(m, s, last);
+}
+static void grads_ready(GPT& m, int seg) {
     zero_reduce_poll(m);
     for (int s : local_segments(m, seg)) {
-        // the step's last micro-batch of this segment: its gradient is final
-        const bool last = m.zs.reduce_at > 0 && ++m.zs.ready_count[s] == m.zs.reduce_at;
-        if (z.grads_in_acc()) {
-            if (last) zero_reduce_start(m, s);
-            continue;
-        }
-        if (z.segs[s].id == 0 && m.tied == TIED_PER_MICRO_BATCH)  // the micro-batch's head gradient joins the embedding's
-            grad_accumulate(m.grad_slots.find(s), m.head_leaf, m.head.padded_total);
-        zero_reduce_enqueue(m, s, last);
+        if (m.zs.ffn_ready[s]) { m.zs.ffn_ready[s] = 0; continue; }
+        segment_grads_ready(m, s);
+    }
+}
+// block l's FFN part (and experts): final after the FFN's weight gradients, before the attention's
+static void ffn_grads_ready(GPT& m, int l) {
+    zero_reduce_poll(m);
+    const int seg = l + 1;
+    for (int s : local_segments(m, seg)) {
+        if (m.zero.segs[s].id == seg) continue;
+        segment_grads_ready(m, s);
+        m.zs.ffn_ready[s] = 1;
     }
 }
 // The tied lm head's gradient of this micro-batch (head_leaf, fp32), by the layout's TiedSum

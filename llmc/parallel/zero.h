@@ -178,10 +178,15 @@ inline std::vector<UpdatePiece> zero_update_pieces(const ZeroLayout& z, const st
 // gradient is (llmc/gpt/hooks.h starts and completes them; the model holds one).
 struct ZeroInFlight {
     std::vector<std::pair<int, CommRequest>> param_gathers;  // stage 3's slots (params_prefetch), stages 1-2's after the update
-    CommRequest reduce_req;                                   // stages 0-1: the segment reduction in flight (zero_reduce_start),
-    std::vector<CommRequest> leaf_reqs;                       // stages 2-3: its leaves' (grads_ready), of segment
-    int reducing = -1;                                        // reducing (-1: none),
-    bool reducing_last = false;                               // whose gradient is final with it (--offload downloads it)
+    struct Reduction {
+        int s = -1;
+        bool last = false;                 // the segment's gradient is final with it (--offload downloads it)
+        CommRequest req;                   // stages 0-1
+        std::vector<CommRequest> leaf_reqs;  // stages 2-3
+        float* scratch = nullptr;          // its receive buffer
+    };
+    std::deque<Reduction> in_flight;       // oldest first, at most one per receive buffer
+    std::vector<float*> free_scratch;      // the receive buffers not in use
     std::deque<std::pair<int, bool>> reduce_queue;            // (segment, last) whose reductions wait for it, in order
     std::vector<std::pair<int, CommRequest>> grad_gathers;    // stage 0: the reduced segments' all-gathers
     // stage 0 with dp > 1: the update runs segment by segment where its gradient's all-gather
@@ -194,6 +199,7 @@ struct ZeroInFlight {
     // started), --offload its download (count_ready)
     std::vector<int> ready_count;
     std::vector<char> reduced;
+    std::vector<char> ffn_ready;
     int reduce_at = 0;
     bool count_ready = false;
 };
