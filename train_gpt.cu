@@ -547,10 +547,7 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
         column_parallel_dinp(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
                              [&](int j) { return fc_leaf_rows(m, j, false); }, ls.sp);
     }
-    if (!stash) {
-        ffn_weight_grads(m, l, a, d);
-        ffn_grads_ready(m, l);
-    }
+    if (!stash) ffn_weight_grads(m, l, a, d);
     layernorm_backward(dres, (float*)nullptr, (float*)nullptr, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd,
                        rows, C);
     // dres = dL/d residual2 now; the attention branch
@@ -616,7 +613,6 @@ static void chunk_weights(GPT& m, int chunk, int mb, bool already_done) {
             }
             grads_needed(m, l + 1);
             ffn_weight_grads(m, l, a, st.layers[l - l0]);
-            ffn_grads_ready(m, l);
             attn_weight_grads(m, l, a, st.layers[l - l0], x);
             grads_ready(m, l + 1);
         }

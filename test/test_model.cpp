@@ -610,7 +610,7 @@ TEST_CASE("the memory plan per parameter: the model states of every ZeRO stage, 
     // 7.5B example (Rajbhandari et al. 2020, fig. 1: 36 x 4096, the GPT-2 vocabulary) over N ranks,
     // buffer by buffer from the layout's sizes; per parameter of the padded flat buffer P: -z 0 18 B
     // (param 2 + gradient 4 + master 4 + moments 8), -z 1 6 + 12/N, -z 2 2 + 16/N, -z 3 18/N, and
-    // apart from them the gradient buffers (stage 2-3 slots, a reduction's receive buffer, the tied
+    // apart from them the gradient buffers (stage 2-3 slots, the reductions' receive buffers, the tied
     // head's micro-batch gradient and its accumulator) and the stage-3 param slots
     GPTConfig c;
     c.n_layer = 36; c.n_embd = 4096; c.n_head = 32; c.n_kv_head = 32; c.vocab_size = 50257; c.max_seq_len = 1024;
@@ -643,6 +643,7 @@ TEST_CASE("the memory plan per parameter: the model states of every ZeRO stage, 
             const double head_acc = zero <= 1 ? al(4.0 * h.padded_total) : N > 1 ? 0.0 : al(4.0 * h.shard_len(0));
             CHECK(e.grad_buffers == head_acc + al(4.0 * h.padded_total) +
                                         (N > 1 ? al(4.0 * std::max(reduced, (double)h.max_padded)) : 0.0) +
+                                        (N > 1 && zero <= 1 ? al(4.0 * reduced) : 0.0) +
                                         (zero >= 2 ? ZERO_GRAD_SLOTS * al(4.0 * z.max_leaves) : 0.0));
             const double states = e.params - param_slots + e.grads + e.master + e.moments;
             const double per_param[4] = {18.0, 6 + 12.0 / N, 2 + 16.0 / N, 18.0 / N};

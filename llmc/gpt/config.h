@@ -174,16 +174,12 @@ static bool is_expert_tensor(const std::string& name) {
 }
 static int segment_of(const std::string& name, int n_layer) {
     if (name == "wte" || name == "wpe") return 0;
-    if (name[0] == 'h') {
-        const std::string f = name.substr(name.find('.') + 1);
-        const bool ffn = f.compare(0, 4, "ln2.") == 0 || f.compare(0, 4, "mlp.") == 0 || f.compare(0, 10, "moe.router") == 0;
-        return (is_expert_tensor(name) ? n_layer + 2 : ffn ? 2 * n_layer + 2 : 1) + std::stoi(name.substr(1, name.find('.') - 1));
-    }
+    if (name[0] == 'h') return (is_expert_tensor(name) ? n_layer + 2 : 1) + std::stoi(name.substr(1, name.find('.') - 1));
     return n_layer + 1;
 }
 // the block a segment belongs to (-1: the embedding or the final LayerNorm)
 static int segment_layer(int id, int n_layer) {
-    return id >= 1 && id <= n_layer ? id - 1 : id >= 2 * n_layer + 2 ? id - 2 * n_layer - 2 : id >= n_layer + 2 ? id - n_layer - 2 : -1;
+    return id >= 1 && id <= n_layer ? id - 1 : id >= n_layer + 2 ? id - n_layer - 2 : -1;
 }
 // every segment of the model, in table order (a segment's range runs to the next one's start);
 // n_leaves: the experts' leaf gradients (expert parallelism: --ep)
@@ -193,10 +189,10 @@ static std::vector<SegmentSpec> segment_specs(const GPTConfig& c, const std::vec
         const int s = segment_of(p.name, c.n_layer), l = segment_layer(s, c.n_layer);
         if (specs.empty() || specs.back().id != s) {
             SegmentSpec spec;
-            spec.name = s == 0 ? "embedding" : s == c.n_layer + 1 ? "final" : "h" + std::to_string(l) + (s >= 2 * c.n_layer + 2 ? ".ffn" : s > c.n_layer ? ".experts" : "");
+            spec.name = s == 0 ? "embedding" : s == c.n_layer + 1 ? "final" : "h" + std::to_string(l) + (s > c.n_layer ? ".experts" : "");
             spec.id = s;
             spec.begin = p.offset;
-            spec.expert = s > c.n_layer + 1 && s < 2 * c.n_layer + 2;
+            spec.expert = s > c.n_layer + 1;
             spec.n_leaves = spec.expert ? n_leaves : 1;
             specs.push_back(spec);
         }

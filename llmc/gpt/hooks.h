@@ -60,7 +60,6 @@ static LocalSegments local_segments(const GPT& m, int seg) {
     LocalSegments out;
     out.s[out.n++] = m.seg_local[seg];
     const int l = segment_layer(seg, m.config.n_layer);
-    if (seg >= 1 && seg <= m.config.n_layer) out.s[out.n++] = m.seg_local[2 * m.config.n_layer + 2 + l];
     if (seg >= 1 && seg <= m.config.n_layer && m.config.is_moe(l)) out.s[out.n++] = m.seg_local[m.config.n_layer + 2 + l];
     return out;
 }
@@ -211,11 +210,13 @@ static void zero_gather_grads_start(GPT& m, int s) {
 }
 // Stages 2-3: each micro-batch's segment reduction (reduce_scatter_add_start) stays in flight
 // behind the next segment's backward in the same way, its slot held until it completes.
-// One reduction is in flight at a time (it holds the receive buffer); those that are ready while
-// it is wait in a queue, in order, and start when it has completed: every hook polls it
-// (zero_reduce_poll, never waiting), and where a slot or the buffer is needed (grads_needed, the
-// head's per-step reduction) or the step's gradient is (zero_reduce_finish) it is waited for. So a
-// micro-batch's last reductions run behind the next one's forward instead of stopping it.
+// A reduction in flight holds a receive buffer (reduce_buffers: two at -z 0/1, one at -z 2/3);
+// those that are ready while none is free wait in a queue, in order, and start when the oldest in
+// flight has completed: every hook polls (zero_reduce_poll, never waiting), and where a slot or the
+// buffers are needed (grads_needed, the head's per-step reduction) or the step's gradient is
+// (zero_reduce_finish) they are waited for. They complete in start order (a segment's micro-batches
+// add in order). So a micro-batch's last reductions run behind the next one's forward instead of
+// stopping it.
 // completes the oldest reduction in flight (if any)
 static void zero_reduce_complete(GPT& m) {
     if (m.zs.in_flight.empty()) return;
@@ -276,8 +277,9 @@ static void zero_reduce_wait(GPT& m, bool all) {
     } while (all && !m.zs.in_flight.empty());
 }
 static void zero_reduce_enqueue(GPT& m, int s, bool last) {
-    // NCCL: no queue (it would wait for a fixed point); the compute stream waits for the one before
-    if (!COMM_ORDER_PER_COMMUNICATOR) zero_reduce_wait(m, false);
+    // NCCL: no queue (it would wait for a fixed point); where no receive buffer is free the compute
+    // stream waits for the oldest reduction
+    if (!COMM_ORDER_PER_COMMUNICATOR && m.zs.free_scratch.empty()) zero_reduce_wait(m, false);
     m.zs.reduce_queue.emplace_back(s, last);
     zero_reduce_begin(m);
     if (seg_reduce_group(m.zero, s).size == 1) zero_reduce_wait(m, true);  // nothing to wait for: the adds now
@@ -319,33 +321,19 @@ static void zero_reduce_start(GPT& m, int s) {
     tied_head_into_embedding(m, s);
     zero_reduce_enqueue(m, s, true);
 }
-static void segment_grads_ready(GPT& m, int s) {
-    const ZeroLayout& z = m.zero;
-    // the step's last micro-batch of this segment: its gradient is final
-    const bool last = m.zs.reduce_at > 0 && ++m.zs.ready_count[s] == m.zs.reduce_at;
-    if (z.grads_in_acc()) {
-        if (last) zero_reduce_start(m, s);
-        return;
-    }
-    if (z.segs[s].id == 0 && m.tied == TIED_PER_MICRO_BATCH)  // the micro-batch's head gradient joins the embedding's
-        grad_accumulate(m.grad_slots.find(s), m.head_leaf, m.head.padded_total);
-    zero_reduce_enqueue(m, s, last);
-}
 static void grads_ready(GPT& m, int seg) {
+    const ZeroLayout& z = m.zero;
     zero_reduce_poll(m);
     for (int s : local_segments(m, seg)) {
-        if (m.zs.ffn_ready[s]) { m.zs.ffn_ready[s] = 0; continue; }
-        segment_grads_ready(m, s);
-    }
-}
-// block l's FFN part (and experts): final after the FFN's weight gradients, before the attention's
-static void ffn_grads_ready(GPT& m, int l) {
-    zero_reduce_poll(m);
-    const int seg = l + 1;
-    for (int s : local_segments(m, seg)) {
-        if (m.zero.segs[s].id == seg) continue;
-        segment_grads_ready(m, s);
-        m.zs.ffn_ready[s] = 1;
+        // the step's last micro-batch of this segment: its gradient is final
+        const bool last = m.zs.reduce_at > 0 && ++m.zs.ready_count[s] == m.zs.reduce_at;
+        if (z.grads_in_acc()) {
+            if (last) zero_reduce_start(m, s);
+            continue;
+        }
+        if (z.segs[s].id == 0 && m.tied == TIED_PER_MICRO_BATCH)  // the micro-batch's head gradient joins the embedding's
+            grad_accumulate(m.grad_slots.find(s), m.head_leaf, m.head.padded_total);
+        zero_reduce_enqueue(m, s, last);
     }
 }
 // The tied lm head's gradient of this micro-batch (head_leaf, fp32), by the layout's TiedSum

@@ -20,6 +20,11 @@ static int* take_ints(GPT& m, size_t n) { return (int*)take(m, MEM_ACTIVATIONS, 
 // the gradient of the segment in its backward and of the one before it, whose reduction runs
 // behind that backward (times two in an MoE block: its experts' segment).
 constexpr int ZERO3_PARAM_SLOTS = 3, ZERO_GRAD_SLOTS = 2;
+// receive buffers of the segment reductions (dp > 1): two at -z 0/1, so that a segment's once-per-step
+// reduction starts the moment its gradient is final even while the one before is still on the link
+// (measured: bench_overlap -z 0/1, one micro-batch, about 0.03 lower); one at -z 2/3, where they are
+// a segment's leaves and memory is what the stage is for (no gain measured there)
+inline int reduce_buffers(int zero_stage) { return zero_stage <= 1 ? 2 : 1; }
 
 // tp > 1: the table's alignment padding after the split tensors of this stage belongs to no local
 // tensor; dp rank 0 of tp rank 0 reports it (zeros), so that a checkpoint covers every element once
@@ -133,7 +138,7 @@ static void gpt_lay_out(GPT& m, const GPTConfig& config, int B, int T, const Lay
     for (const ParamTensor& t : m.table) m.param_count += t.numel;
     m.zero = gpt_zero_layout(config, m.local, zero_stage, dp, edp, ep.size, pp);
     const ZeroLayout& z = m.zero;
-    m.seg_local.assign(3 * config.n_layer + 2, -1);
+    m.seg_local.assign(2 * config.n_layer + 2, -1);
     for (int s = 0; s < (int)z.segs.size(); s++) m.seg_local[z.segs[s].id] = s;
 }
 
@@ -168,11 +173,11 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     if (m.grad_blocks > 1) m.grad_total = (float*)take(m, MEM_GRAD_BUFFERS, z.acc_elems() * sizeof(float));
     const size_t scratch_elems = std::max(z.max_reduced(), m.head.segs.empty() ? 0 : m.head.max_padded);
     if (dp.size > 1) m.comm_scratch = (float*)take(m, MEM_GRAD_BUFFERS, scratch_elems * sizeof(float));
-    m.zs.free_scratch = {m.comm_scratch};
-    if (dp.size > 1 && COMM_ORDER_PER_COMMUNICATOR)
-        m.zs.free_scratch.push_back((float*)take(m, MEM_GRAD_BUFFERS, scratch_elems * sizeof(float)));
+    m.zs.free_scratch = {m.comm_scratch};  // (one process: the adds read the slot itself)
+    for (int k = 1; k < reduce_buffers(z.stage) && dp.size > 1; k++)
+        m.zs.free_scratch.push_back((float*)take(m, MEM_GRAD_BUFFERS, z.max_reduced() * sizeof(float)));
     // per layer segment (MoE: a block is two segments, its own and its experts')
-    const int per_block = config.n_expert > 0 ? 3 : 2;
+    const int per_block = config.n_expert > 0 ? 2 : 1;
     if (z.params_sharded()) {
         for (int k = 0; k < ZERO3_PARAM_SLOTS * per_block; k++)
             m.param_slots.buf.push_back((floatX*)take(m, MEM_PARAMS, z.max_padded * fx));
@@ -203,7 +208,6 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     m.early_pieces.assign(z.segs.size(), {});
     m.zs.ready_count.assign(z.segs.size(), 0);
     m.zs.update_pending.assign(z.segs.size(), 0);
-    m.zs.ffn_ready.assign(z.segs.size(), 0);
     m.zs.reduced.assign(z.segs.size(), 0);
     for (int k = 0; k < (int)m.update_pieces.size(); k++)
         for (int s = 0; s < (int)z.segs.size(); s++) {

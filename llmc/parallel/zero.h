@@ -199,7 +199,6 @@ struct ZeroInFlight {
     // started), --offload its download (count_ready)
     std::vector<int> ready_count;
     std::vector<char> reduced;
-    std::vector<char> ffn_ready;
     int reduce_at = 0;
     bool count_ready = false;
 };
