@@ -689,10 +689,11 @@ done
 # after the previous step's reductions (so no gather runs in the backward), and each completes in the
 # forward (-z 0: the segment's update follows it there); 1f1b's last stage completes a gradient send
 # only after the next micro-batch's forward has run (the spare d_stream), never right before it
-for z in 0 1; do
-    out=$W/link.trace.z$z
-    if run 2 "$out" $DENSE -d $((B * T * 2)) -x 3 -z $z --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
-        python3 - "$out.jsonl" <<'PY' && pass || fail "-z $z: the all-gathers do not run from the last step into the forward"
+# gather_trace TRACE ASSERTIONS: the python ASSERTIONS for each rank r of a traced np 2 step, given
+# mine (its events), b0 (its first backward's start), gathers (its all-gathers on the link), early
+# (those started before the step) and waits (its waits for all-gathers)
+gather_trace() {
+    python3 - "$1" "$2" <<'PY'
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
 for r in (0, 1):
@@ -701,9 +702,16 @@ for r in (0, 1):
     gathers = [e for e in mine if e["op"] == "link" and e["comm"] == "all_gather"]
     early = [e for e in gathers if e["t0_ms"] < 0]
     waits = [e for e in mine if e["op"] == "wait" and e["comm"] == "all_gather"]
-    assert len(early) >= 4 and len(gathers) == len(early) and len(waits) == len(early), (r, gathers, waits)
-    assert all(w["t1_ms"] <= b0 for w in waits), (r, early, waits)
+    exec(sys.argv[2])
 PY
+}
+for z in 0 1; do
+    out=$W/link.trace.z$z
+    if run 2 "$out" $DENSE -d $((B * T * 2)) -x 3 -z $z --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
+        gather_trace "$out.jsonl" '
+assert len(early) >= 4 and len(gathers) == len(early) and len(waits) == len(early), (r, gathers, waits)
+assert all(w["t1_ms"] <= b0 for w in waits), (r, early, waits)' &&
+            pass || fail "-z $z: the all-gathers do not run from the last step into the forward"
     else fail "-z $z trace run: rc $?"; fi
 done
 # -z 3 (2 blocks, 2 micro-batches per rank: F B F B): the next forward's first segments (embedding,
@@ -714,18 +722,11 @@ done
 # kept from that backward); before, 14 (every segment per forward, the embedding twice, every block per backward)
 out=$W/link.trace.z3
 if run 2 "$out" $DENSE -d $((B * T * 4)) -x 3 -z 3 --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
-    python3 - "$out.jsonl" <<'PY' && pass || fail "-z 3: the parameter gathers are not the kept slots' and the update's"
-import json, sys
-ev = [json.loads(l) for l in open(sys.argv[1])]
-for r in (0, 1):
-    mine = [e for e in ev if e["rank"] == r]
-    b0 = min(e["t0_ms"] for e in mine if e["op"] == "B")
-    gathers = [e for e in mine if e["op"] == "link" and e["comm"] == "all_gather"]
-    early = [e for e in gathers if e["t0_ms"] < 0]
-    early_waits = [e for e in mine if e["op"] == "wait" and e["comm"] == "all_gather" and e["t0_ms"] < b0][:len(early)]
-    assert len(early) == 3 and len(gathers) - len(early) == 5, (r, gathers)
-    assert all(w["t1_ms"] <= b0 for w in early_waits), (r, early_waits)
-PY
+    gather_trace "$out.jsonl" '
+early_waits = [w for w in waits if w["t0_ms"] < b0][:len(early)]
+assert len(early) == 3 and len(gathers) - len(early) == 5, (r, gathers)
+assert all(w["t1_ms"] <= b0 for w in early_waits), (r, early_waits)' &&
+        pass || fail "-z 3: the parameter gathers are not those of the kept slots and the update"
 else fail "-z 3 trace run: rc $?"; fi
 out=$W/link.trace.pp
 if run 2 "$out" $DENSE -d $((B * T * 6)) -x 2 --pp 2 --pp_schedule 1f1b --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
