@@ -167,7 +167,7 @@ struct GPT {
     float *adam_m = nullptr, *adam_v = nullptr;
     float* grad_staging = nullptr;  // offload: host fp32 [state_elems], the gradients down, the params up
     float* comm_scratch = nullptr;  // a segment reduction's receive buffer (dp > 1)
-    ParamSlots<floatX> param_slots;    // stage 3: gathered segments
+    SegmentSlots<floatX> param_slots;  // stage 3: gathered segments
     SegmentSlots<float> grad_slots;    // stages 2-3: a micro-batch's segment gradients until reduced
     ZeroInFlight zs;                   // the step's ZeRO communication in flight, the segments' progress
     // The tied lm head (on the last stage) and its gradient, which joins the embedding's as `tied`

@@ -633,7 +633,14 @@ TEST_CASE("the memory plan per parameter: the model states of every ZeRO stage, 
             const ZeroLayout& h = plan.head;
             const double P = (double)z.padded_total, own = (double)z.shard_total;
             CHECK(own * N == P);
-            const double param_slots = zero == 3 ? ZERO3_PARAM_SLOTS * al(2.0 * z.max_padded) : 0.0;
+            // the slots: the parameters' one of the embedding, two of a block, one of the final
+            // LayerNorm; the gradients' the smaller of two of the largest segment (the embedding
+            // here) and the embedding's + two of a block + the final LayerNorm's
+            const double emb = (double)z.segs[0].padded, block = (double)z.segs[1].padded, final_ln = (double)z.segs.back().padded;
+            CHECK(emb == (double)z.max_padded);
+            const double param_slots = zero == 3 ? al(2.0 * emb) + 2 * al(2.0 * block) + al(2.0 * final_ln) : 0.0;
+            const double grad_slots = 2 * emb < emb + 2 * block + final_ln ? 2 * al(4.0 * emb)
+                                                                          : al(4.0 * emb) + 2 * al(4.0 * block) + al(4.0 * final_ln);
             CHECK(e.params == al(2.0 * (zero == 3 ? own : P)) + param_slots);
             CHECK(e.grads == al(4.0 * (zero >= 2 ? own : P)));
             CHECK(e.master == al(4.0 * (zero >= 1 ? own : P)));
@@ -644,7 +651,7 @@ TEST_CASE("the memory plan per parameter: the model states of every ZeRO stage, 
             CHECK(e.grad_buffers == head_acc + al(4.0 * h.padded_total) +
                                         (N > 1 ? al(4.0 * std::max(reduced, (double)h.max_padded)) : 0.0) +
                                         (N > 1 && zero <= 1 ? al(4.0 * reduced) : 0.0) +
-                                        (zero >= 2 ? ZERO_GRAD_SLOTS * al(4.0 * z.max_leaves) : 0.0));
+                                        (zero >= 2 ? grad_slots : 0.0));
             const double states = e.params - param_slots + e.grads + e.master + e.moments;
             const double per_param[4] = {18.0, 6 + 12.0 / N, 2 + 16.0 / N, 18.0 / N};
             CHECK(states / P <= per_param[zero] + 1e-6);

@@ -181,6 +181,11 @@ static int segment_of(const std::string& name, int n_layer) {
 static int segment_layer(int id, int n_layer) {
     return id >= 1 && id <= n_layer ? id - 1 : id >= n_layer + 2 ? id - n_layer - 2 : -1;
 }
+// the kinds of segments: the classes of the ZeRO-2/3 slots (llmc/gpt/plan.h: alloc_segment_slots)
+enum SegmentKind { SEG_EMBEDDING, SEG_BLOCK, SEG_EXPERTS, SEG_FINAL, SEG_KINDS };
+static int segment_kind(int id, int n_layer) {
+    return id == 0 ? SEG_EMBEDDING : id <= n_layer ? SEG_BLOCK : id == n_layer + 1 ? SEG_FINAL : SEG_EXPERTS;
+}
 // every segment of the model, in table order (a segment's range runs to the next one's start);
 // n_leaves: the experts' leaf gradients (expert parallelism: --ep)
 static std::vector<SegmentSpec> segment_specs(const GPTConfig& c, const std::vector<ParamTensor>& table, int n_leaves = 1) {

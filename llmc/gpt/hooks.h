@@ -76,8 +76,8 @@ static bool param_gather_finish(GPT& m, int s) {
 // whose gather completes first): the rank's shard in place, the others' by an all-gather (started)
 static CommRequest params_gather_start(GPT& m, int s, bool take_held) {
     const ZeroLayout& z = m.zero;
-    ParamSlots<floatX>& ps = m.param_slots;
-    const int k = ps.free_slot(take_held);
+    SegmentSlots<floatX>& ps = m.param_slots;
+    const int k = ps.free_slot(s, take_held);
     LLMC_CHECK(k >= 0, "internal: zero stage 3: no free parameter slot for segment %d (all %zu in use)", s, ps.buf.size());
     if (ps.holds[k] >= 0) param_gather_finish(m, ps.holds[k]);
     ps.holds[k] = s;
@@ -116,9 +116,10 @@ static void params_needed(GPT& m, int seg) {
 // (a prefetch takes no slot that holds a segment). -1 or another stage's segment: nothing.
 static void params_prefetch(GPT& m, int seg) {
     if (!m.zero.params_sharded() || seg < 0 || m.seg_local[seg] < 0) return;
-    int needed = 0;
-    for (int s : local_segments(m, seg)) needed += m.param_slots.find(s) == nullptr;
-    if (needed == 0 || needed > m.param_slots.empty()) return;
+    std::vector<int> needed;
+    for (int s : local_segments(m, seg))
+        if (!m.param_slots.find(s)) needed.push_back(s);
+    if (needed.empty() || !m.param_slots.fit_empty(needed)) return;
     for (int s : local_segments(m, seg))
         if (!m.param_slots.find(s)) m.zs.param_gathers.emplace_back(s, params_gather_start(m, s, false));
 }
@@ -127,7 +128,7 @@ static void params_prefetch(GPT& m, int seg) {
 // for the next forward of the chunk)
 static void params_done(GPT& m, int seg, bool keep = false) {
     if (!m.zero.params_sharded()) return;
-    ParamSlots<floatX>& ps = m.param_slots;
+    SegmentSlots<floatX>& ps = m.param_slots;
     for (int s : local_segments(m, seg)) {
         const int k = ps.slot_of(s);
         ps.in_use[k] = 0;
@@ -138,7 +139,7 @@ static void params_done(GPT& m, int seg, bool keep = false) {
 // Stage 3: every slot emptied before the params change (the update, a state load): a slot's params
 // are always the current ones. Nothing is in use between passes.
 static void params_drop_all(GPT& m) {
-    ParamSlots<floatX>& ps = m.param_slots;
+    SegmentSlots<floatX>& ps = m.param_slots;
     for (size_t k = 0; k < ps.buf.size(); k++) {
         LLMC_CHECK(!ps.in_use[k], "internal: zero stage 3: segment %d in use while the params change", ps.holds[k]);
         if (ps.holds[k] >= 0) param_gather_finish(m, ps.holds[k]);
@@ -178,7 +179,7 @@ static void backward_block_done(GPT& m, int chunk, int l) {
 // order. The update gathers them (zero_update), behind the rest of the update and the data loading.
 static std::vector<int> forward_first_segments(const GPT& m) {
     const PipelinePlan& pp = m.pipe;
-    const int L = m.config.n_layer, n = (int)m.param_slots.buf.size() / (m.config.n_expert > 0 ? 2 : 1);
+    const int L = m.config.n_layer, n = ZERO3_PARAM_SLOTS;
     std::vector<int> segs;
     if (pp.first_vs(0)) segs.push_back(0);
     for (int l = pp.layer_begin(0); l < pp.layer_end(0); l++) segs.push_back(l + 1);
@@ -297,10 +298,12 @@ static void grads_needed(GPT& m, int seg) {
     if (z.grads_in_acc()) return;
     for (int s : local_segments(m, seg)) {
         while (zero_reduce_holds(m, s)) zero_reduce_wait(m, false);  // its previous micro-batch's reduction holds its slot
-        int free = 0;
-        for (int h : m.grad_slots.holds) free += h < 0;
-        if (free == 0) zero_reduce_wait(m, false);  // the slot of the reduction in flight
-        float* slot = m.grad_slots.acquire(s, "gradient");
+        float* slot;
+        while (!(slot = m.grad_slots.acquire(s))) {  // its class's slots: held by reductions in flight or queued
+            LLMC_CHECK(!m.zs.in_flight.empty() || !m.zs.reduce_queue.empty(),
+                       "internal: zero stage 2-3: no gradient slot for segment %d", s);
+            zero_reduce_wait(m, false);
+        }
         buffer_zero(slot, z.segs[s].n_leaves * z.segs[s].padded * sizeof(float));
         point_segment(m.g, m.config, m.local, z.segs[s], slot);
     }

@@ -13,13 +13,6 @@ static floatX* take_act(GPT& m, size_t n) { return (floatX*)take(m, MEM_ACTIVATI
 static float* take_stats(GPT& m, size_t n) { return (float*)take(m, MEM_ACTIVATIONS, n * sizeof(float)); }
 static int* take_ints(GPT& m, size_t n) { return (int*)take(m, MEM_ACTIVATIONS, n * sizeof(int)); }
 
-// Stage 3 keeps this many gathered segments at once: parameters of the current and the next
-// segment (a block's forward ends with the next block's LN1) and a third: in one stage the
-// embedding, held through the forward for the tied head; at a pass boundary a segment kept for the
-// next pass or the embedding prefetched for the next forward (llmc/gpt/hooks.h). Stages 2-3 keep
-// the gradient of the segment in its backward and of the one before it, whose reduction runs
-// behind that backward (times two in an MoE block: its experts' segment).
-constexpr int ZERO3_PARAM_SLOTS = 3, ZERO_GRAD_SLOTS = 2;
 // receive buffers of the segment reductions (dp > 1): two at -z 0/1, so that a segment's once-per-step
 // reduction starts the moment its gradient is final even while the one before is still on the link
 // (measured: bench_overlap -z 0/1, one micro-batch, about 0.03 lower); one at -z 2/3, where they are
@@ -142,6 +135,51 @@ static void gpt_lay_out(GPT& m, const GPTConfig& config, int B, int T, const Lay
     for (int s = 0; s < (int)z.segs.size(); s++) m.seg_local[z.segs[s].id] = s;
 }
 
+// Stages 2-3's segment slots (llmc/parallel/zero.h: SegmentSlots; grads: with their n_leaves leaf
+// gradients): a class per kind of segment on the rank (segment_kind), of min(its segments, per
+// kind) slots of its largest; a layer kind one fewer where the rank holds the embedding, whose
+// slot stands for that one (zero.h: ZERO3_PARAM_SLOTS). Gradients: or, where that is less memory,
+// one class of per_kind * (kinds of a layer) slots of the rank's largest segment.
+template <typename T>
+static void alloc_segment_slots(GPT& m, SegmentSlots<T>& slots, int per_kind, bool grads, MemKind kind, size_t elem_bytes) {
+    const ZeroLayout& z = m.zero;
+    std::vector<int> count(SEG_KINDS, 0);
+    std::vector<size_t> largest(SEG_KINDS, 0);
+    size_t all_largest = 0;
+    for (const Segment& s : z.segs) {
+        const int c = segment_kind(s.id, m.config.n_layer);
+        const size_t need = (grads ? s.n_leaves : 1) * s.padded;
+        slots.seg_class.push_back(c);
+        count[c]++;
+        largest[c] = std::max(largest[c], need);
+        all_largest = std::max(all_largest, need);
+    }
+    auto is_layer = [](int c) { return c != SEG_EMBEDDING && c != SEG_FINAL; };
+    std::vector<int> n(SEG_KINDS, 0);
+    size_t by_kind = 0;
+    int layer_kinds = 0;
+    for (int c = 0; c < SEG_KINDS; c++) {
+        n[c] = std::min(count[c], per_kind - (grads || !is_layer(c) || count[SEG_EMBEDDING] == 0 ? 0 : 1));
+        if (!is_layer(c)) n[c] = std::min(n[c], 1);
+        by_kind += n[c] * largest[c];
+        layer_kinds += is_layer(c) && count[c] > 0;
+    }
+    const int n_one = per_kind * std::max(layer_kinds, 1);
+    if (grads && n_one * all_largest < by_kind) {  // one class
+        slots.seg_class.assign(z.segs.size(), 0);
+        n.assign(SEG_KINDS, 0);
+        n[0] = std::min(n_one, (int)z.segs.size());
+        largest[0] = all_largest;
+    }
+    for (int c = 0; c < SEG_KINDS; c++)
+        for (int k = 0; k < n[c]; k++) {
+            slots.buf.push_back((T*)take(m, kind, largest[c] * elem_bytes));
+            slots.slot_class.push_back(c);
+        }
+    slots.holds.assign(slots.buf.size(), -1);
+    slots.in_use.assign(slots.buf.size(), 0);
+}
+
 // The model's state buffers: params, the fp32 gradient accumulators (stages 0-1: where the ops add
 // the gradients), master weights and moments (--offload: in the host arenas), the tied head's, the
 // gradient slots of stages 2-3 and ZeRO-3's gathered segments, and the pointers into them; then
@@ -176,19 +214,8 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     m.zs.free_scratch = {m.comm_scratch};  // (one process: the adds read the slot itself)
     for (int k = 1; k < reduce_buffers(z.stage) && dp.size > 1; k++)
         m.zs.free_scratch.push_back((float*)take(m, MEM_GRAD_BUFFERS, z.max_reduced() * sizeof(float)));
-    // per layer segment (MoE: a block is two segments, its own and its experts')
-    const int per_block = config.n_expert > 0 ? 2 : 1;
-    if (z.params_sharded()) {
-        for (int k = 0; k < ZERO3_PARAM_SLOTS * per_block; k++)
-            m.param_slots.buf.push_back((floatX*)take(m, MEM_PARAMS, z.max_padded * fx));
-        m.param_slots.holds.assign(m.param_slots.buf.size(), -1);
-        m.param_slots.in_use.assign(m.param_slots.buf.size(), 0);
-    }
-    if (!z.grads_in_acc()) {
-        for (int k = 0; k < ZERO_GRAD_SLOTS * per_block; k++)
-            m.grad_slots.buf.push_back((float*)take(m, MEM_GRAD_BUFFERS, z.max_leaves * sizeof(float)));
-        m.grad_slots.holds.assign(m.grad_slots.buf.size(), -1);
-    }
+    if (z.params_sharded()) alloc_segment_slots(m, m.param_slots, ZERO3_PARAM_SLOTS, false, MEM_PARAMS, fx);
+    if (!z.grads_in_acc()) alloc_segment_slots(m, m.grad_slots, ZERO_GRAD_SLOTS, true, MEM_GRAD_BUFFERS, sizeof(float));
     m.p.layers.resize(config.n_layer);  // stage 3: pointers appear while a segment is gathered
     m.g.layers.resize(config.n_layer);  // stages 2-3: while its slot is held
     if (!m.mem.plan_only)

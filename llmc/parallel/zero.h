@@ -2,7 +2,8 @@
 // the data-parallel ranks, and the sharded optimizer step.
 //
 // Segments. The flat buffers are cut into segments, the units that are reduced and (stage 3)
-// gathered together: the embedding (wte, wpe), each block, the final LayerNorm. Every segment is
+// gathered together: the embedding (wte, wpe), each block, an MoE layer's experts, the final
+// LayerNorm (llmc/gpt/config.h: segment_of). Every segment is
 // padded to a multiple of dp * NORM_CHUNK elements and rank r owns the r-th of its dp equal
 // slices, so any parameter count works with any dp. Three index spaces, by buffer:
 //   table   the parameter table's offsets: layout-independent, what checkpoints hold
@@ -12,8 +13,8 @@
 //   stage  params          grad_acc (fp32)          unreduced gradient      master, adam m/v   after the update
 //   0      padded (full)   padded                   (in grad_acc)           padded             (all ranks updated all)
 //   1      padded          padded                   (in grad_acc)           shard              all-gather params
-//   2      padded          shard                    a segment-sized slot    shard              all-gather params
-//   3      shard           shard                    a segment-sized slot    shard              (gathered per segment
+//   2      padded          shard                    a segment slot          shard              all-gather params
+//   3      shard           shard                    a segment slot          shard              (gathered per segment
 //                                                                                              before each use)
 //
 // A layout moves bytes, not math. Every op adds its weight gradient into its destination with one
@@ -332,38 +333,28 @@ inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc, cons
     return total;
 }
 
-// Stages 2-3: segment-sized buffers that hold the segment gradients of a micro-batch (fp32) from
-// grads_needed to their reduction.
+// Slots per class (below). Stage 3 keeps the parameters of the current and the next segment of a
+// kind (a block's forward ends with the next block's LN1) and a third: a segment kept for the next
+// pass, or gathered ahead at a pass boundary (where the rank holds the embedding, its own slot, held
+// through a one-stage forward for the tied head, stands for that third one). Stages 2-3 keep the
+// gradient of the segment in its backward and of the one before it, whose reduction runs behind
+// that backward.
+constexpr int ZERO3_PARAM_SLOTS = 3, ZERO_GRAD_SLOTS = 2;
+
+// Stages 2-3: buffers that each hold one segment: a micro-batch's segment gradients (fp32) from
+// grads_needed to their reduction; at stage 3 also the gathered segments' parameters, a slot
+// holding its segment from the gather's start until it is dropped, in use from its params_needed to
+// its params_done (held and not in use: a gather in flight, a prefetch, or a segment kept for the
+// pass that starts with it; llmc/gpt/hooks.h). Slots come in classes, each sized for the largest
+// segment of its class, and a segment takes only slots of its class (llmc/gpt/plan.h:
+// alloc_segment_slots), so that a 50k-row embedding does not make every slot its size.
 template <typename floatX>
 struct SegmentSlots {
     std::vector<floatX*> buf;
-    std::vector<int> holds;  // segment index, or -1
-    floatX* find(int seg) const {
-        for (size_t k = 0; k < buf.size(); k++)
-            if (holds[k] == seg) return buf[k];
-        return nullptr;
-    }
-    floatX* acquire(int seg, const char* what) {
-        if (floatX* p = find(seg)) return p;
-        for (size_t k = 0; k < buf.size(); k++)
-            if (holds[k] < 0) { holds[k] = seg; return buf[k]; }
-        LLMC_FAIL("zero stage 3: no free %s slot for segment %d (all %zu in use)", what, seg, buf.size());
-    }
-    void release(int seg) {
-        for (size_t k = 0; k < buf.size(); k++)
-            if (holds[k] == seg) holds[k] = -1;
-    }
-};
-
-// Stage 3: segment-sized buffers that hold gathered segments' parameters. A slot holds its segment
-// from the gather's start until it is dropped, in use from its params_needed to its params_done;
-// held and not in use, it is a gather in flight (a prefetch) or a segment kept for the pass that
-// starts with it (llmc/gpt/hooks.h).
-template <typename floatX>
-struct ParamSlots {
-    std::vector<floatX*> buf;
-    std::vector<int> holds;  // segment index, or -1
-    std::vector<char> in_use;
+    std::vector<int> slot_class;  // per slot
+    std::vector<int> seg_class;   // per local segment: the class of the slots it takes
+    std::vector<int> holds;       // per slot: the local segment it holds, or -1
+    std::vector<char> in_use;     // per slot (parameters): between params_needed and params_done
     int slot_of(int seg) const {
         for (size_t k = 0; k < buf.size(); k++)
             if (holds[k] == seg) return (int)k;
@@ -373,13 +364,41 @@ struct ParamSlots {
         const int k = slot_of(seg);
         return k < 0 ? nullptr : buf[k];
     }
-    int empty() const { return (int)std::count(holds.begin(), holds.end(), -1); }
-    // an empty slot, else with take_held the first one held and not in use; -1: none
-    int free_slot(bool take_held) const {
-        int k = slot_of(-1);
+    // the empty slots of class c
+    int empty(int c) const {
+        int n = 0;
+        for (size_t k = 0; k < buf.size(); k++) n += holds[k] < 0 && slot_class[k] == c;
+        return n;
+    }
+    // a slot of seg's class: an empty one, else with take_held the first one held and not in use; -1: none
+    int free_slot(int seg, bool take_held) const {
+        int k = -1;
+        for (size_t j = 0; j < buf.size() && k < 0; j++)
+            if (slot_class[j] == seg_class[seg] && holds[j] < 0) k = (int)j;
         for (size_t j = 0; j < buf.size() && k < 0 && take_held; j++)
-            if (!in_use[j]) k = (int)j;
+            if (slot_class[j] == seg_class[seg] && !in_use[j]) k = (int)j;
         return k;
+    }
+    // empty slots for all of segs at once
+    bool fit_empty(const std::vector<int>& segs) const {
+        for (int s : segs) {
+            int n = 0;
+            for (int t : segs) n += seg_class[t] == seg_class[s];
+            if (n > empty(seg_class[s])) return false;
+        }
+        return true;
+    }
+    // (gradients) the slot that holds seg, else an empty one of its class, now holding it; nullptr: none free
+    floatX* acquire(int seg) {
+        if (floatX* p = find(seg)) return p;
+        const int k = free_slot(seg, false);
+        if (k < 0) return nullptr;
+        holds[k] = seg;
+        return buf[k];
+    }
+    void release(int seg) {
+        for (size_t k = 0; k < buf.size(); k++)
+            if (holds[k] == seg) holds[k] = -1;
     }
 };
 
