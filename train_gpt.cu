@@ -339,6 +339,7 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
     attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, ls.n_head, ls.n_kv_head, ls.hs,
                       c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
     row_parallel_forward(m, m.scratch, a.atty, w.attprojw, w.attprojb, 1, BT, ls.n_head * ls.hs, C, m.split_attn, ls.sp);
+    params_needed(m, l + 1, PART_FFN);  // (ZeRO: the FFN half's params come later than the attention's)
     fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, rows, C);
     const floatX* ln2 = ln_gathered(m, a.ln2, 1);
     if (c.is_moe(l)) {
@@ -418,7 +419,7 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
         if (!pp.last_vs(chunk)) params_done(m, embedding);  // (else the tied head reads it again: head_done)
     }
     // ZeRO-3: each segment's gather runs one segment ahead, behind the compute of the one before
-    params_needed(m, l0 + 1);
+    params_needed(m, l0 + 1, PART_ATTENTION);
     params_prefetch(m, l0 + 2 <= l1 || l1 == L ? l0 + 2 : -1);
     LayerActs a = acts_for(m, s, chunk, l0);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, s.input, m.p.layers[l0].ln1w, m.p.layers[l0].ln1b, rows, C);
@@ -426,7 +427,7 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
         const bool chunk_end = l + 1 == l1, model_end = l + 1 == L;
         const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
         block_forward(m, l, a, x, s.doc_start);
-        if (!chunk_end || model_end) params_needed(m, l + 2);  // the next block (its LN1 ends this one), or the final LN
+        if (!chunk_end || model_end) params_needed(m, l + 2, PART_ATTENTION);  // the next block (its LN1 ends this one), or the final LN
         // the residual add is fused with the next LayerNorm: the next block's LN1, or the final LN;
         // where the chunk ends before the model does, the next LN1 is on the next stage
         if (model_end) {
@@ -547,7 +548,10 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
         column_parallel_dinp(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
                              [&](int j) { return fc_leaf_rows(m, j, false); }, ls.sp);
     }
-    if (!stash) ffn_weight_grads(m, l, a, d);
+    if (!stash) {
+        ffn_weight_grads(m, l, a, d);
+        ffn_grads_ready(m, l);  // (ZeRO: the FFN half's reduction runs behind the attention's backward)
+    }
     layernorm_backward(dres, (float*)nullptr, (float*)nullptr, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd,
                        rows, C);
     // dres = dL/d residual2 now; the attention branch
@@ -613,6 +617,7 @@ static void chunk_weights(GPT& m, int chunk, int mb, bool already_done) {
             }
             grads_needed(m, l + 1);
             ffn_weight_grads(m, l, a, st.layers[l - l0]);
+            ffn_grads_ready(m, l);
             attn_weight_grads(m, l, a, st.layers[l - l0], x);
             grads_ready(m, l + 1);
         }

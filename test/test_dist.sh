@@ -714,17 +714,19 @@ assert all(w["t1_ms"] <= b0 for w in waits), (r, early, waits)' &&
             pass || fail "-z $z: the all-gathers do not run from the last step into the forward"
     else fail "-z $z trace run: rc $?"; fi
 done
-# -z 3 (2 blocks, 2 micro-batches per rank: F B F B): the next forward's first segments (embedding,
-# blocks 0 and 1: the 3 slots) are gathered after the previous step's update and complete in the
-# first forward; in the step only 5 gathers: the final LN in each forward (the tied head reads the
-# embedding's slot), block 0 in each backward (each starts with the forward's last block, kept),
-# the embedding in the first backward for the second forward (which starts with blocks 0 and 1,
-# kept from that backward); before, 14 (every segment per forward, the embedding twice, every block per backward)
+# -z 3 (2 blocks, 2 micro-batches per rank: F B F B; a block is two segments, its attention and FFN
+# halves): the next forward's first segments (embedding, blocks 0 and 1: 5 gathers) are gathered
+# after the previous step's update and complete in the first forward; in the step only 7 gathers:
+# the final LN in each forward (the tied head reads the embedding's slot), block 0's two halves in
+# each backward (each starts with the forward's last block, kept), the embedding in the first
+# backward for the second forward (which starts with blocks 0 and 1, kept from that backward);
+# before the kept slots, 14 at one segment per block (every segment per forward, the embedding
+# twice, every block per backward)
 out=$W/link.trace.z3
 if run 2 "$out" $DENSE -d $((B * T * 4)) -x 3 -z 3 --sim_link 0.05,20 --pp_trace "$out.jsonl"; then
     gather_trace "$out.jsonl" '
 early_waits = [w for w in waits if w["t0_ms"] < b0][:len(early)]
-assert len(early) == 3 and len(gathers) - len(early) == 5, (r, gathers)
+assert len(early) == 5 and len(gathers) - len(early) == 7, (r, gathers)
 assert all(w["t1_ms"] <= b0 for w in early_waits), (r, early_waits)' &&
         pass || fail "-z 3: the parameter gathers are not those of the kept slots and the update"
 else fail "-z 3 trace run: rc $?"; fi

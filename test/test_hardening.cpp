@@ -429,8 +429,8 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
             n_tensors++;
         }
         REQUIRE(replicated > 0);
-        // per tensor up to 7 alignment elements, per segment (embedding, blocks, final LN) up to 2047
-        const double slack = 8 * n_tensors + (double)NORM_CHUNK * (c.n_layer + 2);
+        // per tensor up to 7 alignment elements, per segment (embedding, block halves, final LN) up to 2047
+        const double slack = 8 * n_tensors + (double)NORM_CHUNK * (2 * c.n_layer + 2);
         for (int recompute = 0; recompute <= 2; recompute++) {
             CAPTURE(recompute);
             double params[5] = {}, act[5][2] = {};

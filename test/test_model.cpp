@@ -633,14 +633,17 @@ TEST_CASE("the memory plan per parameter: the model states of every ZeRO stage, 
             const ZeroLayout& h = plan.head;
             const double P = (double)z.padded_total, own = (double)z.shard_total;
             CHECK(own * N == P);
-            // the slots: the parameters' one of the embedding, two of a block, one of the final
-            // LayerNorm; the gradients' the smaller of two of the largest segment (the embedding
-            // here) and the embedding's + two of a block + the final LayerNorm's
-            const double emb = (double)z.segs[0].padded, block = (double)z.segs[1].padded, final_ln = (double)z.segs.back().padded;
+            // the slots: the parameters' one of the embedding, two of each block half, one of the
+            // final LayerNorm; the gradients' the smaller of four of the largest segment (the
+            // embedding here) and the same as the parameters'
+            CHECK(z.segs[1].name == "h0.attn");
+            CHECK(z.segs[2].name == "h0.ffn");
+            const double emb = (double)z.segs[0].padded, attn = (double)z.segs[1].padded, ffn = (double)z.segs[2].padded;
+            const double final_ln = (double)z.segs.back().padded;
             CHECK(emb == (double)z.max_padded);
-            const double param_slots = zero == 3 ? al(2.0 * emb) + 2 * al(2.0 * block) + al(2.0 * final_ln) : 0.0;
-            const double grad_slots = 2 * emb < emb + 2 * block + final_ln ? 2 * al(4.0 * emb)
-                                                                          : al(4.0 * emb) + 2 * al(4.0 * block) + al(4.0 * final_ln);
+            auto slots = [&](double b) { return al(b * emb) + 2 * al(b * attn) + 2 * al(b * ffn) + al(b * final_ln); };
+            const double param_slots = zero == 3 ? slots(2.0) : 0.0;
+            const double grad_slots = 4 * emb < emb + 2 * attn + 2 * ffn + final_ln ? 4 * al(4.0 * emb) : slots(4.0);
             CHECK(e.params == al(2.0 * (zero == 3 ? own : P)) + param_slots);
             CHECK(e.grads == al(4.0 * (zero >= 2 ? own : P)));
             CHECK(e.master == al(4.0 * (zero >= 1 ? own : P)));

@@ -165,26 +165,43 @@ struct ModelTensors {
     std::vector<LayerTensors<T>> layers;
 };
 
-// The segments of the flat buffers (llmc/parallel/zero.h): the embedding, each block, the final LayerNorm,
-// and each MoE layer's experts (sharded over the expert-dp group). Segment of layer l is 1 + l; the
-// final LayerNorm's is n_layer + 1; layer l's experts' n_layer + 2 + l.
+// The segments of the flat buffers (llmc/parallel/zero.h): the embedding; each block's two halves,
+// its attention (LN1, attn) and its FFN (LN2, the MLP or the router), so that a block's FFN
+// gradient is reduced while its attention's backward runs and its FFN's params are gathered while
+// its attention's forward runs; each MoE layer's experts (sharded over the expert-dp group); the
+// final LayerNorm. Layer l's attention is segment 1 + l (a block's model segment: the hooks take
+// all of a layer's parts by it), the final LayerNorm n_layer + 1, layer l's experts n_layer + 2 + l,
+// its FFN 2 n_layer + 2 + l. The table and the checkpoints do not depend on it; the gradient
+// norm's chunks and the reductions' grouping do, the same for every layout.
 static bool is_expert_tensor(const std::string& name) {
     const size_t dot = name.find('.');
     return dot != std::string::npos && name.compare(dot + 1, 4, "moe.") == 0 && name.compare(dot + 1, 10, "moe.router") != 0;
 }
+static bool is_ffn_tensor(const std::string& name) {
+    const size_t dot = name.find('.');
+    return dot != std::string::npos && (name.compare(dot + 1, 4, "ln2.") == 0 || name.compare(dot + 1, 4, "mlp.") == 0 ||
+                                        name.compare(dot + 1, 10, "moe.router") == 0);
+}
 static int segment_of(const std::string& name, int n_layer) {
     if (name == "wte" || name == "wpe") return 0;
-    if (name[0] == 'h') return (is_expert_tensor(name) ? n_layer + 2 : 1) + std::stoi(name.substr(1, name.find('.') - 1));
-    return n_layer + 1;
+    if (name[0] != 'h') return n_layer + 1;
+    const int l = std::stoi(name.substr(1, name.find('.') - 1));
+    return is_expert_tensor(name) ? n_layer + 2 + l : is_ffn_tensor(name) ? 2 * n_layer + 2 + l : 1 + l;
 }
+static int segment_count(int n_layer) { return 3 * n_layer + 2; }  // ids [0, count), MoE or not
 // the block a segment belongs to (-1: the embedding or the final LayerNorm)
 static int segment_layer(int id, int n_layer) {
-    return id >= 1 && id <= n_layer ? id - 1 : id >= n_layer + 2 ? id - n_layer - 2 : -1;
+    if (id == 0 || id == n_layer + 1) return -1;
+    return id <= n_layer ? id - 1 : id < 2 * n_layer + 2 ? id - n_layer - 2 : id - 2 * n_layer - 2;
 }
 // the kinds of segments: the classes of the ZeRO-2/3 slots (llmc/gpt/plan.h: alloc_segment_slots)
-enum SegmentKind { SEG_EMBEDDING, SEG_BLOCK, SEG_EXPERTS, SEG_FINAL, SEG_KINDS };
+enum SegmentKind { SEG_EMBEDDING, SEG_ATTENTION, SEG_FFN, SEG_EXPERTS, SEG_FINAL, SEG_KINDS };
 static int segment_kind(int id, int n_layer) {
-    return id == 0 ? SEG_EMBEDDING : id <= n_layer ? SEG_BLOCK : id == n_layer + 1 ? SEG_FINAL : SEG_EXPERTS;
+    return id == 0                  ? SEG_EMBEDDING
+           : id <= n_layer          ? SEG_ATTENTION
+           : id == n_layer + 1      ? SEG_FINAL
+           : id < 2 * n_layer + 2   ? SEG_EXPERTS
+                                    : SEG_FFN;
 }
 // every segment of the model, in table order (a segment's range runs to the next one's start);
 // n_leaves: the experts' leaf gradients (expert parallelism: --ep)
@@ -194,10 +211,12 @@ static std::vector<SegmentSpec> segment_specs(const GPTConfig& c, const std::vec
         const int s = segment_of(p.name, c.n_layer), l = segment_layer(s, c.n_layer);
         if (specs.empty() || specs.back().id != s) {
             SegmentSpec spec;
-            spec.name = s == 0 ? "embedding" : s == c.n_layer + 1 ? "final" : "h" + std::to_string(l) + (s > c.n_layer ? ".experts" : "");
+            const int kind = segment_kind(s, c.n_layer);
+            spec.name = kind == SEG_EMBEDDING ? "embedding" : kind == SEG_FINAL ? "final"
+                        : "h" + std::to_string(l) + (kind == SEG_ATTENTION ? ".attn" : kind == SEG_FFN ? ".ffn" : ".experts");
             spec.id = s;
             spec.begin = p.offset;
-            spec.expert = s > c.n_layer + 1;
+            spec.expert = kind == SEG_EXPERTS;
             spec.n_leaves = spec.expert ? n_leaves : 1;
             specs.push_back(spec);
         }

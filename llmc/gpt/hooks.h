@@ -50,17 +50,23 @@ static const CommGroup& seg_group(const ZeroLayout& z, int s) {
 static const CommGroup& seg_reduce_group(const ZeroLayout& z, int s) {
     return z.segs[s].expert ? comm_world().edp_reduce : comm_world().dp_reduce;
 }
-// the local segments of model segment seg: a block's, and its experts' in an MoE layer
+// the local segments of model segment seg: a layer's (by its attention's id) are its attention
+// half, its FFN half and, in an MoE layer, its experts; part: all of them, or the attention's, or
+// the FFN's (its half and the experts)
+enum LayerPart { PART_ALL, PART_ATTENTION, PART_FFN };
 struct LocalSegments {
     int s[3] = {-1, -1, -1}, n = 0;
     const int* begin() const { return s; }
     const int* end() const { return s + n; }
 };
-static LocalSegments local_segments(const GPT& m, int seg) {
+static LocalSegments local_segments(const GPT& m, int seg, LayerPart part = PART_ALL) {
     LocalSegments out;
-    out.s[out.n++] = m.seg_local[seg];
-    const int l = segment_layer(seg, m.config.n_layer);
-    if (seg >= 1 && seg <= m.config.n_layer && m.config.is_moe(l)) out.s[out.n++] = m.seg_local[m.config.n_layer + 2 + l];
+    const int L = m.config.n_layer, l = segment_layer(seg, L);
+    if (l < 0 || part != PART_FFN) out.s[out.n++] = m.seg_local[seg];
+    if (l >= 0 && part != PART_ATTENTION) {
+        out.s[out.n++] = m.seg_local[2 * L + 2 + l];
+        if (m.config.is_moe(l)) out.s[out.n++] = m.seg_local[L + 2 + l];
+    }
     return out;
 }
 // the gather of local segment s in flight (stage 3's into its slot, stages 1-2's after the update)
@@ -91,14 +97,15 @@ static void zero_reduce_poll(GPT& m);
 // A segment's params before its use: a gather in flight (stage 3's prefetch, stages 1-2's after
 // the update: zero_update) completes here; stage 3 gathers one its slots do not hold, and points
 // the segment's tensors at its slot, in use until params_done; stage 0's deferred update of the
-// segment runs here.
-static void params_needed(GPT& m, int seg) {
+// segment runs here. A block's forward asks for its attention part first and its FFN part where
+// the FFN begins (block_forward), so the FFN half's gather or update waits that much later.
+static void params_needed(GPT& m, int seg, LayerPart part = PART_ALL) {
     const ZeroLayout& z = m.zero;
     zero_reduce_poll(m);
     if (m.zs.n_pending > 0)
-        for (int s : local_segments(m, seg)) zero_update_segment(m, s);
+        for (int s : local_segments(m, seg, part)) zero_update_segment(m, s);
     if (m.zs.param_gathers.empty() && !z.params_sharded()) return;
-    for (int s : local_segments(m, seg)) {
+    for (int s : local_segments(m, seg, part)) {
         const bool in_flight = param_gather_finish(m, s);
         if (!z.params_sharded()) continue;
         if (!in_flight && !m.param_slots.find(s)) {
@@ -324,19 +331,33 @@ static void zero_reduce_start(GPT& m, int s) {
     tied_head_into_embedding(m, s);
     zero_reduce_enqueue(m, s, true);
 }
-static void grads_ready(GPT& m, int seg) {
+// local segment s's weight gradients of this micro-batch are complete
+static void segment_grads_ready(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
+    // the step's last micro-batch of this segment: its gradient is final
+    const bool last = m.zs.reduce_at > 0 && ++m.zs.ready_count[s] == m.zs.reduce_at;
+    if (z.grads_in_acc()) {
+        if (last) zero_reduce_start(m, s);
+        return;
+    }
+    if (z.segs[s].id == 0 && m.tied == TIED_PER_MICRO_BATCH)  // the micro-batch's head gradient joins the embedding's
+        grad_accumulate(m.grad_slots.find(s), m.head_leaf, m.head.padded_total);
+    zero_reduce_enqueue(m, s, last);
+}
+// After block l's FFN weight gradients (before its attention's): the FFN part's reductions can
+// start, behind the attention's backward; grads_ready of the block then does the rest.
+static void ffn_grads_ready(GPT& m, int l) {
+    zero_reduce_poll(m);
+    for (int s : local_segments(m, l + 1, PART_FFN)) {
+        segment_grads_ready(m, s);
+        m.zs.ffn_ready[s] = 1;
+    }
+}
+static void grads_ready(GPT& m, int seg) {
     zero_reduce_poll(m);
     for (int s : local_segments(m, seg)) {
-        // the step's last micro-batch of this segment: its gradient is final
-        const bool last = m.zs.reduce_at > 0 && ++m.zs.ready_count[s] == m.zs.reduce_at;
-        if (z.grads_in_acc()) {
-            if (last) zero_reduce_start(m, s);
-            continue;
-        }
-        if (z.segs[s].id == 0 && m.tied == TIED_PER_MICRO_BATCH)  // the micro-batch's head gradient joins the embedding's
-            grad_accumulate(m.grad_slots.find(s), m.head_leaf, m.head.padded_total);
-        zero_reduce_enqueue(m, s, last);
+        if (m.zs.ffn_ready[s]) m.zs.ffn_ready[s] = 0;  // (ffn_grads_ready did it)
+        else segment_grads_ready(m, s);
     }
 }
 // The tied lm head's gradient of this micro-batch (head_leaf, fp32), by the layout's TiedSum

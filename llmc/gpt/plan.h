@@ -131,7 +131,7 @@ static void gpt_lay_out(GPT& m, const GPTConfig& config, int B, int T, const Lay
     for (const ParamTensor& t : m.table) m.param_count += t.numel;
     m.zero = gpt_zero_layout(config, m.local, zero_stage, dp, edp, ep.size, pp);
     const ZeroLayout& z = m.zero;
-    m.seg_local.assign(2 * config.n_layer + 2, -1);
+    m.seg_local.assign(segment_count(config.n_layer), -1);
     for (int s = 0; s < (int)z.segs.size(); s++) m.seg_local[z.segs[s].id] = s;
 }
 
@@ -236,6 +236,7 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     m.zs.ready_count.assign(z.segs.size(), 0);
     m.zs.update_pending.assign(z.segs.size(), 0);
     m.zs.reduced.assign(z.segs.size(), 0);
+    m.zs.ffn_ready.assign(z.segs.size(), 0);
     for (int k = 0; k < (int)m.update_pieces.size(); k++)
         for (int s = 0; s < (int)z.segs.size(); s++) {
             const size_t at = m.update_pieces[k].acc_index;

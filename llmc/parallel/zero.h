@@ -2,8 +2,8 @@
 // the data-parallel ranks, and the sharded optimizer step.
 //
 // Segments. The flat buffers are cut into segments, the units that are reduced and (stage 3)
-// gathered together: the embedding (wte, wpe), each block, an MoE layer's experts, the final
-// LayerNorm (llmc/gpt/config.h: segment_of). Every segment is
+// gathered together: the embedding (wte, wpe), each block's attention and FFN halves, an MoE
+// layer's experts, the final LayerNorm (llmc/gpt/config.h: segment_of). Every segment is
 // padded to a multiple of dp * NORM_CHUNK elements and rank r owns the r-th of its dp equal
 // slices, so any parameter count works with any dp. Three index spaces, by buffer:
 //   table   the parameter table's offsets: layout-independent, what checkpoints hold
@@ -200,6 +200,7 @@ struct ZeroInFlight {
     // started), --offload its download (count_ready)
     std::vector<int> ready_count;
     std::vector<char> reduced;
+    std::vector<char> ffn_ready;  // a block's FFN part whose grads_ready came early (ffn_grads_ready)
     int reduce_at = 0;
     bool count_ready = false;
 };
