@@ -123,10 +123,10 @@ static void params_needed(GPT& m, int seg, LayerPart part = PART_ALL) {
 // (a prefetch takes no slot that holds a segment). -1 or another stage's segment: nothing.
 static void params_prefetch(GPT& m, int seg) {
     if (!m.zero.params_sharded() || seg < 0 || m.seg_local[seg] < 0) return;
-    std::vector<int> needed;
+    LocalSegments needed;
     for (int s : local_segments(m, seg))
-        if (!m.param_slots.find(s)) needed.push_back(s);
-    if (needed.empty() || !m.param_slots.fit_empty(needed)) return;
+        if (!m.param_slots.find(s)) needed.s[needed.n++] = s;
+    if (needed.n == 0 || !m.param_slots.fit_empty(needed.s, needed.n)) return;
     for (int s : local_segments(m, seg))
         if (!m.param_slots.find(s)) m.zs.param_gathers.emplace_back(s, params_gather_start(m, s, false));
 }
@@ -345,20 +345,15 @@ static void segment_grads_ready(GPT& m, int s) {
     zero_reduce_enqueue(m, s, last);
 }
 // After block l's FFN weight gradients (before its attention's): the FFN part's reductions can
-// start, behind the attention's backward; grads_ready of the block then does the rest.
+// start, behind the attention's backward. A block's grads_ready, which always follows it, does
+// the attention part.
 static void ffn_grads_ready(GPT& m, int l) {
     zero_reduce_poll(m);
-    for (int s : local_segments(m, l + 1, PART_FFN)) {
-        segment_grads_ready(m, s);
-        m.zs.ffn_ready[s] = 1;
-    }
+    for (int s : local_segments(m, l + 1, PART_FFN)) segment_grads_ready(m, s);
 }
 static void grads_ready(GPT& m, int seg) {
     zero_reduce_poll(m);
-    for (int s : local_segments(m, seg)) {
-        if (m.zs.ffn_ready[s]) m.zs.ffn_ready[s] = 0;  // (ffn_grads_ready did it)
-        else segment_grads_ready(m, s);
-    }
+    for (int s : local_segments(m, seg, PART_ATTENTION)) segment_grads_ready(m, s);
 }
 // The tied lm head's gradient of this micro-batch (head_leaf, fp32), by the layout's TiedSum
 // (llmc/gpt/layout.h): per rank, folded into head_acc (it joins the embedding's accumulator before

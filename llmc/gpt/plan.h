@@ -154,15 +154,13 @@ static void alloc_segment_slots(GPT& m, SegmentSlots<T>& slots, int per_kind, bo
         largest[c] = std::max(largest[c], need);
         all_largest = std::max(all_largest, need);
     }
-    auto is_layer = [](int c) { return c != SEG_EMBEDDING && c != SEG_FINAL; };
     std::vector<int> n(SEG_KINDS, 0);
     size_t by_kind = 0;
     int layer_kinds = 0;
-    for (int c = 0; c < SEG_KINDS; c++) {
-        n[c] = std::min(count[c], per_kind - (grads || !is_layer(c) || count[SEG_EMBEDDING] == 0 ? 0 : 1));
-        if (!is_layer(c)) n[c] = std::min(n[c], 1);
+    for (int c = 0; c < SEG_KINDS; c++) {  // (the embedding and the final LayerNorm: one segment each)
+        n[c] = std::min(count[c], per_kind - (!grads && count[SEG_EMBEDDING] > 0 ? 1 : 0));
         by_kind += n[c] * largest[c];
-        layer_kinds += is_layer(c) && count[c] > 0;
+        layer_kinds += c != SEG_EMBEDDING && c != SEG_FINAL && count[c] > 0;
     }
     const int n_one = per_kind * std::max(layer_kinds, 1);
     if (grads && n_one * all_largest < by_kind) {  // one class
@@ -236,7 +234,6 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     m.zs.ready_count.assign(z.segs.size(), 0);
     m.zs.update_pending.assign(z.segs.size(), 0);
     m.zs.reduced.assign(z.segs.size(), 0);
-    m.zs.ffn_ready.assign(z.segs.size(), 0);
     for (int k = 0; k < (int)m.update_pieces.size(); k++)
         for (int s = 0; s < (int)z.segs.size(); s++) {
             const size_t at = m.update_pieces[k].acc_index;

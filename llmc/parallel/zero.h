@@ -200,7 +200,6 @@ struct ZeroInFlight {
     // started), --offload its download (count_ready)
     std::vector<int> ready_count;
     std::vector<char> reduced;
-    std::vector<char> ffn_ready;  // a block's FFN part whose grads_ready came early (ffn_grads_ready)
     int reduce_at = 0;
     bool count_ready = false;
 };
@@ -380,12 +379,12 @@ struct SegmentSlots {
             if (slot_class[j] == seg_class[seg] && !in_use[j]) k = (int)j;
         return k;
     }
-    // empty slots for all of segs at once
-    bool fit_empty(const std::vector<int>& segs) const {
-        for (int s : segs) {
-            int n = 0;
-            for (int t : segs) n += seg_class[t] == seg_class[s];
-            if (n > empty(seg_class[s])) return false;
+    // empty slots for all of segs[0, n) at once
+    bool fit_empty(const int* segs, int n) const {
+        for (int i = 0; i < n; i++) {
+            int same = 0;
+            for (int j = 0; j < n; j++) same += seg_class[segs[j]] == seg_class[segs[i]];
+            if (same > empty(seg_class[segs[i]])) return false;
         }
         return true;
     }
