@@ -2,7 +2,7 @@
 # The device check as CI can test it without a GPU (make test): scripts/device_check.sh --prepare
 # builds the binaries it carries to the GPU machine, which has no MPI and no NCCL, so none of them
 # may need libmpi or libnccl (readelf); and the dry run's plan keeps the essential steps within
-# their budget (<= 330 s in all), so that a second try fits in one device window.
+# their budget (<= 255 s in all), so that a second try fits in one device window.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)}
@@ -29,11 +29,11 @@ if [ -f train_gpt ] && grep -q "LLMC_NCCL" dev/cuda/bin/.build_flags 2>/dev/null
 fi
 
 DRY_RUN=1 OUT=/tmp/llmc_device_check_out bash scripts/device_check.sh > "$log" 2>&1 || { cat "$log"; fail "the dry run"; }
-sum=$(sed -nE 's/.*essential budgets ([0-9]+) s of 330 s.*/\1/p' "$log" | head -1)
+sum=$(sed -nE 's/.*essential budgets ([0-9]+) s of 255 s.*/\1/p' "$log" | head -1)
 [ -n "$sum" ] || { cat "$log"; fail "the dry run printed no essential budget"; }
-[ "$sum" -le 330 ] || fail "the essential steps' budgets sum to $sum s > 330 s"
+[ "$sum" -le 255 ] || fail "the essential steps' budgets sum to $sum s > 255 s"
 for step in probe test_gpu memcheck racecheck train_d12 train_moe train_z0 train_z1 train_z3 train_r2 train_offload \
             bench_attention_forward bench_attention_backward bench_matmul; do
     grep -qE "^$step +dry-run" "$log" || { cat "$log"; fail "the dry run does not reach the essential step $step"; }
 done
-echo "test_device_check: the dry run reaches every essential step; their budgets sum to $sum s (<= 330 s)"
+echo "test_device_check: the dry run reaches every essential step; their budgets sum to $sum s (<= 255 s)"

@@ -212,7 +212,8 @@ static void offload_start(GPT& m, int s) {
 // they would delay the reductions behind them on the link, and the norm waits for those.)
 static void zero_gather_grads_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
-    if (s < 0 || z.stage != 0) return;
+    // one rank in the group: nothing to gather, and the update stays in one call at its own place
+    if (s < 0 || z.stage != 0 || seg_group(z, s).size == 1) return;
     m.zs.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
                                                     m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
 }

@@ -418,6 +418,9 @@ inline void comm_finalize() {
 inline void comm_abort(int code) {
     Comm& c = comm_world();
 #ifdef LLMC_NCCL
+    // the watchdog thread polls the communicators (ncclCommGetAsyncError) and may abort them itself:
+    // it is gone before they are (if it is firing, its _exit ends the process while we wait for it)
+    nccl_watchdog_stop();
     for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.tp_kv, &c.ep, &c.edp})
         if (g->nccl) ncclCommAbort(g->nccl);
 #endif

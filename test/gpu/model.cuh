@@ -535,7 +535,7 @@ TEST_CASE("model: the device memory a training step uses is the plan's within 5%
 //    loss sums stay on the device), exactly one for the norm (all the rank's ranges in one batch;
 //    the losses' copy was queued before it, so reading them costs none), none in the update.
 //  - launches of the update: ceil(pieces / ADAMW_MAX_PIECES) (one per tensor before); of the norm:
-//    2 ceil(ranges / GN_MAX_RANGES) (the ranges are the L + 2 segments; the tied head's gradient
+//    2 ceil(ranges / GN_MAX_RANGES) (the ranges are the 2L + 2 segments: a block's two halves; the tied head's gradient
 //    joined the embedding's in the backward, before its reduction).
 //  - launches of the whole step below a bound summed from each op's most launches (a cuBLASLt call
 //    or a cub sort counts one; a tensor-parallel sum over one rank is its leaf and at most one copy):
@@ -577,7 +577,7 @@ TEST_CASE("model: a GPU training step has at most one host sync, and a bounded, 
         CHECK(std::isfinite(norm));
         if (step == 0) continue;
         const size_t pieces = g.update_pieces.size(), ranges = g.zero.segs.size();
-        REQUIRE(ranges == (size_t)L + 2);
+        REQUIRE(ranges == 2 * (size_t)L + 2);  // each block is two segments (its attention and FFN halves)
         INFO("micro-batches: " << c1.launches - c0.launches << " launches, " << c1.host_syncs - c0.host_syncs
                                << " syncs; norm " << c2.launches - c1.launches << " / " << c2.host_syncs - c1.host_syncs
                                << "; losses " << c3.host_syncs - c2.host_syncs << " syncs; update "
