@@ -78,9 +78,10 @@ train_gpt: train_gpt.cu $(HEADERS) $(BUILD_FLAGS) dev/cuda/kernel_resources.txt
 	$(call nvcc_checked,$(NVCC) $(NVCCFLAGS) $(MPI_CFLAGS) $(NCCL_CFLAGS) train_gpt.cu $(CUDA_LIBS) $(NCCL_LIBS) $(NVCC_MPI_LIBS) -o $@)
 	@echo "train_gpt: $(if $(NCCL_CFLAGS),with NCCL + MPI (multi-GPU),single GPU ($(if $(MPI_CFLAGS),MPI without NCCL: one rank only; NCCL_HOME=/path/to/nccl for more,no MPI found)))"
 
-# GPU tests: every op vs its CPU twin, the CUDA trainer vs the CPU trainer (needs a GPU to run)
+# GPU tests: every op vs its CPU twin, the CUDA trainer vs the CPU trainer (needs a GPU to run;
+# -lineinfo: compute-sanitizer names the source line of a bad access)
 test/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS) $(BUILD_FLAGS)
-	$(NVCC) $(NVCCFLAGS) $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
+	$(NVCC) $(NVCCFLAGS) -lineinfo $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
 
 # kernel benchmarks: dev/cuda/<name>.cu -> dev/cuda/bin/<name>
 dev/cuda/bin/%: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) $(HEADERS) $(BUILD_FLAGS)
