@@ -290,9 +290,9 @@ fi
 LIBRARY_KERNELS=(--kernel-name-exclude kns=gemm --kernel-name-exclude kns=xmma --kernel-name-exclude kns=cutlass
                  --kernel-name-exclude kns=cub:: --kernel-name-exclude kns=cublas)
 run_step test_gpu 80 note_doctest "$TEST"
-run_step memcheck 25 note_sanitizer compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+run_step memcheck 20 note_sanitizer compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
     "$TEST" -tc='sanitizer*'
-run_step racecheck 30 note_sanitizer compute-sanitizer --tool racecheck --error-exitcode 9 --print-limit 20 \
+run_step racecheck 45 note_sanitizer compute-sanitizer --tool racecheck --error-exitcode 9 --print-limit 20 \
     "${LIBRARY_KERNELS[@]}" \
     "$TEST" -tc='sanitizer*'
 
@@ -320,10 +320,10 @@ VALB=$((avail < 2 ? avail : 2))
 say "val shard ${DATA}_val_000.bin: $avail batches of ${B}x${T}: --val_batches $VALB"
 VAL_ARGS=(--val "${DATA}_val_*.bin" --val_batches "$VALB")
 [ "$VALB" -ge 1 ] || VAL_ARGS=(--val '')
-run_step train_d12 35 note_train "$TRAIN" --train "${DATA}_train_*.bin" "${VAL_ARGS[@]}" --out_dir "$WORK/train_d12" \
+run_step train_d12 25 note_train "$TRAIN" --train "${DATA}_train_*.bin" "${VAL_ARGS[@]}" --out_dir "$WORK/train_d12" \
     -e d12 -b $B -t $T --max_steps 20 --warmup 5 --val_every 20 --sample_len 32
 avail_moe=$(val_batches_of "${DATA}_val_000.bin" 16 $T)
-run_step train_moe 15 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_moe" \
+run_step train_moe 10 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_moe" \
     -e d8 --n_expert 8 --moe_every 2 --capacity_factor 1.25 -b 16 -t $T --max_steps 10 --warmup 3 --sample_len 0 \
     --ckpt_every -1
 

@@ -54,6 +54,18 @@
 #include "llmc/ops/cpu/global_norm.h"
 #include "llmc/ops/cpu/accumulate.h"
 #include "llmc/ops/cpu/moe.h"
+
+#define LLMC_NO_MAIN
+// The CPU build first, before any CUDA op is declared: its calls must reach the cpu:: templates (via
+// its `using namespace cpu`), and a CUDA op at global scope that takes the same host types (float*,
+// int*) would win the overload against the template and be handed host pointers (moe_select with
+// the CPU model's scores did: an illegal access on the first GPU run). Declared later, no CUDA op
+// is visible to its lookup (its calls take fundamental types: no ADL either).
+namespace ref {
+#define LLMC_CPU
+#include "../train_gpt.cu"
+#undef LLMC_CPU
+}  // namespace ref
 #include "llmc/ops/cuda_common.cuh"
 #include "llmc/ops/encoder.cuh"
 #include "llmc/ops/layernorm.cuh"
@@ -65,21 +77,6 @@
 #include "llmc/ops/global_norm.cuh"
 #include "llmc/ops/accumulate.cuh"
 #include "llmc/ops/moe.cuh"
-
-#define LLMC_NO_MAIN
-namespace ref {
-// The CPU build's calls must reach the cpu:: templates (via its `using namespace cpu`). A CUDA op
-// at global scope that takes the same host types would win the overload tie against the template
-// and be handed host pointers: global_norm_squared(const float*) (the fp32 accumulator's norm).
-// The using-declaration makes ref:: the scope where lookup stops, so only the cpu:: one is found.
-using cpu::global_norm_squared;
-using cpu::grad_accumulate;  // (float*, const float*): the CUDA fp32 overload would win too
-using cpu::max_into;
-using cpu::loss_sum;  // (double*, const float*, int): the CUDA op would be ambiguous with it
-#define LLMC_CPU
-#include "../train_gpt.cu"
-#undef LLMC_CPU
-}  // namespace ref
 namespace gpu {
 #include "../train_gpt.cu"
 }  // namespace gpu

@@ -889,3 +889,42 @@ TEST_CASE("lm head token chunks: GPT-2 124M at B 32 x T 1024 plans one chunk's l
         CHECK(whole - chunked == saved + (copies ? copy_saved : 0.0));
     }
 }
+
+// What test_gpu's launch-count test (test/gpu/model.cuh) expects of the host side, checked here
+// where CI runs it: the ZeRO segments are the embedding, each block's attention and FFN halves, each
+// MoE layer's experts and the final LayerNorm; on one rank no stage defers the update into the next
+// forward (the gradient gathers that stage 0 waits on are for groups of several ranks only).
+TEST_CASE("one rank: 2L + 2 segments (+ the experts), and gpt_apply_update runs the whole update at every -z") {
+    for (int moe = 0; moe <= 1; moe++)
+        for (int stage = 0; stage <= 3; stage++) {
+            CAPTURE(moe);
+            CAPTURE(stage);
+            GPTConfig c = small_config(MLP_SWIGLU, POS_ALIBI);
+            if (moe) {
+                c.n_expert = 2;
+                c.moe_every = 2;
+                c.finalize();
+            }
+            const int B = 2, T = 16, L = c.n_layer;
+            Layout layout;
+            layout.zero_stage = stage;
+            GPT m;
+            gpt_allocate(m, c, B, T, layout);
+            gpt_init_params(m, 3);
+            CHECK(m.zero.segs.size() == (size_t)(2 * L + 2 + (moe ? L / 2 : 0)));
+            std::vector<int> tokens = synthetic_tokens(B * T + 1, 7), in(B * T), tgt(B * T), ds(B * T);
+            for (int i = 0; i < B * T; i++) { in[i] = tokens[i]; tgt[i] = tokens[i + 1]; }
+            for (int b = 0; b < B; b++) compute_doc_start(ds.data() + b * T, in.data() + b * T, T, 256);
+            const OptimizerConfig opt;
+            for (int step = 0; step < 2; step++) {
+                gpt_zero_grad(m);
+                gpt_pipeline_step(m, {{in.data(), tgt.data(), ds.data()}}, B, T, 1.0f, false, nullptr);
+                const float norm = gpt_grad_norm(m);
+                take_losses(m);
+                gpt_apply_update(m, opt, 1e-3f, step, norm);
+                CHECK(m.zs.n_pending == 0);
+                CHECK(m.zs.grad_gathers.empty());
+            }
+            gpt_free(m);
+        }
+}

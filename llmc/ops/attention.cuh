@@ -917,8 +917,10 @@ flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float
 // query heads of the group, and for each the 64-query tiles from the block's first key to the last query
 // that sees one of its keys (double-buffered), 32 queries per step. Writes dk, dv (overwrite).
 
+// (HS 64: at most 168 registers, so that 3 blocks of 128 threads fit an SM's 64K registers;
+// unbounded, ptxas took 172 and 2 fit. HS 128 needs ~254: one block's worth, no bound to ask.)
 template <int HS>
-__global__ void __launch_bounds__(FA_THREADS)
+__global__ void __launch_bounds__(FA_THREADS, HS == 64 ? 3 : 1)
 flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
                   const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2,
                   int alibi_n_head, int head0) {
@@ -962,7 +964,10 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
     // step u: query head kh * group + u / n_qt, query tile j0 + (u % n_qt) * 64, into buffer buf
     auto load_step = [&](int u, int buf) {
         const int h = kh * group + u / n_qt, ic = j0 + (u % n_qt) * FA_TILE, nv = T - ic;
-        load_tile_async<HS>(q_s + buf * TILE, base + (size_t)ic * row + h * HS, row, nv, tid);
+        // (HS 64: the address from the kernel's parameters each time, no 64-bit base held across the
+        // loop, keeps it within 168 registers without a spill; HS 128 spills that way, not the other)
+        const floatX* q_rows = HS == 64 ? qkv + ((size_t)blockIdx.z * T + ic) * row : base + (size_t)ic * row;
+        load_tile_async<HS>(q_s + buf * TILE, q_rows + h * HS, row, nv, tid);
         load_tile_async<HS>(do_s + buf * TILE, dout + ((size_t)b * T + ic) * n_head * HS + h * HS,
                             (size_t)n_head * HS, nv, tid);
         const int t = tid % FA_TILE;
@@ -981,7 +986,6 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
 
     // this thread's two keys (C fragment rows g, g + 8 of the warp's 16)
     const int jw = j0 + warp * 16, jw_last = min(jw + 15, T - 1), c2 = frag_col(lane);
-    const int kj[2] = {jw + frag_row(lane), jw + frag_row(lane) + 8};
     float dk[DB][4] = {}, dv[DB][4] = {};
     cp_async_wait_all();
     __syncthreads();
@@ -1007,7 +1011,7 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
             for (int nb = 0; nb < NQ; nb++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int c = c0 + nb * 8 + c2 + (e & 1), i = ic + c, j = kj[e >> 1];
+                    const int c = c0 + nb * 8 + c2 + (e & 1), i = ic + c, j = jw + frag_row(lane) + 8 * (e >> 1);
                     const float x = fmaf(s[nb][e], scale_log2, -slope_log2 * (float)(i - j));
                     float p = exp2f(x - lse_s[buf][c] * LOG2E);
                     if (!all && !(i < T && j < T && ds_s[buf][c] <= j && j <= i)) p = 0.f;
