@@ -225,7 +225,8 @@ note_probe() { grep -E "^probe:" "$1" | tail -1; }
 # ------------------------------------------------------------------------------------------------
 # 0. the machine
 
-say "commit $(git rev-parse --short HEAD 2>/dev/null || cat "$PREBUILT/COMMIT" 2>/dev/null || echo unknown), $(date -u +%FT%TZ)"
+# the carried binaries' commit first: the device's copy of the tree may carry an older git HEAD
+say "commit $(cat "$PREBUILT/COMMIT" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%FT%TZ)"
 if [ "$DRY_RUN" = 1 ]; then
     say "DRY RUN: nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader"
 else
