@@ -6,7 +6,9 @@
 # single-process programs that refuse to run as N copies under mpirun.
 #   make ... USE_MPI=0        build without MPI even where it is installed
 #   make train_gpt_cpu        CPU reference build (g++, OpenMP, fp32)
-#   make train_gpt            CUDA build (GPU_ARCH=sm_90 by default: make train_gpt GPU_ARCH=sm_80)
+#   make train_gpt            CUDA build: for the local GPU(s) when nvidia-smi sees one, else one fat binary for
+#                             sm_80 sm_86 sm_89 sm_90a (+ PTX of sm_80: it runs on any newer card);
+#                             GPU_ARCH=sm_86 (or a list: GPU_ARCH="sm_80 sm_89") to choose
 #   make test                 CPU tests + compile checks of every CUDA target (what CI runs)
 #   make fuzz                 seeded mutation fuzz of the shard and checkpoint readers (ASan+UBSan)
 #   make reference            regenerate test/data/ref_*.bin with PyTorch (scripts/reference.mk)
@@ -14,9 +16,33 @@
 CXX       ?= g++
 CXXFLAGS  ?= -O3 -march=native
 CXXFLAGS  += -std=c++17 -fopenmp -Wall -Wextra -Wno-comment -I.
-GPU_ARCH  ?= sm_90
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-NVCCFLAGS ?= -O3 -std=c++17 -arch=$(GPU_ARCH) --use_fast_math -Xcompiler -fopenmp -I.
+# The cards: GPU_ARCH is a list of sm_XX (SASS for that card) or compute_XX (PTX only: the driver
+# compiles it for whatever card runs it, as the device check does for sm_80 code on an H200).
+# Default: the local GPUs' compute capabilities (Hopper as sm_90a: wgmma / setmaxnreg available),
+# else the cards our users rent or own: A100 (sm_80), RTX 3090 / A6000 (sm_86), RTX 4090 / L4 (sm_89),
+# H100 / H200 (sm_90a). The lowest real arch also gets its PTX, so the binary runs on newer cards.
+# The kernel benchmarks and the device check's single-GPU trainer are built for one card: the
+# highest of the list (BENCH_ARCH).
+comma     := ,
+GPU_FAT_ARCHS  := sm_80 sm_86 sm_89 sm_90a
+LOCAL_GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | sort -u | \
+                    sed -E 's/^9\.0$$/sm_90a/; t; s/^([0-9]+)\.([0-9]+)$$/sm_\1\2/')
+GPU_ARCH  ?= $(if $(strip $(LOCAL_GPU_ARCH)),$(LOCAL_GPU_ARCH),$(GPU_FAT_ARCHS))
+GPU_ARCHS := $(shell printf '%s\n' $(subst $(comma), ,$(GPU_ARCH)) | sort -uV)
+# a wrong GPU_ARCH stops the CUDA targets only (the CPU build never needs it)
+GPU_ARCH_ERROR := $(strip \
+  $(if $(filter sm_75 compute_75 sm_70 compute_70,$(GPU_ARCHS)),GPU_ARCH=$(GPU_ARCH): sm_75 / sm_70 (T4$(comma) RTX 20xx$(comma) V100) have no bf16 and their fp16 build (loss scaling$(comma) fp16 attention) is not written yet: build for sm_80 or newer (GPU_ARCH=sm_80)) \
+  $(if $(filter-out sm_% compute_%,$(GPU_ARCHS)),GPU_ARCH=$(GPU_ARCH): expected sm_XX or compute_XX entries (sm_80 sm_86 sm_89 sm_90a ...)))
+check_gpu_arch = $(if $(GPU_ARCH_ERROR),$(error $(GPU_ARCH_ERROR)))
+GPU_SASS  := $(filter sm_%,$(GPU_ARCHS))
+# -gencode per entry; the lowest real arch with its PTX too
+gencode   = $(foreach a,$(1),-gencode arch=$(subst sm_,compute_,$(a)),code=$(a)) \
+            $(foreach a,$(firstword $(filter sm_%,$(1))),-gencode arch=$(subst sm_,compute_,$(a)),code=$(subst sm_,compute_,$(a)))
+BENCH_ARCH ?= $(lastword $(GPU_ARCHS))
+NVCC_BASE := -O3 -std=c++17 --use_fast_math -Xcompiler -fopenmp -I.
+NVCCFLAGS ?= $(NVCC_BASE) $(call gencode,$(GPU_ARCHS))
+NVCCFLAGS_BENCH ?= $(NVCC_BASE) $(call gencode,$(BENCH_ARCH))
 CUDA_LIBS := -lcublasLt -lcublas
 
 HEADERS   := $(wildcard llmc/*.h llmc/*/*.h llmc/*/*.cuh llmc/ops/cpu/*.h)
@@ -41,15 +67,16 @@ NVCC_MPI_LIBS := $(patsubst -Wl%,-Xlinker %,$(filter-out -pthread,$(MPI_LIBS)))
 # The CUDA flags of the last build (a stamp rewritten only when they change): a binary built with other
 # flags (GPU_ARCH, USE_MPI, NCCL_HOME, ...) is rebuilt, never shipped as if it were this build
 BUILD_FLAGS := dev/cuda/bin/.build_flags
-CUDA_FLAGS_NOW := $(NVCC) $(NVCCFLAGS) | $(MPI_CFLAGS) $(MPI_LIBS) | $(NCCL_CFLAGS) $(NCCL_LIBS)
+CUDA_FLAGS_NOW := $(NVCC) $(NVCCFLAGS) | $(NVCCFLAGS_BENCH) | $(MPI_CFLAGS) $(MPI_LIBS) | $(NCCL_CFLAGS) $(NCCL_LIBS)
 ifneq ($(NVCC),)
 ifneq ($(shell cat $(BUILD_FLAGS) 2>/dev/null),$(strip $(CUDA_FLAGS_NOW)))
 $(shell mkdir -p dev/cuda/bin && echo '$(strip $(CUDA_FLAGS_NOW))' > $(BUILD_FLAGS))
 endif
 endif
-# a trainer's nvcc with ptxas' report of every kernel, checked against dev/cuda/kernel_resources.txt
+# a trainer's nvcc with ptxas' report of every kernel, checked against dev/cuda/kernel_resources/<arch>.txt
 # (registers, spills: scripts/kernel_resources.sh); ptxas' other output (warnings) is shown as usual
 define nvcc_checked
+$(check_gpu_arch)
 @mkdir -p dev/cuda/bin
 @echo "$(1)"
 @$(1) --resource-usage 2> dev/cuda/bin/$(notdir $@).ptxas; rc=$$?; \
@@ -74,30 +101,32 @@ ifeq ($(NVCC),)
 train_gpt test/test_gpu dev_cuda dev/cuda/bin/libllmc_attention.so:
 	@echo "$@: nvcc not found (install the CUDA toolkit or set NVCC=/path/to/nvcc); skipping the GPU build"
 else
-train_gpt: train_gpt.cu $(HEADERS) $(BUILD_FLAGS) dev/cuda/kernel_resources.txt
+train_gpt: train_gpt.cu $(HEADERS) $(BUILD_FLAGS) $(wildcard dev/cuda/kernel_resources/*.txt)
 	$(call nvcc_checked,$(NVCC) $(NVCCFLAGS) $(MPI_CFLAGS) $(NCCL_CFLAGS) train_gpt.cu $(CUDA_LIBS) $(NCCL_LIBS) $(NVCC_MPI_LIBS) -o $@)
 	@echo "train_gpt: $(if $(NCCL_CFLAGS),with NCCL + MPI (multi-GPU),single GPU ($(if $(MPI_CFLAGS),MPI without NCCL: one rank only; NCCL_HOME=/path/to/nccl for more,no MPI found)))"
 
 # GPU tests: every op vs its CPU twin, the CUDA trainer vs the CPU trainer (needs a GPU to run;
 # -lineinfo: compute-sanitizer names the source line of a bad access)
 test/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS) $(BUILD_FLAGS)
+	$(check_gpu_arch)
 	$(NVCC) $(NVCCFLAGS) -lineinfo $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
 
 # kernel benchmarks: dev/cuda/<name>.cu -> dev/cuda/bin/<name>
 dev/cuda/bin/%: dev/cuda/%.cu $(wildcard dev/cuda/*.cuh) $(HEADERS) $(BUILD_FLAGS)
+	$(check_gpu_arch)
 	@mkdir -p dev/cuda/bin
-	$(NVCC) $(NVCCFLAGS) $< $(CUDA_LIBS) -o $@
+	$(NVCC) $(NVCCFLAGS_BENCH) $< $(CUDA_LIBS) -o $@
 dev_cuda: $(DEV_CUDA_BINS)
 
 # the single-GPU trainer as the GPU machine builds it (no MPI, no NCCL): compile check only
-dev/cuda/bin/train_gpt_single: train_gpt.cu $(HEADERS) $(BUILD_FLAGS) dev/cuda/kernel_resources.txt
+dev/cuda/bin/train_gpt_single: train_gpt.cu $(HEADERS) $(BUILD_FLAGS) $(wildcard dev/cuda/kernel_resources/*.txt)
 	@mkdir -p dev/cuda/bin
-	$(call nvcc_checked,$(NVCC) $(NVCCFLAGS) train_gpt.cu $(CUDA_LIBS) -o $@)
+	$(call nvcc_checked,$(NVCC) $(NVCCFLAGS_BENCH) train_gpt.cu $(CUDA_LIBS) -o $@)
 
 # the attention ops as a shared library for scripts/bench_attention.py (ctypes; --lib PATH)
 dev/cuda/bin/libllmc_attention.so: dev/cuda/attention_lib.cu $(HEADERS) $(BUILD_FLAGS)
 	@mkdir -p dev/cuda/bin
-	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -shared -DLLMC_ATTENTION_LIB $< -o $@
+	$(NVCC) $(NVCCFLAGS_BENCH) -Xcompiler -fPIC -shared -DLLMC_ATTENTION_LIB $< -o $@
 endif
 
 test_gpu: test/test_gpu

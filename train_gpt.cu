@@ -265,7 +265,8 @@ static void head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         }
         vocab_parallel_loss(m, s.targets + t0, m.losses + t0, n, dloss);  // m.logits: dlogits now
         if (!backward) continue;
-        matmul_backward((floatX*)nullptr, m.head_leaf, (float*)nullptr, m.logits, x, (const floatX*)nullptr, n, C, Vl);
+        matmul_backward((floatX*)nullptr, m.head_leaf, (float*)nullptr, m.logits, x, (const floatX*)nullptr, n, C, Vl,
+                        /*split_k*/ false);  // tiles enough unsplit (llmc/ops/op_scratch.h)
         vocab_parallel_dinp(m, m.d_ln + (size_t)t0 * C, m.logits, wte, n);
     }
     if (s.host_targets) {

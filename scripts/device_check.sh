@@ -5,7 +5,9 @@
 #   on the CPU machine:  scripts/device_check.sh --prepare     (builds and prints the carry list)
 #                        DRY_RUN=1 scripts/device_check.sh     (the plan: every step, its budget, the sums)
 #   on the GPU machine:  scripts/device_check.sh               (carrying what --prepare printed;
-#                        run timeout_s 330; ESSENTIAL_ONLY=1 for a second try: timeout_s 270)
+#                        run timeout_s 330; ESSENTIAL_ONLY=1 for a second try: timeout_s 270;
+#                        ONLY="step step ..." runs just the named steps: a second call for what the
+#                        first one did not reach)
 #
 # Steps in order of value. Each step's budget is its hard timeout (`timeout`), so the essential part
 # (1-6) ends within the sum of its budgets, <= 255 s with the carried binaries (DRY_RUN=1 checks it).
@@ -36,12 +38,11 @@
 # log.jsonl files: at most 5 files, each under 16 MiB. Full step logs stay in /tmp/device_check.
 # Results go to dev/cuda/RESULTS.md (date, commit, the summary).
 #
-# Device-time estimates (EST below; the cold start and the transfers come on top): the binaries'
-# probe ~5 s; make -j16 instead ~90 s (the longest TU, test_gpu, ~90 s of nvcc); test_gpu ~70 s
-# (GPU work is milliseconds: the time is the CPU references, OpenMP on 16 cores); memcheck ~25 s,
-# racecheck ~35 s (small shapes; ~10 s of sanitizer start-up each); d12 ~35 s (start-up, 20 steps
-# at 0.1-0.3 s, evaluation, sample, a 1.5 GB checkpoint) + MoE ~15 s; the five d4 runs ~6 s each;
-# the three benchmarks ~10 s each.
+# Device-time estimates (EST below, from the H200 runs of 2026-12-04; the cold start (~35 s) and the
+# transfers come on top): the binaries' probe ~1 s; make -j16 instead ~90 s; test_gpu ~60 s (GPU
+# work is milliseconds: the time is the CPU references, OpenMP on 16 cores); memcheck ~6 s,
+# racecheck ~30 s; d12 ~5 s; MoE ~1 s; the five d4 runs ~1 s each; the three benchmarks 3-9 s; the
+# PTX-only compute_80 binaries add their JIT compile at start-up (not yet measured: budgeted 100 s).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,18 +86,25 @@ if [ "${1:-}" = "--prepare" ]; then
         fi
     fi
     if [ "${PREPARE_NO_BUILD:-0}" != 1 ]; then
-        echo "building the sm_90 binaries (make rebuilds whatever was built with other flags)..."
-        # shellcheck disable=SC2086
-        make -j"$(nproc)" GPU_ARCH=sm_90 $MAKE_TARGETS
+        # first the PTX-only sm_80 build (what an A100 / RTX 3090 / 4090 / L4 runs, JIT-compiled by the
+        # H200's driver), then the sm_90a one (make rebuilds whatever was built with other flags)
         rm -rf "$PREBUILT"
-        mkdir -p "$PREBUILT/bin"
+        mkdir -p "$PREBUILT/bin" "$PREBUILT/jit80"
+        echo "building the compute_80 (PTX) test_gpu and trainer..."
+        make -j"$(nproc)" GPU_ARCH=compute_80 USE_MPI=0 test/test_gpu dev/cuda/bin/train_gpt_single
+        cp test/test_gpu "$PREBUILT/jit80/test_gpu"
+        cp dev/cuda/bin/train_gpt_single "$PREBUILT/jit80/train_gpt"
+        echo "building the sm_90a binaries..."
+        # shellcheck disable=SC2086
+        make -j"$(nproc)" GPU_ARCH=sm_90a $MAKE_TARGETS
         for pair in "${PREBUILT_FROM[@]}"; do cp "${pair#*:}" "$PREBUILT/${pair%%:*}"; done
         for b in dev/cuda/bin/*; do
             case "$(basename "$b")" in libllmc_attention.so | train_gpt_single | *.ptxas | .*) ;; *) cp "$b" "$PREBUILT/bin/" ;; esac
         done
         # strip the host symbols (the device code is untouched): the carry limit is 64 MiB
-        strip "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT"/bin/*
-        check_no_mpi_nccl "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT/libllmc_attention.so" "$PREBUILT"/bin/*
+        strip "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT"/bin/* "$PREBUILT"/jit80/*
+        check_no_mpi_nccl "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT/libllmc_attention.so" "$PREBUILT"/bin/* \
+            "$PREBUILT"/jit80/*
         git rev-parse --short HEAD > "$PREBUILT/COMMIT" 2>/dev/null || true
     fi
     echo
@@ -132,10 +140,11 @@ export LLMC_REQUIRE_GPU=1  # test_gpu fails (instead of skipping) when it sees n
 START=$(date +%s)
 # the dry run has no real durations: its clock advances by each step's estimate (EST, seconds; the
 # budget where none is given), so the plan shows which steps the budget would reach
-declare -A EST=([probe]=5 [build]=90 [test_gpu]=70 [memcheck]=25 [racecheck]=35 [train_d12]=35 [train_moe]=15
-                [train_z0]=6 [train_z1]=6 [train_z3]=6 [train_r2]=6 [train_offload]=6
-                [bench_attention_forward]=10 [bench_attention_backward]=10 [bench_matmul]=10
-                [speed_d30_r0]=25 [speed_d30_r2]=25 [mem_d24]=25 [bench_attention_torch]=90 [maxfit_query]=3 [mem_maxfit_r2]=90)
+declare -A EST=([probe]=2 [build]=90 [test_gpu]=65 [memcheck]=8 [racecheck]=32 [train_d12]=6 [train_moe]=3
+                [train_z0]=2 [train_z1]=2 [train_z3]=2 [train_r2]=2 [train_offload]=2
+                [bench_attention_forward]=4 [bench_attention_backward]=10 [bench_matmul]=5
+                [jit80_test_gpu]=90 [jit80_train_hs128]=30 [train_hs128]=4 [train_hs128_99kb]=4 [speed_d12_before]=8 [speed_d12_after]=8
+                [speed_d30_r0]=14 [speed_d30_r2]=14 [mem_d24]=8 [bench_attention_torch]=100 [maxfit_query]=2 [mem_maxfit_r2]=90)
 DRY_CLOCK=0
 PHASE=essential
 ESSENTIAL_BUDGET_SUM=0
@@ -172,6 +181,10 @@ run_step() {
     shift 3
     local step_log="$WORK/$name.log" t0 left rc dt note=""
     [ "$PHASE" = essential ] && ESSENTIAL_BUDGET_SUM=$((ESSENTIAL_BUDGET_SUM + limit))
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY probe " != *" $name "* ]]; then
+        TABLE+=("$(printf '%-26s %-10s %5s %5ss  %s' "$name" skipped - "$limit" "not in ONLY")")
+        return 1
+    fi
     t0=$(now)
     left=$((BUDGET - (t0 - START)))
     if [ "$left" -lt 10 ] || { [ "$PHASE" != essential ] && [ "$ESSENTIAL_ONLY" = 1 ]; }; then
@@ -278,7 +291,7 @@ if [ "${PREBUILT_OK:-0}" != 1 ]; then
         say "WARNING: no doctest header (.deps/doctest/doctest.h): carry .deps (scripts/device_check.sh --prepare)"
     PHASE=build
     # shellcheck disable=SC2086
-    run_step build 150 - make -j16 GPU_ARCH=sm_90 NVCC=nvcc USE_MPI=0 $MAKE_TARGETS
+    run_step build 150 - make -j16 GPU_ARCH=sm_90a NVCC=nvcc USE_MPI=0 $MAKE_TARGETS
     PHASE=essential
 fi
 
@@ -290,7 +303,7 @@ fi
 # accesses: 10-100x against memcheck's 2-10x, compute-sanitizer's documentation)
 LIBRARY_KERNELS=(--kernel-name-exclude kns=gemm --kernel-name-exclude kns=xmma --kernel-name-exclude kns=cutlass
                  --kernel-name-exclude kns=cub:: --kernel-name-exclude kns=cublas)
-run_step test_gpu 80 note_doctest "$TEST"
+run_step test_gpu 85 note_doctest "$TEST"
 # memcheck also over the one-step model test (every op of the model at small shapes; 6 s on the
 # H200, 2026-12-04: it named the kernel the first run's illegal access came from)
 run_step memcheck 20 note_sanitizer compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
@@ -323,10 +336,10 @@ VALB=$((avail < 2 ? avail : 2))
 say "val shard ${DATA}_val_000.bin: $avail batches of ${B}x${T}: --val_batches $VALB"
 VAL_ARGS=(--val "${DATA}_val_*.bin" --val_batches "$VALB")
 [ "$VALB" -ge 1 ] || VAL_ARGS=(--val '')
-run_step train_d12 25 note_train "$TRAIN" --train "${DATA}_train_*.bin" "${VAL_ARGS[@]}" --out_dir "$WORK/train_d12" \
+run_step train_d12 15 note_train "$TRAIN" --train "${DATA}_train_*.bin" "${VAL_ARGS[@]}" --out_dir "$WORK/train_d12" \
     -e d12 -b $B -t $T --max_steps 20 --warmup 5 --val_every 20 --sample_len 32
 avail_moe=$(val_batches_of "${DATA}_val_000.bin" 16 $T)
-run_step train_moe 10 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_moe" \
+run_step train_moe 8 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/train_moe" \
     -e d8 --n_expert 8 --moe_every 2 --capacity_factor 1.25 -b 16 -t $T --max_steps 10 --warmup 3 --sample_len 0 \
     --ckpt_every -1
 
@@ -339,7 +352,7 @@ run_step train_moe 10 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val ''
 small_run() {  # name flags...
     local name=$1
     shift
-    run_step "$name" 6 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/$name" \
+    run_step "$name" 4 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/$name" \
         -e d4 -b 8 -t 256 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 --ckpt_every -1 "$@"
 }
 for zs in 0 1 3; do small_run "train_z$zs" -z $zs; done
@@ -357,14 +370,42 @@ bench() {  # name budget
     run_step "bench_$1" "$2" note_bench "$BENCH_DIR/$1"
 }
 bench attention_forward 10
-bench attention_backward 10
-bench matmul 10
+bench attention_backward 15
+bench matmul 15
 
 # ------------------------------------------------------------------------------------------------
 # 7. optional: the memory plan vs the device at d24, attention vs PyTorch
 
 [ "$DRY_RUN" = 1 ] && say "" && say "=== essential steps: budgets sum to ${ESSENTIAL_BUDGET_SUM} s (limit ${ESSENTIAL_LIMIT} s)"
 PHASE=optional
+# the cards our users have, through the H200: the PTX-only compute_80 build (the driver JIT-compiles
+# it at start-up), with the attention kernels held to the 99 KB of shared memory per block an RTX
+# 3090 / 4090 or an L4 allows (LLMC_ATTENTION_SMEM_LIMIT): the kernels' tests, then a short run at
+# head size 128 (the variant that differs) whose losses should match the sm_90a trainer's
+SMEM_99KB=101376
+run_step jit80_test_gpu 100 note_doctest env LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB "$PREBUILT/jit80/test_gpu" \
+    -tc='attention*,flash*,matmul*,layernorm*,model: one training step*'
+hs128_run() {  # name trainer [env...]
+    local name=$1 trainer=$2
+    shift 2
+    run_step "$name" 30 note_train env "$@" "$trainer" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/$name" \
+        --n_layer 4 --n_embd 512 --n_head 4 -b 8 -t 512 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 --ckpt_every -1
+}
+hs128_run jit80_train_hs128 "$PREBUILT/jit80/train_gpt" LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB
+hs128_run train_hs128 "$TRAIN"
+hs128_run train_hs128_99kb "$TRAIN" LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB
+# GPT-2 124M before / after the weight-gradient split and the lm head's chunk from the memory plan
+# (the same binary: LLMC_DWEIGHT_SPLIT=0 and --logits_chunk 1024 are the previous behaviour)
+speed_d12() {  # name env-assignment... -- trainer flags...
+    local name=$1 envs=()
+    shift
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+    shift
+    run_step "$name" 20 note_train env "${envs[@]}" "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/$name" \
+        -e d12 -b $B -t $T --max_steps 12 --warmup 2 --sample_len 0 --ckpt_every -1 "$@"
+}
+speed_d12 speed_d12_before LLMC_DWEIGHT_SPLIT=0 -- --logits_chunk 1024
+speed_d12 speed_d12_after --
 # a ~1.3B model's speed (d30: 30 layers of 1920, 1.4e9 parameters with the embedding) at -r 0 and
 # -r 2, B 8 x T 1024, 6 steps: tok/s and MFU on the last, memory after step 1 next to the plan
 for level in 0 2; do
@@ -400,13 +441,18 @@ for name in ladder_matmul ladder_attention ladder_layernorm layernorm classifier
     echo
     echo "== training (step lines)"
     grep -hE "^step +(1|10|20)/|val loss|tok/s \| MFU" "$WORK"/train_d12.log "$WORK"/train_moe.log 2>/dev/null | head -20
-    for run in speed_d30_r0 speed_d30_r2; do
+    for run in speed_d12_before speed_d12_after speed_d30_r0 speed_d30_r2; do
         printf '%-14s %s\n' "$run" "$(grep -hE "^step +[0-9]+/[0-9]+ \| loss" "$WORK/$run.log" 2>/dev/null | tail -1)"
     done
     echo "== the layouts of one GPU: last step of each (the losses must agree)"
     for run in train_z0 train_z1 train_z3 train_r2 train_offload; do
         printf '%-14s %s\n' "$run" "$(grep -hE "^step +[0-9]+/[0-9]+ \| loss" "$WORK/$run.log" 2>/dev/null | tail -1)"
     done
+    echo "== head size 128: sm_90a, sm_90a with 99 KB attention, compute_80 PTX with 99 KB (the losses should agree)"
+    for run in train_hs128 train_hs128_99kb jit80_train_hs128; do
+        printf '%-18s %s\n' "$run" "$(grep -hE "^step +[0-9]+/[0-9]+ \| loss" "$WORK/$run.log" 2>/dev/null | tail -1)"
+    done
+    grep -hE "^attention hs" "$WORK"/train_hs128*.log "$WORK"/jit80_train_hs128.log 2>/dev/null | sort -u | head -4
     echo "== memory: plan vs device memory grown since before the model"
     for run in train_d12 speed_d30_r0 speed_d30_r2 mem_d24 mem_maxfit_r2; do
         printf '%-16s %s\n' "$run" "$(grep -hE '^memory after step 1' "$WORK/$run.log" 2>/dev/null | head -1)"

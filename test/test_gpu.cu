@@ -95,6 +95,8 @@ namespace gpu {
 #include "gpu/moe.cuh"
 // the whole model
 #include "gpu/model.cuh"
+// the comm stream's order on one GPU (the comm's loopback)
+#include "gpu/comm.cuh"
 
 int main(int argc, char** argv) {
     int n_devices = 0;

@@ -840,7 +840,7 @@ TEST_CASE("lm head token chunks: losses, logits and gradients of any chunk match
         gpt_free(m);
         return r;
     };
-    REQUIRE(logits_chunk_tokens(c, 0) >= BT);
+    REQUIRE(logits_chunk_tokens(c, 0, BT, 0) == BT);  // (the default: a small vocabulary's budget holds B*T tokens)
     const Result whole = run(BT);
     for (int chunk : {7, 16, 1, 0}) {
         CAPTURE(chunk);
@@ -863,15 +863,25 @@ TEST_CASE("lm head token chunks: losses, logits and gradients of any chunk match
     }
 }
 
-TEST_CASE("lm head token chunks: GPT-2 124M at B 32 x T 1024 plans one chunk's logits, not the micro-batch's") {
-    GPTConfig c;  // -e gpt2:124M
+// GPT-2 124M (-e gpt2:124M): the lm head's shape the chunk tests below plan
+static GPTConfig gpt2_124m() {
+    GPTConfig c;
     c.n_layer = 12; c.n_embd = 768; c.n_head = 12; c.n_kv_head = 12; c.vocab_size = 50257; c.max_seq_len = 1024;
     c.mlp = MLP_GELU; c.pos = POS_LEARNED;
     c.finalize();
+    return c;
+}
+// the devices' total memory as run_device_total_bytes reads it (nvidia-smi's MiB), and a 24 GiB card
+constexpr double H200_TOTAL = 143771.0 * 1048576.0, H100_TOTAL = 81559.0 * 1048576.0, CARD_24G = 24.0 * 1073741824.0;
+
+TEST_CASE("lm head token chunks: GPT-2 124M at B 32 x T 1024 plans one chunk's logits, not the micro-batch's") {
+    // no device known (the CPU build): the constant 128 MiB budget, 1024 tokens of GPT-2's 50304 columns
+    const GPTConfig c = gpt2_124m();
     const int B = 32, T = 1024, BT = B * T, Vp = c.padded_vocab_size;
-    const int chunk = logits_chunk_tokens(c, 0);
+    const int chunk = logits_chunk_tokens(c, 0, BT, 0);
     CHECK(chunk == 1024);
-    CHECK((double)chunk * Vp * 2 <= LOGITS_CHUNK_BYTES);  // bf16: 98 MiB, against 3.1 GiB for the micro-batch
+    CHECK((double)chunk * logits_chunk_token_bytes(c) <= LOGITS_CHUNK_BYTES);  // bf16: 98 MiB, against 3.1 GiB for the micro-batch
+    CHECK(2.0 * chunk * logits_chunk_token_bytes(c) > LOGITS_CHUNK_BYTES);     // the largest power of two that fits
     for (size_t elem : {(size_t)2, sizeof(float)}) {  // the CUDA build's plan and the CPU build's
         CAPTURE(elem);
         Layout l;
@@ -887,6 +897,106 @@ TEST_CASE("lm head token chunks: GPT-2 124M at B 32 x T 1024 plans one chunk's l
         const bool copies = elem == sizeof(float);
         const double copy_saved = ((double)BT * Vp - std::max((double)BT * 4 * c.n_embd, (double)chunk * Vp)) * elem;
         CHECK(whole - chunked == saved + (copies ? copy_saved : 0.0));
+        // the device's budget (an H200) plans the same buffers as --logits_chunk B*T: the plan counts the chunk
+        l.logits_chunk = 0;
+        l.device_total_bytes = H200_TOTAL;
+        const MemoryEstimate e = gpt_memory_estimate(c, B, T, l);
+        CHECK(e.activations == whole);
+        // a plan that does not fit names --logits_chunk with the activations (the logits are in them)
+        CHECK_THROWS_WITH_AS(check_plan_fits(e, B, T, OFFLOAD_NONE, elem == sizeof(float), 0.5 * e.buffers(), "a card",
+                                             -1, ""),
+                             doctest::Contains("--logits_chunk N"), LlmcError);
+    }
+}
+
+TEST_CASE("lm head token chunks: the default grows with the device's memory, never past B*T, and --logits_chunk overrides") {
+    // 1/32 of the card's total memory over 2 Vp + 12 bytes per token (100620 for GPT-2), the largest power
+    // of two: H200 (140.4 GiB -> 4.39 GiB) 32768 tokens, the whole d12 B 32 x T 1024 micro-batch in one
+    // chunk instead of 32 (llmc/gpt/layout.h: 14.8 GB less HBM traffic of the head's weights and fp32
+    // gradient per micro-batch); H100 80GB 16384 (2 chunks); a 24 GiB card 4096 (8 chunks)
+    const GPTConfig c = gpt2_124m();
+    const int64_t BT = 32 * 1024;
+    CHECK(logits_chunk_tokens(c, 0, BT, H200_TOTAL) == 32768);
+    CHECK(logits_chunk_tokens(c, 0, BT, H100_TOTAL) == 16384);
+    CHECK(logits_chunk_tokens(c, 0, BT, CARD_24G) == 4096);
+    CHECK(logits_chunk_tokens(c, 0, BT, 0) == 1024);
+    int last = 0;
+    for (double gib = 1; gib <= 1024; gib *= 1.5) {  // monotone in the budget, within it, the largest power of two
+        CAPTURE(gib);
+        const double dev = gib * 1073741824.0, budget = logits_chunk_budget(dev);
+        const int n = logits_chunk_tokens(c, 0, int64_t(1) << 40, dev);
+        CHECK(n >= last);
+        CHECK((n & (n - 1)) == 0);
+        CHECK((n == 1 || n * logits_chunk_token_bytes(c) <= budget));
+        CHECK(2.0 * n * logits_chunk_token_bytes(c) > budget);
+        last = n;
+    }
+    // capped at B*T: a micro-batch of up to B*T tokens is still cut as by the uncapped power of two
+    // (one chunk), B*T a power of two or not
+    for (int64_t bt : {1, 1000, 3000, 4096, 24576, 32768, 65536, 3 * 32768 + 5}) {
+        CAPTURE(bt);
+        const int n = logits_chunk_tokens(c, 0, bt, H200_TOTAL);
+        CHECK(n == std::min<int64_t>(bt, 32768));
+        CHECK(logits_rows(n, (size_t)bt) == (size_t)n);
+    }
+    // a larger vocabulary: fewer tokens per chunk for the same budget (128k: 16384 on an H200, 512 without)
+    GPTConfig big = c;
+    big.vocab_size = 128256;
+    big.finalize();
+    CHECK(logits_chunk_tokens(big, 0, BT, H200_TOTAL) == 16384);
+    CHECK(logits_chunk_tokens(big, 0, BT, 0) == 512);
+    // --logits_chunk N: that many, whatever the device or B*T
+    CHECK(logits_chunk_tokens(c, 13, BT, H200_TOTAL) == 13);
+    CHECK(logits_chunk_tokens(c, 1 << 20, BT, 0) == 1 << 20);
+    CHECK_THROWS_AS(logits_chunk_tokens(c, -1, BT, 0), LlmcError);
+}
+
+TEST_CASE("lm head token chunks: the default is the same in every layout on a device (the head's fold order)") {
+    // The head's gradient folds the chunks in chunk order, and the layouts are bitwise one process's:
+    // the default chunk reads the model, B*T and the card's total memory, never -z, --pp, --tp, --sp,
+    // -r, --offload or what the rest of the plan takes. Each layout's plan (the CUDA build's, bf16)
+    // on an H200 and on a 24 GiB card: the chunk of one process.
+    const GPTConfig c = gpt2_124m();
+    const int B = 8, T = 1024;
+    for (double dev : {H200_TOTAL, CARD_24G}) {
+        CAPTURE(dev);
+        const int want = logits_chunk_tokens(c, 0, (int64_t)B * T, dev);
+        CHECK(want == (dev == H200_TOTAL ? B * T : 4096));
+        std::vector<Layout> layouts;
+        for (int zero = 0; zero <= 3; zero++)
+            for (int r = 0; r <= 2; r++)
+                for (int dp : {1, 4}) {
+                    Layout l;
+                    l.zero_stage = zero;
+                    l.recompute = r;
+                    l.plan_dp = dp;
+                    l.offload = zero == 1 && r == 0 ? OFFLOAD_OPTIMIZER : OFFLOAD_NONE;
+                    layouts.push_back(l);
+                }
+        Layout tp;  // tensor parallel with sequence parallelism
+        tp.plan_dp = 2;
+        tp.plan_tp = 2;
+        tp.sp = true;
+        layouts.push_back(tp);
+        for (int z : {0, 3}) {  // the last of two pipeline stages (the head's), -z 0 and 3
+            Layout pp;
+            pp.zero_stage = z;
+            pp.plan_dp = 2;
+            pp.pipe = pipeline_plan(c, B, T, 2, 1, 4, PIPE_1F1B, "", 1);
+            layouts.push_back(pp);
+        }
+        for (Layout l : layouts) {
+            CAPTURE(l.zero_stage);
+            CAPTURE(l.recompute);
+            CAPTURE(l.plan_dp);
+            CAPTURE(l.plan_tp);
+            l.elem_bytes = 2;
+            l.device_total_bytes = dev;
+            GPT plan;
+            plan.mem.plan_only = true;
+            gpt_allocate(plan, c, B, T, l);
+            CHECK(plan.logits_chunk == want);
+        }
     }
 }
 

@@ -34,6 +34,7 @@
 #include "llmc/ops/cpu/mlp.h"
 #include "llmc/ops/cpu/moe.h"
 #include "llmc/ops/cpu/vec_math.h"
+#include "llmc/ops/op_scratch.h"
 #include "test_util.h"
 
 namespace {
@@ -1316,6 +1317,42 @@ TEST_CASE_TEMPLATE("global_norm_squared: vs naive double sum, independent of the
         same_across_thread_counts<double>(std::string("global_norm_squared<") + tname<T>() + ">",
                                           [&] { return vector<vector<double>>{{cpu::global_norm_squared<T>(x.data(), n)}}; });
     }
+}
+
+// ------------------------------------------------------------------------------------------------
+// the GPU's split-K weight gradient (llmc/ops/matmul.cuh): its host arithmetic (op_scratch.h) and the
+// CPU twin of its sum kernel
+
+TEST_CASE("matmul split-K: P from BT alone, the partials' bytes, the sum's order (chunks first, one add)") {
+    // no split below MATMUL_SPLITK_MIN_BT; above, ceil(BT / ROWS) chunks whatever C and OC
+    CHECK(matmul_splitk_chunks(1) == 1);
+    CHECK(matmul_splitk_chunks(MATMUL_SPLITK_MIN_BT - 1) == 1);
+    CHECK(matmul_splitk_chunks(MATMUL_SPLITK_MIN_BT) == MATMUL_SPLITK_MIN_BT / MATMUL_SPLITK_ROWS);
+    CHECK(matmul_splitk_chunks(MATMUL_SPLITK_MIN_BT + 1) == MATMUL_SPLITK_MIN_BT / MATMUL_SPLITK_ROWS + 1);
+    CHECK(matmul_splitk_chunks(32 * 1024) == 8);  // d12 at B 32 x T 1024
+    CHECK(matmul_splitk_chunks(8 * 1024) == 1);   // d30's speed run at B 8 x T 1024
+    CHECK(matmul_splitk_scratch_bytes(1024, 768, 50304) == 0);
+    CHECK(matmul_splitk_scratch_bytes(32768, 768, 768) == (size_t)8 * 768 * 768 * 4);
+    CHECK(matmul_splitk_scratch_bytes(32768, 768, 768) == 8 * matmul_splitk_scratch_bytes(32768, 96, 768));  // tp 8
+    CHECK(matmul_backward_scratch_bytes(1024, 768, 2304) == matmul_scratch_bytes(1024, 2304));
+    CHECK(matmul_backward_scratch_bytes(32768, 768, 2304) == (size_t)8 * 768 * 2304 * 4);
+    // d12 (SwiGLU fc 2 x 2048 wide) at B 32 x T 1024: 96 MiB (the lm head never splits)
+    CHECK(matmul_splitk_model_scratch_bytes(32768, 768, 4096) == (size_t)96 << 20);
+
+    // the twin: S = ((p0 + p1) + p2), then dweight + S. With dweight = 2^24 and p = 1, 1, 0.5: S = 2.5
+    // and 2^24 + 2.5 rounds to 2^24 + 2, while adding each chunk into dweight in turn would lose all
+    // of them (2^24 + 1 is a tie that rounds to even, 2^24; so is every later step)
+    const size_t n = 3;
+    const float big = 16777216.0f;
+    std::vector<float> dw = {big, 1.0f, -2.0f};
+    const std::vector<float> partials = {1.0f, 0.25f, 3.0f, 1.0f, 0.5f, -1.0f, 0.5f, -0.125f, 0.0f};
+    cpu::matmul_dweight_reduce(dw.data(), partials.data(), 3, n);
+    CHECK(dw[0] == big + 2.0f);
+    CHECK(dw[1] == 1.0f + 0.625f);
+    CHECK(dw[2] == 0.0f);
+    std::vector<float> one = {1.0f, 2.0f, 3.0f};
+    cpu::matmul_dweight_reduce(one.data(), partials.data(), 1, n);  // P = 1: one add of the one partial
+    CHECK(one == std::vector<float>({2.0f, 2.25f, 6.0f}));
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -23,6 +23,11 @@
 // dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ += dS K); the recomputation is counted, D = dO.O and the
 // element-wise softmax work are not. "packed speed-up" is time(unpacked) / time(packed) on the same
 // shape, next to the ratio of their visible work.
+// 3. --stages: the flash kernels' two variants forced side by side (see attention_detail::flash_plan):
+//    2-stage (double-buffered tiles) vs 1-stage (single-buffered: a 99 KB card's hs 128 backward), both
+//    validated as in 1., then timed at hs 64 / 128, T 1024 / 4096, GQA 4 (~10 s on an H200). Both run at
+//    the H200's occupancy: the 1-stage kernels' extra blocks per SM on smaller cards are not emulated.
+//    LLMC_ATTENTION_SMEM_LIMIT=101376 (no flag) runs the whole benchmark with an RTX 3090/4090's choice.
 // Build: nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -I. dev/cuda/attention_backward.cu -lcublasLt -lcublas -o attention_backward
 #include <algorithm>
 #include <cmath>
@@ -43,8 +48,20 @@ struct Version {
     const char* name;
     BackwardFn fn;
 };
-static const Version versions[] = {{"v1 simple", attention_detail::backward_simple},
-                                   {"v2 flash ", attention_detail::backward_flash}};
+static const Version default_versions[] = {{"v1 simple", attention_detail::backward_simple},
+                                           {"v2 flash ", attention_detail::backward_flash}};
+
+// --stages: the two variants of the flash kernels (attention_detail::flash_plan) forced, side by side: 2-stage
+// (double-buffered tiles, what an H100/H200 runs) and 1-stage (single-buffered, what a 99 KB card runs at
+// hs 128 backward); any LLMC_ATTENTION_SMEM_LIMIT is ignored here (the forced variant must fit the device)
+template <int STAGES>
+static void backward_stages(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                            const int* ds, int B, int T, int NH, int KVH, int hs, int alibi_nh, int head0) {
+    attention_detail::FlashOverrideGuard g(0, STAGES);
+    attention_detail::backward_flash(dqkv, dout, qkv, out, lse, ds, B, T, NH, KVH, hs, alibi_nh, head0);
+}
+static const Version stage_versions[] = {{"1-stage  ", backward_stages<1>}, {"2-stage  ", backward_stages<2>}};
+static const Version (*versions_in_use)[2] = &default_versions;  // the pair validate() and run_bench() use
 
 // the columns [begin, end) of every row of a [rows, row_len] tensor (the q, k or v part of dqkv)
 static std::vector<float> columns(const std::vector<float>& x, size_t rows, int row_len, int begin, int end) {
@@ -75,7 +92,7 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
     cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
     const int q_end = NH * hs, k_end = (NH + KVH) * hs;
     bool ok = true;
-    for (const Version& v : versions) {
+    for (const Version& v : *versions_in_use) {
         printf("validate %s B=%d T=%d n_head=%d n_kv_head=%d hs=%d alibi=%d\n", v.name, B, T, NH, KVH, hs, alibi);
         cudaCheck(cudaMemset(d_dqkv, 0xFF, qkv.size() * sizeof(floatX)));  // NaN: unwritten outputs fail
         v.fn(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
@@ -106,10 +123,41 @@ static void run_bench(int hs, int T, int ratio, bool with_v1) {
     // backward FLOPs: 10 hs per visible pair (2.5x the forward's); the forward before each row kind
     // makes the real saved state
     time_versions(
-        versions, B, T, NH, hs, 10.0, with_v1,
+        *versions_in_use, B, T, NH, hs, 10.0, with_v1,
         [&](const int* d_ds) { attention_forward(out, lse, qkv, d_ds, B, T, NH, KVH, hs, NH, 0); },
-        [&](int v, const int* d_ds) { versions[v].fn(dqkv, dout, qkv, out, lse, d_ds, B, T, NH, KVH, hs, NH, 0); });
+        [&](int v, const int* d_ds) {
+            (*versions_in_use)[v].fn(dqkv, dout, qkv, out, lse, d_ds, B, T, NH, KVH, hs, NH, 0);
+        });
     for (void* p : {(void*)qkv, (void*)dqkv, (void*)out, (void*)dout, (void*)lse}) cudaCheck(cudaFree(p));
 }
 
-int main() { return run_all("attention_backward", "10 hs per pair, 2.5x the forward", validate, run_bench); }
+// --stages: validation of both forced variants (the four shapes), then hs 64 and 128 at T 1024 and 4096, GQA 4
+static int run_stages() {
+    bench::print_header("attention_backward --stages (flash 2-stage vs 1-stage, forced)");
+    versions_in_use = &stage_versions;
+    bool ok = true;
+    ok = validate(3, 300, 4, 1, 64, true) && ok;
+    ok = validate(3, 257, 6, 2, 128, true) && ok;
+    ok = validate(2, 130, 4, 4, 64, false) && ok;
+    ok = validate(3, 200, 8, 1, 128, false) && ok;
+    require_valid(ok);
+    printf("B*T = 65536 tokens, n_head 16, alibi; TFLOP/s over visible score elements (10 hs per pair);\n"
+           "the last line of each shape, \"v2 / v1 speed\", is 2-stage speed / 1-stage speed (1-stage: 3 runs)\n");
+    for (int hs : {64, 128})
+        for (int T : {1024, 4096}) {
+            printf("hs %d T %d GQA 4 (n_kv_head 4, B %d)\n", hs, T, 65536 / T);
+            run_bench(hs, T, 4, true);
+        }
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    // the variants this device (or LLMC_ATTENTION_SMEM_LIMIT's emulated card) runs
+    printf("%s\n%s\n", attention_kernels_summary(64).c_str(), attention_kernels_summary(128).c_str());
+    if (argc > 1 && std::string(argv[1]) == "--stages") return run_stages();
+    if (argc > 1) {
+        fprintf(stderr, "usage: %s [--stages]\n", argv[0]);
+        return 2;
+    }
+    return run_all("attention_backward", "10 hs per pair, 2.5x the forward", validate, run_bench);
+}

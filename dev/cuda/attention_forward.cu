@@ -23,6 +23,8 @@
 // rows are compared on useful work. "packed speed-up" is time(unpacked) / time(packed) on the same
 // shape; the ratio of their FLOPs (the best a kernel that skips all masked work can do) is printed next
 // to it.
+// 3. --stages: the flash forward's two variants forced side by side (attention_detail::flash_plan), validated
+//    as in 1., timed at hs 64 / 128, T 1024 / 4096, GQA 4 (a few seconds on an H200, at its occupancy).
 // Build: nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -I. dev/cuda/attention_forward.cu -lcublasLt -lcublas -o attention_forward
 #include <algorithm>
 #include <cmath>
@@ -42,8 +44,19 @@ struct Version {
     const char* name;
     ForwardFn fn;
 };
-static const Version versions[] = {{"v1 simple", attention_detail::forward_simple},
-                                   {"v2 flash ", attention_detail::forward_flash}};
+static const Version default_versions[] = {{"v1 simple", attention_detail::forward_simple},
+                                           {"v2 flash ", attention_detail::forward_flash}};
+
+// --stages: the flash forward's two variants (attention_detail::flash_plan) forced, side by side: 1-stage
+// (single-buffered key/value tiles) and 2-stage (double-buffered, what an H100/H200 runs)
+template <int STAGES>
+static void forward_stages(floatX* out, float* lse, const floatX* qkv, const int* ds, int B, int T, int NH, int KVH,
+                           int hs, int alibi_nh, int head0) {
+    attention_detail::FlashOverrideGuard g(0, STAGES);
+    attention_detail::forward_flash(out, lse, qkv, ds, B, T, NH, KVH, hs, alibi_nh, head0);
+}
+static const Version stage_versions[] = {{"1-stage  ", forward_stages<1>}, {"2-stage  ", forward_stages<2>}};
+static const Version (*versions_in_use)[2] = &default_versions;  // the pair validate() and run_bench() use
 
 static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
     Rng rng(7 + T + hs);
@@ -58,7 +71,7 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
     int* d_ds = to_device(ds);
     float *d_lse = dev_alloc<float>(n_lse), *d_lse2 = dev_alloc<float>(n_lse);
     bool ok = true;
-    for (const Version& v : versions) {
+    for (const Version& v : *versions_in_use) {
         printf("validate %s B=%d T=%d n_head=%d n_kv_head=%d hs=%d alibi=%d\n", v.name, B, T, NH, KVH, hs, alibi);
         cudaCheck(cudaMemset(d_out, 0xFF, BT * C * sizeof(floatX)));  // NaN: unwritten outputs fail
         cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * sizeof(float)));
@@ -84,11 +97,41 @@ static void run_bench(int hs, int T, int ratio, bool with_v1) {
     floatX *qkv = alloc_random(BT * row, 1 + hs + T, 2.0f), *out = dev_alloc<floatX>(BT * C);
     float* lse = dev_alloc<float>(BT * NH);
     // forward FLOPs: 4 hs per visible pair
-    time_versions(versions, B, T, NH, hs, 4.0, with_v1, [](const int*) {},
-                  [&](int v, const int* d_ds) { versions[v].fn(out, lse, qkv, d_ds, B, T, NH, KVH, hs, NH, 0); });
+    time_versions(*versions_in_use, B, T, NH, hs, 4.0, with_v1, [](const int*) {}, [&](int v, const int* d_ds) {
+        (*versions_in_use)[v].fn(out, lse, qkv, d_ds, B, T, NH, KVH, hs, NH, 0);
+    });
     cudaCheck(cudaFree(qkv));
     cudaCheck(cudaFree(out));
     cudaCheck(cudaFree(lse));
 }
 
-int main() { return run_all("attention_forward", "4 hs per pair", validate, run_bench); }
+// --stages: validation of both forced variants (the four shapes), then hs 64 and 128 at T 1024 and 4096, GQA 4
+static int run_stages() {
+    bench::print_header("attention_forward --stages (flash 1-stage vs 2-stage, forced)");
+    versions_in_use = &stage_versions;
+    bool ok = true;
+    ok = validate(3, 300, 4, 1, 64, true) && ok;
+    ok = validate(3, 257, 6, 2, 128, true) && ok;
+    ok = validate(2, 130, 4, 4, 64, false) && ok;
+    ok = validate(3, 200, 8, 1, 128, false) && ok;
+    require_valid(ok);
+    printf("B*T = 65536 tokens, n_head 16, alibi; TFLOP/s over visible score elements (4 hs per pair);\n"
+           "the last line of each shape, \"v2 / v1 speed\", is 2-stage speed / 1-stage speed (1-stage: 3 runs)\n");
+    for (int hs : {64, 128})
+        for (int T : {1024, 4096}) {
+            printf("hs %d T %d GQA 4 (n_kv_head 4, B %d)\n", hs, T, 65536 / T);
+            run_bench(hs, T, 4, true);
+        }
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    // the variants this device (or LLMC_ATTENTION_SMEM_LIMIT's emulated card) runs
+    printf("%s\n%s\n", attention_kernels_summary(64).c_str(), attention_kernels_summary(128).c_str());
+    if (argc > 1 && std::string(argv[1]) == "--stages") return run_stages();
+    if (argc > 1) {
+        fprintf(stderr, "usage: %s [--stages]\n", argv[0]);
+        return 2;
+    }
+    return run_all("attention_forward", "4 hs per pair", validate, run_bench);
+}

@@ -9,9 +9,19 @@
 //      dweight products of the backward each alone, the dbias column sum (memory-bound: bytes = dout
 //      read once + dbias read and written once; the fp32 partials, < 1% of it, are not counted), and
 //      the whole backward. TFLOP/s count 2 * BT * C * OC per product; "%" is of the measured ceiling.
-// Build: nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -I. dev/cuda/matmul.cu -lcublasLt -lcublas -o matmul
+// `matmul splitk` (a few seconds): only the split-K dweight of issue 35 (llmc/ops/matmul.cuh). It
+//   validates the split path against the CPU twin at BT = MATMUL_SPLITK_MIN_BT + 37, measures the
+//   ceiling, then times dweight += dout^T inp at GPT-2 124M's (d12) widths at B 32 x T 1024 and at
+//   d30's (C 1920) at the same BT, unsplit (one GEMM) against chunks of 8192, 4096 and 2048 rows
+//   (the GEMM of the partials plus the sum kernel), with each one's 128 x 128 output tiles x P and
+//   the waves that makes on this GPU's SMs; then the sum kernel alone at the trainer's P (bandwidth).
+//   The trainer's rule (op_scratch.h: chunks of MATMUL_SPLITK_ROWS from MATMUL_SPLITK_MIN_BT) is
+//   marked "<- trainer".
+// Build: make dev/cuda/bin/matmul (or nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -I.
+//   dev/cuda/matmul.cu -lcublasLt -lcublas -o matmul); run: dev/cuda/bin/matmul [splitk]
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 #include "dev/cuda/common.cuh"
 #include "llmc/ops/cpu/matmul.h"
@@ -45,7 +55,7 @@ static bool validate(int BT, int C, int OC) {
     cpu::matmul_forward<float>(out.data(), inp.data(), weight.data(), bias.data(), BT, C, OC);
     cpu::matmul_backward<float>(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(), BT,
                                 C, OC);
-    cuda_scratch_reserve(matmul_scratch_bytes(BT, OC));
+    cuda_scratch_reserve(matmul_backward_scratch_bytes(BT, C, OC));
     matmul_forward(d_out, d_inp, d_weight, d_bias, BT, C, OC);
     matmul_backward(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, BT, C, OC);
     const double tol = 1e-2;      // bf16 output rounding: ~1e-3 relative L2, <= 2^-8 per element
@@ -96,7 +106,7 @@ static void bench_shape(const char* name, int BT, int C, int OC, bool has_bias, 
     floatX* dinp = alloc_random((size_t)BT * C, 15, 1.0f);
     float* dweight = alloc_zeros_f32((size_t)OC * C);
     float* dbias = has_bias ? alloc_zeros_f32(OC) : nullptr;
-    cuda_scratch_reserve(matmul_scratch_bytes(BT, OC));
+    cuda_scratch_reserve(matmul_backward_scratch_bytes(BT, C, OC));
     const double flops = 2.0 * BT * C * OC;
     char what[128];
     printf("%s: BT=%d C=%d OC=%d%s\n", name, BT, C, OC, has_bias ? "" : " (no bias)");
@@ -112,6 +122,11 @@ static void bench_shape(const char* name, int BT, int C, int OC, bool has_bias, 
     ms = bench::time_ms([&] { matmul_detail::gemm("dweight", dweight, inp, dout, nullptr, C, OC, BT, false, true, 1.0f, BT, C, OC); },
                         3, 20);
     bench::print_flops("  backward dweight += dout^T inp (fp32 C = D)", ms, flops, peak);
+    if (matmul_splitk_chunks(BT) > 1) {
+        ms = bench::time_ms([&] { matmul_detail::dweight_grad(dweight, dout, inp, BT, C, OC, MATMUL_SPLITK_ROWS); }, 3, 20);
+        snprintf(what, sizeof(what), "  backward dweight, split-K P=%d (the trainer's)", matmul_splitk_chunks(BT));
+        bench::print_flops(what, ms, flops, peak);
+    }
 
     if (has_bias) {
         ms = bench::time_ms([&] { matmul_detail::bias_grad(dbias, dout, BT, OC); }, 3, 20);
@@ -127,8 +142,90 @@ static void bench_shape(const char* name, int BT, int C, int OC, bool has_bias, 
         if (p) cudaCheck(cudaFree(p));
 }
 
-int main() {
+// ------------------------------------------------------------------------------------------------
+// split-K dweight (issue 35)
+
+// matmul_backward's dweight at a BT where the trainer splits, against the CPU twin (fp32: 1e-5)
+static bool validate_splitk(int BT, int C, int OC) {
+    printf("validate split-K dweight BT=%d (P=%d) C=%d OC=%d\n", BT, matmul_splitk_chunks(BT), C, OC);
+    Rng rng(4321 + BT + C + OC);
+    std::vector<float> inp = host_random((size_t)BT * C, rng, 1.0f, 0.05f);
+    std::vector<float> dout = host_random((size_t)BT * OC, rng, 1.0f / std::sqrt((float)BT), 0.0f);
+    std::vector<float> dweight = host_random((size_t)OC * C, rng, 1.0f, 0.05f);  // prefill: += is checked
+    floatX *d_inp = to_device_bf16(inp), *d_dout = to_device_bf16(dout);
+    float* d_dweight = to_device(dweight);
+    cpu::matmul_backward<float>((float*)nullptr, dweight.data(), (float*)nullptr, dout.data(), inp.data(),
+                                (const float*)nullptr, BT, C, OC);
+    cuda_scratch_reserve(matmul_backward_scratch_bytes(BT, C, OC));
+    cudaCheck(cudaMemset(cuda_scratch_arena().base, 0xFF, cuda_scratch_arena().bytes));  // NaN partials
+    matmul_backward(nullptr, d_dweight, nullptr, d_dout, d_inp, nullptr, BT, C, OC);
+    const bool ok = compare("dweight (split-K)", to_host(d_dweight, dweight.size()), dweight, 1e-5);
+    for (floatX* p : {d_inp, d_dout}) cudaCheck(cudaFree(p));
+    cudaCheck(cudaFree(d_dweight));
+    return ok;
+}
+
+// dweight[OC, C] += dout^T inp over BT rows: one GEMM vs chunks of 8192 / 4096 / 2048 rows
+static void bench_splitk_shape(const char* name, int BT, int C, int OC, double peak, int sms) {
+    floatX* inp = alloc_random((size_t)BT * C, 20, 1.0f);
+    floatX* dout = alloc_random((size_t)BT * OC, 21, 1.0f / std::sqrt((float)BT));
+    float* dweight = alloc_zeros_f32((size_t)OC * C);
+    const double flops = 2.0 * BT * C * OC;
+    const long tiles = (long)ceil_div(C, 128) * ceil_div(OC, 128);
+    const int trainer_rows = matmul_splitk_chunks(BT) > 1 ? MATMUL_SPLITK_ROWS : 0;
+    printf("%s: BT=%d C=%d OC=%d (dweight %.1f MB fp32)\n", name, BT, C, OC, 4.0 * C * OC / 1e6);
+    for (int rows : {0, 8192, 4096, 2048}) {
+        const int P = rows > 0 ? ceil_div(BT, rows) : 1;
+        if (rows > 0 && P < 2) continue;
+        cuda_scratch_reserve((size_t)P * C * OC * sizeof(float));
+        const float ms = bench::time_ms([&] { matmul_detail::dweight_grad(dweight, dout, inp, BT, C, OC, rows); }, 3, 20);
+        char what[160];
+        snprintf(what, sizeof(what), "  %-18s P=%-3d %5ld tiles %5.2f waves", rows > 0 ? strfmt("chunks of %d", rows).c_str()
+                 : "unsplit (1 GEMM)", P, tiles * P, (double)(tiles * P) / sms);
+        const double f = flops / (ms * 1e-3);
+        printf("%-56s %8.3f ms %7.1f TFLOP/s %5.1f%% of ceiling%s\n", what, ms, f / 1e12, 100.0 * f / peak,
+               rows == trainer_rows ? "  <- trainer" : "");
+    }
+    if (trainer_rows > 0) {  // the sum kernel alone: P partials read, dweight read and written
+        const int P = matmul_splitk_chunks(BT);
+        float* partials = cuda_scratch<float>((size_t)P * C * OC, "bench");
+        const float ms = bench::time_ms([&] { matmul_dweight_reduce(dweight, partials, P, (size_t)C * OC); }, 3, 20);
+        char what[96];
+        snprintf(what, sizeof(what), "  of which the sum of P=%d partials", P);
+        bench::print_bandwidth(what, ms, (P + 2.0) * C * OC * sizeof(float));
+    }
+    for (floatX* p : {inp, dout}) cudaCheck(cudaFree(p));
+    cudaCheck(cudaFree(dweight));
+}
+
+static int run_splitk() {
+    bench::print_header("split-K fp32 dweight (issue 35)");
+    matmul_setup();
+    require_valid(validate_splitk(MATMUL_SPLITK_MIN_BT + 37, 128, 96));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    printf("trainer's rule: chunks of %d rows from BT >= %d; %d SMs\n\n", MATMUL_SPLITK_ROWS, MATMUL_SPLITK_MIN_BT,
+           prop.multiProcessorCount);
+    const double peak = measure_ceiling();
+    const int BT = 32 * 1024;  // B 32 x T 1024
+    struct Shape {
+        const char* name;
+        int C, OC;
+    } shapes[] = {
+        {"d12 qkv", 768, 2304},          {"d12 attn proj", 768, 768},       {"d12 fc (gelu)", 768, 3072},
+        {"d12 fc proj (gelu)", 3072, 768}, {"d12 fc (swiglu)", 768, 4096},   {"d12 fc proj (swiglu)", 2048, 768},
+        {"d30 qkv", 1920, 5760},         {"d30 attn proj", 1920, 1920},     {"d30 fc (swiglu)", 1920, 10240},
+        {"d30 fc proj (swiglu)", 5120, 1920},
+    };
+    for (const Shape& s : shapes) bench_splitk_shape(s.name, BT, s.C, s.OC, peak, prop.multiProcessorCount);
+    matmul_teardown();
+    return 0;
+}
+
+int main(int argc, char** argv) {
     try {
+        if (argc > 1 && std::strcmp(argv[1], "splitk") == 0) return run_splitk();
+        LLMC_CHECK(argc == 1, "usage: %s [splitk]", argv[0]);
         bench::print_header("matmul (cuBLASLt, bf16 in/out, fp32 accumulate)");
         matmul_setup();
         bool ok = validate(256, 768, 2304);

@@ -45,6 +45,7 @@ static void squares_of(double* sums, const float* const* p, const size_t* n, int
     cpu::global_norm_squared_ranges(sums, p, n, count);
 }
 static double peak_flops_per_s() { return 0; }  // unknown for a CPU: no MFU
+static std::string attention_summary(int) { return ""; }  // one attention implementation on the CPU
 // the ops run synchronously: the host clock times them exactly (pipeline idle fractions every step)
 static constexpr bool host_timing_is_exact = true;
 // where buffers live: host memory here, device memory in the CUDA build
@@ -133,6 +134,9 @@ static const char* backend_name() {
     snprintf(name, sizeof(name), "cuda on %s (sm_%d%d), bf16 with fp32 master weights", p.name, p.major, p.minor);
     return name;
 }
+// which attention kernels and shared-memory variants this card runs (chosen from its limits at run
+// time, llmc/ops/attention.cuh): the start-up says it, so no card silently takes a slower path
+static std::string attention_summary(int hs) { return attention_kernels_summary(hs); }
 // dense bf16 tensor-core peak, for MFU; 0 (no MFU) where we do not know it
 static double peak_flops_per_s() {
     cudaDeviceProp p;

@@ -221,9 +221,24 @@ static void settle_config(Run& r, Checkpoint& ck, LlmcModelFile& init_file) {
     settle_grad_blocks(r, ck);
 }
 
+// The total memory of the device this build trains on, which sizes the lm head's default token
+// chunk (llmc/gpt/layout.h logits_chunk_tokens): the card's total, never its free memory, so that
+// every rank of a layout (the same card each) and every layout cut the same chunks. The CPU build:
+// 0, no device (the chunk keeps its constant budget).
+static double run_device_total_bytes() {
+#ifdef LLMC_CPU
+    return 0;
+#else
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    return (double)total_b;
+#endif
+}
+
 // This rank's layout in the run (its pipeline stage: pipe).
 static Layout layout_of(const Run& r, const PipelinePlan& pipe) {
     Layout l;
+    l.device_total_bytes = run_device_total_bytes();
     l.zero_stage = r.zero_stage;
     l.pipe = pipe;
     l.recompute = r.recompute;
@@ -264,9 +279,11 @@ static void print_plan_only(const Run& r) {
     const std::string device = args.str("device");
     if (!device.empty()) {
         // the free memory cudaMemGetInfo reports on that GPU (after the CUDA context); the plan's
-        // buffers and the headroom (llmc/ops/op_scratch.h) must fit it
+        // buffers and the headroom (llmc/ops/op_scratch.h) must fit it. The total (nvidia-smi's
+        // 143771 / 81559 MiB) sizes the lm head's chunk, as run_device_total_bytes does on the GPU.
         LLMC_CHECK(device == "h200" || device == "h100", "--device: expected h200 or h100, got '%s'", device.c_str());
         in.layout.elem_bytes = 2;
+        in.layout.device_total_bytes = (device == "h200" ? 143771.0 : 81559.0) * 1048576.0;
         in.device_bytes = (device == "h200" ? 139.8 : 79.1) * 1073741824.0;
         in.device_name = device == "h200" ? "an H200 (CUDA build, bf16)" : "an H100 80GB (CUDA build, bf16)";
     }
@@ -348,6 +365,8 @@ static void print_startup(const Run& r, const GPT& model, const RunData& d, cons
            config.n_layer, config.n_embd, config.n_head, config.n_kv_head, config.ffn_hidden,
            config.mlp == MLP_SWIGLU ? "swiglu" : "gelu", config.pos == POS_ALIBI ? "alibi" : "learned",
            config.vocab_size, config.padded_vocab_size);
+    const std::string attention = attention_summary(config.head_size());
+    if (!attention.empty()) printf("%s\n", attention.c_str());
     if (config.n_expert > 0) {
         printf("mixture of experts: %d experts of hidden %d in layers", config.n_expert, config.expert_hidden);
         for (int l = 0; l < config.n_layer; l++) if (config.is_moe(l)) printf(" %d", l);

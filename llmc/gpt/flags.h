@@ -68,8 +68,9 @@ static const Option OPTIONS[] = {
     {"recompute", "r", "0", "activation recomputation: 0 keep all, 1 recompute LayerNorm outputs and the FFN "
                             "activation, 2 recompute each block in the backward (same gradients)"},
     {"logits_chunk", "", "0", "tokens per lm-head chunk: the logits, loss and head backward run over a micro-batch's "
-                              "tokens in chunks of this many, the logits buffer holds one (0: the largest power of two "
-                              "whose bf16 logits fit 128 MiB; the same in every layout)"},
+                              "tokens in chunks of this many, the logits buffer holds one (0: the largest power of two, "
+                              "at most B*T, whose bf16 logits fit 1/32 of the GPU's total memory, or 128 MiB with no "
+                              "GPU; the same in every layout; lower it if the plan does not fit)"},
     {"offload", "", "none", "none | optimizer: the fp32 master weights and AdamW moments of what this rank updates in "
                             "host memory, the AdamW step on the CPU (ZeRO-Offload; same results)"},
     {"plan", "", "0", "print the memory plan (every stage, -z and -r level) and whether it fits, then exit (a switch)"},

@@ -24,7 +24,8 @@
 //   pipeline             slot_for / stash_for (micro-batches in flight), pipe_transfer (a stage
 //   (parallel/           transfer's bytes), tied_embedding_sum / tied_embedding_refresh
 //   pipeline.h)
-// With one process and no flags every hook is a no-op or the plain op.
+// With one process and no flags every hook is a no-op or the plain op. (With the comm's loopback,
+// LLMC_COMM_LOOPBACK, the ZeRO hooks take their multi-rank paths on one process: comm_moves.)
 
 // ZeRO glue for the model code (llmc/parallel/zero.h), by model segment id. At stages 0-2 the parameters are
 // always in place and the param calls do nothing; at stage 3 a segment is all-gathered into a slot
@@ -213,7 +214,8 @@ static void offload_start(GPT& m, int s) {
 static void zero_gather_grads_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
     // one rank in the group: nothing to gather, and the update stays in one call at its own place
-    if (s < 0 || z.stage != 0 || seg_group(z, s).size == 1) return;
+    // (unless the comm's loopback runs the multi-rank path: comm_moves)
+    if (s < 0 || z.stage != 0 || !comm_moves(seg_group(z, s))) return;
     m.zs.grad_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.grad_acc + z.acc_own(s),
                                                     m.grad_acc + z.segs[s].padded_offset, z.shard_len(s) * 4));
 }
@@ -367,12 +369,17 @@ static void head_grads_ready(GPT& m) {
         reduce_scatter_add(AccumulateGrads(), comm_world().dp, m.head_acc, m.head_leaf, m.head.shard_len(0), m.comm_scratch);
     }
 }
+static void grad_blocks_finish(GPT& m);
 // Before the norm: every segment's reduction completes (stages 0-1: one not started in the
-// backward, e.g. after gpt_backward, runs now).
+// backward, e.g. after gpt_backward, runs now). Stage 0 then starts the gathers of the reduced
+// gradient, which must be final: --grad_blocks (one process; with the loopback its gathers run)
+// adds its last block here, before them, not after in gpt_grad_norm (at -z 0 in one stage the tied
+// head has nothing to add between: the same adds in the same order).
 static void zero_reduce_finish(GPT& m) {
     if (m.zero.grads_in_acc())
         for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_reduce_start(m, s);
     zero_reduce_wait(m, true);
+    if (m.zero.stage == 0) grad_blocks_finish(m);
     for (int s = 0; s < (int)m.zero.segs.size(); s++) zero_gather_grads_start(m, s);
 }
 // A step's forwards and backwards: each segment's gradient is final at its last grads_ready of
@@ -453,7 +460,7 @@ static void grad_blocks_finish(GPT& m) {
 // gather reads the rank's own slice (the update writes only that) and writes the others.
 static void zero_gather_params_start(GPT& m, int s) {
     const ZeroLayout& z = m.zero;
-    if ((z.stage == 1 || z.stage == 2) && seg_group(z, s).size > 1)
+    if ((z.stage == 1 || z.stage == 2) && comm_moves(seg_group(z, s)))
         m.zs.param_gathers.emplace_back(s, all_gather_start(seg_group(z, s), m.params + z.params_own(s),
                                                          m.params + z.segs[s].padded_offset, z.shard_len(s) * sizeof(floatX)));
 }

@@ -375,21 +375,68 @@ struct Layout {
     int plan_dp = 0, plan_tp = 0, plan_ep = 0;  // planning: 0 the started ranks' groups
     size_t elem_bytes = sizeof(floatX);         // planning: of params, leaf grads, activations
     int logits_chunk = 0;  // --logits_chunk: tokens per lm-head chunk (0: logits_chunk_tokens' default)
+    // the total memory of the device the run trains on (the same card on every rank), which sizes the
+    // default lm-head chunk; 0: none known (the CPU build; Layout() in tests)
+    double device_total_bytes = 0;
 };
 
 // The lm head's token chunk: the classifier (logits, loss, dlogits, the head's backward) runs over a
 // micro-batch's tokens in chunks of this many (train_gpt.cu head_forward), so the logits buffer holds
-// one chunk's rows, never the micro-batch's. requested > 0: that many; 0: the largest power of two
-// whose bf16 logits over the padded vocabulary fit LOGITS_CHUNK_BYTES (GPT-2's 50304: 1024 tokens,
-// 98 MiB). It depends on the model alone, not on the layout (tp, sp, dp, pp) nor the build, so every
-// layout cuts the same chunks and folds them into the head's gradient in the same order.
-constexpr double LOGITS_CHUNK_BYTES = 128.0 * 1048576.0;
-static int logits_chunk_tokens(const GPTConfig& c, int requested) {
+// one chunk's rows. requested > 0: that many (--logits_chunk). 0, the default: the largest power of
+// two whose per-token bytes (logits_chunk_token_bytes) fit logits_chunk_budget, at most BT tokens (a
+// micro-batch of up to BT tokens is then one chunk, as with any larger power of two: min(P, BT)
+// cuts exactly P's chunks, B*T a power of two or not).
+//
+// Why a budget from the device and not a constant: each chunk's head weight-gradient GEMM reads and
+// writes the whole fp32 head gradient (Vp x C), and the logits GEMM and the dx GEMM each read the
+// head's bf16 weights, whatever the chunk's rows; so these cross HBM once per chunk, while the
+// logits' own traffic is per token (written by the GEMM, read and written by the classifier, read
+// by the two backward GEMMs: 5 x 2 bytes x Vp per token, in any chunking, a chunk of 1024 rows being
+// 103 MB already, past L2). GPT-2 124M (d12: Vp 50304, C 768) at B 32 x T 1024 on an H200:
+//   a 128 MiB budget (the constant before): 1024 tokens, 32 chunks per micro-batch: the fp32 head
+//     gradient 32 x 2 x 155 MB = 9.9 GB plus the bf16 weights 32 x 2 x 77 MB = 4.9 GB: 14.8 GB;
+//   1/32 of the H200's 140.4 GiB (4.39 GiB): 32768 tokens, the whole micro-batch in one chunk:
+//     0.31 + 0.15 = 0.46 GB. The logits: 16.5 GB per micro-batch both ways (32 x 515 MB, 1 x 16.5 GB).
+//   So about 14.4 GB less per micro-batch, ~3 ms at the H200's 4.8 TB/s; the price is the logits
+//   buffer, 3.07 GiB instead of 98 MiB (1/46 of the card).
+//
+// The chunk must be the same in every layout (dp, tp, sp, pp, -z 0-3, -r, --offload): the head's
+// gradient folds the chunks' sums in chunk order, and another chunking rounds differently, while
+// the layouts are bitwise one process's. So the default reads only the model (its padded
+// vocabulary), B*T and the device's total memory (the same card on every rank; never its free
+// memory, nor what the rest of the layout's plan takes); a plan that then does not fit says to lower
+// --logits_chunk (check_plan_fits). device_total_bytes 0 (no device known: the CPU build, unless
+// --plan --device names one) keeps the constant LOGITS_CHUNK_BYTES, so the CPU runs and tests cut
+// GPT-2's vocabulary in chunks of 1024 as before.
+constexpr double LOGITS_CHUNK_BYTES = 128.0 * 1048576.0;  // the budget where no device is known
+constexpr int LOGITS_CHUNK_DEVICE_SHARE = 32;             // else 1/32 of the device's total memory
+// What gpt_allocate takes per token of the chunk on any rank, bounded with the CUDA build's bf16 (a
+// number of the model alone, so the same in every layout and build): the logits row over the padded
+// vocabulary and the three fp32 softmax statistics (ce_max, ce_sum, ce_target). With --tp a rank holds
+// Vp / tp columns of the logits and, where the canonical leaves copy an operand (tp_copy_a), at most
+// as many again: 2 x 2 Vp / tp <= 2 Vp for tp >= 2.
+inline double logits_chunk_token_bytes(const GPTConfig& c) { return 2.0 * c.padded_vocab_size + 3.0 * sizeof(float); }
+inline double logits_chunk_budget(double device_total_bytes) {
+    return device_total_bytes > 0 ? device_total_bytes / LOGITS_CHUNK_DEVICE_SHARE : LOGITS_CHUNK_BYTES;
+}
+static int logits_chunk_tokens(const GPTConfig& c, int requested, int64_t BT, double device_total_bytes) {
     LLMC_CHECK(requested >= 0, "--logits_chunk: expected tokens >= 0 (0: the default), got %d", requested);
     if (requested > 0) return requested;
+    const double budget = logits_chunk_budget(device_total_bytes), per_token = logits_chunk_token_bytes(c);
     int n = 1;
-    while (n < (1 << 30) && 2.0 * n * c.padded_vocab_size * 2 <= LOGITS_CHUNK_BYTES) n *= 2;
-    return n;
+    while (n < (1 << 30) && 2.0 * n * per_token <= budget) n *= 2;
+    return (int)std::min<int64_t>(n, std::max<int64_t>(BT, 1));
+}
+// why the chunk is what it is (the start-up report and --plan print it)
+static std::string logits_chunk_reason(const GPTConfig& c, int requested, int64_t BT, double device_total_bytes) {
+    if (requested > 0) return "--logits_chunk";
+    const double budget = logits_chunk_budget(device_total_bytes), MiB = 1048576.0, GiB = 1073741824.0;
+    const std::string of = device_total_bytes > 0
+        ? strfmt("1/%d of the device's %.1f GiB = %.2f GiB", LOGITS_CHUNK_DEVICE_SHARE, device_total_bytes / GiB, budget / GiB)
+        : strfmt("%.0f MiB (no device known)", budget / MiB);
+    const int uncapped = logits_chunk_tokens(c, requested, INT64_MAX, device_total_bytes);
+    return strfmt("default: the largest power of two of tokens whose logits and softmax statistics at %.0f bytes per "
+                  "token fit %s: %d, at most B*T = %lld", logits_chunk_token_bytes(c), of.c_str(), uncapped, (long long)BT);
 }
 // the rows the logits buffer holds for micro-batches of up to BT tokens
 static size_t logits_rows(int chunk, size_t BT) { return std::min((size_t)chunk, BT); }

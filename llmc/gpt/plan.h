@@ -122,7 +122,7 @@ static void gpt_lay_out(GPT& m, const GPTConfig& config, int B, int T, const Lay
                               : chunk_split((long)B * T, G_tok, 1, 0, canonical);
     m.config = config;
     m.recompute = recompute;
-    m.logits_chunk = logits_chunk_tokens(config, layout.logits_chunk);
+    m.logits_chunk = logits_chunk_tokens(config, layout.logits_chunk, (int64_t)B * T, layout.device_total_bytes);
     m.pipe = layout.pipe.first_layer.empty() ? single_stage_plan(config) : layout.pipe;
     const PipelinePlan& pp = m.pipe;
     m.table = build_param_table(config);
@@ -419,9 +419,15 @@ static void alloc_op_scratch(GPT& m, int B, int T) {
     const size_t C = config.n_embd, E = config.n_expert, He = ls.expert_hidden;
     if (m.elem_bytes == 2) {
         const int widest_biased = std::max({(int)C, ls.qkv(), ls.fc(config.mlp)});
+        // the split-K dweight partials (llmc/ops/matmul.cuh): the widest dense dweight's other side
+        // (qkv, attention projection, and fc when a block has a dense FFN; never the lm head)
+        const bool dense_ffn = E == 0 || config.moe_every > 1;
+        const int widest_dweight = std::max({ls.qkv(), ls.n_head * ls.hs, dense_ffn ? ls.fc(config.mlp) : 0});
+        const size_t splitk = matmul_splitk_model_scratch_bytes(B * T, (int)C, widest_dweight);
         m.op_scratch_bytes = MATMUL_WORKSPACE_BYTES +
-                             op_scratch_bytes(B, T, (int)C, ls.n_head, widest_biased, (int)E,
-                                              E > 0 ? config.moe_capacity(B, T) : 0, (int)He, plan_sm_count());
+                             std::max(splitk, op_scratch_bytes(B, T, (int)C, ls.n_head, widest_biased, (int)E,
+                                                               E > 0 ? config.moe_capacity(B, T) : 0, (int)He,
+                                                               plan_sm_count()));
         m.op_scratch = take(m, MEM_SCRATCH, m.op_scratch_bytes);
     }
 }
@@ -524,7 +530,8 @@ static void check_plan_fits(const MemoryEstimate& e, int B, int T, int offload, 
     const double state = e.master + e.moments + (one_memory ? e.host_master + e.host_moments : 0.0);
     const std::string acts = "activations grow with B*T: lower -b (batch size) or -t (sequence length), and keep the "
                              "tokens per step with -d/--total_batch_tokens (gradient accumulation), or recompute "
-                             "activations (-r 1 or 2)";
+                             "activations (-r 1 or 2), or hold the lm head's logits for fewer tokens at a time "
+                             "(--logits_chunk N: its default is sized from the device's total memory, not the plan)";
     const std::string opt = offloaded || one_memory ? shard_state
                                                     : "--offload optimizer keeps the fp32 master weights and Adam moments "
                                                       "in host memory and runs AdamW on the CPU (ZeRO-Offload), or " +

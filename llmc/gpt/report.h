@@ -57,24 +57,32 @@ static void print_memory_plan(const PlanInputs& in) {
     row("master weights (fp32)", &MemoryEstimate::master);
     row("adam moments (fp32)", &MemoryEstimate::moments);
     row("activations", &MemoryEstimate::activations);
+    std::string head_note;  // the lm head's chunk and why, after the table
     if (L.pipe.has_head()) {  // the lm head's share of them: one token chunk's logits (llmc/gpt/layout.h)
         const int tp = std::max(1, L.plan_tp);
-        const size_t BT = (size_t)in.B * in.T, rows = logits_rows(logits_chunk_tokens(in.config, L.logits_chunk), BT);
+        const size_t BT = (size_t)in.B * in.T;
+        const int chunk = logits_chunk_tokens(in.config, L.logits_chunk, (int64_t)BT, L.device_total_bytes);
+        const size_t rows = logits_rows(chunk, BT);
         const double cols = (double)in.config.padded_vocab_size / tp, MiB = 1048576.0;
         printf("  %-34s %10.2f MiB: %zu of the micro-batch's %zu tokens x %.0f vocabulary columns (whole: %.2f MiB)\n",
                "  of which logits (lm-head chunk)", rows * cols * L.elem_bytes / MiB, rows, BT, cols,
                BT * cols * L.elem_bytes / MiB);
+        const size_t n = (BT + chunk - 1) / chunk;
+        head_note = strfmt("  lm head: %d tokens per chunk, %zu chunk%s per micro-batch (%s)\n", chunk, n, n == 1 ? "" : "s",
+                           logits_chunk_reason(in.config, L.logits_chunk, (int64_t)BT, L.device_total_bytes).c_str());
     }
     row("batch", &MemoryEstimate::batch);
     row("op scratch + cuBLASLt workspace", &MemoryEstimate::scratch);
     row("total", nullptr);
-    if (L.offload != OFFLOAD_OPTIMIZER) return;
-    row("host: master weights (fp32)", &MemoryEstimate::host_master);
-    row("host: adam moments (fp32)", &MemoryEstimate::host_moments);
-    row("host: gradient staging (fp32)", &MemoryEstimate::host_staging);
-    printf("  %-34s", "host total (offload arenas)");
-    for (int z = 0; z < 4; z++) printf(" %10.2f", mem[z].host_arenas() / 1048576.0);
-    printf("\n");
+    if (L.offload == OFFLOAD_OPTIMIZER) {
+        row("host: master weights (fp32)", &MemoryEstimate::host_master);
+        row("host: adam moments (fp32)", &MemoryEstimate::host_moments);
+        row("host: gradient staging (fp32)", &MemoryEstimate::host_staging);
+        printf("  %-34s", "host total (offload arenas)");
+        for (int z = 0; z < 4; z++) printf(" %10.2f", mem[z].host_arenas() / 1048576.0);
+        printf("\n");
+    }
+    printf("%s", head_note.c_str());
 }
 
 // The pipeline at start-up: per stage its virtual stages' blocks, parameters, FLOPs per micro-batch,

@@ -21,7 +21,8 @@
 // ---- The flash path (hs = 64, 128) ----
 // Every product is mma.sync.m16n8k16 (bf16 x bf16 -> fp32) on fragments loaded from shared memory by
 // ldmatrix; tiles come in by cp.async (16-byte copies, double-buffered so the copy of tile k+1 overlaps
-// the math of tile k). Tiles are 64 rows x hs, padded rows in smem (hs + 8 bf16: conflict-free
+// the math of tile k; single-buffered where the device's shared memory calls for it: flash_plan). Tiles
+// are 64 rows x hs, padded rows in smem (hs + 8 bf16: conflict-free
 // ldmatrix). A block is 4 warps; a warp owns 16 rows of its block's 64 and keeps its accumulators in
 // registers. Scores live in registers only: nothing T x T ever reaches memory.
 //  forward   block = (b, query head h, 64 queries). Q fragments stay in registers; for each 64-key tile:
@@ -75,7 +76,9 @@
 // Scratch (cuda_scratch): attention_forward none; attention_backward B * n_head * T floats (D), both
 // paths: attention_scratch_bytes(B, T, n_head) (llmc/ops/op_scratch.h).
 // Shared memory (dynamic): flash forward 5 tiles of 64 x (hs + 8) bf16 (45 KB at hs 64, 85 KB at 128),
-// flash dQ and dK/dV 6 tiles (54 KB, 102 KB; dK/dV + 1.5 KB static); simple forward
+// flash dQ and dK/dV 6 tiles (54 KB, 102 KB; dK/dV + 1.5 KB static), or with single-buffered streamed
+// tiles (the 1-stage variants, chosen per device: see flash_plan below) 3 and 4 tiles (27 / 51 KB,
+// 36 / 68 KB; dK/dV + 0.8 KB static); simple forward
 // 32(hs+4) + 32 hs + 16 hs floats (41.5 KB at hs = 128), simple dQ and dK/dV 2 * 32(hs+4) + 2 * 16 hs
 // floats (49 KB) plus 400 B static.
 #pragma once
@@ -83,6 +86,8 @@
 #include <initializer_list>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include "llmc/ops/cuda_common.cuh"
 #include "llmc/ops/op_scratch.h"  // attention_scratch_bytes
 
@@ -103,6 +108,12 @@ constexpr int MAX_HS = 128;
 constexpr int SLOTS = MAX_HS / 32;   // head dims a lane owns: d = lane + 32 k, k < SLOTS, d < hs
 constexpr unsigned FULL = 0xffffffffu;
 static_assert(QTILE == WARPS * ROWS_PER_WARP && KTILE == WARPS * ROWS_PER_WARP, "tiles split evenly over the warps");
+// __launch_bounds__ minimum of resident blocks for the three simple kernels: 4 blocks of 128 threads cap
+// them at 128 registers. Without a minimum, ptxas (CUDA 13) aimed at 72..80 registers and spilled on
+// sm_80 / sm_86 / sm_89 (attention_dkdv_kernel 12 B stored + 36 B loaded, attention_forward_kernel 8 B);
+// with it they take 93..127 registers and spill nothing on sm_80, 86, 89 and 90. Their shared memory
+// (up to 49 KB at hs 128) admits 2..4 blocks per SM anyway, so the bound costs no occupancy.
+constexpr int SIMPLE_MIN_BLOCKS = 4;
 
 // ALiBi slope of head h (cpu::alibi_slope, same formula, computed in double then rounded to float as
 // the CPU reference does): m = 2^floor(log2 n); heads h < m: 2^(-8(h+1)/m); the others take every
@@ -192,7 +203,7 @@ inline size_t dkdv_smem_bytes(int hs) { return sizeof(float) * (2 * (size_t)CHUN
 // forward: block (b, h, 16 queries); warp w owns query rows w, w + 4, w + 8, w + 12 of the tile
 // (interleaved, so the causal growth of the work is spread evenly over the warps).
 
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, SIMPLE_MIN_BLOCKS)
 attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int T, int n_head,
                          int n_kv_head, int hs, float scale, int alibi_n_head, int head0) {
     extern __shared__ float4 smem_f4[];
@@ -300,7 +311,7 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
 // backward, stage 2: dQ. Block (b, h, 16 queries), the forward's loop over key chunks; lane j scores
 // key j (s and dp = dO.v_j), then the lanes own head dims of dq += dS_j k_j. Writes dq (overwrite).
 
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, SIMPLE_MIN_BLOCKS)
 attention_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
                     const int* doc_start, int T, int n_head, int n_kv_head, int hs, float scale, int alibi_n_head,
                     int head0) {
@@ -382,7 +393,7 @@ attention_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const f
 // last query that can see one of its keys; lane i scores query i of the chunk against the key row
 // (s and dp = dO_i.v_j), then the lanes own head dims of dv += p_i dO_i and dk += dS_i q_i.
 
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, SIMPLE_MIN_BLOCKS)
 attention_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
                       const int* doc_start, int T, int n_head, int n_kv_head, int hs, float scale, int alibi_n_head,
                       int head0) {
@@ -650,15 +661,22 @@ __device__ inline void warp_mma_ab(float (&acc)[NB][4], const uint32_t (&a)[KK][
 // cp.async of FA_TILE rows of HS bf16 (row r at src + r * stride) into smem rows of HS + FA_PAD; rows
 // r >= n_valid (past the end of the sequence) become zeros and are not read: a masked product must not
 // meet garbage (p = 0 times a NaN is a NaN).
+// A thread copies the same column c of rows r0, r0 + RSTEP, ...: one source pointer advanced by RSTEP rows
+// per copy, rather than a 64-bit row offset per copy, which the compiler hoisted out of the kernels' loops
+// (16 registers held across the loop at hs 128: flash_dkdv_kernel<128, 1> spilled on sm_90).
 template <int HS>
 __device__ inline void load_tile_async(floatX* dst, const floatX* src, size_t stride, int n_valid, int tid) {
     constexpr int CHUNKS = HS / 8;  // 16-byte chunks per row
-    static_assert(FA_TILE * CHUNKS % FA_THREADS == 0, "the copies split evenly over the threads");
+    constexpr int RSTEP = FA_THREADS / CHUNKS;  // rows between a thread's copies
+    static_assert(FA_THREADS % CHUNKS == 0 && FA_TILE % RSTEP == 0, "the copies split evenly over the threads");
+    const int r0 = tid / CHUNKS, c = (tid % CHUNKS) * 8;
+    const floatX* p = src + (size_t)r0 * stride + c;
 #pragma unroll
-    for (int k = 0; k < FA_TILE * CHUNKS / FA_THREADS; k++) {
-        const int idx = tid + k * FA_THREADS, r = idx / CHUNKS, c = (idx % CHUNKS) * 8;
+    for (int k = 0; k < FA_TILE / RSTEP; k++) {
+        const int r = r0 + k * RSTEP;
         const bool ok = r < n_valid;
-        cp_async_16(dst + r * (HS + FA_PAD) + c, src + (ok ? (size_t)r * stride : 0) + c, ok);
+        cp_async_16(dst + r * (HS + FA_PAD) + c, ok ? p : src + c, ok);
+        p += (size_t)RSTEP * stride;
     }
 }
 
@@ -716,17 +734,21 @@ __device__ inline bool warp_sees(const WarpRows& w, int kc) { return w.lo_min < 
 __device__ inline bool warp_sees_all(const WarpRows& w, int kc) { return w.lo_max <= kc && kc + FA_TILE - 1 <= w.first; }
 
 // ------------------------------------------------------------------------------------------------
-// flash forward: block (b, h, 64 queries), warp w owns query rows 16w .. 16w+15 of the tile.
+// flash forward: block (b, h, 64 queries), warp w owns query rows 16w .. 16w+15 of the tile. STAGES 2
+// double-buffers the key/value tiles, 1 refills one buffer between steps (flash_plan picks).
+// (__launch_bounds__: HS 64 within 168 registers, 3 blocks per SM; without, ptxas took up to 171 on
+// sm_90 and 2 fit. HS 128: the explicit minimum of 1 stops ptxas guessing a lower target.)
 
-template <int HS>
-__global__ void __launch_bounds__(FA_THREADS)
+template <int HS, int STAGES>
+__global__ void __launch_bounds__(FA_THREADS, HS == 64 ? 3 : 1)
 flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int T, int n_head,
                      int n_kv_head, float scale_log2, int alibi_n_head, int head0) {
     constexpr int LD = HS + FA_PAD, TILE = FA_TILE * LD, KSTEPS = HS / 16, DB = HS / 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     floatX* q_s = reinterpret_cast<floatX*>(fa_smem);  // [64][LD] queries, later each warp's output staging
-    floatX* k_s = q_s + TILE;                            // [2][64][LD] key tiles
-    floatX* v_s = k_s + 2 * TILE;                        // [2][64][LD] value tiles
+    floatX* k_s = q_s + TILE;                            // [STAGES][64][LD] key tiles
+    floatX* v_s = k_s + STAGES * TILE;                   // [STAGES][64][LD] value tiles
+    static_assert(STAGES == 1 || STAGES == 2, "single- or double-buffered key/value tiles");
 
     const int b = blockIdx.z, h = blockIdx.y;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE;  // last (heaviest) tiles are scheduled first
@@ -759,13 +781,19 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_
     float m[2] = {-INFINITY, -INFINITY};  // running row max, log2 units
     float l[2] = {0.f, 0.f};              // running sum of exp2(x - m) over this thread's columns
     for (int it = 0; it < n_tiles; it++) {
-        const int kc = kv_lo + it * FA_TILE, buf = it & 1;
-        if (it + 1 < n_tiles) {  // the other buffer was released by the barrier that ended the last step
-            const int kn = kc + FA_TILE;
+        const int kc = kv_lo + it * FA_TILE, buf = STAGES == 2 ? it & 1 : 0, kn = kc + FA_TILE;
+        if (STAGES == 2 && it + 1 < n_tiles) {  // the other buffer was released by the barrier ending the last step
             load_tile_async<HS>(k_s + (buf ^ 1) * TILE, k_g + (size_t)kn * row, row, T - kn, tid);
             load_tile_async<HS>(v_s + (buf ^ 1) * TILE, v_g + (size_t)kn * row, row, T - kn, tid);
+            cp_async_commit();
         }
-        cp_async_commit();
+        if (STAGES == 1 && it > 0) {  // one buffer, released by the barrier that ended the last step: refill, wait
+            load_tile_async<HS>(k_s, k_g + (size_t)kc * row, row, T - kc, tid);
+            load_tile_async<HS>(v_s, v_g + (size_t)kc * row, row, T - kc, tid);
+            cp_async_commit();
+            cp_async_wait_all();
+            __syncthreads();
+        }
         if (warp_sees(w, kc)) {  // warp-uniform
             float s[FA_TILE / 8][4] = {};
             warp_mma_abt_reg<KSTEPS, FA_TILE / 8, LD>(s, qf, k_s + buf * TILE, lane);
@@ -831,10 +859,10 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_
 
 // ------------------------------------------------------------------------------------------------
 // flash backward, dQ: block (b, h, 64 queries), warp w owns query rows 16w .. 16w+15; the forward's loop
-// over key tiles, writes dq (overwrite).
+// over key tiles (STAGES as there), writes dq (overwrite). Registers bounded as the forward's.
 
-template <int HS>
-__global__ void __launch_bounds__(FA_THREADS)
+template <int HS, int STAGES>
+__global__ void __launch_bounds__(FA_THREADS, HS == 64 ? 3 : 1)
 flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
                 const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2,
                 int alibi_n_head, int head0) {
@@ -842,8 +870,9 @@ flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float
     extern __shared__ __align__(16) unsigned char fa_smem[];
     floatX* q_s = reinterpret_cast<floatX*>(fa_smem);  // [64][LD] queries, later each warp's dq staging
     floatX* do_s = q_s + TILE;                           // [64][LD] their output gradients
-    floatX* k_s = do_s + TILE;                           // [2][64][LD] key tiles
-    floatX* v_s = k_s + 2 * TILE;                        // [2][64][LD] value tiles
+    floatX* k_s = do_s + TILE;                           // [STAGES][64][LD] key tiles
+    floatX* v_s = k_s + STAGES * TILE;                   // [STAGES][64][LD] value tiles
+    static_assert(STAGES == 1 || STAGES == 2, "single- or double-buffered key/value tiles");
 
     const int b = blockIdx.z, h = blockIdx.y;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * FA_TILE;
@@ -879,13 +908,19 @@ flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float
 
     float dq[DB][4] = {};
     for (int it = 0; it < n_tiles; it++) {
-        const int kc = kv_lo + it * FA_TILE, buf = it & 1;
-        if (it + 1 < n_tiles) {
-            const int kn = kc + FA_TILE;
+        const int kc = kv_lo + it * FA_TILE, buf = STAGES == 2 ? it & 1 : 0, kn = kc + FA_TILE;
+        if (STAGES == 2 && it + 1 < n_tiles) {
             load_tile_async<HS>(k_s + (buf ^ 1) * TILE, k_g + (size_t)kn * row, row, T - kn, tid);
             load_tile_async<HS>(v_s + (buf ^ 1) * TILE, v_g + (size_t)kn * row, row, T - kn, tid);
+            cp_async_commit();
         }
-        cp_async_commit();
+        if (STAGES == 1 && it > 0) {  // one buffer, released by the barrier that ended the last step: refill, wait
+            load_tile_async<HS>(k_s, k_g + (size_t)kc * row, row, T - kc, tid);
+            load_tile_async<HS>(v_s, v_g + (size_t)kc * row, row, T - kc, tid);
+            cp_async_commit();
+            cp_async_wait_all();
+            __syncthreads();
+        }
         if (warp_sees(w, kc)) {
             float s[FA_TILE / 8][4] = {}, dp[FA_TILE / 8][4] = {};
             warp_mma_abt<KSTEPS, FA_TILE / 8, LD>(s, q_s + warp * 16 * LD, k_s + buf * TILE, lane);
@@ -915,11 +950,13 @@ flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float
 // ------------------------------------------------------------------------------------------------
 // flash backward, dK and dV: block (b, kv head, 64 keys), warp w owns key rows 16w .. 16w+15. Loop: the
 // query heads of the group, and for each the 64-query tiles from the block's first key to the last query
-// that sees one of its keys (double-buffered), 32 queries per step. Writes dk, dv (overwrite).
+// that sees one of its keys (double-buffered at STAGES 2, one buffer refilled between steps at 1), 32
+// queries per step. Writes dk, dv (overwrite).
 
 // (HS 64: at most 168 registers, so that 3 blocks of 128 threads fit an SM's 64K registers;
-// unbounded, ptxas took 172 and 2 fit. HS 128 needs ~254: one block's worth, no bound to ask.)
-template <int HS>
+// unbounded, ptxas took 172 and 2 fit. HS 128 takes ~250: 2 blocks' worth, a minimum of 1 lets ptxas
+// use them rather than guess a lower target. The forward and dQ kernels have the same bounds.)
+template <int HS, int STAGES>
 __global__ void __launch_bounds__(FA_THREADS, HS == 64 ? 3 : 1)
 flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
                   const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2,
@@ -929,12 +966,13 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
     extern __shared__ __align__(16) unsigned char fa_smem[];
     floatX* k_s = reinterpret_cast<floatX*>(fa_smem);  // [64][LD] keys of the block, later dk staging
     floatX* v_s = k_s + TILE;                            // [64][LD] values of the block, later dv staging
-    floatX* q_s = v_s + TILE;                            // [2][64][LD] query tiles
-    floatX* do_s = q_s + 2 * TILE;                       // [2][64][LD] their output gradients
-    __shared__ float lse_s[2][FA_TILE], dlt_s[2][FA_TILE];
-    __shared__ int ds_s[2][FA_TILE];  // doc_start of the tile's queries (0 past the end: masked by i < T)
+    floatX* q_s = v_s + TILE;                            // [STAGES][64][LD] query tiles
+    floatX* do_s = q_s + STAGES * TILE;                  // [STAGES][64][LD] their output gradients
+    static_assert(STAGES == 1 || STAGES == 2, "single- or double-buffered query/dO tiles");
+    __shared__ float lse_s[STAGES][FA_TILE], dlt_s[STAGES][FA_TILE];
+    __shared__ int ds_s[STAGES][FA_TILE];  // doc_start of the tile's queries (0 past the end: masked by i < T)
     __shared__ int i_last_s;
-    __shared__ float slope_s[2];  // the step's ALiBi slope (x log2 e), written with its tiles: no
+    __shared__ float slope_s[STAGES];  // the step's ALiBi slope (x log2 e), written with its tiles: no
                                   // registers held across the step for the head's slope (HS 128 spilled)
 
     const int b = blockIdx.z, kh = blockIdx.y;
@@ -965,7 +1003,7 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
     auto load_step = [&](int u, int buf) {
         const int h = kh * group + u / n_qt, ic = j0 + (u % n_qt) * FA_TILE, nv = T - ic;
         // (HS 64: the address from the kernel's parameters each time, no 64-bit base held across the
-        // loop, keeps it within 168 registers without a spill; HS 128 spills that way, not the other)
+        // loop, keeps it within 168 registers without a spill; HS 128 spilled that way, not the other)
         const floatX* q_rows = HS == 64 ? qkv + ((size_t)blockIdx.z * T + ic) * row : base + (size_t)ic * row;
         load_tile_async<HS>(q_s + buf * TILE, q_rows + h * HS, row, nv, tid);
         load_tile_async<HS>(do_s + buf * TILE, dout + ((size_t)b * T + ic) * n_head * HS + h * HS,
@@ -991,9 +1029,17 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
     __syncthreads();
 
     for (int u = 0; u < n_steps; u++) {
-        const int buf = u & 1, ic = j0 + (u % n_qt) * FA_TILE;
-        if (u + 1 < n_steps) load_step(u + 1, buf ^ 1);
-        cp_async_commit();
+        const int buf = STAGES == 2 ? u & 1 : 0, ic = j0 + (u % n_qt) * FA_TILE;
+        if (STAGES == 2 && u + 1 < n_steps) {  // the other buffer was released by the barrier ending the last step
+            load_step(u + 1, buf ^ 1);
+            cp_async_commit();
+        }
+        if (STAGES == 1 && u > 0) {  // one buffer, released by the barrier that ended the last step: refill, wait
+            load_step(u, 0);
+            cp_async_commit();
+            cp_async_wait_all();
+            __syncthreads();
+        }
         const float slope_log2 = slope_s[buf];
         const floatX* qt = q_s + buf * TILE;
         const floatX* dot = do_s + buf * TILE;
@@ -1040,8 +1086,195 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
 // host side
 // ================================================================================================
 
-inline size_t flash_forward_smem_bytes(int hs) { return (size_t)5 * FA_TILE * (hs + FA_PAD) * sizeof(floatX); }
-inline size_t flash_backward_smem_bytes(int hs) { return (size_t)6 * FA_TILE * (hs + FA_PAD) * sizeof(floatX); }
+// Dynamic shared memory of the flash kernels: the forward holds Q plus STAGES K and V tiles, dQ and dK/dV two
+// resident tiles (Q and dO, or K and V) plus STAGES tiles of each streamed operand.
+inline size_t flash_forward_smem_bytes(int hs, int stages) {
+    return (size_t)(1 + 2 * stages) * FA_TILE * (hs + FA_PAD) * sizeof(floatX);
+}
+inline size_t flash_backward_smem_bytes(int hs, int stages) {
+    return (size_t)(2 + 2 * stages) * FA_TILE * (hs + FA_PAD) * sizeof(floatX);
+}
+
+// ---- Which variant runs: chosen per kernel from the device's limits, once per (device, override) ----
+// Every flash kernel comes in two variants with the same math in the same order (so bitwise the same
+// results): STAGES 2 double-buffers the streamed tiles (the cp.async copy of tile k+1 overlaps the math of
+// tile k, FlashAttention-2's pipelining: Dao, "FlashAttention-2", 2023, sec. 3.3), STAGES 1 holds one
+// buffer and refills it between steps (copy latency exposed, 2 tiles less shared memory). Sizes (KB =
+// 1024 B; dK/dV adds 1.5 KB / 0.8 KB of static smem):
+//            hs 64: 2-stage  1-stage     hs 128: 2-stage  1-stage
+//   forward          45 KB    27 KB               85 KB    51 KB
+//   dQ, dK/dV        54 KB    36 KB              102 KB    68 KB
+// Rule, per kernel: a variant is eligible if its dynamic + static smem fits the device's per-block
+// opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin); of the eligible ones the one with more
+// resident blocks per SM wins (registers, smem per SM incl. the 1 KB the driver reserves per block,
+// threads, blocks), the 2-stage one on a tie (at equal occupancy it is 5..7% faster on the H200). With
+// the registers of CUDA 13 (hs 64 <= 168: 3 blocks/SM, hs 128: 2 blocks/SM by registers) that gives:
+//   H100/H200 (227 KB/block, 228 KB/SM)  every kernel 2-stage (as before the 1-stage variants existed)
+//   A100 (163 KB, 164 KB)                forward hs 64 2-stage; the others 1-stage: dQ, dK/dV hs 64 3
+//                                        blocks/SM instead of 2, hs 128 2 instead of 1
+//   RTX 3090/4090, L4 (99 KB, 100 KB)    hs 64 1-stage (forward 3 blocks/SM instead of 2, backward 2
+//                                        instead of 1); hs 128 forward 2-stage (1 block either way),
+//                                        backward 1-stage (the 2-stage one, 102 KB, does not fit)
+// (Two blocks of a 1-stage kernel overlap one block's copies with the other's math, which the 2-stage
+// kernel does inside one block: the rule prefers the occupancy. Only the equal-occupancy case is
+// measured (H200, dev/cuda/attention_{forward,backward}.cu --stages: 1-stage 0.91..0.96x of 2-stage);
+// the occupancy trade on a 3090/4090/A100 is the rule's judgement until measured there.) No variant fitting is an error, never a silent
+// fallback. attention_kernels_summary(hs) says what was chosen.
+// Overrides (tests, benchmarks): LLMC_ATTENTION_SMEM_LIMIT=<bytes> (read once) or flash_override(limit,
+// stages) emulate a card with that per-block limit (per-SM = limit + the reserved 1 KB, as on sm_80..90:
+// 101376 is an RTX 3090/4090 / L4, 166912 an A100) when below the device's; flash_override's stages 1 or
+// 2 force that variant for every flash kernel (an error where it does not fit).
+struct FlashDevice {
+    int device = -1, cc = 0;
+    size_t smem_block = 0, smem_sm = 0, reserved = 0;  // bytes (after the emulated limit, if any)
+    size_t device_smem_block = 0;                      // the card's own per-block limit
+    int regs_sm = 0, threads_sm = 0, blocks_sm = 0;
+};
+struct FlashVariant {
+    int stages = 0;       // 1 or 2
+    size_t smem = 0;      // dynamic + static bytes per block
+    int regs = 0, blocks_per_sm = 0;
+};
+struct FlashPlan {
+    FlashDevice dev;
+    FlashVariant fwd, dq, dkdv;
+    size_t alt_smem[3] = {0, 0, 0};  // the bytes of the variant not chosen (fwd, dq, dkdv), for the summary
+    bool alt_fits[3] = {false, false, false};
+};
+struct FlashOverrideState {
+    size_t smem_limit = 0;   // 0: the device's (or LLMC_ATTENTION_SMEM_LIMIT's)
+    int stages = 0;          // 0: automatic
+    unsigned generation = 1; // bumped by every flash_override: invalidates the cached plans
+};
+inline FlashOverrideState& flash_override_state() {
+    static FlashOverrideState st;
+    return st;
+}
+// Tests and benchmarks: smem_limit > 0 emulates a card with that per-block limit (0: the device's, or
+// LLMC_ATTENTION_SMEM_LIMIT's); stages 1 or 2 forces that variant of every flash kernel (0: the rule above).
+inline void flash_override(size_t smem_limit, int stages) {
+    LLMC_CHECK(stages >= 0 && stages <= 2, "flash_override: stages %d (0 automatic, 1 or 2)", stages);
+    FlashOverrideState& st = flash_override_state();
+    st.smem_limit = smem_limit;
+    st.stages = stages;
+    st.generation++;
+}
+// sets an override for its scope and restores the previous one when it leaves (also on an exception)
+struct FlashOverrideGuard {
+    size_t prev_limit;
+    int prev_stages;
+    FlashOverrideGuard(size_t smem_limit, int stages)
+        : prev_limit(flash_override_state().smem_limit), prev_stages(flash_override_state().stages) {
+        flash_override(smem_limit, stages);
+    }
+    ~FlashOverrideGuard() { flash_override(prev_limit, prev_stages); }
+    FlashOverrideGuard(const FlashOverrideGuard&) = delete;
+    FlashOverrideGuard& operator=(const FlashOverrideGuard&) = delete;
+};
+
+inline size_t env_smem_limit() {
+    static const size_t v = [] {
+        const char* e = getenv("LLMC_ATTENTION_SMEM_LIMIT");
+        if (!e || !*e) return (size_t)0;
+        char* end = nullptr;
+        const long long x = strtoll(e, &end, 10);
+        LLMC_CHECK(end && *end == '\0' && x > 0, "LLMC_ATTENTION_SMEM_LIMIT=%s: expected a positive byte count", e);
+        return (size_t)x;
+    }();
+    return v;
+}
+
+inline FlashDevice flash_device_limits(int device) {
+    FlashDevice d;
+    d.device = device;
+    int v = 0, major = 0, minor = 0;
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    d.cc = 10 * major + minor;
+    cudaCheck(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    d.smem_block = d.device_smem_block = (size_t)v;
+    cudaCheck(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    d.smem_sm = (size_t)v;
+    cudaCheck(cudaDeviceGetAttribute(&v, cudaDevAttrReservedSharedMemoryPerBlock, device));
+    d.reserved = (size_t)v;
+    cudaCheck(cudaDeviceGetAttribute(&d.regs_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device));
+    cudaCheck(cudaDeviceGetAttribute(&d.threads_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+    cudaCheck(cudaDeviceGetAttribute(&d.blocks_sm, cudaDevAttrMaxBlocksPerMultiprocessor, device));
+    const size_t limit = flash_override_state().smem_limit ? flash_override_state().smem_limit : env_smem_limit();
+    if (limit > 0 && limit < d.smem_block) {  // emulate the smaller card: its per-SM capacity is limit + reserved
+        d.smem_block = limit;
+        d.smem_sm = std::min(d.smem_sm, limit + d.reserved);
+    }
+    return d;
+}
+
+// resident blocks per SM of a kernel at FA_THREADS threads and `dyn` bytes of dynamic smem (the occupancy
+// calculator's rules: registers allocated per warp in units of 256, smem per block plus the reserved part)
+template <typename Kernel>
+inline FlashVariant flash_variant(const FlashDevice& d, Kernel kernel, int stages, size_t dyn) {
+    cudaFuncAttributes a;
+    cudaCheck(cudaFuncGetAttributes(&a, kernel));
+    FlashVariant fv;
+    fv.stages = stages;
+    fv.smem = dyn + a.sharedSizeBytes;
+    fv.regs = a.numRegs;
+    const int warp_regs = (a.numRegs * 32 + 255) / 256 * 256, warps = FA_THREADS / 32;
+    int blocks = warp_regs > 0 ? d.regs_sm / warp_regs / warps : d.blocks_sm;
+    blocks = std::min(blocks, (int)(d.smem_sm / (fv.smem + d.reserved)));
+    blocks = std::min(blocks, d.threads_sm / FA_THREADS);
+    fv.blocks_per_sm = std::min(blocks, d.blocks_sm);
+    return fv;
+}
+
+// picks the variant of one kernel (see the rule above); slot 0 forward, 1 dQ, 2 dK/dV
+template <typename K1, typename K2>
+inline FlashVariant flash_pick(FlashPlan& plan, int slot, const char* what, int hs, K1 k1, size_t dyn1, K2 k2,
+                               size_t dyn2) {
+    const FlashDevice& d = plan.dev;
+    const FlashVariant v1 = flash_variant(d, k1, 1, dyn1), v2 = flash_variant(d, k2, 2, dyn2);
+    const bool fit1 = v1.smem <= d.smem_block && v1.blocks_per_sm > 0, fit2 = v2.smem <= d.smem_block && v2.blocks_per_sm > 0;
+    const int forced = flash_override_state().stages;
+    LLMC_CHECK(forced != 2 || fit2, "attention %s hs %d: the 2-stage kernel (%zu B of shared memory) was forced but does "
+               "not fit this device's %zu B per block", what, hs, v2.smem, d.smem_block);
+    LLMC_CHECK(fit1, "attention %s hs %d: no flash variant fits the device's %zu B of shared memory per block (the "
+               "1-stage kernel needs %zu B)", what, hs, d.smem_block, v1.smem);
+    const bool two = forced == 2 || (forced == 0 && fit2 && v2.blocks_per_sm >= v1.blocks_per_sm);
+    plan.alt_smem[slot] = two ? v1.smem : v2.smem;
+    plan.alt_fits[slot] = two ? fit1 : fit2;
+    return two ? v2 : v1;
+}
+
+template <int HS>
+inline FlashPlan flash_make_plan(int device) {
+    FlashPlan p;
+    p.dev = flash_device_limits(device);
+    p.fwd = flash_pick(p, 0, "forward", HS, flash_forward_kernel<HS, 1>, flash_forward_smem_bytes(HS, 1),
+                       flash_forward_kernel<HS, 2>, flash_forward_smem_bytes(HS, 2));
+    p.dq = flash_pick(p, 1, "backward dQ", HS, flash_dq_kernel<HS, 1>, flash_backward_smem_bytes(HS, 1),
+                      flash_dq_kernel<HS, 2>, flash_backward_smem_bytes(HS, 2));
+    p.dkdv = flash_pick(p, 2, "backward dK/dV", HS, flash_dkdv_kernel<HS, 1>, flash_backward_smem_bytes(HS, 1),
+                        flash_dkdv_kernel<HS, 2>, flash_backward_smem_bytes(HS, 2));
+    return p;
+}
+
+// The plan for head size HS on the current device: computed on first use and cached per device (up to 64
+// devices) and override generation, so a launch costs a cudaGetDevice and a compare.
+template <int HS>
+inline const FlashPlan& flash_plan() {
+    constexpr int MAX_DEVICES = 64;
+    static FlashPlan plans[MAX_DEVICES];
+    static unsigned generation[MAX_DEVICES] = {};
+    int device = 0;
+    cudaCheck(cudaGetDevice(&device));
+    LLMC_CHECK(device >= 0 && device < MAX_DEVICES, "attention: device %d (at most %d)", device, MAX_DEVICES);
+    const unsigned gen = flash_override_state().generation;
+    if (generation[device] != gen) {
+        plans[device] = flash_make_plan<HS>(device);
+        generation[device] = gen;
+    }
+    return plans[device];
+}
+inline const FlashPlan& flash_plan(int hs) { return hs == 64 ? flash_plan<64>() : flash_plan<128>(); }
 
 // version 1: the simple kernels
 inline void forward_simple(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T, int n_head,
@@ -1087,16 +1320,24 @@ inline void backward_simple(floatX* dqkv, const floatX* dout, const floatX* qkv,
     cudaCheckLaunch();
 }
 
-// version 2: the flash kernels (hs 64 or 128)
+// version 2: the flash kernels (hs 64 or 128), each in the variant flash_plan<HS>() chose
+template <int HS, int STAGES>
+inline void forward_flash_launch(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T,
+                                 int n_head, int n_kv_head, int alibi_n_head, int head0) {
+    const size_t smem = flash_forward_smem_bytes(HS, STAGES);
+    set_smem(flash_forward_kernel<HS, STAGES>, smem);
+    const dim3 grid((T + FA_TILE - 1) / FA_TILE, n_head, B);
+    flash_forward_kernel<HS, STAGES><<<grid, FA_THREADS, smem, llmc_stream()>>>(
+        out, lse, qkv, doc_start, T, n_head, n_kv_head, LOG2E / sqrtf((float)HS), alibi_n_head, head0);
+    cudaCheckLaunch();
+}
 template <int HS>
 inline void forward_flash_hs(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T,
                              int n_head, int n_kv_head, int alibi_n_head, int head0) {
-    const size_t smem = flash_forward_smem_bytes(HS);
-    set_smem(flash_forward_kernel<HS>, smem);
-    const dim3 grid((T + FA_TILE - 1) / FA_TILE, n_head, B);
-    flash_forward_kernel<HS><<<grid, FA_THREADS, smem, llmc_stream()>>>(out, lse, qkv, doc_start, T, n_head, n_kv_head,
-                                                                        LOG2E / sqrtf((float)HS), alibi_n_head, head0);
-    cudaCheckLaunch();
+    if (flash_plan<HS>().fwd.stages == 2)
+        forward_flash_launch<HS, 2>(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
+    else
+        forward_flash_launch<HS, 1>(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
 }
 inline void forward_flash(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int B, int T, int n_head,
                           int n_kv_head, int hs, int alibi_n_head, int head0) {
@@ -1106,24 +1347,43 @@ inline void forward_flash(floatX* out, float* lse, const floatX* qkv, const int*
     else forward_flash_hs<128>(out, lse, qkv, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
 }
 
+template <int HS, int STAGES>
+inline void dq_flash_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
+                            const int* doc_start, int B, int T, int n_head, int n_kv_head, int alibi_n_head,
+                            int head0) {
+    const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
+    const size_t smem = flash_backward_smem_bytes(HS, STAGES);
+    set_smem(flash_dq_kernel<HS, STAGES>, smem);
+    const dim3 grid((T + FA_TILE - 1) / FA_TILE, n_head, B);
+    flash_dq_kernel<HS, STAGES><<<grid, FA_THREADS, smem, llmc_stream()>>>(
+        dqkv, dout, qkv, lse, delta, doc_start, T, n_head, n_kv_head, scale, scale_log2, alibi_n_head, head0);
+    cudaCheckLaunch();
+}
+template <int HS, int STAGES>
+inline void dkdv_flash_launch(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
+                              const float* delta, const int* doc_start, int B, int T, int n_head, int n_kv_head,
+                              int alibi_n_head, int head0) {
+    const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
+    const size_t smem = flash_backward_smem_bytes(HS, STAGES);
+    set_smem(flash_dkdv_kernel<HS, STAGES>, smem);
+    const dim3 grid((T + FA_TILE - 1) / FA_TILE, n_kv_head, B);
+    flash_dkdv_kernel<HS, STAGES><<<grid, FA_THREADS, smem, llmc_stream()>>>(
+        dqkv, dout, qkv, lse, delta, doc_start, T, n_head, n_kv_head, scale, scale_log2, alibi_n_head, head0);
+    cudaCheckLaunch();
+}
 template <int HS>
 inline void backward_flash_hs(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
                               const float* delta, const int* doc_start, int B, int T, int n_head, int n_kv_head,
                               int alibi_n_head, int head0) {
-    const float scale = 1.0f / sqrtf((float)HS), scale_log2 = scale * LOG2E;
-    const size_t smem = flash_backward_smem_bytes(HS);
-    set_smem(flash_dq_kernel<HS>, smem);
-    const dim3 dq_grid((T + FA_TILE - 1) / FA_TILE, n_head, B);
-    flash_dq_kernel<HS><<<dq_grid, FA_THREADS, smem, llmc_stream()>>>(dqkv, dout, qkv, lse, delta, doc_start, T,
-                                                                      n_head, n_kv_head, scale, scale_log2,
-                                                                      alibi_n_head, head0);
-    cudaCheckLaunch();
-    set_smem(flash_dkdv_kernel<HS>, smem);
-    const dim3 kv_grid((T + FA_TILE - 1) / FA_TILE, n_kv_head, B);
-    flash_dkdv_kernel<HS><<<kv_grid, FA_THREADS, smem, llmc_stream()>>>(dqkv, dout, qkv, lse, delta, doc_start, T,
-                                                                        n_head, n_kv_head, scale, scale_log2,
-                                                                        alibi_n_head, head0);
-    cudaCheckLaunch();
+    const FlashPlan& plan = flash_plan<HS>();
+    if (plan.dq.stages == 2)
+        dq_flash_launch<HS, 2>(dqkv, dout, qkv, lse, delta, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
+    else
+        dq_flash_launch<HS, 1>(dqkv, dout, qkv, lse, delta, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
+    if (plan.dkdv.stages == 2)
+        dkdv_flash_launch<HS, 2>(dqkv, dout, qkv, lse, delta, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
+    else
+        dkdv_flash_launch<HS, 1>(dqkv, dout, qkv, lse, delta, doc_start, B, T, n_head, n_kv_head, alibi_n_head, head0);
 }
 inline void backward_flash(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                            const int* doc_start, int B, int T, int n_head, int n_kv_head, int hs, int alibi_n_head,
@@ -1139,6 +1399,40 @@ inline void backward_flash(floatX* dqkv, const floatX* dout, const floatX* qkv, 
 }
 
 }  // namespace attention_detail
+
+// One line for the trainer's start-up: which attention kernels run at head size hs on the current device,
+// their shared memory per block and resident blocks per SM, and why a smaller variant was chosen, e.g.
+//   attention hs 128: flash, sm_86 99 KB/block: fwd 2-stage 85.0 KB 1/SM, dQ 1-stage 68.0 KB 1/SM (2-stage
+//   102.0 KB does not fit), dK/dV 1-stage 68.8 KB 1/SM (2-stage 103.5 KB does not fit)
+inline std::string attention_kernels_summary(int hs) {
+    using namespace attention_detail;
+    char buf[512];
+    if (!flash_supported(hs)) {
+        snprintf(buf, sizeof buf, "attention hs %d: simple fp32 kernels (the flash kernels take hs 64, 128): fwd %.1f KB, "
+                 "bwd %.1f KB per block", hs, forward_smem_bytes(hs) / 1024.0, dq_smem_bytes(hs) / 1024.0);
+        return buf;
+    }
+    const FlashPlan& p = flash_plan(hs);
+    const bool emulated = p.dev.smem_block < p.dev.device_smem_block;
+    int n = snprintf(buf, sizeof buf, "attention hs %d: flash, sm_%d %.0f KB/block%s:", hs, p.dev.cc,
+                     p.dev.smem_block / 1024.0, emulated ? " (emulated limit)" : "");
+    const FlashVariant* vs[3] = {&p.fwd, &p.dq, &p.dkdv};
+    const char* names[3] = {"fwd", "dQ", "dK/dV"};
+    for (int k = 0; k < 3 && n > 0 && n < (int)sizeof buf; k++) {
+        const FlashVariant& v = *vs[k];
+        n += snprintf(buf + n, sizeof buf - n, "%s %s %d-stage %.1f KB %d/SM", k ? "," : "", names[k], v.stages,
+                      v.smem / 1024.0, v.blocks_per_sm);
+        if (n > 0 && n < (int)sizeof buf && v.stages == 1)
+            n += snprintf(buf + n, sizeof buf - n, " (2-stage %.1f KB %s)", p.alt_smem[k] / 1024.0,
+                          p.alt_fits[k] ? (attention_detail::flash_override_state().stages == 1
+                                               ? "fits, 1-stage forced"
+                                               : "fits, fewer blocks/SM")
+                                        : "does not fit");
+    }
+    if (attention_detail::flash_override_state().stages == 2 && n > 0 && n < (int)sizeof buf)
+        snprintf(buf + n, sizeof buf - n, " (2-stage forced)");
+    return buf;
+}
 
 // out [B, T, n_head*hs] and lse [B, n_head, T] overwritten; qkv [B, T, (n_head + 2 n_kv_head) hs];
 // doc_start [B*T] (device, row-relative indices). hs 64, 128: the flash kernels, else the simple ones.

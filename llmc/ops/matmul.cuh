@@ -58,6 +58,25 @@
 // first call of that shape fails naming it. matmul_fp32_plans_max_split_k() reads the cached plans'
 // splits back (test/gpu/matmul.cuh asserts 1).
 //
+// Our own split-K of the fp32 dweight (issue 35). Without cuBLASLt's split-K a GPT-2-width dweight
+// has too few output tiles for the GPU (768 x 768: 36 tiles of 128 x 128 on 132 SMs, 13% of the
+// GEMM rate at BT 32768), so from BT >= MATMUL_SPLITK_MIN_BT rows (llmc/ops/op_scratch.h) K = BT is
+// cut into P = ceil(BT / MATMUL_SPLITK_ROWS) contiguous row chunks, the last one shorter when BT is
+// not a multiple (P depends on BT alone: the same for every C, OC, SM count and layout):
+//   1. partials[p] [OC, C] = dout[chunk p]^T inp[chunk p], p < BT / ROWS: ONE strided-batched
+//      cuBLASLt call (batch strides ROWS * C, ROWS * OC, C * OC; beta 0, so the scratch's prior
+//      content never matters; no cuBLASLt split-K, like every fp32 plan); the shorter last chunk,
+//      if any, is one more plain GEMM into partials[P - 1]
+//   2. matmul_dweight_reduce: dweight = dweight + (((partials[0] + partials[1]) + ...) + partials[P-1])
+//      per element, in chunk order, one vectorized elementwise kernel (the twin of
+//      cpu::matmul_dweight_reduce). The chunks are summed BEFORE the one add into dweight, so the
+//      contract (dw + S, S independent of dw's prior content) holds for the split path too:
+//      accumulating into a zeroed leaf and folding it gives the same bits as accumulating in place.
+// The partials [P][OC * C] fp32 come from the op scratch arena (matmul_splitk_scratch_bytes; the
+// trainer's plan counts the model's largest, llmc/gpt/plan.h); a smaller arena fails naming the
+// shape. Bitwise reproducible run to run: a fixed chunking, fixed cached algorithms, a fixed order.
+// The MoE experts' batched dweight (matmul_backward_batched) does not split.
+//
 // dbias column sum, two stages with a fixed partition (deterministic, fp32 throughout, one add):
 //   stage 1: grid (column strips, row chunks of 256 rows). A block is 32 x 8 threads; thread (tx, ty)
 //            owns VEC consecutive columns (VEC = 8: one 16-byte load of bf16 per row, when OC % 8 == 0
@@ -67,10 +86,13 @@
 //   stage 2: thread (tx, ty) of a 32 x 8 block sums chunks ty, ty + 8, ... of column blockIdx.x*32+tx;
 //            the 8 strands are combined in order and added to the fp32 dbias (one add, __fadd_rn).
 // Scratch (cuda_scratch): matmul_backward with dbias needs ceil(BT / 256) * OC floats
-// (matmul_scratch_bytes); the forward and the backward without dbias need none.
+// (matmul_scratch_bytes), with dweight at BT >= MATMUL_SPLITK_MIN_BT P * C * OC floats
+// (matmul_splitk_scratch_bytes; both from the arena's start, one after the other:
+// matmul_backward_scratch_bytes is the larger); the forward and the rest of the backward need none.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 #include <cublasLt.h>
@@ -187,6 +209,41 @@ __global__ void __launch_bounds__(256) matmul_dbias_finish_kernel(float* __restr
         for (int y = 0; y < 8; y++) t += strand[y][tx];
         float* db = dbias + (size_t)b * OC + col;
         *db = __fadd_rn(*db, t);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// split-K dweight, step 2 (the twin of cpu::matmul_dweight_reduce):
+//   dweight[i] = dweight[i] + (((partials[0][i] + partials[1][i]) + partials[2][i]) + ...)
+// one thread per element (VEC = 1) or per 16-byte vector of 4 (VEC = 4: n % 4 == 0 and both pointers
+// 16-byte aligned), grid-stride. Every element gets the same additions in the same order on both
+// paths (__fadd_rn: never contracted), so the bits depend on neither the path nor the grid.
+// Memory-bound: P + 2 floats per element; the partials are read once, with streaming loads (__ldcs:
+// evict-first, they are dead after this), 4 chunks in flight per thread (the unrolled loads do not
+// depend on the running sum).
+__device__ inline float4 matmul_add4(float4 a, float4 b) {
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+template <int VEC>
+__global__ void __launch_bounds__(256) matmul_dweight_reduce_kernel(float* __restrict__ dweight,
+                                                                   const float* __restrict__ partials, int P, size_t n) {
+    static_assert(VEC == 1 || VEC == 4, "VEC is one float or one 16-byte vector of 4");
+    const size_t nv = n / VEC;  // VEC = 4 only when n % 4 == 0
+    for (size_t v = (size_t)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += (size_t)gridDim.x * blockDim.x) {
+        if constexpr (VEC == 4) {
+            const float4* p = reinterpret_cast<const float4*>(partials) + v;
+            float4 s = __ldcs(p);
+#pragma unroll 4
+            for (int c = 1; c < P; c++) s = matmul_add4(s, __ldcs(p + (size_t)c * nv));
+            float4* d = reinterpret_cast<float4*>(dweight) + v;
+            *d = matmul_add4(*d, s);
+        } else {
+            const float* p = partials + v;
+            float s = __ldcs(p);
+#pragma unroll 4
+            for (int c = 1; c < P; c++) s = __fadd_rn(s, __ldcs(p + (size_t)c * nv));
+            dweight[v] = __fadd_rn(dweight[v], s);
+        }
     }
 }
 
@@ -437,6 +494,75 @@ inline void bias_grad(float* dbias, const floatX* dout, int BT, int OC) {
 
 }  // namespace matmul_detail
 
+// dweight[i] = dweight[i] + (((partials[0][i] + partials[1][i]) + ...) + partials[P-1][i]) for i < n:
+// the split-K dweight's sum of its P chunk partials [P][n] (fp32, one add into dweight; the twin of
+// cpu::matmul_dweight_reduce, bitwise)
+inline void matmul_dweight_reduce(float* dweight, const float* partials, int P, size_t n) {
+    LLMC_CHECK(P >= 1, "matmul_dweight_reduce: P=%d partials", P);
+    if (n == 0) return;
+    using matmul_detail::pointer_alignment;
+    const bool vec4 = n % 4 == 0 && pointer_alignment(dweight) >= 16 && pointer_alignment(partials) >= 16;
+    const size_t work = vec4 ? n / 4 : n;
+    // a grid-stride loop: up to 256K blocks of 256 (past that each thread takes a few elements)
+    const unsigned blocks = (unsigned)std::min<size_t>((work + 255) / 256, (size_t)1 << 18);
+    if (vec4) matmul_dweight_reduce_kernel<4><<<blocks, 256, 0, llmc_stream()>>>(dweight, partials, P, n);
+    else matmul_dweight_reduce_kernel<1><<<blocks, 256, 0, llmc_stream()>>>(dweight, partials, P, n);
+    cudaCheckLaunch();
+}
+
+namespace matmul_detail {
+
+// (defined with the batched products below)
+template <typename DT>
+bool gemm_batched(const char* what, DT* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n, int k,
+                  bool transa, bool transb, float beta, int batch, int BT, int C, int OC);
+
+// dweight[OC, C] += dout[BT, OC]^T inp[BT, C] (fp32, one add). rows_per_chunk <= 0, or >= BT: one
+// GEMM with beta = 1. Otherwise the split of the top of the file: P = ceil(BT / rows_per_chunk)
+// partials in the scratch arena, then matmul_dweight_reduce. matmul_backward passes
+// MATMUL_SPLITK_ROWS from MATMUL_SPLITK_MIN_BT on, 0 below (matmul_splitk_chunks); other values are
+// for tests and benchmarks (dev/cuda/matmul.cu splitk compares chunk sizes).
+inline void dweight_grad(float* dweight, const floatX* dout, const floatX* inp, int BT, int C, int OC,
+                         int rows_per_chunk) {
+    const int P = rows_per_chunk > 0 ? ceil_div(BT, rows_per_chunk) : 1;
+    if (P <= 1) {
+        gemm("matmul_backward (dweight)", dweight, inp, dout, nullptr, /*m*/ C, /*n*/ OC, /*k*/ BT, /*transa*/ false,
+             /*transb*/ true, /*beta*/ 1.0f, BT, C, OC);
+        return;
+    }
+    const size_t n = (size_t)C * OC, bytes = (size_t)P * n * sizeof(float);
+    LLMC_CHECK(bytes <= cuda_scratch_arena().bytes,
+               "matmul_backward (dweight split-K): BT=%d in %d chunks of %d rows, C=%d, OC=%d needs %zu bytes of "
+               "partials, the scratch arena holds %zu (llmc/ops/op_scratch.h matmul_splitk_scratch_bytes; the "
+               "trainer's plan counts the model's largest dweight)",
+               BT, P, rows_per_chunk, C, OC, bytes, cuda_scratch_arena().bytes);
+    float* partials = cuda_scratch<float>((size_t)P * n, "matmul_backward (dweight split-K partials)");
+    const int full = BT / rows_per_chunk, tail = BT - full * rows_per_chunk;
+    // the full chunks: chunk p is rows [p R, (p + 1) R) of inp and dout, i.e. column-major A [C, R]
+    // and B^T [OC, R] at batch strides R C and R OC, into D = partials[p] [C, OC] (beta 0)
+    gemm_batched("matmul_backward (dweight split-K chunks)", partials, inp, dout, nullptr, /*m*/ C, /*n*/ OC,
+                 /*k*/ rows_per_chunk, /*transa*/ false, /*transb*/ true, /*beta*/ 0.0f, full, BT, C, OC);
+    if (tail > 0) {  // the shorter last chunk
+        const size_t row0 = (size_t)full * rows_per_chunk;
+        gemm("matmul_backward (dweight split-K last chunk)", partials + (size_t)full * n, inp + row0 * C,
+             dout + row0 * OC, nullptr, /*m*/ C, /*n*/ OC, /*k*/ tail, false, true, 0.0f, BT, C, OC);
+    }
+    matmul_dweight_reduce(dweight, partials, P, n);
+}
+
+// LLMC_DWEIGHT_SPLIT=0 in the environment turns the split off: a benchmark's before / after on one
+// binary (scripts/device_check.sh). The split changes the fp32 rounding, so a run and its resume
+// must agree on it.
+inline bool dweight_split_enabled() {
+    static const bool on = [] {
+        const char* e = getenv("LLMC_DWEIGHT_SPLIT");
+        return !(e && e[0] == '0' && e[1] == 0);
+    }();
+    return on;
+}
+
+}  // namespace matmul_detail
+
 // ------------------------------------------------------------------------------------------------
 // the ops (same names and argument order as llmc/ops/cpu/matmul.h)
 
@@ -449,16 +575,21 @@ inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
 
 // dinp[BT, C] = dout W (overwritten); dweight[OC, C] += dout^T inp and dbias[OC] += column sums of
 // dout (fp32, one add each). Each may be null: the zero-bubble pipeline asks for dinp and for
-// (dweight, dbias) in two calls.
+// (dweight, dbias) in two calls. split_k = false keeps dweight in one GEMM whatever BT: for a caller
+// whose dweight has tiles enough and would only pay the partials' memory and traffic (the lm head,
+// C x vocab, when its token chunk reaches MATMUL_SPLITK_MIN_BT). The choice must be the caller's
+// fixed rule, never the layout's, and the memory plan must match it (llmc/gpt/plan.h).
 inline void matmul_backward(floatX* dinp, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
-                            const floatX* weight, int BT, int C, int OC) {
+                            const floatX* weight, int BT, int C, int OC, bool split_k = true) {
     if (dbias) matmul_detail::bias_grad(dbias, dout, BT, OC);
     if (dinp)
         matmul_detail::gemm("matmul_backward (dinp)", dinp, weight, dout, nullptr, /*m*/ C, /*n*/ BT, /*k*/ OC,
                             /*transa*/ false, /*transb*/ false, /*beta*/ 0.0f, BT, C, OC);
-    if (dweight)
-        matmul_detail::gemm("matmul_backward (dweight)", dweight, inp, dout, nullptr, /*m*/ C, /*n*/ OC, /*k*/ BT,
-                            /*transa*/ false, /*transb*/ true, /*beta*/ 1.0f, BT, C, OC);
+    if (dweight)  // split over K from MATMUL_SPLITK_MIN_BT rows on (a rule on BT alone: op_scratch.h)
+        matmul_detail::dweight_grad(dweight, dout, inp, BT, C, OC,
+                                    split_k && matmul_splitk_chunks(BT) > 1 && matmul_detail::dweight_split_enabled()
+                                        ? MATMUL_SPLITK_ROWS
+                                        : 0);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -470,7 +601,8 @@ inline void matmul_backward(floatX* dinp, float* dweight, float* dbias, const fl
 // One strided-batched cuBLASLt call per product (CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT and
 // STRIDED_BATCH_OFFSET; the batch strides are the packed sizes of one batch's matrices), with the
 // same column-major view, split-K rules (none for the fp32 dweight) and alignment preferences as the
-// single products above;
+// single products above; the experts' dweight does not take the single product's own split over BT
+// either (the experts' capacity rows are few, and n_batch of them already give the GPU its tiles);
 // the alignment of a batched operand is that of its base pointer AND of its batch stride in bytes.
 // Forward bias: the BIAS epilogue with CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE = OC when every
 // batch's bias vector is 16-byte aligned (base aligned, OC % 8 == 0) and the heuristic offers an
@@ -587,8 +719,8 @@ inline cublasLtMatrixLayout_t batched_layout(int rows, int cols, int batch, cuda
 // only when a bias is given and cuBLASLt has no algorithm for the batched bias epilogue (the caller
 // then adds the bias itself).
 template <typename DT>
-inline bool gemm_batched(const char* what, DT* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n,
-                         int k, bool transa, bool transb, float beta, int batch, int BT, int C, int OC) {
+bool gemm_batched(const char* what, DT* d, const floatX* a, const floatX* b, const floatX* bias, int m, int n,
+                  int k, bool transa, bool transb, float beta, int batch, int BT, int C, int OC) {
     LLMC_CHECK(m > 0 && n > 0 && k > 0 && batch > 0, "%s: empty shape (n_batch=%d, BT=%d, C=%d, OC=%d)", what, batch,
                BT, C, OC);
     matmul_setup();

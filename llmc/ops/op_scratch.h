@@ -31,6 +31,50 @@ inline size_t matmul_batched_scratch_bytes(int n_batch, int BT, int OC) {
     return (size_t)n_batch * ceil_div(BT, MATMUL_DBIAS_ROWS_PER_CHUNK) * OC * sizeof(float);
 }
 
+// The fp32 weight gradient's deterministic split over K = BT (issue 35; llmc/ops/matmul.cuh). A
+// dweight[OC, C] has few output tiles at GPT-2 widths (768 x 768: 36 tiles of 128 x 128 for 132 SMs),
+// and cuBLASLt's own split-K is excluded for it, so from MATMUL_SPLITK_MIN_BT rows on the rows are cut
+// into P = ceil(BT / MATMUL_SPLITK_ROWS) contiguous chunks (the last one shorter when BT is not a
+// multiple): P fp32 partial products [P][OC * C] in this scratch, then one kernel adds them in chunk
+// order. P depends on BT alone (and these two constants): never on C, OC, the SM count or the layout,
+// so a tensor-parallel rank's slice of a weight gradient gets, element for element, the arithmetic of
+// the whole one. Below MATMUL_SPLITK_MIN_BT (tests, small micro-batches, an lm head chunk of 1024
+// tokens) there is no split and no scratch; nor for the lm head (below).
+//   ROWS 4096: a chunk is still a long K (64 steps of 64 per tile). The price: each chunk's partial
+//     is written by the GEMM and read by the sum, 8 bytes of HBM per element per chunk against its
+//     8192 flops (~2 ps at 4.8 TB/s vs ~11 ps at 750 TFLOP/s): at most ~10-15% of a dweight GEMM
+//     that had enough tiles already (d30's widest; the GEMM's writes partly overlap its math), for
+//     a 2-8x shorter GEMM where the tiles were too few. The rule cannot look at the shape (above).
+//   MIN_BT 16384 (P >= 4): d12 at B 32 x T 1024 splits 8 ways (the 768 x 768 dweight's 36 tiles
+//     become 288); d30 at B 8 x T 1024 (BT 8192: its narrowest dweight, 1920 x 1920, already has
+//     225 tiles) does not pay the partials' traffic for a 2-way split it does not need.
+// dev/cuda/matmul.cu splitk measures both choices (unsplit vs chunks of 8192 / 4096 / 2048 rows).
+constexpr int MATMUL_SPLITK_ROWS = 4096;
+constexpr int MATMUL_SPLITK_MIN_BT = 4 * MATMUL_SPLITK_ROWS;
+// the K chunks of a dweight over BT rows (1: no split)
+inline int matmul_splitk_chunks(int BT) { return BT >= MATMUL_SPLITK_MIN_BT ? ceil_div(BT, MATMUL_SPLITK_ROWS) : 1; }
+// the partials of one dweight[OC, C] over BT rows (0 without a split)
+inline size_t matmul_splitk_scratch_bytes(int BT, int C, int OC) {
+    const int P = matmul_splitk_chunks(BT);
+    return P > 1 ? (size_t)P * C * OC * sizeof(float) : 0;
+}
+// what one matmul_backward with dweight and dbias asks of the arena (the dbias partials and the
+// split-K partials are used one after the other, both from the arena's start)
+inline size_t matmul_backward_scratch_bytes(int BT, int C, int OC) {
+    return std::max(matmul_scratch_bytes(BT, OC), matmul_splitk_scratch_bytes(BT, C, OC));
+}
+// The lm head's dweight (C x vocab, train_gpt.cu head_forward: matmul_backward per token chunk of
+// m.logits_chunk) never splits (its call passes split_k = false): it has tiles enough unsplit (768 x
+// 50304: 2358 of 128 x 128), and with its chunk the whole micro-batch (the device-sized default:
+// 32768 tokens at d12 B 32 on an H200) a split would cost 8 x 768 x 50304 x 4 = 1.24 GB of partials
+// and ~2.5 GB of traffic per micro-batch for nothing.
+// The model's split-K need: the widest dense dweight (C x widest_dweight_out: qkv, the attention
+// projection, the FFN's fc and fc proj all have C on one side) at BT = B*T rows. The MoE experts'
+// batched dweights and the lm head do not split.
+inline size_t matmul_splitk_model_scratch_bytes(int BT, int C, int widest_dweight_out) {
+    return matmul_splitk_scratch_bytes(BT, C, widest_dweight_out);
+}
+
 // ------------------------------------------------------------------------------------------------
 // attention (llmc/ops/attention.cuh): the backward's D = rowsum(dO * O), one float per (query, head)
 

@@ -20,6 +20,15 @@
 //                   broadcasts the NCCL unique id; buffer collectives run on a comm stream that is
 //                   ordered after the compute stream with an event, and the compute stream waits
 //                   for the comm stream with another event.
+//   loopback        a test mode of the CUDA build on one process (LLMC_COMM_LOOPBACK=DELAY_US in the
+//                   environment, or comm_set_loopback): the buffer collectives of one-rank groups
+//                   (a copy: world is still 1) take NCCL's comm-stream path, the same events
+//                   (comm_stream_enter / comm_stream_leave) and the same comm_finish, each one
+//                   behind a spin of DELAY_US microseconds on the comm stream, and the hooks take the
+//                   overlapped paths of several ranks (comm_moves: ZeRO's gathers in flight, -z 0's
+//                   deferred update). So one GPU runs the stream order of a multi-GPU run, and a
+//                   missing event wait reads data the comm stream has not written yet (see "The
+//                   loopback" below; test_gpu's "comm loopback" cases).
 // "buffer" calls take memory where the model's buffers live (device memory in the GPU build);
 // "host" calls take host memory (losses, norms, checksums, flags) and always go through MPI.
 //
@@ -78,6 +87,23 @@
 #endif
 #if !defined(LLMC_CPU) && defined(LLMC_MPI)
 #include "llmc/ops/cuda_common.cuh"  // the CUDA build under mpirun: each rank picks its GPU in comm_init
+#endif
+#if defined(__CUDACC__) && !defined(LLMC_CPU)
+// Every CUDA build has the comm stream: NCCL's collectives run on it, and on one process the
+// loopback's. (Compiled by nvcc only: the host-only tests include this header through g++.)
+#define LLMC_COMM_STREAM
+#include <mutex>
+#include <cuda_runtime.h>
+// cuda_common.cuh comes later in a single-process build (llmc/gpt/backend.h; test_gpu declares the
+// CPU build's model in between, which must not see the CUDA helpers): the compute stream is
+// declared here, and the stream code checks its calls with its own macro
+inline cudaStream_t llmc_stream();
+#define commCudaCheck(call)                                                                                     \
+    do {                                                                                                        \
+        const cudaError_t comm_cuda_err_ = (call);                                                              \
+        LLMC_CHECK(comm_cuda_err_ == cudaSuccess, "CUDA error at %s:%d: %s", __FILE__, __LINE__,                \
+                   cudaGetErrorString(comm_cuda_err_));                                                         \
+    } while (0)
 #endif
 
 // what the byte counters are kept by
@@ -146,6 +172,21 @@ struct CommInterval {
     double start_s, done_s, wait_s, end_s;
 };
 
+#ifdef LLMC_COMM_STREAM
+// The loopback's state (see "The loopback" below). skip_wait is for tests only: a negative control
+// that leaves one of the two event waits out, to show that the loopback catches it.
+enum CommSkipWait { COMM_SKIP_NONE = 0, COMM_SKIP_ENTER_WAIT, COMM_SKIP_FINISH_WAIT };
+struct CommLoopback {
+    int delay_us = -1;                       // the spin before each collective's copy; -1: the loopback is off
+    uint64_t issued = 0;                     // loopback collectives queued so far (the last one's number)
+    unsigned long long* progress = nullptr;  // device: [0] the number of the last one done on the comm
+                                             // stream, [1] finishes whose consumer ran ahead of it (stale)
+    void* staging = nullptr;                 // device: an in-place collective's bytes as it started
+    size_t staging_bytes = 0;
+    int skip_wait = COMM_SKIP_NONE;
+};
+#endif
+
 struct Comm {
     int world_rank = 0, world_size = 1;
     int stage = 0, n_stages = 1;  // this rank's pipeline stage, of pp
@@ -177,9 +218,10 @@ struct Comm {
     MPI_Comm diag = MPI_COMM_NULL;              // the timeout's questions and answers, apart from the traffic
     std::vector<CommRankState> answers;         // one send buffer per asking rank
 #endif
-#ifdef LLMC_NCCL
-    cudaStream_t stream = nullptr;
-    cudaEvent_t compute_done = nullptr;
+#ifdef LLMC_COMM_STREAM
+    cudaStream_t stream = nullptr;       // the buffer collectives' (NCCL's, the loopback's); made on first need
+    cudaEvent_t compute_done = nullptr;  // the compute stream's work so far, which a collective follows
+    CommLoopback loop;
 #endif
 };
 
@@ -189,7 +231,104 @@ inline Comm& comm_world() {
     return c;
 }
 
+#ifdef LLMC_COMM_STREAM
+// ---- The loopback (LLMC_COMM_LOOPBACK=DELAY_US: the CUDA build, one process) ----
+// What it is for: on one GPU every collective of a one-rank group has nothing to move, so the
+// stream order of the overlap machinery (a collective queued on the comm stream after the compute
+// that produced its input, the compute stream waiting for it where its output is consumed, ZeRO's
+// gathers in flight behind the compute, -z 0's deferred update) would only run on several GPUs.
+// With the loopback, a buffer collective of a one-rank group is issued as NCCL's are
+// (comm_stream_enter: the comm stream waits for the compute stream's work so far; comm_stream_leave:
+// the request's done event; comm_finish: the compute stream waits for that event), and is on the
+// comm stream:
+//   out of place (a one-rank all_to_all: a reduce-scatter's exchange)  spin DELAY_US, copy send -> recv
+//   in place (a one-rank all_gather, broadcast)   copy the bytes aside, spin DELAY_US, copy them back
+//                                                (the collective "writes" its output after the spin,
+//                                                as a real one may at any time before its done event)
+// then writes its sequence number to a device word. Every comm_finish of a loopback collective
+// then queues, on the compute stream, a one-thread check that the word has reached the request's
+// number: it has, unless the compute stream ran ahead of the done event, i.e. an event wait is
+// missing; such stale finishes are counted on the device (comm_loopback_stale) and comm_end_step
+// fails the run on any (reading the count: one host sync per step, in this mode only). The spin makes that certain (the consumer runs while the comm stream still
+// spins) and costs DELAY_US per collective on the comm stream only. The results are bitwise those
+// without the loopback (a copy of one rank changes no bit; the deferred update is the same AdamW
+// per piece; test_gpu checks -z 0..3). The hooks ask comm_moves(group) where they would skip a
+// one-rank group. (The gradient reductions of one rank stay local adds: the plan gives one rank no
+// receive buffers.)
+__global__ void comm_spin_kernel(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+#if __CUDA_ARCH__ >= 700
+        __nanosleep(1000);
+#endif
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+__global__ void comm_loopback_mark(unsigned long long* progress, unsigned long long seq) { progress[0] = seq; }
+__global__ void comm_loopback_check(unsigned long long* progress, unsigned long long seq) {
+    if (*(volatile unsigned long long*)progress < seq) atomicAdd(progress + 1, 1ull);
+}
+// us microseconds of a one-thread spin queued on stream s (the loopback's delay; tests delay the
+// compute stream with it)
+inline void comm_gpu_spin(cudaStream_t s, int us) {
+    if (us <= 0) return;
+    comm_spin_kernel<<<1, 1, 0, s>>>(1000ull * (unsigned long long)us);
+    commCudaCheck(cudaGetLastError());
+}
+// the comm stream and its event, made on first need (NCCL: with the grid; the loopback: at its
+// first collective)
+inline void comm_stream_setup(Comm& c) {
+    if (c.stream) return;
+    commCudaCheck(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+    commCudaCheck(cudaEventCreateWithFlags(&c.compute_done, cudaEventDisableTiming));
+}
+inline void comm_loopback_setup(Comm& c) {
+    comm_stream_setup(c);
+    if (c.loop.progress) return;
+    commCudaCheck(cudaMalloc(&c.loop.progress, 2 * sizeof(unsigned long long)));
+    commCudaCheck(cudaMemsetAsync(c.loop.progress, 0, 2 * sizeof(unsigned long long), c.stream));
+    commCudaCheck(cudaStreamSynchronize(c.stream));  // (once: zero before any check can read it)
+}
+// Turns the loopback on (delay_us >= 0: the spin before each collective's copy, in microseconds) or
+// off (-1), between steps (nothing in flight). One process only. comm_init applies
+// LLMC_COMM_LOOPBACK; tests call it directly.
+inline void comm_set_loopback(Comm& c, int delay_us) {
+    LLMC_CHECK(delay_us >= -1 && delay_us <= 10000000, "LLMC_COMM_LOOPBACK: a delay in [0, 1e7] microseconds, got %d",
+               delay_us);
+    LLMC_CHECK(delay_us < 0 || c.world_size == 1,
+               "LLMC_COMM_LOOPBACK: the loopback is a test mode of one process, this job has %d ranks", c.world_size);
+    if (delay_us < 0 && c.loop.staging) {  // off: the aside buffer goes once the comm stream is done with it
+        commCudaCheck(cudaStreamSynchronize(c.stream));
+        commCudaCheck(cudaFree(c.loop.staging));
+        c.loop.staging = nullptr;
+        c.loop.staging_bytes = 0;
+    }
+    c.loop.delay_us = delay_us;
+}
+// The loopback's stale finishes since the start (see above); waits for the compute stream.
+inline uint64_t comm_loopback_stale(Comm& c) {
+    if (!c.loop.progress) return 0;
+    unsigned long long stale = 0;
+    commCudaCheck(cudaMemcpyAsync(&stale, c.loop.progress + 1, sizeof(stale), cudaMemcpyDeviceToHost, llmc_stream()));
+    commCudaCheck(cudaStreamSynchronize(llmc_stream()));
+    return stale;
+}
+#endif
+inline bool comm_loopback_on() {
+#ifdef LLMC_COMM_STREAM
+    return comm_world().loop.delay_us >= 0;
+#else
+    return false;
+#endif
+}
+// Whether the buffer collectives of g go through the comm: more than one rank, or the loopback. The
+// hooks start their collectives (and take the paths that keep them in flight) only then; a one-rank
+// group otherwise has nothing to move, and its data stays where it is.
+inline bool comm_moves(const CommGroup& g) { return g.size > 1 || comm_loopback_on(); }
+
 inline const char* comm_backend_name() {
+    if (comm_loopback_on()) return "one process, collectives looped back on a comm stream (LLMC_COMM_LOOPBACK)";
 #if defined(LLMC_NCCL)
     return "NCCL (MPI bootstrap)";
 #elif defined(LLMC_MPI)
@@ -282,6 +421,19 @@ inline Comm& comm_init(int* argc, char*** argv) {
                "install MPI (e.g. apt-get install libopenmpi-dev) and rebuild, or run it as one process",
                launched, launched);
 #endif
+    if (const char* v = getenv("LLMC_COMM_LOOPBACK")) {  // the loopback (see "The loopback" above)
+#ifdef LLMC_COMM_STREAM
+        char* end = nullptr;
+        errno = 0;
+        const long us = strtol(v, &end, 10);
+        LLMC_CHECK(isdigit((unsigned char)v[0]) && *end == 0 && errno == 0 && us <= 10000000,
+                   "LLMC_COMM_LOOPBACK=%s: expected the delay in microseconds, an integer in [0, 10000000]", v);
+        comm_set_loopback(c, (int)us);
+#else
+        LLMC_FAIL("LLMC_COMM_LOOPBACK=%s: the loopback orders a comm stream against the compute stream, a mode of the "
+                  "CUDA build; this build has no streams (unset it)", v);
+#endif
+    }
     c.world.rank = c.world_rank;
     c.world.size = c.world_size;
     c.initialized = true;
@@ -352,8 +504,7 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1, int ep = 1) {
         // (the process's GPU was chosen in comm_init)
         for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.ep, &c.edp})
             if (g->size > 1) nccl_group_init(*g);
-        cudaCheck(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
-        cudaCheck(cudaEventCreateWithFlags(&c.compute_done, cudaEventDisableTiming));
+        comm_stream_setup(c);
         for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.ep, &c.edp})
             if (g->nccl) nccl_watchdog_watch(*g);
         nccl_watchdog_start();
@@ -461,7 +612,19 @@ inline void comm_set_sim_link(Comm& c, const SimLink& link) {
 }
 // the training loop: the step about to run (1-based), and that the first one has completed
 inline void comm_begin_step(Comm& c, int64_t step) { c.step = step; }
-inline void comm_end_step(Comm& c) { c.started = true; }
+inline std::string comm_step_text(int64_t step);
+// (the loopback: a step that consumed a collective before it completed fails here, see "The loopback")
+inline void comm_end_step(Comm& c) {
+    c.started = true;
+#ifdef LLMC_COMM_STREAM
+    if (c.loop.progress) {
+        const uint64_t stale = comm_loopback_stale(c);
+        LLMC_CHECK(stale == 0, "LLMC_COMM_LOOPBACK: %llu collective(s) consumed on the compute stream before they completed "
+                   "on the comm stream %s (an event wait between the streams is missing)", (unsigned long long)stale,
+                   comm_step_text(c.step).c_str());
+    }
+#endif
+}
 
 // Long local work (checkpoint I/O, an export): the waits inside get COMM_LONG_WORK_FACTOR x the
 // timeout, since a rank's peers wait for its disk (see the top of this file).
@@ -528,8 +691,9 @@ struct CommRequest {
     std::vector<double> times;       // link: the members' ready times (a collective) / each transfer's end
     std::vector<P2POp> p2p;          // a transfer group's transfers (a timeout names their peers)
 #endif
-#ifdef LLMC_NCCL
-    cudaEvent_t done = nullptr;      // recorded on the comm stream after the collective
+#ifdef LLMC_COMM_STREAM
+    cudaEvent_t done = nullptr;      // recorded on the comm stream after the collective (NCCL's, the loopback's)
+    uint64_t seq = 0;                // the loopback's number of it (0: an NCCL collective)
 #endif
     CommRequest() = default;
     CommRequest(const CommRequest&) = delete;
@@ -540,14 +704,23 @@ struct CommRequest {
 #ifdef LLMC_MPI
         reqs = std::move(o.reqs); times = std::move(o.times); p2p = std::move(o.p2p);
 #endif
-#ifdef LLMC_NCCL
+#ifdef LLMC_COMM_STREAM
         done = o.done;
+        seq = o.seq;
         o.done = nullptr;
 #endif
         o.op = -1;
         return *this;
     }
     bool active() const { return op >= 0; }
+    // queued on the comm stream (comm_finish makes the compute stream wait for it)
+    bool on_stream() const {
+#ifdef LLMC_COMM_STREAM
+        return done != nullptr;
+#else
+        return false;
+#endif
+    }
 };
 
 // "GBIT_S[,LATENCY_US]": gigabits per second, microseconds (default 0)
@@ -697,6 +870,40 @@ inline void comm_progress() {
 #endif
 }
 
+#ifdef LLMC_COMM_STREAM
+// The comm stream's events (a request's done event; the NCCL watchdog's two per collective), reused:
+// one goes back to the pool once the compute stream's wait on it is queued (a wait keeps the record
+// it saw: a later record does not change it), the watchdog's once it has seen them complete (from
+// its thread: hence the lock; taken alone, or inside the watchdog's).
+struct CommEventPool {
+    std::mutex mu;
+    std::vector<cudaEvent_t> spare;
+};
+inline CommEventPool& comm_event_pool() {
+    static CommEventPool p;
+    return p;
+}
+inline cudaEvent_t comm_event_take() {
+    CommEventPool& p = comm_event_pool();
+    {
+        std::lock_guard<std::mutex> lock(p.mu);
+        if (!p.spare.empty()) {
+            cudaEvent_t e = p.spare.back();
+            p.spare.pop_back();
+            return e;
+        }
+    }
+    cudaEvent_t e;
+    commCudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+}
+inline void comm_event_return(cudaEvent_t e) {
+    CommEventPool& p = comm_event_pool();
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.spare.push_back(e);
+}
+#endif
+
 #ifdef LLMC_NCCL
 // NCCL watchdog. An NCCL call only queues work on the comm stream: the host never waits inside
 // it, so a thread keeps the deadline. Every buffer collective is bracketed by two events on the
@@ -718,9 +925,8 @@ struct NcclPending {
     double bound_s, started_at_s = 0;
 };
 struct NcclWatchdog {
-    std::mutex mu;  // pending, spare and comms
+    std::mutex mu;  // pending and comms
     std::deque<NcclPending> pending;
-    std::vector<cudaEvent_t> spare;
     std::vector<ncclComm_t> comms;
     std::string ranks[COMM_N_GROUPS];  // the groups' world ranks (MPI is for the main thread only)
     std::thread thread;
@@ -768,8 +974,8 @@ inline void nccl_watchdog_loop() {
             NcclPending& p = w.pending.front();
             const cudaError_t done = cudaEventQuery(p.done);
             if (done == cudaSuccess) {
-                w.spare.push_back(p.start);
-                w.spare.push_back(p.done);
+                comm_event_return(p.start);
+                comm_event_return(p.done);
                 w.pending.pop_front();
                 continue;
             }
@@ -803,47 +1009,80 @@ inline void nccl_watchdog_stop() {
     w.stop = true;
     w.thread.join();
 }
-inline cudaEvent_t nccl_watchdog_event() {
-    NcclWatchdog& w = nccl_watchdog();
-    {
-        std::lock_guard<std::mutex> lock(w.mu);
-        if (!w.spare.empty()) {
-            cudaEvent_t e = w.spare.back();
-            w.spare.pop_back();
-            return e;
-        }
-    }
-    cudaEvent_t e;
-    cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    return e;
-}
+#endif
 
+#ifdef LLMC_COMM_STREAM
 // buffer collectives: the comm stream starts after the work queued so far on the compute stream;
 // the request's own event marks the collective's end, and comm_finish makes the compute stream wait
-// for it there, where the data is consumed (not right after the collective is queued); the
-// watchdog gets two more events (it recycles those)
+// for it there, where the data is consumed (not right after the collective is queued). NCCL's
+// collectives (several ranks) get two more events for the watchdog (it recycles those): the start
+// event enter returns, and one after the collective; the loopback's have no peer to wait for and
+// no watchdog (start null).
 inline cudaEvent_t comm_stream_enter(Comm& c) {
-    cudaCheck(cudaEventRecord(c.compute_done, llmc_stream()));
-    cudaCheck(cudaStreamWaitEvent(c.stream, c.compute_done, 0));
-    cudaEvent_t start = nccl_watchdog_event();
-    cudaCheck(cudaEventRecord(start, c.stream));
-    return start;
+    commCudaCheck(cudaEventRecord(c.compute_done, llmc_stream()));
+    if (c.loop.skip_wait != COMM_SKIP_ENTER_WAIT) commCudaCheck(cudaStreamWaitEvent(c.stream, c.compute_done, 0));
+#ifdef LLMC_NCCL
+    if (c.world_size > 1) {
+        cudaEvent_t start = comm_event_take();
+        commCudaCheck(cudaEventRecord(start, c.stream));
+        return start;
+    }
+#endif
+    return nullptr;
 }
 inline void comm_stream_leave(Comm& c, cudaEvent_t start, const CommGroup& g, int op, CommRequest& r) {
-    r.done = nccl_watchdog_event();
-    cudaCheck(cudaEventRecord(r.done, c.stream));
-    cudaEvent_t done = nccl_watchdog_event();
-    cudaCheck(cudaEventRecord(done, c.stream));
+    r.done = comm_event_take();
+    commCudaCheck(cudaEventRecord(r.done, c.stream));
+#ifdef LLMC_NCCL
+    if (!start) return;
+    cudaEvent_t done = comm_event_take();
+    commCudaCheck(cudaEventRecord(done, c.stream));
     NcclWatchdog& w = nccl_watchdog();
     std::lock_guard<std::mutex> lock(w.mu);
     w.pending.push_back({start, done, op, g.id, c.step, comm_bound_s(c)});
+#else
+    (void)start;
+    (void)g;
+    (void)op;
+#endif
 }
-// an event back to the pool once the compute stream's wait on it is queued (the wait keeps the
-// record it saw: a later record does not change it)
-inline void nccl_event_return(cudaEvent_t e) {
-    NcclWatchdog& w = nccl_watchdog();
-    std::lock_guard<std::mutex> lock(w.mu);
-    w.spare.push_back(e);
+// the compute stream waits for the collective's done event; a loopback collective's check follows
+// (see "The loopback")
+inline void comm_stream_finish(Comm& c, CommRequest& r) {
+    if (c.loop.skip_wait != COMM_SKIP_FINISH_WAIT) commCudaCheck(cudaStreamWaitEvent(llmc_stream(), r.done, 0));
+    comm_event_return(r.done);
+    r.done = nullptr;
+    if (r.seq == 0) return;
+    comm_loopback_check<<<1, 1, 0, llmc_stream()>>>(c.loop.progress, r.seq);
+    commCudaCheck(cudaGetLastError());
+}
+// The loopback's collective of a one-rank group (op; see "The loopback"): queued on the comm stream
+// as NCCL's are, send's bytes to recv (in place when they are the same) behind the spin.
+inline void comm_loopback_start(Comm& c, const CommGroup& g, int op, const void* send, void* recv, size_t bytes,
+                                CommRequest& r) {
+    CommLoopback& lb = c.loop;
+    comm_loopback_setup(c);
+    r.op = op;
+    r.g = &g;
+    r.bytes = 0;  // nothing leaves the rank
+    r.start_s = comm_now_s();
+    const bool in_place = send == recv;
+    if (in_place && bytes > lb.staging_bytes) {  // (stream-ordered: the smaller one goes behind its last use)
+        if (lb.staging) commCudaCheck(cudaFreeAsync(lb.staging, c.stream));
+        commCudaCheck(cudaMallocAsync(&lb.staging, bytes, c.stream));
+        lb.staging_bytes = bytes;
+    }
+    cudaEvent_t start = comm_stream_enter(c);
+    // in place: the bytes as the collective starts, which it "writes" back after the spin
+    if (in_place && bytes > 0)
+        commCudaCheck(cudaMemcpyAsync(lb.staging, recv, bytes, cudaMemcpyDeviceToDevice, c.stream));
+    comm_gpu_spin(c.stream, lb.delay_us);
+    if (bytes > 0)
+        commCudaCheck(cudaMemcpyAsync(recv, in_place ? lb.staging : send, bytes, cudaMemcpyDeviceToDevice, c.stream));
+    r.seq = ++lb.issued;
+    comm_loopback_mark<<<1, 1, 0, c.stream>>>(lb.progress, r.seq);
+    commCudaCheck(cudaGetLastError());
+    comm_stream_leave(c, start, g, op, r);
 }
 #endif
 
@@ -864,21 +1103,24 @@ inline void comm_link_start(Comm& c, const CommGroup& g, CommRequest& r, size_t 
 #endif
 
 // Completes a started operation (a no-op for one that has nothing to finish): MPI waits for its
-// requests and the link's end within the deadline; NCCL makes the compute stream wait for it.
+// requests and the link's end within the deadline; NCCL (and the loopback) makes the compute stream
+// wait for it.
 inline void comm_finish(CommRequest& r) {
     if (!r.active()) return;
     Comm& c = comm_world();
     const double wait_s = comm_now_s();
-#if defined(LLMC_NCCL)
-    cudaCheck(cudaStreamWaitEvent(llmc_stream(), r.done, 0));
-    nccl_event_return(r.done);
-    r.done = nullptr;
-#elif defined(LLMC_MPI)
-    comm_wait(*r.g, r.op, (int)r.reqs.size(), r.reqs.data(), r.p2p.empty() ? nullptr : r.p2p.data(), r.link ? &r : nullptr);
-    if (r.link) {
-        c.sim.finished++;
-        c.sim.model_s += r.cost_s;
-        c.link_free_s = std::max(c.link_free_s, r.done_s);
+#ifdef LLMC_COMM_STREAM
+    if (r.on_stream()) comm_stream_finish(c, r);  // NCCL's collectives, the loopback's
+#endif
+#if defined(LLMC_MPI) && !defined(LLMC_NCCL)
+    if (!r.on_stream()) {
+        comm_wait(*r.g, r.op, (int)r.reqs.size(), r.reqs.data(), r.p2p.empty() ? nullptr : r.p2p.data(),
+                  r.link ? &r : nullptr);
+        if (r.link) {
+            c.sim.finished++;
+            c.sim.model_s += r.cost_s;
+            c.link_free_s = std::max(c.link_free_s, r.done_s);
+        }
     }
 #endif
     const double end_s = comm_now_s();
@@ -898,6 +1140,7 @@ constexpr bool COMM_ORDER_PER_COMMUNICATOR = true;
 #endif
 inline bool comm_done_early(CommRequest& r) {
     if (!r.active()) return true;
+    if (r.on_stream()) return false;  // (the loopback's too: the comm stream's order)
 #if defined(LLMC_NCCL)
     return false;
 #elif defined(LLMC_MPI)
@@ -917,6 +1160,9 @@ inline CommRequest all_gather_start(const CommGroup& g, const void* send, void* 
     CommRequest r;
     if (g.size == 1) {  // callers gather in place or copy themselves (buffers may be device memory)
         LLMC_CHECK(send == recv, "all_gather on one rank must be in place");
+#ifdef LLMC_COMM_STREAM
+        if (comm_loopback_on()) comm_loopback_start(c, g, COMM_ALL_GATHER, send, recv, bytes, r);
+#endif
         return r;
     }
     c.sent_bytes[COMM_ALL_GATHER] += bytes * (g.size - 1);
@@ -947,6 +1193,13 @@ inline void all_gather(const CommGroup& g, const void* send, void* recv, size_t 
 // recv[r * bytes ...] = rank r's send[rank * bytes ...]: block r of send goes to rank r.
 inline CommRequest all_to_all_start(const CommGroup& g, const void* send, void* recv, size_t bytes) {
     Comm& c = comm_world();
+#ifdef LLMC_COMM_STREAM
+    if (g.size == 1 && comm_loopback_on()) {  // a copy of send to recv
+        CommRequest r;
+        comm_loopback_start(c, g, COMM_ALL_TO_ALL, send, recv, bytes, r);
+        return r;
+    }
+#endif
     LLMC_CHECK(g.size > 1, "all_to_all on one rank: the caller uses its own data");
     c.sent_bytes[COMM_ALL_TO_ALL] += bytes * (g.size - 1);
     c.recv_bytes[COMM_ALL_TO_ALL] += bytes * (g.size - 1);
@@ -1153,7 +1406,16 @@ inline void p2p_group(const CommGroup& g, const std::vector<P2POp>& ops) {
 // root's buf to every rank of the group
 inline void broadcast(const CommGroup& g, void* buf, size_t bytes, int root) {
     Comm& c = comm_world();
-    if (g.size == 1) return;
+    if (g.size == 1) {
+#ifdef LLMC_COMM_STREAM
+        if (comm_loopback_on()) {
+            CommRequest r;
+            comm_loopback_start(c, g, COMM_BROADCAST, buf, buf, bytes, r);
+            comm_finish(r);
+        }
+#endif
+        return;
+    }
     c.sent_bytes[COMM_BROADCAST] += g.rank == root ? bytes * (g.size - 1) : 0;
     c.recv_bytes[COMM_BROADCAST] += g.rank == root ? 0 : bytes;
     CommRequest r;

@@ -12,6 +12,8 @@
 // multi-query (n_kv_head 1), GQA ratios 1, 2, 3, 4, 6, 8, non power-of-two head counts for ALiBi
 // (3, 6, 12), alibi on and off, hs 8, 16, 32, 64, 128, and a larger qkv spread (sharper softmax).
 // Every grid point of the simple path (hs 8, 16, 32) has a sibling at hs 64 or 128 for the flash path.
+// Every flash grid point also runs both flash variants forced (single- and double-buffered tiles: what a
+// 99 KB card runs and what an H200 runs), each against the CPU and bitwise against each other.
 // Tolerances: out and each of dq, dk, dv (bf16) relative L2 <= 1e-2; lse (fp32, computed from the
 // same bf16 inputs in fp32 both sides, values of order 1..10) relative max <= 1e-3, where the real
 // difference is a few fp32 ulps plus the fast exp/log (~1e-6). The flash path also rounds P and dS to
@@ -120,6 +122,23 @@ struct Impl {
     BackwardFn backward;
 };
 
+// The flash kernels with one variant forced (attention_detail::flash_plan: 1 = single-buffered, the
+// variant a 99 KB card runs at hs 128 backward; 2 = double-buffered), whatever the device would pick;
+// the emulated shared-memory limit in force, if any, is kept
+template <int STAGES>
+inline void forward_forced(floatX* out, float* lse, const floatX* qkv, const int* ds, int B, int T, int n_head,
+                           int n_kv_head, int hs, int alibi_n_head, int head0) {
+    attention_detail::FlashOverrideGuard g(attention_detail::flash_override_state().smem_limit, STAGES);
+    attention_detail::forward_flash(out, lse, qkv, ds, B, T, n_head, n_kv_head, hs, alibi_n_head, head0);
+}
+template <int STAGES>
+inline void backward_forced(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                            const int* ds, int B, int T, int n_head, int n_kv_head, int hs, int alibi_n_head,
+                            int head0) {
+    attention_detail::FlashOverrideGuard g(attention_detail::flash_override_state().smem_limit, STAGES);
+    attention_detail::backward_flash(dqkv, dout, qkv, out, lse, ds, B, T, n_head, n_kv_head, hs, alibi_n_head, head0);
+}
+
 inline void run_case(const Case& c, uint64_t seed) {
     INFO("case " << c.name << ": B=" << c.B << " T=" << c.T << " n_head=" << c.n_head << " n_kv_head=" << c.n_kv_head
                  << " hs=" << c.hs << " alibi=" << c.alibi << " arbitrary doc_start=" << c.arbitrary
@@ -152,12 +171,17 @@ inline void run_case(const Case& c, uint64_t seed) {
     upload(d_lse_ref, lse_ref);
     cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
 
-    // the public ops (flash for hs 64 / 128), and the simple kernels called directly where they are not
-    // what the public ops run
+    // the public ops (flash for hs 64 / 128, in the variants this device picks), and the simple kernels
+    // called directly where they are not what the public ops run; then both flash variants forced (each
+    // checked against the CPU like the others, and against each other bitwise below: same math, same
+    // order, only the buffering of the tiles differs)
     std::vector<Impl> impls = {{attention_detail::flash_supported(hs) ? "flash" : "simple", attention_forward,
                                 attention_backward}};
-    if (attention_detail::flash_supported(hs))
+    if (attention_detail::flash_supported(hs)) {
         impls.push_back({"simple", attention_detail::forward_simple, attention_detail::backward_simple});
+        impls.push_back({"flash 1-stage (forced)", forward_forced<1>, backward_forced<1>});
+        impls.push_back({"flash 2-stage (forced)", forward_forced<2>, backward_forced<2>});
+    }
     std::vector<std::vector<float>> outs, lses, dqkvs;
     for (const Impl& im : impls) {
         INFO("implementation " << im.name);
@@ -194,11 +218,17 @@ inline void run_case(const Case& c, uint64_t seed) {
             CHECK_MESSAGE(same_bytes(d_dqkv, d_dqkv2), "attention_backward is not the flash kernel for this hs");
         }
     }
-    if (impls.size() == 2) {  // flash vs simple on the GPU
+    if (impls.size() == 4) {  // flash vs simple on the GPU, and the flash variants against each other
         INFO("flash vs simple");
         check_part("forward out", outs[0], outs[1]);
         CHECK_CLOSE("forward lse", rel_max(lses[0], lses[1]), 1e-3);
         check_dqkv(dqkvs[0], dqkvs[1], (int)BT, NH, KVH, hs);
+        auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+            return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        for (int k : {0, 2})  // the device's choice and the forced 1-stage, each against the forced 2-stage
+            CHECK_MESSAGE((same(outs[k], outs[3]) && same(lses[k], lses[3]) && same(dqkvs[k], dqkvs[3])),
+                          impls[k].name << " differs bitwise from the 2-stage flash kernels");
     }
 }
 
@@ -326,6 +356,84 @@ TEST_CASE("attention: flash and simple kernels agree at T = 8192 (packed, single
         attention_detail::backward_simple(dqkv_s, d_dout, d_qkv, out_f, lse_f, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         attention_test::check_dqkv(download_bf16(dqkv_f), download_bf16(dqkv_s), (int)BT, NH, KVH, hs);
     }
+}
+
+// The variant choice (attention_detail::flash_plan) on this device and on emulated smaller cards: an RTX
+// 3090/4090 or L4 (101376 B per block) must run the hs 128 backward 1-stage (the 2-stage kernels take
+// 102 KB + static), the results must be the same bits as the 2-stage kernels', forcing a variant that
+// does not fit is an error, and a limit no variant fits is an error (never a silent fallback).
+TEST_CASE("attention: flash variant chosen from the device's shared memory, emulated 99 KB and A100 cards") {
+    using namespace gpu_test;
+    using namespace attention_detail;
+    MESSAGE(attention_kernels_summary(64));
+    MESSAGE(attention_kernels_summary(128));
+    MESSAGE(attention_kernels_summary(96));
+    for (int hs : {64, 128}) {
+        const FlashPlan& p = flash_plan(hs);
+        for (const FlashVariant* v : {&p.fwd, &p.dq, &p.dkdv}) {
+            CHECK(v->smem <= p.dev.smem_block);
+            CHECK(v->blocks_per_sm >= 1);
+        }
+    }
+    {
+        FlashOverrideGuard g(101376, 0);  // RTX 3090 / 4090 / L4
+        const FlashPlan& p = flash_plan(128);
+        CHECK(p.dev.smem_block == 101376);
+        CHECK(p.dq.stages == 1);
+        CHECK(p.dkdv.stages == 1);
+        CHECK(p.fwd.stages == 2);  // 85 KB fits, and the 1-stage one (51 KB) gets no more blocks on 100 KB
+        for (const FlashVariant* v : {&p.fwd, &p.dq, &p.dkdv}) CHECK(v->smem <= 101376);
+        const std::string line = attention_kernels_summary(128);
+        MESSAGE(line);
+        CHECK(line.find("does not fit") != std::string::npos);
+        MESSAGE(attention_kernels_summary(64));
+    }
+    {
+        FlashOverrideGuard g(166912, 0);  // A100
+        MESSAGE(attention_kernels_summary(64));
+        MESSAGE(attention_kernels_summary(128));
+    }
+
+    // the public ops under the emulated 99 KB limit vs the device's own choice: the same bits
+    const int B = 2, T = 300, NH = 4, KVH = 2, hs = 128, row = (NH + 2 * KVH) * hs, C = NH * hs;
+    const size_t BT = (size_t)B * T;
+    std::vector<float> qkv(BT * row), dout(BT * C);
+    attention_test::fill_hash(qkv, 0x77, 2.0f);
+    attention_test::fill_hash(dout, 0x78);
+    const std::vector<int> ds = attention_test::make_doc_start(B, T, 5);
+    DeviceBuffer<floatX> d_qkv(qkv.size()), d_dout(dout.size());
+    upload_bf16(d_qkv, qkv);
+    upload_bf16(d_dout, dout);
+    DeviceBuffer<int> d_ds(ds.size());
+    upload(d_ds, ds);
+    cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
+    DeviceBuffer<floatX> out1(BT * C), out2(BT * C), dqkv1(qkv.size()), dqkv2(qkv.size());
+    DeviceBuffer<float> lse1((size_t)B * NH * T), lse2((size_t)B * NH * T);
+    for (auto* p : {&out1, &out2, &dqkv1, &dqkv2}) p->poison();
+    lse1.poison();
+    lse2.poison();
+    attention_forward(out1, lse1, d_qkv, d_ds, B, T, NH, KVH, hs, NH, 0);
+    attention_backward(dqkv1, d_dout, d_qkv, out1, lse1, d_ds, B, T, NH, KVH, hs, NH, 0);
+    {
+        FlashOverrideGuard g(101376, 0);
+        attention_forward(out2, lse2, d_qkv, d_ds, B, T, NH, KVH, hs, NH, 0);
+        attention_backward(dqkv2, d_dout, d_qkv, out1, lse1, d_ds, B, T, NH, KVH, hs, NH, 0);
+        // the 2-stage backward does not fit 99 KB: forcing it is refused
+        FlashOverrideGuard g2(101376, 2);
+        CHECK_THROWS_AS(attention_backward(dqkv2, d_dout, d_qkv, out1, lse1, d_ds, B, T, NH, KVH, hs, NH, 0), LlmcError);
+    }
+    CHECK_MESSAGE(attention_test::same_bytes(out1, out2), "forward differs under the 99 KB variant choice");
+    CHECK_MESSAGE(attention_test::same_bytes(lse1, lse2), "forward lse differs under the 99 KB variant choice");
+    CHECK_MESSAGE(attention_test::same_bytes(dqkv1, dqkv2), "backward differs under the 99 KB variant choice");
+    {
+        FlashOverrideGuard g(48 * 1024, 0);  // no flash variant fits at hs 128: an error, not a slow path
+        CHECK_THROWS_AS(attention_forward(out2, lse2, d_qkv, d_ds, B, T, NH, KVH, hs, NH, 0), LlmcError);
+        CHECK_THROWS_AS(attention_backward(dqkv2, d_dout, d_qkv, out1, lse1, d_ds, B, T, NH, KVH, hs, NH, 0),
+                        LlmcError);
+    }
+    // the guards restored the device's own choice
+    CHECK(flash_override_state().smem_limit == 0);
+    CHECK(flash_override_state().stages == 0);
 }
 
 TEST_CASE("attention: rejects unsupported shapes with a clear error") {

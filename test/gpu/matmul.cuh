@@ -8,6 +8,10 @@
 // dweight and dbias are fp32 (the gradient-path contract): the same bf16-exact products summed in
 // fp32 on both sides, so gpu_test::F32_TOL (1e-5); and bitwise, the op into the prefill equals the
 // prefill + the op into zeros (one add per element), and no cached dweight plan splits K.
+// From MATMUL_SPLITK_MIN_BT rows the dweight takes our own split over K (P chunk partials in the scratch
+// arena, summed in chunk order, then one add): the same checks hold, the scratch is poisoned (NaN)
+// before every backward (an unwritten partial shows), and the split matches the one-GEMM dweight
+// within F32_TOL, the run-to-run bits, and its sum kernel the CPU twin bitwise.
 // Scales are chosen so that every term matters: W ~ N(0, 1/C) makes out ~ N(0, 1) next to bias ~
 // N(0, 1); dout ~ N(0, 1/BT) makes dout^T inp and the column sums ~ N(0, 1) next to the prefill ~
 // N(0, 1) of the accumulated dweight and dbias (a missing bias or a lost += is an O(1) error).
@@ -73,6 +77,14 @@ struct Device {
     }
 };
 
+// the scratch arena reserved for one backward of this shape (the dbias partials, the split-K
+// partials) and poisoned with NaN: the split's partials are written with beta = 0, never read first
+inline void reserve_poisoned_scratch(int BT, int C, int OC) {
+    cuda_scratch_reserve(matmul_backward_scratch_bytes(BT, C, OC));
+    const CudaScratch& arena = cuda_scratch_arena();
+    if (arena.bytes > 0) cudaCheck(cudaMemset(arena.base, 0xFF, arena.bytes));
+}
+
 inline void check_forward(const Inputs& in, bool with_bias, int offset) {
     INFO("matmul_forward BT=" << in.BT << " C=" << in.C << " OC=" << in.OC << " bias=" << with_bias
                               << " offset=" << offset);
@@ -94,7 +106,7 @@ inline void check_backward(const Inputs& in, bool with_dbias, int offset) {
     cpu::matmul_backward<float>(dinp.data(), dweight.data(), with_dbias ? dbias.data() : nullptr, in.dout.data(),
                                 in.inp.data(), in.weight.data(), in.BT, in.C, in.OC);
     Device d(in, offset);
-    cuda_scratch_reserve(matmul_scratch_bytes(in.BT, in.OC));
+    reserve_poisoned_scratch(in.BT, in.C, in.OC);
     matmul_backward(d.dinp.ptr(), d.dweight.ptr(), with_dbias ? d.dbias.ptr : nullptr, d.dout.ptr(), d.inp.ptr(),
                     d.weight.ptr(), in.BT, in.C, in.OC);
     cudaCheck(cudaDeviceSynchronize());
@@ -141,6 +153,15 @@ inline std::vector<Shape> shapes() {
     return {{7, 37, 19}, {1000, 768, 2304}, {513, 129, 1}, {8192, 128, 96}, {300, 64, 296}, {1, 768, 768}};
 }
 
+// Split-K dweight shapes (BT >= MATMUL_SPLITK_MIN_BT): P = 4 whole chunks with the 16-byte sum kernel;
+// a shorter last chunk (37 rows) after 6 whole ones; a ragged one (a last chunk of 1001 rows, C * OC
+// odd: the scalar sum kernel) that also runs 2-byte aligned operands.
+inline std::vector<Shape> split_shapes() {
+    return {{MATMUL_SPLITK_MIN_BT, 128, 96},
+            {MATMUL_SPLITK_MIN_BT + 2 * MATMUL_SPLITK_ROWS + 37, 64, 40},
+            {MATMUL_SPLITK_MIN_BT + 1001, 37, 19}};
+}
+
 }  // namespace matmul_test
 
 TEST_CASE("matmul_forward vs cpu, with and without bias") {
@@ -180,7 +201,7 @@ TEST_CASE("matmul: bitwise deterministic, plans cached per shape") {
         INFO("BT=" << s.BT << " C=" << s.C << " OC=" << s.OC);
         matmul_test::Inputs in(s.BT, s.C, s.OC, 400 + s.C);
         matmul_test::Device d(in, 0);
-        cuda_scratch_reserve(matmul_scratch_bytes(s.BT, s.OC));
+        matmul_test::reserve_poisoned_scratch(s.BT, s.C, s.OC);
         std::vector<floatX> out[2], dinp[2];
         std::vector<float> dweight[2], dbias[2];
         size_t plans_after_first = 0;
@@ -220,6 +241,70 @@ TEST_CASE("matmul: misaligned bias fails clearly; teardown then lazy setup gives
     matmul_setup();  // idempotent
 }
 
+TEST_CASE("matmul_backward split-K dweight: vs cpu, one add, bitwise run to run, vs one GEMM, scratch checked") {
+    using namespace matmul_test;
+    uint64_t seed = 700;
+    for (const Shape& s : split_shapes()) {
+        const int P = matmul_splitk_chunks(s.BT);
+        const int offset = s.C % 8 == 0 ? 0 : 1;
+        INFO("BT=" << s.BT << " C=" << s.C << " OC=" << s.OC << " P=" << P << " offset=" << offset);
+        REQUIRE(P == (s.BT + MATMUL_SPLITK_ROWS - 1) / MATMUL_SPLITK_ROWS);
+        REQUIRE(P >= 4);  // the split is taken at these BT
+        Inputs in(s.BT, s.C, s.OC, seed += 10);
+        // every output vs the CPU twin (dweight: F32_TOL), the single add, the zero-bubble split calls
+        check_backward(in, true, offset);
+
+        Device d(in, offset);
+        auto dweight_after = [&](auto&& op) {  // dweight from its prefill, the scratch poisoned first
+            d.reset_grads(in);
+            reserve_poisoned_scratch(s.BT, s.C, s.OC);
+            op();
+            return d.dweight.get();
+        };
+        auto split = [&] {
+            matmul_backward(nullptr, d.dweight.ptr(), nullptr, d.dout.ptr(), d.inp.ptr(), nullptr, s.BT, s.C, s.OC);
+        };
+        const std::vector<float> first = dweight_after(split), second = dweight_after(split);
+        CHECK(gpu_test::same_bytes(first, second));  // run to run
+        // the one-GEMM dweight (split_k = false, and the internal entry with no chunking: the same)
+        const std::vector<float> one_gemm = dweight_after([&] {
+            matmul_backward(nullptr, d.dweight.ptr(), nullptr, d.dout.ptr(), d.inp.ptr(), nullptr, s.BT, s.C, s.OC,
+                            /*split_k*/ false);
+        });
+        const std::vector<float> one_gemm_internal = dweight_after([&] {
+            matmul_detail::dweight_grad(d.dweight.ptr(), d.dout.ptr(), d.inp.ptr(), s.BT, s.C, s.OC, 0);
+        });
+        CHECK(gpu_test::same_bytes(one_gemm, one_gemm_internal));
+        gpu_test::check_f32("dweight split vs one GEMM", first, one_gemm);
+        CHECK(matmul_fp32_plans_max_split_k() == 1);  // no cuBLASLt split-K in the partials' batched plan
+
+        // an arena one float short of the partials fails clearly, before any work; nothing written
+        d.reset_grads(in);
+        const CudaScratch arena = cuda_scratch_arena();
+        const size_t need = matmul_splitk_scratch_bytes(s.BT, s.C, s.OC);
+        REQUIRE(arena.bytes >= need);
+        cuda_scratch_bind(arena.base, need - sizeof(float));
+        CHECK_THROWS_AS(split(), LlmcError);
+        cuda_scratch_bind(nullptr, 0);  // back to the reserved arena
+        CHECK(gpu_test::same_bytes(d.dweight.get(), in.dweight0));
+    }
+}
+
+TEST_CASE("matmul_dweight_reduce vs cpu::matmul_dweight_reduce: bitwise, 16-byte and scalar paths") {
+    uint64_t seed = 800;
+    for (int P : {1, 3, 8})
+        for (size_t n : {(size_t)4096 + 64, (size_t)1001})
+            for (int offset : {0, 1}) {
+                INFO("P=" << P << " n=" << n << " offset=" << offset);
+                const std::vector<float> partials = gpu_test::random_vector((size_t)P * n, seed += 10);
+                std::vector<float> want = gpu_test::random_vector(n, seed + 5);
+                gpu_test::DevF32 d_partials(partials, offset), d_dweight(want, offset);
+                cpu::matmul_dweight_reduce(want.data(), partials.data(), P, n);
+                matmul_dweight_reduce(d_dweight.ptr(), d_partials.ptr(), P, n);
+                CHECK(gpu_test::same_bytes(d_dweight.get(), want));
+            }
+}
+
 // small shapes for compute-sanitizer (scripts/device_check.sh: test_gpu -tc='sanitizer*'): the fp32
 // dweight product, the 16-byte and the scalar dbias paths, aligned and 2-byte aligned operands
 TEST_CASE("sanitizer: matmul forward and backward (fp32 dweight, dbias), small shapes") {
@@ -229,4 +314,13 @@ TEST_CASE("sanitizer: matmul forward and backward (fp32 dweight, dbias), small s
             matmul_test::check_forward(in, true, offset);
             matmul_test::check_backward(in, true, offset);
         }
+}
+
+// the split-K dweight under compute-sanitizer: the partials' batched GEMM, the shorter last chunk,
+// the sum kernel's 16-byte (C * OC = 960, aligned) and scalar (offset 1) paths
+TEST_CASE("sanitizer: matmul split-K dweight (partials, last chunk, sum kernel)") {
+    for (int offset : {0, 1}) {
+        matmul_test::Inputs in(MATMUL_SPLITK_MIN_BT + 37, 40, 24, 900 + offset);
+        matmul_test::check_backward(in, true, offset);
+    }
 }

@@ -250,9 +250,11 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int BT
 // pipeline computes the input gradient (dinp) and the weight gradients (dweight, dbias) in two
 // calls of this same function, at different times. G: the gradients' type (float; double in the
 // finite-difference tests).
+// The last parameter mirrors the CUDA op's split_k (whether its fp32 dweight may take the split over
+// K, llmc/ops/matmul.cuh): the signatures stay one, and here it changes nothing (no split).
 template <typename T, typename G>
 void matmul_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight, int BT, int C,
-                     int OC) {
+                     int OC, bool /*split_k*/ = true) {
     static thread_local gemm_detail::Packs<T> packs;
     static thread_local std::vector<T> unused;
     static thread_local std::vector<G> partial;
@@ -285,6 +287,22 @@ void matmul_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp,
 }  // namespace cpu
 
 namespace cpu {
+
+// The second half of the GPU's split-K weight gradient (llmc/ops/matmul.cuh, issue 35): the P
+// partial products partials[p][n] of K chunks p = 0..P-1 (in row order), summed in chunk order and
+// added to the accumulator once (the gradient-path contract: dweight + S, S independent of dweight):
+//   dweight[i] = dweight[i] + (((partials[0][i] + partials[1][i]) + partials[2][i]) + ...)
+// Each element is P fp32 additions rounded to nearest in that order: the GPU twin produces the same
+// bits. The CPU build does not split (its gemm's arithmetic is fixed per element, above); this is the
+// kernel's oracle.
+inline void matmul_dweight_reduce(float* dweight, const float* partials, int P, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float s = partials[i];
+        for (int p = 1; p < P; p++) s = s + partials[(size_t)p * n + i];
+        dweight[i] = dweight[i] + s;
+    }
+}
 
 // n_batch independent products with contiguous operands (the experts of an MoE layer):
 // out[b] [BT, OC] = inp[b] [BT, C] weight[b] [OC, C]^T + bias[b] [OC]
