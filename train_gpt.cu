@@ -474,9 +474,9 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
                             (const floatX*)nullptr, BT, C, E);
     } else {
         matmul_backward((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr, BT,
-                        ls.ffn, C);
+                        ls.ffn, C, dense_dweight_split(c, ls, BT, DW_FC_PROJ));
         matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, ln_gathered(m, a.ln2, 1), (const floatX*)nullptr, BT, C,
-                        ls.fc(c.mlp));
+                        ls.fc(c.mlp), dense_dweight_split(c, ls, BT, DW_FC));
     }
     layernorm_weight_grads(m, dw.ln2w, dw.ln2b, d.d_ln2, a.residual2, a.ln2_mean, a.ln2_rstd);
 }
@@ -485,10 +485,12 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
     const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = m.config.n_embd;
     const LayerTensors<float>& dw = m.g.layers[l];
+    const GPTConfig& c = m.config;
+    // (each dweight splits over B*T where its whole weight has too few tiles: dense_dweight_split)
     matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT,
-                    ls.n_head * ls.hs, C);
+                    ls.n_head * ls.hs, C, dense_dweight_split(c, ls, BT, DW_ATTN_PROJ));
     matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
-                    ls.qkv());
+                    ls.qkv(), dense_dweight_split(c, ls, BT, DW_QKV));
     layernorm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
 }
 

@@ -32,7 +32,7 @@ DRY_RUN=1 OUT=/tmp/llmc_device_check_out bash scripts/device_check.sh > "$log" 2
 sum=$(sed -nE 's/.*essential budgets ([0-9]+) s of 255 s.*/\1/p' "$log" | head -1)
 [ -n "$sum" ] || { cat "$log"; fail "the dry run printed no essential budget"; }
 [ "$sum" -le 255 ] || fail "the essential steps' budgets sum to $sum s > 255 s"
-for step in probe test_gpu memcheck racecheck train_d12 train_moe train_z0 train_z1 train_z3 train_r2 train_offload \
+for step in probe test_gpu memcheck racecheck train_d12 train_moe train_z0 train_z1 train_z3 train_r2 train_offload train_z3_loopback \
             bench_attention_forward bench_attention_backward bench_matmul; do
     grep -qE "^$step +dry-run" "$log" || { cat "$log"; fail "the dry run does not reach the essential step $step"; }
 done

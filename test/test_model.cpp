@@ -874,6 +874,27 @@ static GPTConfig gpt2_124m() {
 // the devices' total memory as run_device_total_bytes reads it (nvidia-smi's MiB), and a 24 GiB card
 constexpr double H200_TOTAL = 143771.0 * 1048576.0, H100_TOTAL = 81559.0 * 1048576.0, CARD_24G = 24.0 * 1073741824.0;
 
+TEST_CASE("dense weight gradients split over B*T by the whole weight's tiles: the same decision in every tp layout") {
+    const GPTConfig c = gpt2_124m();
+    const int BT = 32 * 1024;
+    const LocalShape whole = local_shape(c, 1, 0, false);
+    // GPT-2 124M at B 32 x T 1024 (132 SMs): the attention projection (36 tiles) and qkv (108) split, the FFN not
+    CHECK(dense_dweight_split(c, whole, BT, DW_ATTN_PROJ));
+    CHECK(dense_dweight_split(c, whole, BT, DW_QKV));
+    CHECK(!dense_dweight_split(c, whole, BT, DW_FC));
+    CHECK(!dense_dweight_split(c, whole, BT, DW_FC_PROJ));
+    CHECK(!dense_dweight_split(c, whole, 8 * 1024, DW_ATTN_PROJ));
+    for (int tp : {2, 4})
+        for (int rank = 0; rank < tp; rank++) {
+            const LocalShape ls = local_shape(c, tp, rank, false);
+            for (int w = 0; w < DW_COUNT; w++)
+                CHECK(dense_dweight_split(c, ls, BT, (DenseWeight)w) == dense_dweight_split(c, whole, BT, (DenseWeight)w));
+            // the rank's partials are its slice's: qkv's output and the projection's input split by tp
+            CHECK(dense_weight_shape(c, ls, DW_QKV, false).OC * tp == dense_weight_shape(c, whole, DW_QKV, true).OC);
+            CHECK(dense_weight_shape(c, ls, DW_ATTN_PROJ, false).C * tp == dense_weight_shape(c, whole, DW_ATTN_PROJ, true).C);
+        }
+}
+
 TEST_CASE("lm head token chunks: GPT-2 124M at B 32 x T 1024 plans one chunk's logits, not the micro-batch's") {
     // no device known (the CPU build): the constant 128 MiB budget, 1024 tokens of GPT-2's 50304 columns
     const GPTConfig c = gpt2_124m();

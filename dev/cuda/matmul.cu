@@ -158,7 +158,7 @@ static bool validate_splitk(int BT, int C, int OC) {
                                 (const float*)nullptr, BT, C, OC);
     cuda_scratch_reserve(matmul_backward_scratch_bytes(BT, C, OC));
     cudaCheck(cudaMemset(cuda_scratch_arena().base, 0xFF, cuda_scratch_arena().bytes));  // NaN partials
-    matmul_backward(nullptr, d_dweight, nullptr, d_dout, d_inp, nullptr, BT, C, OC);
+    matmul_backward(nullptr, d_dweight, nullptr, d_dout, d_inp, nullptr, BT, C, OC, /*split_k*/ true);
     const bool ok = compare("dweight (split-K)", to_host(d_dweight, dweight.size()), dweight, 1e-5);
     for (floatX* p : {d_inp, d_dout}) cudaCheck(cudaFree(p));
     cudaCheck(cudaFree(d_dweight));

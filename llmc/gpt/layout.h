@@ -73,6 +73,28 @@ static LocalShape local_shape(const GPTConfig& c, int tp, int rank, bool sp, int
     return s;
 }
 
+// The dense layers' weight gradients dweight[OC, C] and whether each splits over K = B*T
+// (matmul_splitk_wanted, llmc/ops/op_scratch.h): decided on the whole weight, the same in every layout;
+// the rank's shape (ls) is what its partials take. One place for the model code and the plan.
+enum DenseWeight { DW_QKV, DW_ATTN_PROJ, DW_FC, DW_FC_PROJ, DW_COUNT };
+struct DenseWeightShape {
+    long C, OC;
+};
+static DenseWeightShape dense_weight_shape(const GPTConfig& c, const LocalShape& ls, DenseWeight w, bool whole) {
+    const long n_embd = c.n_embd, hidden = whole ? c.ffn_hidden : ls.ffn;
+    const long fc = c.mlp == MLP_SWIGLU ? 2 * hidden : hidden;
+    switch (w) {
+    case DW_QKV: return {n_embd, whole ? (long)c.qkv_channels() : (long)ls.qkv()};
+    case DW_ATTN_PROJ: return {whole ? (long)c.n_head * c.head_size() : (long)ls.n_head * ls.hs, n_embd};
+    case DW_FC: return {n_embd, fc};
+    default: return {hidden, n_embd};
+    }
+}
+static bool dense_dweight_split(const GPTConfig& c, const LocalShape& ls, int BT, DenseWeight w) {
+    const DenseWeightShape s = dense_weight_shape(c, ls, w, /*whole*/ true);
+    return matmul_splitk_wanted(BT, s.C, s.OC, plan_sm_count());
+}
+
 // The canonical chunk count of the tensor-parallel reductions (llmc/parallel/tensor_parallel.h): the lcm of
 // every tp that local_shape accepts, so that each of them splits the chunks evenly
 static int tp_chunk_count(const GPTConfig& c) {

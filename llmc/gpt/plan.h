@@ -419,11 +419,16 @@ static void alloc_op_scratch(GPT& m, int B, int T) {
     const size_t C = config.n_embd, E = config.n_expert, He = ls.expert_hidden;
     if (m.elem_bytes == 2) {
         const int widest_biased = std::max({(int)C, ls.qkv(), ls.fc(config.mlp)});
-        // the split-K dweight partials (llmc/ops/matmul.cuh): the widest dense dweight's other side
-        // (qkv, attention projection, and fc when a block has a dense FFN; never the lm head)
+        // the split-K dweight partials (llmc/ops/matmul.cuh) of the dense layers that split (the FFN's
+        // only where a block has a dense one; never the lm head's, nor the experts')
         const bool dense_ffn = E == 0 || config.moe_every > 1;
-        const int widest_dweight = std::max({ls.qkv(), ls.n_head * ls.hs, dense_ffn ? ls.fc(config.mlp) : 0});
-        const size_t splitk = matmul_splitk_model_scratch_bytes(B * T, (int)C, widest_dweight);
+        size_t splitk = 0;
+        for (int w = 0; w < DW_COUNT; w++) {
+            if (!dense_ffn && (w == DW_FC || w == DW_FC_PROJ)) continue;
+            if (!dense_dweight_split(config, ls, B * T, (DenseWeight)w)) continue;
+            const DenseWeightShape s = dense_weight_shape(config, ls, (DenseWeight)w, /*whole*/ false);
+            splitk = std::max(splitk, matmul_splitk_scratch_bytes(B * T, (int)s.C, (int)s.OC));
+        }
         m.op_scratch_bytes = MATMUL_WORKSPACE_BYTES +
                              std::max(splitk, op_scratch_bytes(B, T, (int)C, ls.n_head, widest_biased, (int)E,
                                                                E > 0 ? config.moe_capacity(B, T) : 0, (int)He,

@@ -575,12 +575,13 @@ inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
 
 // dinp[BT, C] = dout W (overwritten); dweight[OC, C] += dout^T inp and dbias[OC] += column sums of
 // dout (fp32, one add each). Each may be null: the zero-bubble pipeline asks for dinp and for
-// (dweight, dbias) in two calls. split_k = false keeps dweight in one GEMM whatever BT: for a caller
-// whose dweight has tiles enough and would only pay the partials' memory and traffic (the lm head,
-// C x vocab, when its token chunk reaches MATMUL_SPLITK_MIN_BT). The choice must be the caller's
-// fixed rule, never the layout's, and the memory plan must match it (llmc/gpt/plan.h).
+// (dweight, dbias) in two calls. split_k = true splits dweight over K = BT in chunks of
+// MATMUL_SPLITK_ROWS from MATMUL_SPLITK_MIN_BT rows on (the partials in the scratch arena); false keeps
+// it in one GEMM whatever BT. The choice is the caller's fixed rule on the whole weight, never the
+// layout's (matmul_splitk_wanted; the model's dense layers: dense_dweight_split in llmc/gpt/plan.h,
+// whose memory plan counts the partials of exactly those).
 inline void matmul_backward(floatX* dinp, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
-                            const floatX* weight, int BT, int C, int OC, bool split_k = true) {
+                            const floatX* weight, int BT, int C, int OC, bool split_k = false) {
     if (dbias) matmul_detail::bias_grad(dbias, dout, BT, OC);
     if (dinp)
         matmul_detail::gemm("matmul_backward (dinp)", dinp, weight, dout, nullptr, /*m*/ C, /*n*/ BT, /*k*/ OC,

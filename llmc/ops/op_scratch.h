@@ -63,17 +63,20 @@ inline size_t matmul_splitk_scratch_bytes(int BT, int C, int OC) {
 inline size_t matmul_backward_scratch_bytes(int BT, int C, int OC) {
     return std::max(matmul_scratch_bytes(BT, OC), matmul_splitk_scratch_bytes(BT, C, OC));
 }
+// Where the split pays: a dweight's tiles. The rule must not look at the layout, so the caller decides
+// from the WHOLE weight (global_C x global_OC before --tp cuts it) and the card (the same on every
+// rank): split from MATMUL_SPLITK_MIN_BT rows on, and only where the whole weight has fewer 128 x 128
+// output tiles than the GPU has SMs. The H200 at BT 65536 (2026-12-04, P 16): 768 x 768 (36 tiles)
+// 0.776 -> 0.130 ms; 768 x 2304 (108) 0.371 -> 0.370; 768 x 3072 (144) 0.445 -> 0.477 (+7%);
+// 2048-wide (256+ tiles) +12-16%: the partials' traffic where the tiles were enough already.
+inline bool matmul_splitk_wanted(int BT, long global_C, long global_OC, int sm_count) {
+    return matmul_splitk_chunks(BT) > 1 && ceil_div(global_C, 128L) * ceil_div(global_OC, 128L) < sm_count;
+}
 // The lm head's dweight (C x vocab, train_gpt.cu head_forward: matmul_backward per token chunk of
 // m.logits_chunk) never splits (its call passes split_k = false): it has tiles enough unsplit (768 x
 // 50304: 2358 of 128 x 128), and with its chunk the whole micro-batch (the device-sized default:
 // 32768 tokens at d12 B 32 on an H200) a split would cost 8 x 768 x 50304 x 4 = 1.24 GB of partials
 // and ~2.5 GB of traffic per micro-batch for nothing.
-// The model's split-K need: the widest dense dweight (C x widest_dweight_out: qkv, the attention
-// projection, the FFN's fc and fc proj all have C on one side) at BT = B*T rows. The MoE experts'
-// batched dweights and the lm head do not split.
-inline size_t matmul_splitk_model_scratch_bytes(int BT, int C, int widest_dweight_out) {
-    return matmul_splitk_scratch_bytes(BT, C, widest_dweight_out);
-}
 
 // ------------------------------------------------------------------------------------------------
 // attention (llmc/ops/attention.cuh): the backward's D = rowsum(dO * O), one float per (query, head)

@@ -262,7 +262,8 @@ TEST_CASE("matmul_backward split-K dweight: vs cpu, one add, bitwise run to run,
             return d.dweight.get();
         };
         auto split = [&] {
-            matmul_backward(nullptr, d.dweight.ptr(), nullptr, d.dout.ptr(), d.inp.ptr(), nullptr, s.BT, s.C, s.OC);
+            matmul_backward(nullptr, d.dweight.ptr(), nullptr, d.dout.ptr(), d.inp.ptr(), nullptr, s.BT, s.C, s.OC,
+                            /*split_k*/ true);
         };
         const std::vector<float> first = dweight_after(split), second = dweight_after(split);
         CHECK(gpu_test::same_bytes(first, second));  // run to run
@@ -275,7 +276,9 @@ TEST_CASE("matmul_backward split-K dweight: vs cpu, one add, bitwise run to run,
             matmul_detail::dweight_grad(d.dweight.ptr(), d.dout.ptr(), d.inp.ptr(), s.BT, s.C, s.OC, 0);
         });
         CHECK(gpu_test::same_bytes(one_gemm, one_gemm_internal));
-        gpu_test::check_f32("dweight split vs one GEMM", first, one_gemm);
+        // two fp32 summation orders of the same ~2e4 products, each within F32_TOL of the CPU: their
+        // difference is within the sum of both (the H200, 2026-12-04: up to 1.7e-5 rel L2, 3.0e-5 max)
+        gpu_test::check_f32("dweight split vs one GEMM", first, one_gemm, 4 * gpu_test::F32_TOL);
         CHECK(matmul_fp32_plans_max_split_k() == 1);  // no cuBLASLt split-K in the partials' batched plan
 
         // an arena one float short of the partials fails clearly, before any work; nothing written

@@ -254,7 +254,7 @@ void matmul_forward(T* out, const T* inp, const T* weight, const T* bias, int BT
 // K, llmc/ops/matmul.cuh): the signatures stay one, and here it changes nothing (no split).
 template <typename T, typename G>
 void matmul_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight, int BT, int C,
-                     int OC, bool /*split_k*/ = true) {
+                     int OC, bool /*split_k*/ = false) {
     static thread_local gemm_detail::Packs<T> packs;
     static thread_local std::vector<T> unused;
     static thread_local std::vector<G> partial;
