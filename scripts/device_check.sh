@@ -304,18 +304,33 @@ fi
 # racecheck instruments only our kernels: cuBLASLt's and cub's are not ours to fix, and their
 # instrumentation is most of racecheck's cost (its slowdown grows with each kernel's shared-memory
 # accesses: 10-100x against memcheck's 2-10x, compute-sanitizer's documentation)
-# (nvjet: cuBLASLt's generated Hopper GEMMs, named nvjet_sm90_*: the H200 run of 2026-12-04 reported
-# hazards inside one, racecheck's reading of its warp-specialised barriers, not ours to fix)
 LIBRARY_KERNELS=(--kernel-name-exclude kns=gemm --kernel-name-exclude kns=xmma --kernel-name-exclude kns=cutlass
-                 --kernel-name-exclude kns=cub:: --kernel-name-exclude kns=cublas --kernel-name-exclude kns=nvjet)
+                 --kernel-name-exclude kns=cub:: --kernel-name-exclude kns=cublas)
+# cuBLASLt's generated Hopper GEMMs (nvjet_sm90_*) cannot be excluded that way: on the H200
+# (2026-12-04) racecheck reported hazards inside one (the split-K partials' batched fp32 GEMM), and
+# with kns=nvjet excluded the sanitizer itself failed ("failed to handle a hardware exception",
+# then illegal accesses). So they run instrumented and their reports are read and set aside: the
+# step fails on a hazard in any other kernel, or when the tests themselves fail.
+racecheck_ours() {  # budget_s test-binary test-args...
+    local budget=$1 raw="$WORK/racecheck_raw.log" rc ours lib
+    shift
+    timeout --kill-after=5 "$budget" compute-sanitizer --tool racecheck --print-limit 100 "${LIBRARY_KERNELS[@]}" "$@" \
+        > "$raw" 2>&1
+    rc=$?
+    cat "$raw"
+    ours=$(grep -E "Race reported between" "$raw" | grep -cvE "nvjet_|gemm|xmma|cutlass|cublas|cub::")
+    lib=$(grep -E "Race reported between" "$raw" | grep -cE "nvjet_|gemm|xmma|cutlass|cublas|cub::")
+    echo "racecheck: $ours hazard reports in our kernels, $lib in cuBLASLt's (set aside); the tests' exit $rc"
+    [ "$ours" -eq 0 ] || return 9
+    return "$rc"
+}
+note_racecheck() { grep -E "^racecheck: " "$1" | tail -1; note_doctest "$1"; }
 run_step test_gpu 85 note_doctest "$TEST"
 # memcheck also over the one-step model test (every op of the model at small shapes; 6 s on the
 # H200, 2026-12-04: it named the kernel the first run's illegal access came from)
 run_step memcheck 20 note_sanitizer compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
     "$TEST" -tc='sanitizer*,model: one training step*'
-run_step racecheck 45 note_sanitizer compute-sanitizer --tool racecheck --error-exitcode 9 --print-limit 20 \
-    "${LIBRARY_KERNELS[@]}" \
-    "$TEST" -tc='sanitizer*'
+run_step racecheck 45 note_racecheck racecheck_ours 45 "$TEST" -tc='sanitizer*'
 
 # ------------------------------------------------------------------------------------------------
 # 4. short training runs (checkpoints under $WORK, outside $OUT)
