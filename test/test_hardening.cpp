@@ -530,10 +530,69 @@ TEST_CASE("hardening 8: the memory guard refuses an impossible run before alloca
                                                      "-d", "256"}), out) == 0);  // dp 2, pp 2: two NCCL communicators
     CHECK(out.find("available: an H200 (CUDA build, bf16) 138.80 GiB") != std::string::npos);
     CHECK(out.find("NCCL 2 communicators x 256 MiB") != std::string::npos);
-    fails_with(with(fx.args("plan", 1), {"--plan", "--device", "a100"}), "--device: expected h200 or h100");
+    // an unknown card: refused with the names the table accepts
+    fails_with(with(fx.args("plan", 1), {"--plan", "--device", "a100"}),
+               "--device: expected one of t4, v100-16, v100-32, a100-40, a100-80, l4, rtx3090, rtx4090, a6000, h100, "
+               "h200, got 'a100'");
     unsetenv("LLMC_MEMORY_LIMIT");
     CHECK(meminfo_available_bytes("/proc/meminfo") > 0);
     CHECK(meminfo_available_bytes("/nonexistent") < 0);
+}
+
+TEST_CASE("--plan --device: every card of the table plans; a T4 plan of GPT-2 124M fits as its arithmetic says") {
+    std::string out;
+    const double GiB = 1073741824.0;
+    for (const GpuCard& card : GPU_CARDS) {  // each card parses and plans against its own figures
+        CAPTURE(card.name);
+        REQUIRE(run_train_output({"--plan", "--device", card.name}, out) == 0);
+        CHECK(out.find(strfmt("device: %s: sm_%d%d, %d SMs", card.name, card.cc_major, card.cc_minor, card.sms)) !=
+              std::string::npos);
+        CHECK(out.find(strfmt("available: %s (%s", card.description, card.bf16 ? "CUDA build, bf16" : "no bf16")) !=
+              std::string::npos);
+        CHECK(out.find(strfmt(" %.2f GiB\n", (card.free_bytes() - device_headroom_bytes(1, 1, 1, 1)) / GiB)) !=
+              std::string::npos);
+        if (!card.bf16) CHECK(out.find("today's binary cannot run there") != std::string::npos);
+        CHECK(planned_card_sms() == 0);  // the card's SMs were the plan's alone
+    }
+    // GPT-2 124M on one T4: the plan's bytes (fp16-sized: 2-byte params and activations) for its 40 SMs
+    // and its total memory (the lm head's chunk), against its free memory less the headroom
+    const GpuCard& t4 = gpu_card("t4");
+    const double avail = t4.free_bytes() - device_headroom_bytes(1, 1, 1, 1);
+    GPTConfig c;
+    c.n_layer = 12; c.n_embd = 768; c.n_head = 12; c.n_kv_head = 12; c.vocab_size = 50257; c.max_seq_len = 1024;
+    c.mlp = MLP_GELU; c.pos = POS_LEARNED;
+    c.finalize();
+    for (int B : {8, 64}) {
+        CAPTURE(B);
+        REQUIRE(run_train_output({"-e", "gpt2:124M", "-b", std::to_string(B), "-t", "1024", "--plan", "--device", "t4"}, out) == 0);
+        CHECK(out.find("lm head: 4096 tokens per chunk") != std::string::npos);  // 1/32 of 15 GiB: 4096 of 100620 bytes
+        for (int r = 0; r <= 2; r++) {
+            CAPTURE(r);
+            Layout l;
+            l.plan_dp = 1;
+            l.plan_tp = 1;
+            l.plan_ep = 1;
+            l.elem_bytes = 2;
+            l.recompute = r;
+            l.device_total_bytes = t4.total_bytes();
+            double need;
+            {
+                const PlanCardScope sms(t4.sms);
+                need = gpt_memory_estimate(c, B, 1024, l).buffers();
+            }
+            // B 8 fits at every -r level (5.3 GiB at -r 0 of the 13.9); B 64's activations do not at -r 0
+            if (B == 8) CHECK(need <= avail);
+            if (B == 64 && r == 0) CHECK(need > avail);
+            CHECK(out.find(strfmt("-r %d: the largest stage needs %.3f GiB: %s", r, need / GiB,
+                                  need <= avail ? "fits" : "does NOT fit")) != std::string::npos);
+        }
+    }
+    // what two T4s can train (Kaggle): --max_fit answers with the largest dN and GPT-2 shape and their -z / -r
+    REQUIRE(run_train_output({"-e", "gpt2:124M", "-b", "8", "-t", "1024", "--plan", "--max_fit", "--device", "t4",
+                              "--plan_ranks", "2"}, out) == 0);
+    CHECK(out.find("plan: 2 processes (pp 1 x dp 2 x tp 1)") != std::string::npos);
+    CHECK(out.find("largest model at -b 8 x -t 1024 on 2 processes, any -z / -r: d") != std::string::npos);
+    CHECK(out.find("; GPT-2 shape: -e gpt2:") != std::string::npos);
 }
 
 // the step records of a log without their timings (val and resume records whole)

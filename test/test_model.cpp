@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <sys/wait.h>
 
@@ -878,9 +879,9 @@ TEST_CASE("dense weight gradients split over B*T by the whole weight's tiles: th
     const GPTConfig c = gpt2_124m();
     const int BT = 32 * 1024;
     const LocalShape whole = local_shape(c, 1, 0, false);
-    // GPT-2 124M at B 32 x T 1024 (132 SMs): the attention projection (36 tiles) and qkv (108) split, the FFN not
+    // GPT-2 124M at B 32 x T 1024 (132 SMs): the attention projection (36 tiles) splits; qkv (108), the FFN not
     CHECK(dense_dweight_split(c, whole, BT, DW_ATTN_PROJ));
-    CHECK(dense_dweight_split(c, whole, BT, DW_QKV));
+    CHECK(!dense_dweight_split(c, whole, BT, DW_QKV));
     CHECK(!dense_dweight_split(c, whole, BT, DW_FC));
     CHECK(!dense_dweight_split(c, whole, BT, DW_FC_PROJ));
     CHECK(!dense_dweight_split(c, whole, 8 * 1024, DW_ATTN_PROJ));
@@ -970,6 +971,75 @@ TEST_CASE("lm head token chunks: the default grows with the device's memory, nev
     CHECK(logits_chunk_tokens(c, 13, BT, H200_TOTAL) == 13);
     CHECK(logits_chunk_tokens(c, 1 << 20, BT, 0) == 1 << 20);
     CHECK_THROWS_AS(logits_chunk_tokens(c, -1, BT, 0), LlmcError);
+}
+
+TEST_CASE("--device cards: the table's names, the measured H100 / H200 figures, 24 GB cards' lm head chunk") {
+    std::set<std::string> names;
+    for (const GpuCard& card : GPU_CARDS) {
+        CAPTURE(card.name);
+        CHECK(&gpu_card(card.name) == &card);  // every card parses
+        CHECK(names.insert(card.name).second);
+        // free after the context: below the total; estimated ones the total less 0.55 GiB, rounded down to 0.1
+        CHECK(card.free_bytes() < card.total_bytes());
+        if (!card.free_measured) {
+            const double est = card.total_mib / 1024.0 - 0.55;
+            CHECK(card.free_gib <= est);
+            CHECK(card.free_gib > est - 0.1);
+        }
+        CHECK(card.bf16 == (card.cc_major >= 8));  // bf16 tensor cores from sm_80
+        CHECK(card.sms > 0);
+        CHECK(card.peak_tflops > 0);
+        // the CUDA build finds it by its driver name (the word, the compute capability, the SM count)
+        const std::string driver_name = std::string("NVIDIA GeForce RTX ") + card.match + " card";
+        CHECK(gpu_peak_flops(driver_name.c_str(), card.cc_major, card.cc_minor, card.sms) ==
+              doctest::Approx(card.peak_tflops * 1e12));
+    }
+    CHECK_THROWS_WITH_AS(gpu_card("a100"),
+                         "--device: expected one of t4, v100-16, v100-32, a100-40, a100-80, l4, rtx3090, rtx4090, a6000, "
+                         "h100, h200, got 'a100'", LlmcError);
+    // the measured figures the earlier --device h200 / h100 planned with, unchanged
+    CHECK(gpu_card("h200").total_bytes() == H200_TOTAL);
+    CHECK(gpu_card("h100").total_bytes() == H100_TOTAL);
+    CHECK(gpu_card("h200").free_bytes() == 139.8 * 1073741824.0);
+    CHECK(gpu_card("h100").free_bytes() == 79.1 * 1073741824.0);
+    CHECK(gpu_card("h200").sms == 132);
+    CHECK(gpu_card("h100").sms == 132);
+    // the lm head's chunk of GPT-2's vocabulary (1/32 of the total over 100620 bytes a token): 4096 on
+    // every 24 GB card and on the 16 GB ones, 8192 on 32-48 GB, 16384 on 80 GB, 32768 on the H200
+    const GPTConfig c = gpt2_124m();
+    const int64_t BT = 32 * 1024;
+    for (const char* n : {"l4", "rtx3090", "rtx4090", "t4", "v100-16"}) CHECK(logits_chunk_tokens(c, 0, BT, gpu_card(n).total_bytes()) == 4096);
+    for (const char* n : {"v100-32", "a100-40", "a6000"}) CHECK(logits_chunk_tokens(c, 0, BT, gpu_card(n).total_bytes()) == 8192);
+    for (const char* n : {"a100-80", "h100"}) CHECK(logits_chunk_tokens(c, 0, BT, gpu_card(n).total_bytes()) == 16384);
+    CHECK(logits_chunk_tokens(c, 0, BT, gpu_card("h200").total_bytes()) == 32768);
+}
+
+TEST_CASE("--device cards: the CUDA build's MFU peak by driver name, compute capability and SM count") {
+    CHECK(gpu_peak_flops("NVIDIA H100 80GB HBM3", 9, 0, 132) == 989.4e12);
+    CHECK(gpu_peak_flops("NVIDIA H200", 9, 0, 132) == 989.4e12);
+    CHECK(gpu_peak_flops("NVIDIA A100-SXM4-40GB", 8, 0, 108) == 312e12);
+    CHECK(gpu_peak_flops("NVIDIA A100 80GB PCIe", 8, 0, 108) == 312e12);
+    CHECK(gpu_peak_flops("NVIDIA GeForce RTX 4090", 8, 9, 128) == doctest::Approx(165.2e12));
+    CHECK(gpu_peak_flops("NVIDIA GeForce RTX 3090", 8, 6, 82) == 71e12);
+    CHECK(gpu_peak_flops("NVIDIA RTX A6000", 8, 6, 84) == doctest::Approx(154.8e12));
+    CHECK(gpu_peak_flops("NVIDIA L4", 8, 9, 58) == 121e12);
+    CHECK(gpu_peak_flops("Tesla T4", 7, 5, 40) == 65e12);
+    CHECK(gpu_peak_flops("Tesla V100-SXM2-32GB", 7, 0, 80) == 125e12);
+    // a MIG slice: its share of the card's SMs at the card's clocks
+    CHECK(gpu_peak_flops("NVIDIA A100-SXM4-40GB MIG 3g.20gb", 8, 0, 42) == doctest::Approx(312e12 * 42 / 108));
+    // not in the table: no MFU rather than another card's peak
+    CHECK(gpu_peak_flops("NVIDIA L40S", 8, 9, 142) == 0);          // not the L4
+    CHECK(gpu_peak_flops("NVIDIA H100 PCIe", 9, 0, 114) == 0);      // fewer SMs at other clocks
+    CHECK(gpu_peak_flops("NVIDIA GeForce RTX 4090 D", 8, 9, 114) == 0);
+    CHECK(gpu_peak_flops("NVIDIA RTX A1000", 8, 6, 84) == 0);       // not the A100 (nor an sm_80)
+    CHECK(gpu_peak_flops("NVIDIA GeForce RTX 3080", 8, 6, 68) == 0);
+    // the plan's SM count: an H100's without a card named, the card's inside a plan, restored after
+    CHECK(plan_sm_count() == 132);
+    {
+        const PlanCardScope t4(gpu_card("t4").sms);
+        CHECK(plan_sm_count() == 40);
+    }
+    CHECK(plan_sm_count() == 132);
 }
 
 TEST_CASE("lm head token chunks: the default is the same in every layout on a device (the head's fold order)") {

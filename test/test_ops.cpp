@@ -1336,16 +1336,17 @@ TEST_CASE("matmul split-K: P from BT alone, the partials' bytes, the sum's order
     CHECK(matmul_splitk_scratch_bytes(32768, 768, 768) == 8 * matmul_splitk_scratch_bytes(32768, 96, 768));  // tp 8
     CHECK(matmul_backward_scratch_bytes(1024, 768, 2304) == matmul_scratch_bytes(1024, 2304));
     CHECK(matmul_backward_scratch_bytes(32768, 768, 2304) == (size_t)8 * 768 * 2304 * 4);
-    // where it splits: the whole weight's 128 x 128 tiles below the SM count (132 on an H200), from
-    // B*T 16384 on; GPT-2 124M at B 32 x T 1024: the attention projection (36 tiles) and qkv (108),
-    // not the FFN (144+); nothing at B*T 8192; a tp rank's slice decides as the whole weight does
+    // where it splits: the whole weight's 128 x 128 tiles below half the SM count (132 on an H200),
+    // from B*T 16384 on; GPT-2 124M at B 32 x T 1024: the attention projection (36 tiles), not qkv
+    // (108) nor the FFN (144+); nothing at B*T 8192
     CHECK(matmul_splitk_wanted(32768, 768, 768, 132));
-    CHECK(matmul_splitk_wanted(32768, 768, 2304, 132));
+    CHECK(!matmul_splitk_wanted(32768, 768, 2304, 132));
+    CHECK(!matmul_splitk_wanted(32768, 2048, 768, 132));
     CHECK(!matmul_splitk_wanted(32768, 768, 3072, 132));
     CHECK(!matmul_splitk_wanted(8192, 768, 768, 132));
     CHECK(!matmul_splitk_wanted(65536, 2048, 2048, 132));
-    CHECK(matmul_splitk_wanted(32768, 768, 768, 108));    // an A100's 108 SMs
-    CHECK(!matmul_splitk_wanted(32768, 768, 2304, 100));
+    CHECK(matmul_splitk_wanted(32768, 768, 768, 108));  // an A100's 108 SMs
+    CHECK(!matmul_splitk_wanted(32768, 768, 768, 72));
 
     // the twin: S = ((p0 + p1) + p2), then dweight + S. With dweight = 2^24 and p = 1, 1, 0.5: S = 2.5
     // and 2^24 + 2.5 rounds to 2^24 + 2, while adding each chunk into dweight in turn would lose all

@@ -15,8 +15,8 @@
 //   d30's (C 1920) at the same BT, unsplit (one GEMM) against chunks of 8192, 4096 and 2048 rows
 //   (the GEMM of the partials plus the sum kernel), with each one's 128 x 128 output tiles x P and
 //   the waves that makes on this GPU's SMs; then the sum kernel alone at the trainer's P (bandwidth).
-//   The trainer's rule (op_scratch.h: chunks of MATMUL_SPLITK_ROWS from MATMUL_SPLITK_MIN_BT) is
-//   marked "<- trainer".
+//   The trainer's rule (op_scratch.h matmul_splitk_wanted: chunks of MATMUL_SPLITK_ROWS from
+//   MATMUL_SPLITK_MIN_BT, where the weight has fewer tiles than half the SMs) is marked "<- trainer".
 // Build: make dev/cuda/bin/matmul (or nvcc -O3 -std=c++17 -arch=sm_90 --use_fast_math -I.
 //   dev/cuda/matmul.cu -lcublasLt -lcublas -o matmul); run: dev/cuda/bin/matmul [splitk]
 #include <cmath>
@@ -172,7 +172,8 @@ static void bench_splitk_shape(const char* name, int BT, int C, int OC, double p
     float* dweight = alloc_zeros_f32((size_t)OC * C);
     const double flops = 2.0 * BT * C * OC;
     const long tiles = (long)ceil_div(C, 128) * ceil_div(OC, 128);
-    const int trainer_rows = matmul_splitk_chunks(BT) > 1 ? MATMUL_SPLITK_ROWS : 0;
+    // the trainer's choice for a whole (unsplit by --tp) weight of this shape on this GPU
+    const int trainer_rows = matmul_splitk_wanted(BT, C, OC, sms) ? MATMUL_SPLITK_ROWS : 0;
     printf("%s: BT=%d C=%d OC=%d (dweight %.1f MB fp32)\n", name, BT, C, OC, 4.0 * C * OC / 1e6);
     for (int rows : {0, 8192, 4096, 2048}) {
         const int P = rows > 0 ? ceil_div(BT, rows) : 1;
@@ -204,8 +205,8 @@ static int run_splitk() {
     require_valid(validate_splitk(MATMUL_SPLITK_MIN_BT + 37, 128, 96));
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    printf("trainer's rule: chunks of %d rows from BT >= %d; %d SMs\n\n", MATMUL_SPLITK_ROWS, MATMUL_SPLITK_MIN_BT,
-           prop.multiProcessorCount);
+    printf("trainer's rule: chunks of %d rows from BT >= %d where the whole weight has fewer 128 x 128 tiles than "
+           "half the %d SMs\n\n", MATMUL_SPLITK_ROWS, MATMUL_SPLITK_MIN_BT, prop.multiProcessorCount);
     const double peak = measure_ceiling();
     const int BT = 32 * 1024;  // B 32 x T 1024
     struct Shape {

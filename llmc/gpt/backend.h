@@ -3,6 +3,109 @@
 // and where its buffers live (host memory, or device memory and pinned host memory): floatX, the
 // buffer allocation and copies, the sync, the memory the run can use.
 
+// ------------------------------------------------------------------------------------------------
+// The GPUs this engine knows, in one table: --plan --device NAME plans the CUDA build on one of them
+// from any machine (driver.h print_plan_only), and the CUDA build finds its own card here for MFU
+// (peak_flops_per_s). Every figure is nominal, not read from a device:
+//   total_mib    the card's memory as nvidia-smi prints it ("Total", MiB) for the usual variant (SXM
+//                for the V100 / A100, ECC as shipped); it sizes the lm head's default token chunk
+//                (llmc/gpt/layout.h logits_chunk_tokens reads the total, as run_device_total_bytes does
+//                on a GPU). A card with ECC switched on, or another board of the same chip, reports a
+//                little less.
+//   free_gib     what cudaMemGetInfo reports free once the CUDA context exists: the memory a plan's
+//                buffers and the headroom (llmc/ops/op_scratch.h) must fit. Measured on the H100 and
+//                H200 (free_measured); elsewhere estimated as the total less 0.55 GiB for the context
+//                (what the two measured cards lose, 0.55 and 0.60 GiB), rounded down to 0.1 GiB. A
+//                GeForce card that also drives a display has less.
+//   sms          streaming multiprocessors: the plan's op scratch (layernorm partials per SM) and the
+//                split-K choice of the dense weight gradients (dense_dweight_split) depend on them
+//   smem_optin   the most shared memory one block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin):
+//                the attention kernels' tiles are chosen from it (llmc/ops/attention.cuh)
+//   bf16         whether the tensor cores take bf16 (sm_80 and later); without it (T4, V100) the CUDA
+//                build cannot run, and a plan for the card is the plan of an fp16 build (the same
+//                2-byte params and activations), which is not written yet
+//   peak_tflops  the vendor datasheet's dense 16-bit tensor-core peak with fp32 accumulation (no
+//                sparsity), the MFU denominator: the A100 / H100 / H200 SXM bf16 figures, the GeForce
+//                cards' "FP16 tensor with FP32 accumulate" (half their fp16-accumulate rate), fp16 on
+//                the T4 and V100 (no bf16)
+//   match        a word of cudaDeviceProp.name that, with the compute capability and the SM count,
+//                identifies the card on a GPU (driver-reported names: "NVIDIA A100-SXM4-80GB",
+//                "NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000", "NVIDIA L4", "Tesla T4", ...)
+struct GpuCard {
+    const char* name;         // --device NAME
+    const char* description;  // what the plan calls it
+    double total_mib;
+    double free_gib;
+    bool free_measured;
+    int sms;
+    int smem_optin_kib;
+    int cc_major, cc_minor;
+    bool bf16;
+    double peak_tflops;
+    const char* match;
+    double total_bytes() const { return total_mib * 1048576.0; }
+    double free_bytes() const { return free_gib * 1073741824.0; }
+};
+static const GpuCard GPU_CARDS[] = {
+    // name      description                    total MiB  free GiB  meas.  SMs smem KiB  cc     bf16   TFLOP/s  match
+    {"t4",       "a T4 16GB",                   15360,     14.4,     false,  40,  64,      7, 5, false,  65.0,    "T4"},
+    {"v100-16",  "a V100 16GB",                 16160,     15.2,     false,  80,  96,      7, 0, false,  125.0,   "V100"},
+    {"v100-32",  "a V100 32GB",                 32510,     31.1,     false,  80,  96,      7, 0, false,  125.0,   "V100"},
+    {"a100-40",  "an A100 40GB",                40960,     39.4,     false, 108, 163,      8, 0, true,   312.0,   "A100"},
+    {"a100-80",  "an A100 80GB",                81920,     79.4,     false, 108, 163,      8, 0, true,   312.0,   "A100"},
+    {"l4",       "an L4 24GB",                  23034,     21.9,     false,  58,  99,      8, 9, true,   121.0,   "L4"},
+    {"rtx3090",  "an RTX 3090 24GB",            24576,     23.4,     false,  82,  99,      8, 6, true,   71.0,    "3090"},
+    {"rtx4090",  "an RTX 4090 24GB",            24564,     23.4,     false, 128,  99,      8, 9, true,   165.2,   "4090"},
+    {"a6000",    "an RTX A6000 48GB",           49140,     47.4,     false,  84,  99,      8, 6, true,   154.8,   "A6000"},
+    {"h100",     "an H100 80GB",                81559,     79.1,     true,  132, 227,      9, 0, true,   989.4,   "H100"},
+    {"h200",     "an H200",                     143771,    139.8,    true,  132, 227,      9, 0, true,   989.4,   "H200"},
+};
+// the card --device names; an unknown name is refused with the accepted list
+static const GpuCard& gpu_card(const std::string& name) {
+    std::string names;
+    for (const GpuCard& c : GPU_CARDS) {
+        if (name == c.name) return c;
+        names += std::string(names.empty() ? "" : ", ") + c.name;
+    }
+    LLMC_FAIL("--device: expected one of %s, got '%s'", names.c_str(), name.c_str());
+}
+// The table's card a GPU is (nullptr: none): the compute capability, the name's word (not followed
+// by a letter or digit, so "L4" is not the L40S, "A100" not an A1000) and the SM count all agree.
+// The SM count keeps out the boards of a chip that run fewer SMs at other clocks (the H100 PCIe's
+// 114, the RTX 4090 D's 114), whose peak the table does not hold: no MFU rather than a wrong one. A
+// MIG slice (its name says "MIG") runs a share of the card's SMs at the card's clocks: it is the card,
+// and its peak that share of the card's (gpu_peak_flops).
+inline const GpuCard* identify_gpu_card(const char* device_name, int cc_major, int cc_minor, int sms) {
+    const std::string n = device_name;
+    const bool mig = n.find("MIG") != std::string::npos;
+    for (const GpuCard& c : GPU_CARDS) {
+        if (c.cc_major != cc_major || c.cc_minor != cc_minor) continue;
+        if (sms != c.sms && !(mig && sms < c.sms)) continue;
+        for (size_t at = n.find(c.match); at != std::string::npos; at = n.find(c.match, at + 1)) {
+            const size_t end = at + strlen(c.match);
+            if (end == n.size() || !isalnum((unsigned char)n[end])) return &c;
+        }
+    }
+    return nullptr;
+}
+// the dense 16-bit peak of a GPU (0: not in the table, no MFU); sms below the card's: a MIG slice
+inline double gpu_peak_flops(const char* device_name, int cc_major, int cc_minor, int sms) {
+    const GpuCard* c = identify_gpu_card(device_name, cc_major, cc_minor, sms);
+    return c ? c->peak_tflops * 1e12 * std::min(1.0, (double)sms / c->sms) : 0.0;
+}
+// --plan --device NAME plans for the named card's SMs (plan_sm_count), not this machine's: set for
+// the plan alone, then restored, because the CPU build's training also reads plan_sm_count (the
+// split-K choice of the dense weight gradients, which the layouts must share)
+static int& planned_card_sms() {
+    static int n = 0;  // 0: no card named
+    return n;
+}
+struct PlanCardScope {
+    int was;
+    explicit PlanCardScope(int sms) : was(planned_card_sms()) { planned_card_sms() = sms; }
+    ~PlanCardScope() { planned_card_sms() = was; }
+};
+
 #ifdef LLMC_CPU
 #include "llmc/ops/cpu/encoder.h"
 #include "llmc/ops/cpu/layernorm.h"
@@ -98,9 +201,9 @@ static constexpr bool backend_counts_work = false;
 static BackendCounts backend_counts() { return {}; }
 // the ops' scratch and the matmul workspace: the CPU ops need none (their arena is empty)
 static void backend_bind_scratch(void*, size_t) {}
-// the SM count that the plan of a GPU's op scratch assumes (llmc/ops/op_scratch.h): the GPUs of --plan
-// --device (H100 / H200 SXM) have 132
-static int plan_sm_count() { return 132; }
+// the SM count that the plan of a GPU's op scratch and split-K choices assumes (llmc/ops/op_scratch.h):
+// the card --plan --device names, else an H100 / H200 SXM's 132 (the CPU runs and tests choose as on it)
+static int plan_sm_count() { return planned_card_sms() > 0 ? planned_card_sms() : gpu_card("h100").sms; }
 // memory the run's buffers can use: host memory (MemAvailable), for the memory guard
 static double available_buffer_memory(std::string& source) { return available_host_memory(source); }
 // what the process holds after a step, next to the plan: the buffers (all of them allocated up
@@ -137,13 +240,12 @@ static const char* backend_name() {
 // which attention kernels and shared-memory variants this card runs (chosen from its limits at run
 // time, llmc/ops/attention.cuh): the start-up says it, so no card silently takes a slower path
 static std::string attention_summary(int hs) { return attention_kernels_summary(hs); }
-// dense bf16 tensor-core peak, for MFU; 0 (no MFU) where we do not know it
+// the card's dense 16-bit tensor-core peak (GPU_CARDS), for MFU; 0 (no MFU) where the table does not
+// know the card
 static double peak_flops_per_s() {
     cudaDeviceProp p;
     cudaCheck(cudaGetDeviceProperties(&p, 0));
-    if (p.major == 9) return 989.4e12;  // H100 / H200 SXM
-    if (p.major == 8 && p.minor == 0) return 312e12;  // A100
-    return 0;
+    return gpu_peak_flops(p.name, p.major, p.minor, p.multiProcessorCount);
 }
 static size_t& buffer_bytes_allocated() {
     static size_t bytes = 0;
@@ -297,7 +399,8 @@ static void backend_bind_scratch(void* arena, size_t bytes) {
     cuda_scratch_bind(arena ? (char*)arena + MATMUL_WORKSPACE_BYTES : nullptr,
                       arena ? bytes - MATMUL_WORKSPACE_BYTES : 0);
 }
-static int plan_sm_count() { return sm_count(); }
+// the SM count the plan assumes: the card --plan --device names, else this GPU's
+static int plan_sm_count() { return planned_card_sms() > 0 ? planned_card_sms() : sm_count(); }
 // the host threads (OpenMP: the offloaded AdamW step) are left as OMP_NUM_THREADS or the runtime sets them
 static std::string backend_share_cores(int) { return ""; }
 // --offload optimizer's copies (llmc/parallel/offload.h): side streams, an event per piece

@@ -265,6 +265,10 @@ static PlanInputs plan_inputs_of(const Run& r, const PipelinePlan& pipe) {
 // --plan / --max_fit: the plan for --plan_ranks processes (default: this run's), nothing allocated.
 static void print_plan_only(const Run& r) {
     const Args& args = r.args;
+    const std::string device = args.str("device");
+    const GpuCard* card = device.empty() ? nullptr : &gpu_card(device);  // (refuses an unknown name)
+    // the plan's op scratch and split-K choices for the named card's SMs (this machine's otherwise)
+    const PlanCardScope sms(card ? card->sms : planned_card_sms());
     const int ranks = args.str("plan_ranks").empty() ? comm_world().world_size : args.i("plan_ranks", 1, 1 << 20);
     LLMC_CHECK(ranks % (r.n_stages * r.tp) == 0, "--plan_ranks %d is not a multiple of --pp %d x --tp %d", ranks, r.n_stages,
                r.tp);
@@ -276,18 +280,28 @@ static void print_plan_only(const Run& r) {
                (long long)r.total_batch_flag, (long long)per_micro, ranks);
     const int plan_m = r.total_batch_flag > 0 ? (int)(r.total_batch_flag / per_micro) : 1;
     in.layout.pipe = pipeline_plan(r.config, r.B, r.T, r.n_stages, r.pp_virtual, plan_m, r.pp_kind, args.str("pp_layers"), 0);
-    const std::string device = args.str("device");
-    if (!device.empty()) {
-        // the free memory cudaMemGetInfo reports on that GPU (after the CUDA context); the plan's
-        // buffers and the headroom (llmc/ops/op_scratch.h) must fit it. The total (nvidia-smi's
-        // 143771 / 81559 MiB) sizes the lm head's chunk, as run_device_total_bytes does on the GPU.
-        LLMC_CHECK(device == "h200" || device == "h100", "--device: expected h200 or h100, got '%s'", device.c_str());
+    if (card) {
+        // the CUDA build's plan (2-byte params and activations) against the card's free memory after
+        // the CUDA context, less the headroom (llmc/ops/op_scratch.h); its total sizes the lm head's
+        // chunk, as run_device_total_bytes does on the GPU (backend.h GPU_CARDS: nominal figures)
         in.layout.elem_bytes = 2;
-        in.layout.device_total_bytes = (device == "h200" ? 143771.0 : 81559.0) * 1048576.0;
-        in.device_bytes = (device == "h200" ? 139.8 : 79.1) * 1073741824.0;
-        in.device_name = device == "h200" ? "an H200 (CUDA build, bf16)" : "an H100 80GB (CUDA build, bf16)";
+        in.layout.device_total_bytes = card->total_bytes();
+        in.device_bytes = card->free_bytes();
+        // without bf16 the CUDA build does not run; the plan is an fp16 build's (the same bytes), and
+        // says that build does not exist yet rather than promise a run
+        in.device_name = strfmt("%s (%s)", card->description,
+                                card->bf16 ? "CUDA build, bf16"
+                                           : "no bf16: an fp16 build's plan; the fp16 build with loss scaling is not "
+                                             "written yet, so today's binary cannot run there");
     }
-    if (comm_world().world_rank == 0) print_plan(in, args.flag("max_fit"));
+    if (comm_world().world_rank != 0) return;
+    if (card)
+        printf("device: %s: sm_%d%d, %d SMs, %d KiB shared memory per block, %s; %.0f MiB total, %.1f GiB free after "
+               "the CUDA context (%s); peak %.1f TFLOP/s dense 16-bit (datasheet)\n", card->name, card->cc_major,
+               card->cc_minor, card->sms, card->smem_optin_kib, card->bf16 ? "bf16" : "no bf16", card->total_mib,
+               card->free_gib, card->free_measured ? "measured" : "estimated: the total less 0.55 GiB",
+               card->peak_tflops);
+    print_plan(in, args.flag("max_fit"));
 }
 
 // The run's data: the train stream (shuffled, split over the dp ranks), the val stream (in order)

@@ -76,7 +76,8 @@ static const Option OPTIONS[] = {
     {"plan", "", "0", "print the memory plan (every stage, -z and -r level) and whether it fits, then exit (a switch)"},
     {"plan_ranks", "", "", "--plan: plan for this many processes (default: the ones started)"},
     {"max_fit", "", "0", "--plan plus the largest -b and the largest dN model that fit, per -r level (a switch)"},
-    {"device", "", "", "--plan: plan the CUDA build on this GPU (h200 | h100) instead of this machine"},
+    {"device", "", "", "--plan: plan the CUDA build on this GPU instead of this machine: t4 | v100-16 | v100-32 | a100-40 | "
+                       "a100-80 | l4 | rtx3090 | rtx4090 | a6000 | h100 | h200 (t4, v100: no bf16, an fp16 build's plan)"},
     {"pp", "", "1", "pipeline stages (the processes form pp x dp; micro-batches per step = the accumulation steps)"},
     {"pp_schedule", "", "1f1b", "pipeline schedule: gpipe | 1f1b | interleaved | zb1 (zero bubble, Qi et al. 2023)"},
     {"pp_virtual", "", "1", "interleaved: model chunks per stage"},

@@ -183,44 +183,105 @@ static void print_plan(const PlanInputs& in, bool max_fit) {
                avail <= 0 ? "(no limit known)" : ok ? "fits" : "does NOT fit");
     }
     if (!max_fit || avail <= 0) return;
+    // p's model reshaped as dN (n_layer N, n_embd 64 N, n_head N; the flags' grouping of kv heads where
+    // N allows it, the default FFN) and its pipeline replanned; false where that shape is refused
+    auto reshape_dn = [&](PlanInputs& p, int n) {
+        p.config.n_layer = n;
+        p.config.n_embd = 64 * n;
+        p.config.n_head = n;
+        p.config.n_kv_head = in.config.n_head % in.config.n_kv_head == 0 && n % (in.config.n_head / in.config.n_kv_head) == 0
+                                 ? n / (in.config.n_head / in.config.n_kv_head) : n;
+        p.config.ffn_hidden = 0;
+        p.config.expert_hidden = 0;
+        try {
+            p.config.finalize();
+            p.layout.pipe = pipeline_plan(p.config, p.B, p.T, L.pipe.P, L.pipe.V, L.pipe.M, L.pipe.kind, "", 0);
+            return true;
+        } catch (const LlmcError&) { return false; }
+    };
+    auto fits_safe = [&](const PlanInputs& p, int r) {
+        try { return fits(p, r); } catch (const LlmcError&) { return false; }
+    };
+    // the largest dN of the flags' shape that fits at -z zero, -r r and the flags' -b (0: none)
+    auto largest_dn = [&](int zero, int r) {
+        int best = 0;
+        for (int n = std::max(1, L.pipe.n_vs()); n <= 1024; n++) {
+            PlanInputs p = in;
+            p.layout.zero_stage = zero;
+            if (!reshape_dn(p, n) || !fits_safe(p, r)) break;
+            best = n;
+        }
+        return best;
+    };
+    auto dn_params = [&](int n) {
+        PlanInputs p = in;
+        reshape_dn(p, n);
+        return count_params(build_param_table(p.config));
+    };
     for (int r = 0; r <= 2; r++) {
         int lo = 0, hi = 1;  // the largest B that fits: doubling, then bisection
         auto fits_b = [&](int b) {
             PlanInputs p = in;
             p.B = b;
-            try { return fits(p, r); } catch (const LlmcError&) { return false; }
+            return fits_safe(p, r);
         };
         while (hi <= (1 << 20) && fits_b(hi)) { lo = hi; hi *= 2; }
         while (hi - lo > 1) { const int mid = (lo + hi) / 2; (fits_b(mid) ? lo : hi) = mid; }
-        int best_n = 0;  // the largest dN of the flags' shape (n_layer N, n_embd 64 N, n_head N)
-        for (int n = std::max(1, L.pipe.n_vs()); n <= 1024; n++) {
-            PlanInputs p = in;
-            p.config.n_layer = n;
-            p.config.n_embd = 64 * n;
-            p.config.n_head = n;
-            p.config.n_kv_head = in.config.n_head % in.config.n_kv_head == 0 && n % (in.config.n_head / in.config.n_kv_head) == 0
-                                     ? n / (in.config.n_head / in.config.n_kv_head) : n;
-            p.config.ffn_hidden = 0;
-            p.config.expert_hidden = 0;
-            bool ok = false;
-            try {
-                p.config.finalize();
-                p.layout.pipe = pipeline_plan(p.config, p.B, p.T, L.pipe.P, L.pipe.V, L.pipe.M, L.pipe.kind, "", 0);
-                ok = fits(p, r);
-            } catch (const LlmcError&) { ok = false; }
-            if (!ok) break;
-            best_n = n;
-        }
+        const int best_n = largest_dn(L.zero_stage, r);
         printf("  -r %d: the largest micro-batch that fits is -b %d (T %d)", r, lo, in.T);
-        if (best_n > 0) {
-            GPTConfig d = in.config;
-            d.n_layer = best_n; d.n_embd = 64 * best_n; d.n_head = best_n; d.n_kv_head = best_n;
-            d.ffn_hidden = 0; d.expert_hidden = 0; d.finalize();
-            printf("; the largest dN model at -b %d is d%d (%.0f M parameters)", in.B, best_n,
-                   count_params(build_param_table(d)) / 1e6);
-        }
+        if (best_n > 0)
+            printf("; the largest dN model at -b %d is d%d (%.0f M parameters)", in.B, best_n, dn_params(best_n) / 1e6);
         printf("\n");
     }
+    // Which model to train here, whatever -z and -r the flags gave: the largest dN and the largest GPT-2
+    // shape that fit at the flags' -b x -t on this many processes, each with the cheapest -z / -r that
+    // holds it. Cheapest first: -z 0, 1, 2 send the bytes of an all-reduce (ZeRO-1 and -2 a reduce-
+    // scatter and an all-gather), -r 1 recomputes only LayerNorm outputs and the FFN activation; then
+    // -z 3, which gathers the parameters again for the backward (1.5x the bytes); then -r 2, which
+    // reruns every block's forward (about a third more compute). (One data-parallel rank: every -z
+    // plans the same memory, and -z 0 is named.)
+    std::vector<std::pair<int, int>> cheapest;  // (-z, -r)
+    for (int cost : {0, 1, 2, 3, 4, 6})
+        for (int r = 0; r <= 2; r++)
+            for (int z = 0; z <= 3; z++)
+                if ((r == 2 ? 4 : 0) + (z == 3 ? 2 : 0) + (r == 1 ? 1 : 0) == cost) cheapest.push_back({z, r});
+    int top_n = 0, top_z = 0, top_r = 0;
+    for (auto [z, r] : cheapest) {
+        const int n = largest_dn(z, r);
+        if (n > top_n) { top_n = n; top_z = z; top_r = r; }
+    }
+    printf("  largest model at -b %d x -t %d on %d process%s, any -z / -r:", in.B, in.T, procs, procs == 1 ? "" : "es");
+    if (top_n > 0) printf(" d%d (%.0f M parameters) with -z %d -r %d", top_n, dn_params(top_n) / 1e6, top_z, top_r);
+    else printf(" no dN fits");
+    const Gpt2Preset* top_gpt2 = nullptr;
+    int gpt2_z = 0, gpt2_r = 0;
+    for (const Gpt2Preset& g : GPT2_PRESETS) {  // GPT-2's own shape: its vocabulary, context and block
+        PlanInputs p = in;
+        p.config = GPTConfig();
+        p.config.n_layer = g.n_layer;
+        p.config.n_embd = g.n_embd;
+        p.config.n_head = g.n_head;
+        p.config.n_kv_head = g.n_head;
+        p.config.vocab_size = (int)GPT2_VOCAB_SIZE;
+        p.config.max_seq_len = 1024;
+        p.config.mlp = MLP_GELU;
+        p.config.pos = POS_LEARNED;
+        bool found = false;
+        try {
+            p.config.finalize();
+            p.config.check_batch(p.B, p.T, L.plan_dp);
+            p.layout.pipe = pipeline_plan(p.config, p.B, p.T, L.pipe.P, L.pipe.V, L.pipe.M, L.pipe.kind, "", 0);
+        } catch (const LlmcError&) { break; }  // (its context shorter than -t: no preset fits)
+        for (auto [z, r] : cheapest) {
+            p.layout.zero_stage = z;
+            if (fits_safe(p, r)) { found = true; gpt2_z = z; gpt2_r = r; break; }
+        }
+        if (!found) break;
+        top_gpt2 = &g;
+    }
+    if (top_gpt2) printf("; GPT-2 shape: -e %s with -z %d -r %d", top_gpt2->name, gpt2_z, gpt2_r);
+    else printf("; no GPT-2 shape fits");
+    printf("\n");
 }
 
 // Bytes this rank sends in one optimizer step, by collective, for the layout (what the counters

@@ -66,11 +66,13 @@ inline size_t matmul_backward_scratch_bytes(int BT, int C, int OC) {
 // Where the split pays: a dweight's tiles. The rule must not look at the layout, so the caller decides
 // from the WHOLE weight (global_C x global_OC before --tp cuts it) and the card (the same on every
 // rank): split from MATMUL_SPLITK_MIN_BT rows on, and only where the whole weight has fewer 128 x 128
-// output tiles than the GPU has SMs. The H200 at BT 65536 (2026-12-04, P 16): 768 x 768 (36 tiles)
-// 0.776 -> 0.130 ms; 768 x 2304 (108) 0.371 -> 0.370; 768 x 3072 (144) 0.445 -> 0.477 (+7%);
-// 2048-wide (256+ tiles) +12-16%: the partials' traffic where the tiles were enough already.
+// output tiles than half the GPU's SMs. The H200 (132 SMs) at BT 32768, chunks of 4096 rows
+// (dev/cuda/matmul.cu splitk, 2026-12-04): 768 x 768 (36 tiles) 0.276 -> 0.074 ms; 768 x 2304 (108)
+// 0.212 -> 0.197; 2048 x 768 (96) 0.156 -> 0.172 (+10%); 768 x 3072 (144) 0.222 -> 0.241 (+9%);
+// d30's 1920-wide (225+ tiles) +3-20%: where cuBLASLt's own tiles already fill the GPU, the
+// partials' traffic costs more than the waves gain. Half the SMs keeps only the clear wins.
 inline bool matmul_splitk_wanted(int BT, long global_C, long global_OC, int sm_count) {
-    return matmul_splitk_chunks(BT) > 1 && ceil_div(global_C, 128L) * ceil_div(global_OC, 128L) < sm_count;
+    return matmul_splitk_chunks(BT) > 1 && 2 * ceil_div(global_C, 128L) * ceil_div(global_OC, 128L) < sm_count;
 }
 // The lm head's dweight (C x vocab, train_gpt.cu head_forward: matmul_backward per token chunk of
 // m.logits_chunk) never splits (its call passes split_k = false): it has tiles enough unsplit (768 x
