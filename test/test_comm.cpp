@@ -10,7 +10,10 @@
 //     the first);
 //   - compute between start and finish hides the link: a finish entered after the model end does not
 //     wait for it (the link's `held` counter does not move), one entered at once does;
-//   - without the link nothing is simulated.
+//   - without the link nothing is simulated;
+//   - the NCCL build's start-up decision on peer access (peer_access_plan, pure host logic): which
+//     GPU pairs lack it, NCCL_P2P_DISABLE=1 set only where a pair lacks it and the user set neither
+//     NCCL_P2P_DISABLE nor NCCL_P2P_LEVEL, and the line it prints in each case.
 // One line per failed check; the exit status is the number of failed checks (capped), on every rank.
 #include <cstdio>
 #include <cstring>
@@ -51,6 +54,85 @@ void parser_checks() {
     check(std::abs(l.bytes_per_s - 1e9) < 1 && std::abs(l.latency_s - 20e-6) < 1e-12, "--sim_link 8,20 is 1e9 bytes/s and 20 us");
     check(!parse_sim_link("").on(), "--sim_link '' is off");
     check(parse_sim_link("2").latency_s == 0, "--sim_link 2: no latency");
+}
+
+bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+// n GPUs named name, access everywhere (or nowhere) but for the listed exceptions (i, j: i -> j flipped)
+PeerAccessPlan plan_for(int n, bool all, std::vector<std::pair<int, int>> flipped, const char* env_disable = nullptr,
+                        const char* env_level = nullptr, int ranks = -1, const char* name = "NVIDIA GeForce RTX 4090",
+                        const std::string& where = "") {
+    std::vector<int> dev(n);
+    std::vector<std::string> names(n, name);
+    std::vector<char> can((size_t)n * n, all ? 1 : 0);
+    for (int i = 0; i < n; i++) dev[i] = i;
+    for (auto [i, j] : flipped) can[(size_t)i * n + j] = !can[(size_t)i * n + j];
+    return peer_access_plan(dev, names, can, ranks < 0 ? n : ranks, env_disable, env_level, where);
+}
+void peer_checks() {
+    // two RTX 4090s: no access, nothing set by the user -> NCCL_P2P_DISABLE=1, said on one line
+    PeerAccessPlan p = plan_for(2, false, {});
+    check(p.set_p2p_disable && has(p.message, "peer access: GPUs 0-1 have none (NVIDIA GeForce RTX 4090)") &&
+              has(p.message, "NCCL_P2P_DISABLE=1 set") && has(p.message, "host memory") && !has(p.message, "\n"),
+          "two GPUs without peer access: NCCL_P2P_DISABLE=1 set: " + p.message);
+    // access both ways: nothing set, the line says so
+    p = plan_for(2, true, {});
+    check(!p.set_p2p_disable && p.message == "peer access: all 2 local GPUs pairwise", "two GPUs with peer access: " + p.message);
+    p = plan_for(8, true, {}, nullptr, nullptr, 8, "NVIDIA H100 80GB HBM3");
+    check(!p.set_p2p_disable && p.message == "peer access: all 8 local GPUs pairwise", "eight GPUs with peer access: " + p.message);
+    // one direction missing is a pair without access (NCCL's P2P uses both)
+    p = plan_for(2, true, {{1, 0}});
+    check(p.set_p2p_disable && has(p.message, "GPUs 0-1 have none"), "access one way only counts as none: " + p.message);
+    // pairs 0-1 and 2-3 bridged (access), the rest not: the four pairs without it, by number
+    p = plan_for(4, false, {{0, 1}, {1, 0}, {2, 3}, {3, 2}});
+    check(p.set_p2p_disable && has(p.message, "GPUs 0-2, 0-3, 1-2, 1-3 have none"),
+          "bridged pairs: the others listed: " + p.message);
+    // no pair of eight: said in a word, not 28 pairs
+    p = plan_for(8, false, {});
+    check(p.set_p2p_disable && has(p.message, "no pair of the 8 local GPUs (0-7) has it") && p.message.size() < 200,
+          "eight GPUs without peer access: one short line: " + p.message);
+    // one GPU cut off from seven others with access: 7 pairs, 6 shown and a count
+    std::vector<std::pair<int, int>> cut;
+    for (int j = 1; j < 8; j++) cut.push_back({0, j});
+    p = plan_for(8, true, cut);
+    check(p.set_p2p_disable && has(p.message, "GPUs 0-1, 0-2, 0-3, 0-4, 0-5, 0-6 and 1 more pairs have none"),
+          "seven pairs without access: six shown and a count: " + p.message);
+    // the user's choice stands: no setenv, the line says it is kept
+    p = plan_for(2, false, {}, "1");
+    check(!p.set_p2p_disable && has(p.message, "GPUs 0-1 have none") &&
+              has(p.message, "NCCL_P2P_DISABLE=1 from the environment kept") && !has(p.message, "set ("),
+          "NCCL_P2P_DISABLE=1 from the user: kept: " + p.message);
+    p = plan_for(2, false, {}, "0");
+    check(!p.set_p2p_disable && has(p.message, "NCCL_P2P_DISABLE=0 from the environment kept") && has(p.message, "hangs"),
+          "NCCL_P2P_DISABLE=0 where there is no access: kept, with a warning: " + p.message);
+    p = plan_for(2, false, {}, nullptr, "LOC");
+    check(!p.set_p2p_disable && has(p.message, "NCCL_P2P_LEVEL=LOC from the environment kept"),
+          "NCCL_P2P_LEVEL from the user: kept: " + p.message);
+    p = plan_for(2, true, {}, "1");
+    check(!p.set_p2p_disable && has(p.message, "all 2 local GPUs pairwise; NCCL_P2P_DISABLE=1 from the environment kept"),
+          "peer access and the user's NCCL_P2P_DISABLE: " + p.message);
+    // set to the empty string is unset (NCCL ignores it too)
+    p = plan_for(2, false, {}, "", "");
+    check(p.set_p2p_disable, "NCCL_P2P_DISABLE='' counts as unset: " + p.message);
+    // one GPU, one rank: nothing to check or say; ranks that each see one GPU: not checked, said
+    p = plan_for(1, false, {}, nullptr, nullptr, 1);
+    check(!p.set_p2p_disable && p.message.empty(), "one GPU: nothing said: " + p.message);
+    p = plan_for(1, false, {}, nullptr, nullptr, 4);
+    check(!p.set_p2p_disable && has(p.message, "not checked") && has(p.message, "NCCL_P2P_DISABLE=1"),
+          "four ranks that see one GPU each: not checked, the remedy named: " + p.message);
+    // several nodes: each line names its node; mixed kinds named once each
+    std::vector<std::string> names = {"NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"};
+    p = peer_access_plan({0, 1, 2}, names, std::vector<char>(9, 0), 3, nullptr, nullptr, "box2 (rank 2's node)");
+    check(p.set_p2p_disable && has(p.message, "peer access on box2 (rank 2's node): no pair of the 3 local GPUs") &&
+              has(p.message, "(NVIDIA GeForce RTX 4090, NVIDIA GeForce RTX 3090)"),
+          "a node of a multi-node job names itself and each kind once: " + p.message);
+    // a malformed matrix is refused (internal)
+    bool refused = false;
+    try {
+        peer_access_plan({0, 1}, {"a", "b"}, std::vector<char>(3, 0), 2, nullptr, nullptr);
+    } catch (const LlmcError&) {
+        refused = true;
+    }
+    check(refused, "peer_access_plan refuses an answer matrix of the wrong size");
 }
 
 void link_checks(Comm& c) {
@@ -159,6 +241,7 @@ int main(int argc, char** argv) {
     try {
         comm_make_grid(c, c.world_size, 1);
         parser_checks();
+        peer_checks();
         link_checks(c);
         const std::vector<int> failed = host_gather_all<int>(c.world, n_failed);
         int total = 0;

@@ -19,7 +19,9 @@
 //   NCCL            the GPU build (LLMC_MPI + LLMC_NCCL): MPI launches the processes and
 //                   broadcasts the NCCL unique id; buffer collectives run on a comm stream that is
 //                   ordered after the compute stream with an event, and the compute stream waits
-//                   for the comm stream with another event.
+//                   for the comm stream with another event. At start-up each node checks peer access
+//                   between the GPUs its ranks use and sets NCCL_P2P_DISABLE=1 where a pair has
+//                   none (consumer cards), unless the user chose (comm_peer_access_setup).
 //   loopback        a test mode of the CUDA build on one process (LLMC_COMM_LOOPBACK=DELAY_US in the
 //                   environment, or comm_set_loopback): the buffer collectives of one-rank groups
 //                   (a copy: world is still 1) take NCCL's comm-stream path, the same events
@@ -373,6 +375,139 @@ inline int mpi_count(size_t bytes) {
     } while (0)
 #endif
 
+// ---- Peer access between one node's GPUs (the NCCL build's start-up) ----
+// Consumer cards (RTX 4090 and its kin) have no peer-to-peer access: the driver reports none for
+// them, and where an older driver reported some that did not work, NCCL's P2P transport hung or
+// failed on them (NCCL_P2P_DISABLE=1 was the known cure). So before the first NCCL call the node's
+// local rank 0 asks CUDA about every pair of the GPUs the node's ranks use, and when a pair lacks
+// access in either direction the node's ranks set NCCL_P2P_DISABLE=1 (NCCL then moves those bytes
+// through host memory, its SHM transport), unless the user set NCCL_P2P_DISABLE or NCCL_P2P_LEVEL:
+// their choice stands, and the line says so. The decision is this pure function (tested on the CPU
+// build, test/test_comm); comm_peer_access_setup runs the CUDA queries and applies it.
+struct PeerAccessPlan {
+    bool set_p2p_disable = false;  // setenv NCCL_P2P_DISABLE=1 on the node's ranks
+    std::string message;           // the start-up line (empty: nothing to say)
+};
+// NCCL ignores a variable set to the empty string, so it counts as not set here too
+inline bool peer_env_set(const char* v) { return v && v[0]; }
+// devices: the node's GPU ordinals in use (n), names their product names, can[i * n + j]: GPU
+// devices[i] can access devices[j]'s memory (the diagonal is ignored); ranks_on_node: the node's
+// processes; env_disable / env_level: NCCL_P2P_DISABLE / NCCL_P2P_LEVEL as set (null: unset);
+// where: the node's name when the job spans nodes (each node's line says which it is), else "".
+inline PeerAccessPlan peer_access_plan(const std::vector<int>& devices, const std::vector<std::string>& names,
+                                       const std::vector<char>& can, int ranks_on_node, const char* env_disable,
+                                       const char* env_level, const std::string& where = "") {
+    PeerAccessPlan plan;
+    const int n = (int)devices.size();
+    LLMC_CHECK(names.size() == devices.size() && can.size() == (size_t)n * n,
+               "internal: peer access of %d GPUs given %zu names and %zu answers", n, names.size(), can.size());
+    const std::string head = where.empty() ? "peer access: " : "peer access on " + where + ": ";
+    const bool user_disable = peer_env_set(env_disable), user_level = peer_env_set(env_level);
+    const std::string user = user_disable ? strfmt("NCCL_P2P_DISABLE=%s", env_disable)
+                                          : user_level ? strfmt("NCCL_P2P_LEVEL=%s", env_level) : "";
+    if (n < 2) {
+        // one GPU per process and each sees only its own (CUDA_VISIBLE_DEVICES per rank): no process
+        // can ask about the pairs, so say what to do if NCCL's P2P misbehaves
+        if (ranks_on_node > 1)
+            plan.message = head + strfmt("not checked: each of the node's %d ranks sees %d GPU (CUDA_VISIBLE_DEVICES per "
+                                         "rank?); %s", ranks_on_node, n,
+                                         user.empty() ? "on cards without peer access (RTX 4090s) set NCCL_P2P_DISABLE=1"
+                                                      : (user + " from the environment kept").c_str());
+        return plan;
+    }
+    // the pairs without access in either direction (NCCL's P2P between two GPUs uses both)
+    std::vector<std::pair<int, int>> none;
+    std::vector<std::string> kinds;  // the product names of the GPUs in those pairs, once each
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (!can[(size_t)i * n + j] || !can[(size_t)j * n + i]) {
+                none.push_back({i, j});
+                for (int k : {i, j})
+                    if (std::find(kinds.begin(), kinds.end(), names[k]) == kinds.end()) kinds.push_back(names[k]);
+            }
+    if (none.empty()) {
+        plan.message = head + strfmt("all %d local GPUs pairwise", n) +
+                       (user.empty() ? "" : "; " + user + " from the environment kept");
+        return plan;
+    }
+    // which pairs: all of them in a word; else up to 6 by number (8 GPUs have 28 pairs)
+    const int n_pairs = n * (n - 1) / 2;
+    std::string what;
+    if ((int)none.size() == n_pairs && n > 2) {
+        what = strfmt("no pair of the %d local GPUs (%d-%d) has it", n, devices[0], devices[n - 1]);
+    } else {
+        what = "GPUs ";
+        const size_t shown = std::min<size_t>(none.size(), 6);
+        for (size_t k = 0; k < shown; k++)
+            what += strfmt("%s%d-%d", k ? ", " : "", devices[none[k].first], devices[none[k].second]);
+        if (shown < none.size()) what += strfmt(" and %zu more pairs", none.size() - shown);
+        what += " have none";
+    }
+    std::string kind;
+    for (size_t k = 0; k < kinds.size(); k++) kind += (k ? ", " : "") + kinds[k];
+    what += " (" + kind + ")";
+    if (user.empty()) {
+        plan.set_p2p_disable = true;
+        plan.message = head + what + ": NCCL_P2P_DISABLE=1 set (transfers between them go through host memory)";
+    } else if (user_disable && strcmp(env_disable, "0") == 0) {
+        // asked for P2P where the driver reports none: kept, but this is how such boxes hang
+        plan.message = head + what + ": " + user + " from the environment kept (P2P asked for where there is none: "
+                       "if NCCL hangs or fails, unset it and this program sets NCCL_P2P_DISABLE=1)";
+    } else {
+        plan.message = head + what + ": " + user + " from the environment kept";
+    }
+    return plan;
+}
+
+#if defined(LLMC_NCCL) && !defined(LLMC_CPU)
+// The node's peer access, asked and applied (see peer_access_plan above); collective over the
+// node's ranks (node: their communicator, local_rank / local_size: this rank's place in it). The
+// node's ranks take GPUs local_rank % n_dev (comm_init), so they use GPUs 0 .. min(local_size,
+// n_dev) - 1. Local rank 0 asks CUDA about every ordered pair of those and decides; the decision is
+// broadcast so that every rank of the node sets the same environment (NCCL's ranks on one node
+// must agree on their transports). Nodes decide apart: P2P is a transport within a node.
+inline void comm_peer_access_setup(const Comm& c, MPI_Comm node, int local_rank, int local_size, int n_dev) {
+    const char* env_disable = getenv("NCCL_P2P_DISABLE");
+    const char* env_level = getenv("NCCL_P2P_LEVEL");
+    int set_disable = 0;
+    if (local_rank == 0) {
+        const int n = std::min(local_size, n_dev);
+        std::vector<int> devices(n);
+        std::vector<std::string> names(n);
+        std::vector<char> can((size_t)n * n, 0);
+        for (int i = 0; i < n; i++) {
+            devices[i] = i;
+            cudaDeviceProp prop;
+            cudaCheck(cudaGetDeviceProperties(&prop, i));
+            names[i] = prop.name;
+            for (int j = 0; j < n; j++) {
+                if (j == i) continue;
+                int ok = 0;
+                cudaCheck(cudaDeviceCanAccessPeer(&ok, i, j));
+                can[(size_t)i * n + j] = ok != 0;
+            }
+        }
+        // the job spans nodes when this one holds fewer than all ranks: each node's line names it
+        std::string where;
+        if (local_size < c.world_size) {
+            char host[256] = {0};
+            where = gethostname(host, sizeof(host) - 1) == 0 ? host : "?";
+            where += strfmt(" (rank %d's node)", c.world_rank);
+        }
+        const PeerAccessPlan plan = peer_access_plan(devices, names, can, local_size, env_disable, env_level, where);
+        set_disable = plan.set_p2p_disable;
+        if (!plan.message.empty()) {
+            printf("%s\n", plan.message.c_str());
+            fflush(stdout);
+        }
+    }
+    mpiCheck(MPI_Bcast(&set_disable, 1, MPI_INT, 0, node));
+    // a rank whose own environment has either variable keeps it (mpirun -x gives every rank the same)
+    if (set_disable && !peer_env_set(env_disable) && !peer_env_set(env_level))
+        LLMC_CHECK(setenv("NCCL_P2P_DISABLE", "1", 1) == 0, "setenv NCCL_P2P_DISABLE=1 failed: %s", strerror(errno));
+}
+#endif
+
 // Starts the process's part of the job: MPI_Init (when built with MPI), the world group.
 inline Comm& comm_init(int* argc, char*** argv) {
     Comm& c = comm_world();
@@ -404,12 +539,17 @@ inline Comm& comm_init(int* argc, char*** argv) {
         // first CUDA call of a process makes its context on the current device: GPU 0 for every rank)
         MPI_Comm node;
         mpiCheck(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c.world_rank, MPI_INFO_NULL, &node));
-        int local_rank = 0, n_dev = 0;
+        int local_rank = 0, local_size = 1, n_dev = 0;
         mpiCheck(MPI_Comm_rank(node, &local_rank));
-        MPI_Comm_free(&node);
+        mpiCheck(MPI_Comm_size(node, &local_size));
         cudaCheck(cudaGetDeviceCount(&n_dev));
         LLMC_CHECK(n_dev > 0, "rank %d sees no GPU", c.world_rank);
         cudaCheck(cudaSetDevice(local_rank % n_dev));
+#ifdef LLMC_NCCL
+        // before any NCCL call: NCCL reads its environment once, at its first use
+        comm_peer_access_setup(c, node, local_rank, local_size, n_dev);
+#endif
+        MPI_Comm_free(&node);
     }
 #endif
 #else
