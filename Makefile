@@ -123,6 +123,18 @@ dev/cuda/bin/train_gpt_single: train_gpt.cu $(HEADERS) $(BUILD_FLAGS) $(wildcard
 	@mkdir -p dev/cuda/bin
 	$(call nvcc_checked,$(NVCC) $(NVCCFLAGS_BENCH) train_gpt.cu $(CUDA_LIBS) -o $@)
 
+# the device check's compute_80 PTX test_gpu and single-GPU trainer (scripts/device_check.sh --prepare):
+# the sm_80 code path (A100, RTX 3090 / 4090, L4), JIT-compiled by the driver of whatever card runs
+# them. Their flags are fixed, so building them never changes the build stamp (which would rebuild
+# every other CUDA target)
+NVCCFLAGS_JIT80 := $(NVCC_BASE) -gencode arch=compute_80,code=compute_80
+dev/cuda/bin/jit80/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)
+	@mkdir -p dev/cuda/bin/jit80
+	$(NVCC) $(NVCCFLAGS_JIT80) -lineinfo $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
+dev/cuda/bin/jit80/train_gpt: train_gpt.cu $(HEADERS)
+	@mkdir -p dev/cuda/bin/jit80
+	$(NVCC) $(NVCCFLAGS_JIT80) train_gpt.cu $(CUDA_LIBS) -o $@
+
 # the attention ops as a shared library for scripts/bench_attention.py (ctypes; --lib PATH)
 dev/cuda/bin/libllmc_attention.so: dev/cuda/attention_lib.cu $(HEADERS) $(BUILD_FLAGS)
 	@mkdir -p dev/cuda/bin

@@ -57,9 +57,12 @@ LOG_CAP=$((512 * 1024))               # bytes of one step's output in the combin
 LOG_TOTAL_CAP=$((15 * 1024 * 1024))   # bytes of the combined log in all (what comes back: < 16 MiB a file)
 
 # the carried binaries: name in $PREBUILT <- what make builds (the trainer is the single-GPU build)
+# (jit80/: the compute_80 PTX builds, the sm_80 code path the H200's driver JIT-compiles)
 PREBUILT_FROM=("train_gpt:dev/cuda/bin/train_gpt_single" "test_gpu:test/test_gpu"
-               "libllmc_attention.so:dev/cuda/bin/libllmc_attention.so")
-MAKE_TARGETS="dev/cuda/bin/train_gpt_single test/test_gpu dev_cuda dev/cuda/bin/libllmc_attention.so"
+               "libllmc_attention.so:dev/cuda/bin/libllmc_attention.so"
+               "jit80/test_gpu:dev/cuda/bin/jit80/test_gpu" "jit80/train_gpt:dev/cuda/bin/jit80/train_gpt")
+MAKE_TARGETS="dev/cuda/bin/train_gpt_single test/test_gpu dev/cuda/bin/jit80/test_gpu
+              dev/cuda/bin/jit80/train_gpt dev_cuda dev/cuda/bin/libllmc_attention.so"
 
 # the carried binaries' dynamic dependencies that the GPU machine cannot satisfy (it has no MPI and
 # no NCCL library of its own): prints the offending NEEDED entries, fails if there is one
@@ -89,20 +92,19 @@ if [ "${1:-}" = "--prepare" ]; then
         fi
     fi
     if [ "${PREPARE_NO_BUILD:-0}" != 1 ]; then
-        # first the PTX-only sm_80 build (what an A100 / RTX 3090 / 4090 / L4 runs, JIT-compiled by the
-        # H200's driver), then the sm_90a one (make rebuilds whatever was built with other flags)
+        # test_gpu as the default build on a machine without a GPU makes it (sm_80 sm_86 sm_89 sm_90a:
+        # compressed, no larger than sm_90a alone), the trainer and benchmarks for sm_90a, and the
+        # compute_80 PTX ones: the same flags as `make test` here, so nothing it built is rebuilt
+        echo "building the sm_90a and compute_80 (PTX) binaries..."
+        # shellcheck disable=SC2086
+        make -j"$(nproc)" GPU_ARCH="sm_80 sm_86 sm_89 sm_90a" BENCH_ARCH=sm_90a $MAKE_TARGETS
         rm -rf "$PREBUILT"
         mkdir -p "$PREBUILT/bin" "$PREBUILT/jit80"
-        echo "building the compute_80 (PTX) test_gpu and trainer..."
-        make -j"$(nproc)" GPU_ARCH=compute_80 USE_MPI=0 test/test_gpu dev/cuda/bin/train_gpt_single
-        cp test/test_gpu "$PREBUILT/jit80/test_gpu"
-        cp dev/cuda/bin/train_gpt_single "$PREBUILT/jit80/train_gpt"
-        echo "building the sm_90a binaries..."
-        # shellcheck disable=SC2086
-        make -j"$(nproc)" GPU_ARCH=sm_90a $MAKE_TARGETS
         for pair in "${PREBUILT_FROM[@]}"; do cp "${pair#*:}" "$PREBUILT/${pair%%:*}"; done
         for b in dev/cuda/bin/*; do
-            case "$(basename "$b")" in libllmc_attention.so | train_gpt_single | *.ptxas | .*) ;; *) cp "$b" "$PREBUILT/bin/" ;; esac
+            [ -f "$b" ] || continue
+            case "$(basename "$b")" in libllmc_attention.so | train_gpt_single | *.ptxas | .*) ;;
+                *) cp "$b" "$PREBUILT/bin/" ;; esac
         done
         # strip the host symbols (the device code is untouched): the carry limit is 64 MiB
         strip "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT"/bin/* "$PREBUILT"/jit80/*
@@ -277,6 +279,7 @@ cuda_lib_path() {
 }
 
 TRAIN=dev/cuda/bin/train_gpt_single TEST=./test/test_gpu BENCH_DIR=dev/cuda/bin LIB=dev/cuda/bin/libllmc_attention.so
+JIT80=dev/cuda/bin/jit80
 if [ -d "$PREBUILT" ] || [ "$DRY_RUN" = 1 ]; then
     if [ "$DRY_RUN" != 1 ] && ! probe_binaries "$PREBUILT" > /dev/null 2>&1; then
         export LD_LIBRARY_PATH="$(cuda_lib_path)${LD_LIBRARY_PATH:-}"
@@ -284,6 +287,7 @@ if [ -d "$PREBUILT" ] || [ "$DRY_RUN" = 1 ]; then
     fi
     if run_step probe 10 note_probe probe_binaries "$PREBUILT"; then
         TRAIN=$PREBUILT/train_gpt TEST=$PREBUILT/test_gpu BENCH_DIR=$PREBUILT/bin LIB=$PREBUILT/libllmc_attention.so
+        JIT80=$PREBUILT/jit80
         PREBUILT_OK=1
     fi
 fi
@@ -294,7 +298,7 @@ if [ "${PREBUILT_OK:-0}" != 1 ]; then
         say "WARNING: no doctest header (.deps/doctest/doctest.h): carry .deps (scripts/device_check.sh --prepare)"
     PHASE=build
     # shellcheck disable=SC2086
-    run_step build 150 - make -j16 GPU_ARCH=sm_90a NVCC=nvcc USE_MPI=0 $MAKE_TARGETS
+    run_step build 150 - make -j16 GPU_ARCH=sm_90a BENCH_ARCH=sm_90a NVCC=nvcc USE_MPI=0 $MAKE_TARGETS
     PHASE=essential
 fi
 
@@ -407,7 +411,7 @@ PHASE=optional
 # 3090 / 4090 or an L4 allows (LLMC_ATTENTION_SMEM_LIMIT): the kernels' tests, then a short run at
 # head size 128 (the variant that differs) whose losses should match the sm_90a trainer's
 SMEM_99KB=101376
-run_step jit80_test_gpu 60 note_doctest env LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB "$PREBUILT/jit80/test_gpu" \
+run_step jit80_test_gpu 60 note_doctest env LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB "$JIT80/test_gpu" \
     -tc='attention*,flash*,matmul*,layernorm*,model: one training step*'
 hs128_run() {  # name trainer [env...]
     local name=$1 trainer=$2
@@ -415,7 +419,7 @@ hs128_run() {  # name trainer [env...]
     run_step "$name" 30 note_train env "$@" "$trainer" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/$name" \
         --n_layer 4 --n_embd 512 --n_head 4 -b 8 -t 512 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 --ckpt_every -1
 }
-hs128_run jit80_train_hs128 "$PREBUILT/jit80/train_gpt" LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB
+hs128_run jit80_train_hs128 "$JIT80/train_gpt" LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB
 hs128_run train_hs128 "$TRAIN"
 hs128_run train_hs128_99kb "$TRAIN" LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB
 # GPT-2 124M before / after the weight-gradient split and the lm head's chunk from the memory plan
