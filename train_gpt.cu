@@ -44,6 +44,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include "llmc/io/logger.h"
 #include "llmc/memory_guard.h"
 #include "llmc/outlier.h"
+#include "llmc/loss_scaler.h"
 #include "llmc/io/run_dir.h"
 #include "llmc/io/run_stop.h"
 
@@ -754,24 +755,32 @@ struct OptimizerConfig {
 // the tied embedding's gradient where it comes after them and the blocks' sum (--grad_blocks);
 // returns the norm of the whole model's gradient, every stage's (collective over the world). At
 // stage 0 the all-gathers of the reduced slices are still in flight: the norm reads only the
-// rank's own, and each segment's update waits for its gather (zero_update).
-static float gpt_grad_norm(GPT& m) {
+// rank's own, and each segment's update waits for its gather (zero_update). poison: the tests'
+// fault injection, an inf in this rank's gradient (as an fp16 overflow on one rank leaves).
+static float gpt_grad_norm(GPT& m, bool poison = false) {
     bind_op_scratch(m);
     zero_reduce_finish(m);
     tied_embedding_sum(m);
     grad_blocks_finish(m);
+    if (poison) {
+        const size_t at = first_counted_grad(m.zero, m.norm_skip);
+        const float inf = INFINITY;
+        if (at != SIZE_MAX) copy_to_buffer(m.grad_acc + at, &inf, sizeof(inf));
+    }
     return (float)std::sqrt(grad_norm_squared(m.zero, m.grad_acc, m.norm_skip, norm_per_chunk, add_squares, squares_of));
 }
-// gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)))
-// and AdamW on what this rank updates; stages 1-2 then start the all-gather of the updated
+// gpt_apply_update: global-norm clipping (PyTorch's rule: scale = min(1, clip / (norm + 1e-6)),
+// norm the unscaled gradient's) and AdamW on what this rank updates, the gradient divided by the
+// loss scale it was computed with (llmc/loss_scaler.h) in the same multiply; stages 1-2 then start the all-gather of the updated
 // parameters (each segment's completes at its first use: params_needed); at stage 0 with dp > 1
 // each segment's update runs at its first use, when its gradient's all-gather is in; the last
 // pipeline stage gets the tied embedding's new weights. step is 0-based.
-static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int step, float norm) {
+static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int step, float norm, float loss_scale = 1.0f) {
     bind_op_scratch(m);
     zero_settle_params(m);  // -z 1/2's param gathers in flight (only without a forward since), the tied head's copy
     params_drop_all(m);  // -z 3: the slots hold the params before the update
-    float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
+    const float clip = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
+    const float scale = clip / loss_scale;  // (exact for a power-of-two loss scale)
     // stochastic rounding of bf16 params: a fresh seed per step; element i of the table draws its
     // bits from step_seed + i, so the result does not depend on how tensors are split or sharded
     const uint64_t step_seed = Rng(0xADA3ull ^ ((uint64_t)step * 0x9E3779B97F4A7C15ull)).next_u64();
@@ -813,10 +822,11 @@ static void gpt_apply_update(GPT& m, const OptimizerConfig& o, float lr, int ste
 #include "llmc/gpt/driver.h"
 
 // One optimizer step of the run: the step's micro-batches from the loader, their forwards and
-// backwards through the pipeline schedule, the loss in global micro-batch order, the gradient
-// norm, and the update unless the loss or the norm is not finite (that step is skipped).
+// backwards through the pipeline schedule (the loss's gradient times the loss scale), the loss in
+// global micro-batch order, the gradient norm, and the update unless the loss or the norm is not
+// finite (that step is skipped; a dynamic loss scale halves on an overflow, llmc/loss_scaler.h).
 static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepBatches& b, int step, bool trace,
-                             LossOutlierDetector& loss_spikes) {
+                             LossOutlierDetector& loss_spikes, LossScaler& scaler) {
     Comm& cm = comm_world();
     const auto t0 = std::chrono::steady_clock::now();
     const BackendCounts counts0 = backend_counts();
@@ -837,18 +847,26 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
     if (trace) barrier(cm.world);  // one time origin for every rank's timeline
     const double origin_s = comm_now_s();
     cm.trace = trace ? &comm_events : nullptr;
-    s.times = gpt_pipeline_step(model, grad_block_order(b.batches, model.grad_blocks), r.B, r.T, 1.0f / r.global_micro,
-                                trace || host_timing_is_exact, trace ? &events : nullptr);
+    s.loss_scale = scaler.scale;
+    s.times = gpt_pipeline_step(model, grad_block_order(b.batches, model.grad_blocks), r.B, r.T,
+                                s.loss_scale / r.global_micro, trace || host_timing_is_exact, trace ? &events : nullptr);
     // the norm's sums come back to the host with the step's one host sync (the GPU build), which the
     // losses' copy was queued before
-    s.norm = gpt_grad_norm(model);
+    const char* poison = getenv("LLMC_FAULT_INF_GRAD");  // "rank:step", fault injection for the tests
+    const float scaled_norm =
+        gpt_grad_norm(model, poison && strfmt("%d:%d", cm.world_rank, step + 1) == poison);
+    s.norm = scaled_norm / s.loss_scale;
     cm.trace = nullptr;
     if (trace) write_pipeline_trace(r.pp_trace, events, comm_events, origin_s, model.pipe);
     if (model.pipe.has_head()) model.mb_loss = global_order_of(take_losses(model), model.grad_blocks);
     s.loss = sum_in_global_order(model.mb_loss, r.global_micro) / r.global_micro;
     s.lr = r.sched.at(step);
-    s.bad = !std::isfinite(s.loss) || !std::isfinite(s.norm);
-    if (!s.bad) gpt_apply_update(model, r.opt, s.lr, step, s.norm);
+    bool diverged = false;  // a non-finite gradient the loss scale cannot absorb
+    const bool grads_ok = scaler.after_step(std::isfinite(scaled_norm), &diverged);
+    s.overflow = !grads_ok && !diverged;
+    s.bad = !std::isfinite(s.loss) || diverged;
+    s.skipped = s.bad || s.overflow;
+    if (!s.skipped) gpt_apply_update(model, r.opt, s.lr, step, s.norm, s.loss_scale);
     s.loss_z = loss_spikes.update(s.loss);
     // (no sync here: the update runs while the host loads the next step, whose norm waits for it;
     // so a GPU step's time is from one step's queueing to the next's, right on average)
@@ -887,8 +905,9 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
     const double in_use_before_model = device_bytes_in_use();
     gpt_allocate(model, r.config, r.B, r.T, layout);
     Rng sample_rng(r.seed ^ 0x5A5A5A5Aull);
-    const int start_step = start_model(model, r, ck, init_file, data, sample_rng);
-    if (rank0) print_startup(r, model, data, plan);
+    LossScaler scaler = r.loss_scale;  // the flags', or the checkpoint's state (start_model)
+    const int start_step = start_model(model, r, ck, init_file, data, sample_rng, scaler);
+    if (rank0) print_startup(r, model, data, plan, scaler);
 
     JsonlLogger log;  // a resume trims the log back to its step (llmc/io/logger.h says why)
     if (rank0) log.open_for_run(r.out_dir + "/log.jsonl", r.resume.empty() ? -1 : start_step);
@@ -902,7 +921,7 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
     const auto run_t0 = std::chrono::steady_clock::now();  // elapsed and ETA of the step line
     for (int step = start_step; step < r.max_steps; step++) {
         const bool trace = !r.pp_trace.empty() && step + 1 == r.max_steps;  // (warm: the first step pays first touches)
-        const StepResult s = train_step(r, model, data.train, batches, step, trace, loss_spikes);
+        const StepResult s = train_step(r, model, data.train, batches, step, trace, loss_spikes, scaler);
         bad_in_a_row = s.bad ? bad_in_a_row + 1 : 0;
         bad_total += s.bad;
         if (rank0 && step == start_step) print_first_step(r, model, layout, in_use_before_model, step);
@@ -912,7 +931,7 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
                    "diverged. Those steps were skipped and no checkpoint of a bad state was written; lower --lr (or "
                    "raise --warmup, or lower --grad_clip) and resume from the last checkpoint in %s",
                    step + 1, bad_in_a_row, r.max_bad_steps, r.out_dir.c_str());
-        if (after_step(r, model, data, sample_rng, step, bad_in_a_row, log, in, tgt, ds)) return STOP_EXIT_CODE;
+        if (after_step(r, model, data, sample_rng, scaler, step, bad_in_a_row, log, in, tgt, ds)) return STOP_EXIT_CODE;
     }
     finish_run(r, model);
     gpt_free(model);

@@ -36,6 +36,11 @@
 #      oversized checkpoint fields refused by name
 #  12. the simulated link: its model times (test/test_comm), same bits with --sim_link, where the
 #      transfers complete (-z 1's parameter and -z 0's gradient gathers, 1f1b's gradient sends), bad values
+#  13. loss scaling (llmc/loss_scaler.h): a dynamic power-of-two scale changes no bit of an fp32 run; an
+#      inf injected into one rank's gradient (LLMC_FAULT_INF_GRAD) makes every rank skip that step and
+#      halve the scale, under np 2 -z 0..3, pp 2 and np 4 pp 2 x dp 2, bitwise as one process; the
+#      scale doubles after --loss_scale_window finite steps; a resume continues the scale bitwise; a
+#      fixed scale counts an overflow as a bad step; bad values refused
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -746,6 +751,74 @@ for bad in "0" "abc" "1,-3"; do
     else fail "--sim_link $bad: rc $rc"; cat "$out.log"; fi
 done
 echo "test_dist: simulated link (test_comm, same bits, bad values) done in $(( $(date +%s) - t0 )) s"
+
+# ---- 13. loss scaling
+t0=$(date +%s)
+# the arrays of two checkpoints (params, Adam moments) byte-identical: everything after the header
+# (16 bytes, 48 per field, n_params) and the checksum; the headers may differ in their fields
+same_arrays() {
+    python3 - "$1" "$2" <<'PY'
+import struct, sys
+def arrays(path):
+    b = open(path, "rb").read()
+    n_fields = struct.unpack_from("<I", b, 12)[0]
+    return b[16 + 48 * n_fields + 8 + 8:]
+sys.exit(0 if arrays(sys.argv[1]) == arrays(sys.argv[2]) else 1)
+PY
+}
+scales() { grep -o '"step":[0-9]*,.*"loss_scale":[0-9.e+]*' "$1/log.jsonl" | sed -E 's/"step":([0-9]*),.*"loss_scale":/\1:/'; }
+LS="$DENSE -d $((B * T * 4)) -x $STEPS --loss_scale dynamic --loss_scale_window 3"
+out=$W/scale.off; run 1 "$out" $DENSE -d $((B * T * 4)) -x $STEPS || fail "loss scale off: rc $?"
+out=$W/scale.dyn; run 1 "$out" $DENSE -d $((B * T * 4)) -x $STEPS --loss_scale dynamic --loss_scale_window 2 || fail "dynamic: rc $?"
+if same_arrays "$W/scale.off/ckpt_$(printf %09d $STEPS).bin" "$out/ckpt_$(printf %09d $STEPS).bin" &&
+    [ "$(losses "$W/scale.off")" = "$(losses "$out")" ]; then pass
+else fail "a dynamic power-of-two loss scale changed the bits of an fp32 run"; fi
+[ "$(scales "$out" | tr '\n' ' ')" = "1:65536 2:65536 3:131072 4:131072 5:262144 6:262144 7:524288 8:524288 " ] && pass ||
+    fail "loss scale window 2: the scale did not double every 2 steps: $(scales "$out" | tr '\n' ' ')"
+# the one-process reference with the inf at step 5: 3 finite steps double 65536 at step 4, step 5 overflows
+# (skipped, 65536 again), steps 6-8 finite (the scale doubles after step 8: the final checkpoint's)
+ref=$W/scale.ref
+LLMC_FAULT_INF_GRAD=0:5 run 1 "$ref" $LS -n 3 || fail "loss scale reference: rc $?"
+[ "$(scales "$ref" | tr '\n' ' ')" = "1:65536 2:65536 3:65536 4:131072 5:131072 6:65536 7:65536 8:65536 " ] &&
+    grep -q '"step":5,.*"skipped":1,"overflow":1' "$ref/log.jsonl" && ! grep -q '"bad_steps"' "$ref/log.jsonl" &&
+    grep -q "^step     5/8 .*OVERFLOW" "$ref.log" && pass || fail "the injected overflow: scales $(scales "$ref" | tr '\n' ' ')"
+for case in "2 1 -z 0" "2 1 -z 1" "2 0 -z 2" "2 1 -z 3" "2 0 --pp 2" "2 1 --pp 2 -z 1" "4 3 --pp 2 -z 1" "4 2 -z 3"; do
+    set -- $case  # np, the rank with the inf, the layout's flags
+    out=$W/scale.np$1.r$2$(echo "${*:3}" | tr -d ' -')
+    if LLMC_FAULT_INF_GRAD=$2:5 run $1 "$out" $LS -n 3 "${@:3}"; then
+        G=$(blocks_of "$out")
+        gref=$W/scale.ref.G$G
+        [ -d "$gref" ] || LLMC_FAULT_INF_GRAD=0:5 run 1 "$gref" $LS -n 3 --grad_blocks "$G" || fail "reference G $G: rc $?"
+        same_run "$gref" "$out" $STEPS "loss scale, inf on rank $2 of np $1 ${*:3} vs one process"
+        [ "$(scales "$gref")" = "$(scales "$out")" ] && grep -q '"step":5,.*"overflow":1' "$out/log.jsonl" && pass ||
+            fail "loss scale np $1 ${*:3}: the scales differ from one process's"
+    else fail "loss scale np $1 ${*:3}: rc $?"; tail -3 "$out.log"; fi
+done
+# resume after the overflow (checkpoint 6: one finite step counted) continues to the same final bytes
+for case in "1 $ref" "2 $W/scale.np2.r1z1 -z 1"; do
+    set -- $case
+    out=$W/scale.resume.$1
+    cp -r "$2" "$out" && rm "$out/ckpt_$(printf %09d $STEPS).bin" && run $1 "$out" $LS "${@:3}" -y latest &&
+        grep -q "resumed from .*ckpt_000000006.bin" "$out.log" &&
+        cmp -s "$2/ckpt_$(printf %09d $STEPS).bin" "$out/ckpt_$(printf %09d $STEPS).bin" && pass ||
+        fail "loss scale: a resume at step 6 (np $1 ${*:3}) did not continue the scaler bitwise"
+done
+# a resume that changes --loss_scale says so
+out=$W/scale.change
+cp -r "$ref" "$out" && rm "$out/ckpt_$(printf %09d $STEPS).bin" && run 1 "$out" $DENSE -d $((B * T * 4)) -x $STEPS -y latest &&
+    grep -q "^note: resuming with --loss_scale 1 (the checkpoint's run: dynamic, at 65536)" "$out.log" && pass ||
+    fail "a resume that turns loss scaling off gave no note"
+# a fixed scale cannot absorb an overflow: a bad step, counted
+out=$W/scale.fixed
+LLMC_FAULT_INF_GRAD=0:3 run 1 "$out" $DENSE -d $((B * T * 4)) -x 4 --loss_scale 1024 &&
+    grep -q '"step":3,.*"skipped":1,"bad_steps":1' "$out/log.jsonl" && grep -q "^step     3/4 .*SKIPPED" "$out.log" && pass ||
+    fail "a fixed loss scale's overflow is not a counted bad step"
+for bad in "--loss_scale dynamc" "--loss_scale 0" "--loss_scale -2" "--loss_scale_window 0"; do
+    out=$W/scale.bad; run 1 "$out" $DENSE -x 2 $bad; rc=$?
+    if [ $rc -ne 0 ] && [ "$(grep -c '^error' "$out.log")" = 1 ] && grep -q "\-\-loss_scale" "$out.log"; then pass
+    else fail "$bad: rc $rc"; cat "$out.log"; fi
+done
+echo "test_dist: loss scaling (bits, an overflow on one rank in 8 layouts, resume, bad values) done in $(( $(date +%s) - t0 )) s"
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]

@@ -139,6 +139,45 @@ TEST_CASE("hardening 2: loss-spike z-score against a running window") {
     CHECK(log.find("\"loss_z\":-") != std::string::npos);     // a falling loss: negative z later
 }
 
+TEST_CASE("loss scaler: skip and halve on an overflow (never below 1), double after the window, fixed scales count") {
+    LossScaler s;
+    s.dynamic = true;
+    s.scale = 8.0f;
+    s.window = 3;
+    bool bad = true;
+    CHECK(s.after_step(true, &bad));
+    CHECK(!bad);
+    CHECK(s.after_step(true, &bad));
+    CHECK(s.scale == 8.0f);
+    CHECK(s.after_step(true, &bad));  // the third finite step in a row: doubles
+    CHECK(s.scale == 16.0f);
+    CHECK(s.clean_steps == 0);
+    CHECK(s.after_step(true, &bad));
+    CHECK(!s.after_step(false, &bad));  // an overflow: skipped, halved, the count restarts
+    CHECK(!bad);
+    CHECK(s.scale == 8.0f);
+    CHECK(s.clean_steps == 0);
+    for (int k = 0; k < 3; k++) CHECK(!s.after_step(false, &bad));
+    CHECK(s.scale == 1.0f);
+    CHECK(!bad);
+    CHECK(!s.after_step(false, &bad));  // at the floor: a divergence, counted by the trainer
+    CHECK(bad);
+    CHECK(s.scale == 1.0f);
+    s.scale = 0x1p127f;  // never to inf
+    s.clean_steps = 2;
+    CHECK(s.after_step(true, &bad));
+    CHECK(s.scale == 0x1p127f);
+    LossScaler fixed;
+    fixed.scale = 1024.0f;
+    CHECK(fixed.on());
+    for (int k = 0; k < 5; k++) CHECK(fixed.after_step(true, &bad));
+    CHECK(fixed.scale == 1024.0f);
+    CHECK(!fixed.after_step(false, &bad));
+    CHECK(bad);
+    CHECK(fixed.scale == 1024.0f);
+    CHECK(!LossScaler().on());
+}
+
 TEST_CASE("hardening 3/12: shard reader: overflowing sizes, directories, FIFOs, tiny shards") {
     Fixture fx;
     const std::string d = fx.dir;

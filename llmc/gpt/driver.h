@@ -26,6 +26,7 @@ struct Run {
     int pp_virtual = 1, recompute = 0, offload = OFFLOAD_NONE;
     int logits_chunk = 0;  // --logits_chunk (0: logits_chunk_tokens' default)
     int grad_blocks = 1;   // the order of the step's gradient sum (llmc/gpt/layout.h)
+    LossScaler loss_scale;  // --loss_scale, --loss_scale_window: the scaler a fresh run starts with
 };
 
 // The flags, checked, and the rank grid they ask for. Returns false when -h was asked for.
@@ -83,6 +84,7 @@ static bool run_from_flags(int argc, char** argv, Run& r) {
     r.opt.weight_decay = args.f("weight_decay");
     r.opt.grad_clip = args.f("grad_clip");
     check_optimizer_flags(r.sched.lr_max, r.opt);
+    r.loss_scale = loss_scaler_from_flags(args);
     r.val_every = args.i("val_every", 0);
     r.val_batches = args.i("val_batches", 0);
     r.sample_every = args.i("sample_every", 0);
@@ -328,9 +330,40 @@ static void open_data(const Run& r, RunData& d) {
     }
 }
 
+// The loss scaler's state in a checkpoint (its scale and its count of finite steps: a resume
+// continues the run's scale bitwise), and what a resume makes of it: a dynamic run continues the
+// checkpoint's dynamic state; a resume that changes --loss_scale starts the flags' scaler and
+// returns a note saying so.
+static void save_loss_scaler(Checkpoint& out, const LossScaler& s) {
+    out.set_int("train.loss_scale_dynamic", s.dynamic ? 1 : 0);
+    out.set_float("train.loss_scale", s.scale);
+    out.set_int("train.loss_scale_clean_steps", s.clean_steps);
+}
+static std::string resume_loss_scaler(LossScaler& s, const Checkpoint& ck, const std::string& path) {
+    if (!ck.find("train.loss_scale_dynamic")) return s.on() ? "a loss scale (the checkpoint's run had none)" : "";
+    const int64_t dynamic = ck.get_int("train.loss_scale_dynamic", path);
+    const double scale = ck.get_float("train.loss_scale", path);
+    const int64_t clean = ck.get_int("train.loss_scale_clean_steps", path);
+    LLMC_CHECK((dynamic == 0 || dynamic == 1) && std::isfinite(scale) && scale > 0 && scale <= 3.4e38 &&
+                   (!dynamic || scale >= LossScaler::min_scale) && clean >= 0 && clean < INT32_MAX,
+               "%s: checkpoint fields train.loss_scale_dynamic %lld, train.loss_scale %g, train.loss_scale_clean_steps "
+               "%lld are not a loss scaler's state (corrupt or written by another program)", path.c_str(),
+               (long long)dynamic, scale, (long long)clean);
+    if (dynamic && s.dynamic) {
+        s.scale = (float)scale;
+        s.clean_steps = (int)clean;
+        return "";
+    }
+    if (!dynamic && !s.dynamic && (float)scale == s.scale) return "";
+    const std::string now = s.dynamic ? strfmt("dynamic (from %g)", s.scale) : strfmt("%g", s.scale);
+    const std::string was = dynamic ? strfmt("dynamic, at %g", scale) : strfmt("%g", scale);
+    return strfmt("--loss_scale %s (the checkpoint's run: %s)", now.c_str(), was.c_str());
+}
+
 // The model's first state: the checkpoint's (with the data position and the sampling RNG), an llm.c
 // file's weights, or the init. Returns the step the run starts at.
-static int start_model(GPT& model, Run& r, const Checkpoint& ck, LlmcModelFile& init_file, RunData& d, Rng& sample_rng) {
+static int start_model(GPT& model, Run& r, const Checkpoint& ck, LlmcModelFile& init_file, RunData& d, Rng& sample_rng,
+                       LossScaler& scaler) {
     const bool rank0 = comm_world().world_rank == 0;
     if (!r.resume.empty()) {
         LLMC_CHECK(ck.n_params == model.n_params, "%s: checkpoint holds %llu parameters, the config needs %zu",
@@ -345,7 +378,9 @@ static int start_model(GPT& model, Run& r, const Checkpoint& ck, LlmcModelFile& 
         d.train.reset({ck.get_int("loader.epoch", r.resume), ck.get_int("loader.shard", r.resume),
                        ck.get_int("loader.batch", r.resume)});
         sample_rng.state = (uint64_t)ck.get_int("rng.sample", r.resume);
+        const std::string scale_note = resume_loss_scaler(scaler, ck, r.resume);
         if (rank0) printf("resumed from %s at step %d\n", r.resume.c_str(), start_step);
+        if (rank0 && !scale_note.empty()) printf("note: resuming with %s\n", scale_note.c_str());
         for (const std::string& change : checkpoint_run_changes(ck, d.settings))
             if (rank0) printf("note: resuming with %s\n", change.c_str());
         return start_step;
@@ -362,7 +397,7 @@ static int start_model(GPT& model, Run& r, const Checkpoint& ck, LlmcModelFile& 
 }
 
 // Rank 0's start-up report: backend, layout, model, batch, pipeline, memory plan, data.
-static void print_startup(const Run& r, const GPT& model, const RunData& d, const PlanInputs& plan) {
+static void print_startup(const Run& r, const GPT& model, const RunData& d, const PlanInputs& plan, const LossScaler& scaler) {
     const Comm& cm = comm_world();
     const GPTConfig& config = r.config;
     printf("backend: %s", backend_name());
@@ -393,6 +428,11 @@ static void print_startup(const Run& r, const GPT& model, const RunData& d, cons
     }
     printf("batch: B %d x T %d x %d ranks x %d accumulation steps = %lld tokens per step\n", r.B, r.T, r.world,
            r.grad_accum, (long long)r.total_batch);
+    if (scaler.dynamic)
+        printf("loss scale: dynamic, now %g (halves on an overflow, doubles after %d finite steps in a row)\n",
+               scaler.scale, scaler.window);
+    else if (scaler.on())
+        printf("loss scale: %g, fixed\n", scaler.scale);
     if (r.n_stages > 1) print_pipeline(plan);
     print_memory_plan(plan);
     print_data_memory(d.train, d.have_val ? &d.val : nullptr);
@@ -404,7 +444,8 @@ static void print_startup(const Run& r, const GPT& model, const RunData& d, cons
 
 // A checkpoint of the state after `step` steps (collective: every rank writes the table ranges of
 // its own slices, streamed, rank 0 the header last).
-static void save_checkpoint(const Run& r, const GPT& model, const RunData& d, const Rng& sample_rng, int step) {
+static void save_checkpoint(const Run& r, const GPT& model, const RunData& d, const Rng& sample_rng,
+                            const LossScaler& scaler, int step) {
     Checkpoint out;
     GPTConfig config = r.config;
     for (auto& [name, field] : config_fields(config)) out.set_int(std::string("config.") + name, *field);
@@ -419,6 +460,7 @@ static void save_checkpoint(const Run& r, const GPT& model, const RunData& d, co
     out.set_int("loader.shard", d.train.state.shard);
     out.set_int("loader.batch", d.train.state.batch);
     out.set_int("rng.sample", (int64_t)sample_rng.state);
+    save_loss_scaler(out, scaler);
     for (const CheckpointField& f : d.settings) out.fields.push_back(f);
     const std::string path = checkpoint_path(r.out_dir, step);
     CheckpointWriter writer(comm_world().world, path, out, model.n_params);
@@ -441,7 +483,10 @@ struct StepBatches {
 struct StepResult {
     double loss = 0, loss_z = 0, ms = 0, flops = 0;
     float norm = 0, lr = 0;
-    bool bad = false;  // a non-finite loss or norm: the update was skipped
+    float loss_scale = 1;  // the loss's gradient was multiplied by this (the norm is the unscaled gradient's)
+    bool overflow = false;  // a non-finite gradient the loss scale absorbs: skipped, the scale lowered
+    bool bad = false;       // a non-finite loss, or a gradient the scale cannot absorb: skipped, counted
+    bool skipped = false;   // no update (bad or overflow)
     PipeTimes times;
     BackendCounts counts;  // the GPU build's kernel launches and host syncs in train_step (llmc/gpt/backend.h)
 };
@@ -481,6 +526,8 @@ static void report_step(const Run& r, const GPT& model, int step, int start_step
     const double eta = elapsed / (step + 1 - start_step) * (r.max_steps - step - 1);
     printf(" | %s elapsed, ETA %s", format_duration(elapsed).c_str(), format_duration(eta).c_str());
     if (std::isfinite(s.loss_z)) printf(" | z %+.1f%s", s.loss_z, s.loss_z > 5 ? " (loss spike)" : "");
+    if (r.loss_scale.on()) printf(" | loss scale %g", s.loss_scale);
+    if (s.overflow) printf(" | OVERFLOW: the scaled gradient is not finite, no update, the loss scale halves");
     if (s.bad)
         printf(" | SKIPPED: non-finite loss or grad norm, no update (%d in a row, stop at %d)", bad_in_a_row,
                r.max_bad_steps);
@@ -494,7 +541,10 @@ static void report_step(const Run& r, const GPT& model, int step, int start_step
     if (mfu >= 0) fields.push_back({"mfu", mfu});
     if (backend_counts_work)
         fields.insert(fields.end(), {{"launches", (double)s.counts.launches}, {"host_syncs", (double)s.counts.host_syncs}});
-    if (s.bad) fields.insert(fields.end(), {{"skipped", 1}, {"bad_steps", (double)bad_total}});
+    if (r.loss_scale.on()) fields.push_back({"loss_scale", s.loss_scale});
+    if (s.skipped) fields.push_back({"skipped", 1});
+    if (s.overflow) fields.push_back({"overflow", 1});
+    if (s.bad) fields.push_back({"bad_steps", (double)bad_total});
     if (r.config.n_expert > 0) {
         printf(" | tokens by 0/1/2+ experts %.0f/%.0f/%.0f%% | expert load %d..%d", 100 * st.frac[0], 100 * st.frac[1],
                100 * st.frac[2], st.load_min, st.load_max);
@@ -521,8 +571,8 @@ static void report_step(const Run& r, const GPT& model, int step, int start_step
 // After step `step`: the evaluation, the sample and the checkpoint that are due, and the stop that
 // a signal on any rank asks for (llmc/io/run_stop.h: every rank stops after the same step, with a
 // checkpoint). Returns true when the run stops here.
-static bool after_step(const Run& r, GPT& model, RunData& d, Rng& sample_rng, int step, int bad_in_a_row,
-                       JsonlLogger& log, std::vector<int>& in, std::vector<int>& tgt, std::vector<int>& ds) {
+static bool after_step(const Run& r, GPT& model, RunData& d, Rng& sample_rng, const LossScaler& scaler, int step,
+                       int bad_in_a_row, JsonlLogger& log, std::vector<int>& in, std::vector<int>& tgt, std::vector<int>& ds) {
     Comm& cm = comm_world();
     const bool rank0 = cm.world_rank == 0;
     const bool last = step + 1 == r.max_steps;
@@ -542,7 +592,7 @@ static bool after_step(const Run& r, GPT& model, RunData& d, Rng& sample_rng, in
     if (ckpt || stopping) zero_settle(model);  // (the parameter gathers still in flight: a checkpoint reads them)
     if (ckpt) {
         // not in the middle of a bad streak: --resume latest should land before the trouble began
-        if (bad_in_a_row == 0) save_checkpoint(r, model, d, sample_rng, step + 1);
+        if (bad_in_a_row == 0) save_checkpoint(r, model, d, sample_rng, scaler, step + 1);
         else printf("checkpoint at step %d not written: the step was skipped as non-finite\n", step + 1);
     }
     comm_end_step(cm);

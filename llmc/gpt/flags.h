@@ -9,6 +9,11 @@ struct Option {
     const char* help;
 };
 
+#ifdef LLMC_FP16
+#define LOSS_SCALE_DEFAULT "dynamic"  // fp16 gradients underflow without it
+#else
+#define LOSS_SCALE_DEFAULT "1"  // fp32 and bf16 have fp32's exponent range
+#endif
 static const Option OPTIONS[] = {
     {"train", "i", "data/fortunes/fortunes_train_*.bin", "train shard pattern (glob)"},
     {"val", "j", "data/fortunes/fortunes_val_*.bin", "val shard pattern (glob); empty: no validation"},
@@ -59,6 +64,11 @@ static const Option OPTIONS[] = {
                           "the train shards, else bytes or token ids)"},
     {"seed", "", "1337", "seed for init, data order and sampling (0 .. 2^64-1)"},
     {"overwrite", "", "0", "a fresh run may replace the checkpoints and log of an earlier run in out_dir (a switch)"},
+    {"loss_scale", "", LOSS_SCALE_DEFAULT, "dynamic | N: the loss's gradient is multiplied by a scale so that small fp16 "
+                                           "gradients do not flush to zero; dynamic starts at 65536, halves on an overflow "
+                                           "(that step is skipped) and doubles after --loss_scale_window finite steps; N: a "
+                                           "fixed scale (1: off) (default: dynamic in the fp16 build, else 1)"},
+    {"loss_scale_window", "", "2000", "dynamic loss scale: finite steps in a row before it doubles"},
     {"max_bad_steps", "", "5", "stop (exit 1) after this many consecutive steps with a non-finite loss or grad norm"},
     {"zero", "z", "0", "ZeRO stage over the data-parallel ranks: 0 all-reduce, 1 shard optimizer state, 2 also "
                        "gradients, 3 also parameters (gathered per block)"},
@@ -258,12 +268,30 @@ static GPTConfig config_from_checkpoint(const Checkpoint& ck, const std::string&
 static std::vector<CheckpointField> run_settings(const Args& args, const DataLoader& train) {
     std::vector<CheckpointField> out;
     for (const char* flag : {"lr", "warmup", "final_lr_frac", "wsd_decay_frac", "weight_decay", "beta1", "beta2",
-                             "grad_clip", "max_steps"})
+                             "grad_clip", "max_steps", "loss_scale_window"})
         out.push_back({std::string("run.") + flag, 'f', 0, (double)args.f(flag)});
     uint64_t data = ckpt_hash_bytes(nullptr, 0);
     for (const ShardInfo& sh : train.shards) data = ckpt_splitmix(data ^ (uint64_t)file_fingerprint(sh.path));
     out.push_back({"run.train", 'i', (int64_t)(data >> 1), 0});
     return out;
+}
+
+// --loss_scale, --loss_scale_window: the scaler a fresh run starts with (llmc/loss_scaler.h)
+static LossScaler loss_scaler_from_flags(const Args& args) {
+    LossScaler s;
+    s.window = args.i("loss_scale_window", 1);
+    const std::string& v = args.str("loss_scale");
+    if (v == "dynamic") {
+        s.dynamic = true;
+        s.scale = LossScaler::init_scale;
+        return s;
+    }
+    double x = NAN;
+    try { x = parse_double(v, "loss_scale"); } catch (const LlmcError&) {}
+    LLMC_CHECK(std::isfinite(x) && x > 0 && x <= 3.4e38, "--loss_scale: expected dynamic or a positive number (1: off), "
+               "got '%s'", v.c_str());
+    s.scale = (float)x;
+    return s;
 }
 
 // Optimizer values that would silently ruin a run (a negative lr ascends, beta >= 1 never

@@ -333,6 +333,19 @@ inline double grad_norm_squared(const ZeroLayout& z, const float* grad_acc, cons
     return total;
 }
 
+// The first accumulator element this rank's norm counts (SIZE_MAX: none): where the tests' fault
+// injection puts an inf (LLMC_FAULT_INF_GRAD, train_gpt.cu).
+inline size_t first_counted_grad(const ZeroLayout& z, const AccRanges& skip) {
+    for (size_t s = 0; s < z.segs.size(); s++) {
+        size_t a = z.acc_own((int)s);
+        const size_t b = a + z.shard_len((int)s);
+        for (const auto& r : skip)  // (sorted)
+            if (r.first <= a && a < r.second) a = r.second;
+        if (a < b) return a;
+    }
+    return SIZE_MAX;
+}
+
 // Slots per class (below). Stage 3 keeps the parameters of the current and the next segment of a
 // kind (a block's forward ends with the next block's LN1) and a third: a segment kept for the next
 // pass, or gathered ahead at a pass boundary (where the rank holds the embedding, its own slot, held
