@@ -187,7 +187,7 @@ for case in "2 0 2 0 2" "4 1 2 2 4" "2 2 4 0 4" "3 0 1 0 3" "2 3 2 0 2" "1 0 1 0
             same_run "$REF" "$out" $STEPS "resume np $1 z$2 -> np $3 z$4 ${*:6}" 5
         else
             full_run $tok; close_run "$W/full.$tok" "$out" "resume np $1 z$2 -> np $3 z$4 ${*:6} ($5 micro-batches)"
-            grep -q "^note: resuming with the step's gradient summed in $(blocks_of "$out") block.* (the checkpoint's run: $blocks_a)" "$out.log" &&
+            grep -q "^resume: the step's gradient sum was $blocks_a blocks, now $(blocks_of "$out") (--grad_blocks)" "$out.log" &&
                 pass || fail "resume np $1 z$2 -> np $3 z$4 ${*:6}: no note of the other gradient blocks"
         fi
     else fail "resume np $1 z$2 -> np $3 z$4 ${*:6}"; tail -3 "$out.log"; fi
@@ -659,11 +659,45 @@ done
 setfield "$src" "$W/gelu.bin" config.mlp 1
 out=$W/bad_field; run 1 "$out" $DENSE -d $TOK -x 8 --mlp swiglu -y "$W/gelu.bin"; rc=$?
 [ $rc -ne 0 ] && grep -qF "checkpoint has mlp = gelu but the flags ask for swiglu" "$out.log" && pass || { fail "enum named in a mismatch: rc $rc"; tail -2 "$out.log"; }
-# a resume with another --lr and another train set says so
+# the loader's position and the gradient blocks range-checked before use (an epoch near 2^63 overflowed)
+for case in "loader.epoch 9223372036854775807 checkpoint field loader.epoch = 9223372036854775807 is outside" \
+            "train.grad_blocks -5 checkpoint field train.grad_blocks = -5 is outside"; do
+    set -- $case; field=$1 value=$2; shift 2
+    setfield "$src" "$W/bad_field.bin" $field $value
+    out=$W/bad_field; run 1 "$out" $DENSE -d $TOK -x 8 -y "$W/bad_field.bin"; rc=$?
+    if [ $rc -ne 0 ] && grep -qF "$*" "$out.log"; then pass; else fail "$field $value: rc $rc"; tail -3 "$out.log"; fi
+done
+# a resume with another --lr, --schedule, --logits_chunk and train set says so, once
 out=$W/changes; cp -r "$W/kill1.ref.np1" "$out"
-run 1 "$out" ${DENSE/-l 3e-3/-l 1e-3} -i "$W/data/data_val_*.bin" -d $TOK -x 8 -y latest
-grep -q "note: resuming with --lr 0.001 (the checkpoint's run: 0.003)" "$out.log" && grep -q "note: resuming with --train: other data" "$out.log" &&
-    grep -q "note: resuming with --max_steps 8 (the checkpoint's run: 6)" "$out.log" && pass || { fail "a resume's changes not printed"; grep note "$out.log"; }
+run 2 "$out" ${DENSE/-l 3e-3/-l 1e-3} -i "$W/data/data_val_*.bin" -d $TOK -x 8 --schedule linear --logits_chunk 8 -y latest
+grep -qx "resume: --lr was 0.003, now 0.001" "$out.log" && grep -q "^resume: --train was data [0-9a-f]*, now data" "$out.log" &&
+    grep -qx "resume: --max_steps was 6, now 8" "$out.log" &&
+    grep -q "^resume: --schedule was cosine, now linear (the learning rate follows the new schedule" "$out.log" &&
+    grep -q "^resume: --logits_chunk was 32, now 8 tokens" "$out.log" && [ "$(grep -c '^resume: --' "$out.log")" = 5 ] &&
+    pass || { fail "a resume's changes not printed (once each)"; grep "^resume" "$out.log"; }
+# a rank stalled before MPI_Init completes: every rank's start-up watchdog ends the job at 10 x --comm_timeout
+out=$W/startup.stall
+t_start=$(date +%s)
+LLMC_FAULT_STARTUP_STALL=1 timeout 60 $MPIRUN -np 2 "$BIN" $DENSE -x 2 --comm_timeout 1 -o "$out" >"$out.log" 2>&1; rc=$?
+took=$(( $(date +%s) - t_start ))
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 30 ] &&
+    grep -q "^error (rank 0): the start-up (MPI_Init, the communicators, NCCL's id exchange) did not finish within 10 s" "$out.log" &&
+    pass || { fail "a rank stalled in MPI_Init: rc $rc after $took s"; tail -5 "$out.log"; }
+# the out_dir lock holds when .lock is deleted (the directory itself is locked)
+out=$W/lockdel
+( "$BIN" $DENSE -d $TOK -x 100000 -v 0 -o "$out" >"$out.log" 2>&1 ) &
+job=$!
+wait_step "$out.log" 2 && rm -f "$out/.lock"
+"$BIN" $DENSE -x 2 -y latest -o "$out" >"$out.second.log" 2>&1; rc=$?
+kill $job 2>/dev/null; wait $job 2>/dev/null
+[ $rc -ne 0 ] && grep -q "is in use by another trainer (pid [0-9?]* holds a lock on the directory)" "$out.second.log" &&
+    pass || { fail "a deleted .lock let a second trainer in: rc $rc"; tail -2 "$out.second.log"; }
+# flags that mean something only with --plan are refused without it
+for flag in "--device h200" "--plan_ranks 4"; do
+    out=$W/planonly; run 1 "$out" $DENSE -x 2 $flag; rc=$?
+    [ $rc -ne 0 ] && grep -q "^error: ${flag% *} ${flag#* }: means something only with --plan or --max_fit" "$out.log" && pass ||
+        { fail "$flag without --plan: rc $rc"; tail -2 "$out.log"; }
+done
 echo "test_dist: faults (stopped ranks, signals, killed checkpoint writes, bad fields) done in $(( $(date +%s) - t0 )) s"
 
 # ---- 12. the simulated link (--sim_link): its timing under test/test_comm (np 2, 3: model times and
@@ -745,7 +779,7 @@ sends = [e for e in ev if e["op"] == "send"]
 assert len(sends) == 6 and all(e["t0_ms"] >= f_end[e["mb"] + 1] for e in sends if e["mb"] + 1 in f_end), sends
 PY
 else fail "1f1b trace run: rc $?"; fi
-for bad in "0" "abc" "1,-3"; do
+for bad in "0" "abc" "1,-3" "1e-6" "1e-300"; do
     out=$W/link.bad; run 2 "$out" $DENSE -x 2 --sim_link "$bad"; rc=$?
     if [ $rc -ne 0 ] && [ "$(grep -c '^error' "$out.log")" = 1 ] && grep -q "\-\-sim_link" "$out.log"; then pass
     else fail "--sim_link $bad: rc $rc"; cat "$out.log"; fi
@@ -806,7 +840,7 @@ done
 # a resume that changes --loss_scale says so
 out=$W/scale.change
 cp -r "$ref" "$out" && rm "$out/ckpt_$(printf %09d $STEPS).bin" && run 1 "$out" $DENSE -d $((B * T * 4)) -x $STEPS -y latest &&
-    grep -q "^note: resuming with --loss_scale 1 (the checkpoint's run: dynamic, at 65536)" "$out.log" && pass ||
+    grep -qx "resume: --loss_scale was dynamic at 65536, now 1" "$out.log" && pass ||
     fail "a resume that turns loss scaling off gave no note"
 # a fixed scale cannot absorb an overflow: a bad step, counted
 out=$W/scale.fixed

@@ -35,6 +35,7 @@
 #include "llmc/io/logger.h"
 #include "llmc/memory_guard.h"
 #include "llmc/outlier.h"
+#include "llmc/loss_scaler.h"
 #include "llmc/io/run_dir.h"
 #include "llmc/io/run_stop.h"
 #include "llmc/parallel/comm.h"

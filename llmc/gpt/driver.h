@@ -47,6 +47,10 @@ static bool run_from_flags(int argc, char** argv, Run& r) {
     r.sp = args.flag("sp");
     LLMC_CHECK(!r.sp || tp > 1, "--sp: sequence parallelism splits the tokens over the tensor-parallel ranks; give --tp > 1");
     r.planning = args.flag("plan") || args.flag("max_fit");  // a plan for --plan_ranks processes
+    for (const char* planning_only : {"device", "plan_ranks"})
+        LLMC_CHECK(r.planning || !args.given.count(planning_only), "--%s %s: means something only with --plan or --max_fit "
+                   "(the memory plan of that GPU or process count); a training run uses the GPUs it is started on: add "
+                   "--plan, or drop --%s", planning_only, args.str(planning_only).c_str(), planning_only);
     LLMC_CHECK(r.planning || cm.world_size % (n_stages * tp) == 0,
                "--pp %d --tp %d: the %d processes are not a multiple of pp * tp = %d (the grid is pp x dp x tp: start a "
                "multiple of %d processes)", n_stages, tp, cm.world_size, n_stages * tp, n_stages * tp);
@@ -178,6 +182,7 @@ static void settle_grad_blocks(Run& r, const Checkpoint& ck) {
     const bool one_process = r.world == 1 && r.n_stages == 1;
     const bool given = !r.args.str("grad_blocks").empty();
     const CheckpointField* was = r.resume.empty() ? nullptr : ck.find("train.grad_blocks");
+    if (was) checkpoint_int_field(ck, "train.grad_blocks", r.resume, 1);  // (range-checked before use)
     // what one process can sum: a count dividing the step's micro-batches, blocks only at -z 0/1
     // without --offload (its early download needs a gradient final at the last micro-batch)
     auto one_process_can = [&](int64_t G) {
@@ -198,8 +203,8 @@ static void settle_grad_blocks(Run& r, const Checkpoint& ck) {
     }
     r.grad_blocks = G;
     if (was && was->i != G && comm_world().world_rank == 0)
-        printf("note: resuming with the step's gradient summed in %d block%s (the checkpoint's run: %lld): the same math "
-               "to fp32 rounding, not the same bits\n", G, G == 1 ? "" : "s", (long long)was->i);
+        printf("resume: the step's gradient sum was %lld blocks, now %d (--grad_blocks): the same math to fp32 rounding, "
+               "not the same bits\n", (long long)was->i, G);
 }
 
 static void settle_config(Run& r, Checkpoint& ck, LlmcModelFile& init_file) {
@@ -340,7 +345,7 @@ static void save_loss_scaler(Checkpoint& out, const LossScaler& s) {
     out.set_int("train.loss_scale_clean_steps", s.clean_steps);
 }
 static std::string resume_loss_scaler(LossScaler& s, const Checkpoint& ck, const std::string& path) {
-    if (!ck.find("train.loss_scale_dynamic")) return s.on() ? "a loss scale (the checkpoint's run had none)" : "";
+    if (!ck.find("train.loss_scale_dynamic")) return s.on() ? "--loss_scale was none (an older checkpoint), now on" : "";
     const int64_t dynamic = ck.get_int("train.loss_scale_dynamic", path);
     const double scale = ck.get_float("train.loss_scale", path);
     const int64_t clean = ck.get_int("train.loss_scale_clean_steps", path);
@@ -355,9 +360,9 @@ static std::string resume_loss_scaler(LossScaler& s, const Checkpoint& ck, const
         return "";
     }
     if (!dynamic && !s.dynamic && (float)scale == s.scale) return "";
-    const std::string now = s.dynamic ? strfmt("dynamic (from %g)", s.scale) : strfmt("%g", s.scale);
-    const std::string was = dynamic ? strfmt("dynamic, at %g", scale) : strfmt("%g", scale);
-    return strfmt("--loss_scale %s (the checkpoint's run: %s)", now.c_str(), was.c_str());
+    const std::string now = s.dynamic ? strfmt("dynamic from %g", s.scale) : strfmt("%g", s.scale);
+    const std::string was = dynamic ? strfmt("dynamic at %g", scale) : strfmt("%g", scale);
+    return strfmt("--loss_scale was %s, now %s", was.c_str(), now.c_str());
 }
 
 // The model's first state: the checkpoint's (with the data position and the sampling RNG), an llm.c
@@ -365,6 +370,7 @@ static std::string resume_loss_scaler(LossScaler& s, const Checkpoint& ck, const
 static int start_model(GPT& model, Run& r, const Checkpoint& ck, LlmcModelFile& init_file, RunData& d, Rng& sample_rng,
                        LossScaler& scaler) {
     const bool rank0 = comm_world().world_rank == 0;
+    d.settings.push_back({"run.logits_chunk", 'i', model.logits_chunk, 0});  // (the model chose it)
     if (!r.resume.empty()) {
         LLMC_CHECK(ck.n_params == model.n_params, "%s: checkpoint holds %llu parameters, the config needs %zu",
                    r.resume.c_str(), (unsigned long long)ck.n_params, model.n_params);
@@ -375,14 +381,15 @@ static int start_model(GPT& model, Run& r, const Checkpoint& ck, LlmcModelFile& 
             if (v) file.read(2, begin, n, v);
         });
         const int start_step = (int)ck.get_int("step", r.resume);
-        d.train.reset({ck.get_int("loader.epoch", r.resume), ck.get_int("loader.shard", r.resume),
-                       ck.get_int("loader.batch", r.resume)});
+        // (range-checked here: an epoch near 2^63 would overflow the loader's arithmetic)
+        d.train.reset({checkpoint_int_field(ck, "loader.epoch", r.resume, 0), checkpoint_int_field(ck, "loader.shard", r.resume, 0),
+                       checkpoint_int_field(ck, "loader.batch", r.resume, 0)});
         sample_rng.state = (uint64_t)ck.get_int("rng.sample", r.resume);
         const std::string scale_note = resume_loss_scaler(scaler, ck, r.resume);
         if (rank0) printf("resumed from %s at step %d\n", r.resume.c_str(), start_step);
-        if (rank0 && !scale_note.empty()) printf("note: resuming with %s\n", scale_note.c_str());
-        for (const std::string& change : checkpoint_run_changes(ck, d.settings))
-            if (rank0) printf("note: resuming with %s\n", change.c_str());
+        if (rank0 && !scale_note.empty()) printf("resume: %s\n", scale_note.c_str());
+        for (const std::string& change : run_setting_changes(ck, d.settings))
+            if (rank0) printf("resume: %s\n", change.c_str());
         return start_step;
     }
     if (!r.init_from.empty()) {
@@ -593,7 +600,7 @@ static bool after_step(const Run& r, GPT& model, RunData& d, Rng& sample_rng, co
     if (ckpt) {
         // not in the middle of a bad streak: --resume latest should land before the trouble began
         if (bad_in_a_row == 0) save_checkpoint(r, model, d, sample_rng, scaler, step + 1);
-        else printf("checkpoint at step %d not written: the step was skipped as non-finite\n", step + 1);
+        else if (rank0) printf("checkpoint at step %d not written: the step was skipped as non-finite\n", step + 1);
     }
     comm_end_step(cm);
     if (stopping && rank0)

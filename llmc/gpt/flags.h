@@ -263,16 +263,46 @@ static GPTConfig config_from_checkpoint(const Checkpoint& ck, const std::string&
 }
 
 // What the run was started with beyond what a resume must keep (the config, the batch shape, the
-// seed): stored in every checkpoint, so a resume says what it changes (llmc/io/checkpoint.h:
-// checkpoint_run_changes) instead of changing it silently.
+// seed): stored in every checkpoint, so a resume says what it changes (run_setting_changes) instead
+// of changing it silently. Float settings are doubles; --schedule is its index in SCHEDULES; the
+// train data is an identity of its shards; the lm head's chunk (the order of the loss's sum) is
+// added by the driver once the model knows it (run.logits_chunk).
+static const char* const SCHEDULES[] = {"cosine", "linear", "constant", "wsd"};
 static std::vector<CheckpointField> run_settings(const Args& args, const DataLoader& train) {
     std::vector<CheckpointField> out;
     for (const char* flag : {"lr", "warmup", "final_lr_frac", "wsd_decay_frac", "weight_decay", "beta1", "beta2",
                              "grad_clip", "max_steps", "loss_scale_window"})
         out.push_back({std::string("run.") + flag, 'f', 0, (double)args.f(flag)});
+    for (int64_t k = 0; k < 4; k++)
+        if (args.str("schedule") == SCHEDULES[k]) out.push_back({"run.schedule", 'i', k, 0});
     uint64_t data = ckpt_hash_bytes(nullptr, 0);
     for (const ShardInfo& sh : train.shards) data = ckpt_splitmix(data ^ (uint64_t)file_fingerprint(sh.path));
     out.push_back({"run.train", 'i', (int64_t)(data >> 1), 0});
+    return out;
+}
+// What a resume changes, one "resume: --X was A, now B" line per setting the checkpoint holds with
+// another value (fields it lacks, from an older file, are not compared).
+static std::vector<std::string> run_setting_changes(const Checkpoint& ck, const std::vector<CheckpointField>& now) {
+    std::vector<std::string> out;
+    for (const CheckpointField& f : now) {
+        const CheckpointField* was = ck.find(f.name);
+        if (!was || was->kind != f.kind || (f.kind == 'i' ? was->i == f.i : was->f == f.f)) continue;
+        const std::string flag = f.name.substr(4);  // (run.X)
+        std::string a = strfmt("%g", was->f), b = strfmt("%g", f.f), why;
+        if (flag == "schedule") {
+            a = was->i >= 0 && was->i < 4 ? SCHEDULES[was->i] : strfmt("%lld", (long long)was->i);
+            b = SCHEDULES[f.i];
+            why = " (the learning rate follows the new schedule from here)";
+        } else if (flag == "train") {
+            a = strfmt("data %016llx", (unsigned long long)was->i);
+            b = strfmt("data %016llx (other shards: their sizes or first and last 4 KiB differ)", (unsigned long long)f.i);
+        } else if (flag == "logits_chunk") {
+            a = strfmt("%lld", (long long)was->i);
+            b = strfmt("%lld tokens (the loss is summed in other chunks: the bits differ from an uninterrupted run)",
+                       (long long)f.i);
+        }
+        out.push_back(strfmt("--%s was %s, now %s%s", flag.c_str(), a.c_str(), b.c_str(), why.c_str()));
+    }
     return out;
 }
 

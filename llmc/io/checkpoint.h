@@ -93,24 +93,6 @@ inline int checkpoint_int_field(const Checkpoint& ck, const std::string& name, c
     return (int)v;
 }
 
-// What a resume changes from the checkpoint's run, one line per setting: the fields of now that
-// the checkpoint holds with another value (fields it lacks, from an older file, are not compared).
-// The names are "run.<flag>": a float is a flag's value, an int the identity of the data a flag
-// names (file_fingerprint). The caller prints the lines (a resume may change them on purpose: a
-// lower --lr after a spike, more --max_steps; it should not do so silently).
-inline std::vector<std::string> checkpoint_run_changes(const Checkpoint& ck, const std::vector<CheckpointField>& now) {
-    std::vector<std::string> out;
-    for (const CheckpointField& f : now) {
-        const CheckpointField* was = ck.find(f.name);
-        if (!was || was->kind != f.kind || (f.kind == 'i' ? was->i == f.i : was->f == f.f)) continue;
-        const std::string flag = f.name.compare(0, 4, "run.") == 0 ? f.name.substr(4) : f.name;
-        if (f.kind == 'f') out.push_back(strfmt("--%s %g (the checkpoint's run: %g)", flag.c_str(), f.f, was->f));
-        else out.push_back(strfmt("--%s: other data than the checkpoint's run (identity %016llx, the checkpoint's run: "
-                                  "%016llx)", flag.c_str(), (unsigned long long)f.i, (unsigned long long)was->i));
-    }
-    return out;
-}
-
 // A cheap identity of a data file: its size and its first and last 4 KiB, hashed (another train
 // set shows as another value; reading whole shards would cost minutes on every rank).
 inline int64_t file_fingerprint(const std::string& path);

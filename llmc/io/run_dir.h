@@ -4,6 +4,10 @@
 //    trainer. A second trainer on the same out_dir is refused at start-up instead of interleaving
 //    its log and checkpoints with the first. flock locks belong to the open file description, so
 //    the kernel drops the lock when the process dies, however it dies (no stale lock files).
+//    The lock is taken on the out_dir itself too (a directory descriptor): deleting .lock makes a
+//    new file a second trainer could lock, but it cannot unlock the directory. Where directories
+//    cannot be flocked (NFS emulates flock with byte-range locks, which need a file open for
+//    writing) the .lock file's lock is the only one, as before.
 //    In a multi-process run only one process (rank 0, the one that writes the log) should take
 //    it: the caller decides, this header knows nothing about ranks.
 //  - claim_out_dir: a fresh run (no --resume) into an out_dir that already holds checkpoints is
@@ -26,7 +30,7 @@
 #include "llmc/utils.h"
 
 struct RunDirLock {
-    int fd = -1;
+    int fd = -1, dir_fd = -1;
     std::string path;
 
     RunDirLock() = default;
@@ -37,6 +41,21 @@ struct RunDirLock {
     void acquire(const std::string& out_dir) {
         release();
         path = out_dir + "/.lock";
+        dir_fd = open(out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        LLMC_CHECK(dir_fd >= 0, "--out_dir %s: cannot open (%s)", out_dir.c_str(), strerror(errno));
+        const bool dir_busy = flock(dir_fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+        if (dir_busy) {  // (the holder's pid, when its .lock file still exists)
+            char owner[32] = {0};
+            const int pid_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+            const ssize_t n = pid_fd >= 0 ? pread(pid_fd, owner, sizeof(owner) - 1, 0) : 0;
+            if (pid_fd >= 0) close(pid_fd);
+            owner[n > 0 ? n : 0] = 0;
+            for (char* c = owner; *c; c++) if (*c == '\n') *c = 0;
+            close(dir_fd);
+            dir_fd = -1;
+            LLMC_FAIL("--out_dir %s is in use by another trainer (pid %s holds a lock on the directory); wait for it to "
+                      "finish, or choose another --out_dir", out_dir.c_str(), owner[0] ? owner : "?");
+        }
         fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         LLMC_CHECK(fd >= 0, "%s: cannot create the out_dir lock file (%s)", path.c_str(), strerror(errno));
         if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -59,7 +78,8 @@ struct RunDirLock {
     }
     void release() {
         if (fd >= 0) close(fd);  // closing the descriptor drops the flock
-        fd = -1;
+        if (dir_fd >= 0) close(dir_fd);
+        fd = dir_fd = -1;
     }
     bool held() const { return fd >= 0; }
 };

@@ -78,6 +78,11 @@
 #include <unistd.h>
 #include "llmc/utils.h"
 #ifdef LLMC_MPI
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#endif
+#ifdef LLMC_MPI
 #include <mpi.h>
 #endif
 #ifdef LLMC_NCCL
@@ -508,11 +513,85 @@ inline void comm_peer_access_setup(const Comm& c, MPI_Comm node, int local_rank,
 }
 #endif
 
+#ifdef LLMC_MPI
+// The start-up watchdog. MPI_Init, the communicators' splits and NCCL's id exchange block with no
+// deadline of their own: one rank stalled there (a node that hangs, a process the launcher never
+// got going) would hang the whole job for good. A thread armed before MPI_Init ends this process
+// with a message when the start-up has not finished within 10 x --comm_timeout (the allowance the
+// checkpoint I/O gets; 0: none): an exit before MPI_Finalize makes mpirun tear the job down. The
+// grid's and the kv group's creation disarm it (comm_make_grid, comm_make_kv_group re-arm around
+// their own splits). --comm_timeout is read from argv before MPI_Init, the flags' parse comes later.
+struct StartupWatch {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool armed = false;
+    std::chrono::steady_clock::time_point deadline;
+    double allowance_s = 3000;  // 10 x --comm_timeout's default 300
+    std::string what;
+};
+inline StartupWatch& startup_watch() {
+    static StartupWatch* w = new StartupWatch;  // (never freed: its detached thread may outlive static destructors)
+    return *w;
+}
+inline void startup_watch_arm(const std::string& what) {
+    StartupWatch& w = startup_watch();
+    static std::once_flag started;
+    std::call_once(started, [] {
+        std::thread([] {
+            StartupWatch& w = startup_watch();
+            std::unique_lock<std::mutex> lock(w.mu);
+            for (;;) {
+                if (!w.armed) { w.cv.wait(lock); continue; }
+                if (w.cv.wait_until(lock, w.deadline) != std::cv_status::timeout || !w.armed) continue;
+                const char* rank = getenv("OMPI_COMM_WORLD_RANK") ? getenv("OMPI_COMM_WORLD_RANK") : getenv("PMI_RANK");
+                fprintf(stderr, "error (rank %s): %s did not finish within %.0f s (10 x --comm_timeout): a rank is stalled "
+                        "or was never started; this rank stops, and the launcher ends the job\n", rank ? rank : "?",
+                        w.what.c_str(), w.allowance_s);
+                fflush(stderr);
+                _exit(1);
+            }
+        }).detach();
+    });
+    std::lock_guard<std::mutex> lock(w.mu);
+    if (w.allowance_s <= 0) return;
+    w.armed = true;
+    w.what = what;
+    w.deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                        std::chrono::duration<double>(w.allowance_s));
+    w.cv.notify_all();
+}
+inline void startup_watch_disarm() {
+    StartupWatch& w = startup_watch();
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.armed = false;
+    w.cv.notify_all();
+}
+// --comm_timeout from argv (the last one given), before the flags are parsed; an unreadable value
+// keeps the default here (the parse names it later)
+inline double startup_allowance_s(int argc, char** argv) {
+    double timeout = 300;
+    for (int k = 1; k + 1 < argc; k++)
+        if (strcmp(argv[k], "--comm_timeout") == 0) {
+            char* end = nullptr;
+            const double v = strtod(argv[k + 1], &end);
+            if (end != argv[k + 1] && *end == 0 && std::isfinite(v) && v >= 0) timeout = v;
+        }
+    return 10 * timeout;
+}
+#endif
+
 // Starts the process's part of the job: MPI_Init (when built with MPI), the world group.
 inline Comm& comm_init(int* argc, char*** argv) {
     Comm& c = comm_world();
     if (c.initialized) return c;
 #ifdef LLMC_MPI
+    startup_watch().allowance_s = startup_allowance_s(*argc, *argv);
+    startup_watch_arm("the start-up (MPI_Init, the communicators, NCCL's id exchange)");
+    if (const char* v = getenv("LLMC_FAULT_STARTUP_STALL")) {  // fault injection for the tests: this rank stalls
+        const char* rank = getenv("OMPI_COMM_WORLD_RANK");
+        if (rank && strcmp(v, rank) == 0)
+            for (;;) pause();
+    }
     mpiCheck(MPI_Init(argc, argv));
     // errors come back as codes (mpiCheck turns them into LlmcError, main aborts the job)
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -652,6 +731,9 @@ inline void comm_make_grid(Comm& c, int dp, int pp, int tp = 1, int ep = 1) {
         c.edp_reduce.nccl = c.edp.nccl;
     }
 #endif
+#ifdef LLMC_MPI
+    startup_watch_disarm();  // (the start-up's blocking part is done)
+#endif
 }
 
 // The tp ranks that read one kv head when --tp exceeds n_kv_head (kv_share of them, consecutive):
@@ -663,6 +745,7 @@ inline void comm_make_kv_group(Comm& c, int kv_share) {
     c.tp_kv.rank = c.tp.rank % kv_share;
     c.tp_kv.size = kv_share;
 #ifdef LLMC_MPI
+    startup_watch_arm("the kv group's creation (MPI_Comm_split, NCCL's id exchange)");
     if (c.world_size > 1) {
         mpiCheck(MPI_Comm_split(MPI_COMM_WORLD, c.world_rank / kv_share, c.tp_kv.rank, &c.tp_kv.mpi));
         MPI_Comm_set_errhandler(c.tp_kv.mpi, MPI_ERRORS_RETURN);
@@ -675,6 +758,9 @@ inline void comm_make_kv_group(Comm& c, int kv_share) {
         nccl_group_init(c.tp_kv);
         nccl_watchdog_watch(c.tp_kv);
     }
+#endif
+#ifdef LLMC_MPI
+    startup_watch_disarm();
 #endif
 }
 
@@ -694,6 +780,9 @@ inline void nccl_watchdog_stop();
 inline void comm_finalize() {
     Comm& c = comm_world();
     if (!c.initialized) return;
+#ifdef LLMC_MPI
+    startup_watch_disarm();  // (a run that ended before its grid: -h)
+#endif
 #ifdef LLMC_NCCL
     nccl_watchdog_stop();
     for (CommGroup* g : {&c.dp, &c.pp, &c.tp, &c.tp_kv, &c.ep, &c.edp})
@@ -727,6 +816,10 @@ inline void comm_set_timeout(Comm& c, double seconds) {
     LLMC_CHECK(std::isfinite(seconds) && seconds >= 0, "--comm_timeout: must be a number of seconds >= 0 (0: none), got %g",
                seconds);
     c.timeout_s = seconds;
+#ifdef LLMC_MPI
+    std::lock_guard<std::mutex> lock(startup_watch().mu);
+    startup_watch().allowance_s = 10 * seconds;  // (what comm_init read from argv; later arms use it)
+#endif
 }
 // --sim_link (see "The simulated link" below): collective over the world (the ranks must share one
 // machine's clock); set before the first buffer collective
@@ -870,8 +963,8 @@ inline SimLink parse_sim_link(const std::string& text) {
     const size_t comma = text.find(',');
     const double gbit = parse_double(text.substr(0, comma), "sim_link");
     const double lat_us = comma == std::string::npos ? 0.0 : parse_double(text.substr(comma + 1), "sim_link");
-    LLMC_CHECK(gbit > 0 && gbit <= 1e6, "--sim_link %s: the bandwidth must be > 0 and at most 1e6 Gbit/s, got %g",
-               text.c_str(), gbit);
+    LLMC_CHECK(gbit >= 1e-3 && gbit <= 1e6, "--sim_link %s: the bandwidth must be in [0.001, 1e6] Gbit/s (below 1 Mbit/s a "
+               "step of even a tiny model takes minutes), got %g Gbit/s", text.c_str(), gbit);
     LLMC_CHECK(lat_us >= 0 && lat_us <= 1e6, "--sim_link %s: the latency must be in [0, 1e6] microseconds, got %g",
                text.c_str(), lat_us);
     l.bytes_per_s = gbit * 1e9 / 8;
