@@ -8,7 +8,9 @@
 #   make train_gpt_cpu        CPU reference build (g++, OpenMP, fp32)
 #   make train_gpt            CUDA build: for the local GPU(s) when nvidia-smi sees one, else one fat binary for
 #                             sm_80 sm_86 sm_89 sm_90a (+ PTX of sm_80: it runs on any newer card);
-#                             GPU_ARCH=sm_86 (or a list: GPU_ARCH="sm_80 sm_89") to choose
+#                             GPU_ARCH=sm_86 (or a list: GPU_ARCH="sm_80 sm_89") to choose;
+#                             PRECISION=fp16 the fp16 build (loss scaling) for cards without bf16:
+#                             make train_gpt PRECISION=fp16 GPU_ARCH=sm_75 (T4, RTX 20xx)
 #   make test                 CPU tests + compile checks of every CUDA target (what CI runs)
 #   make fuzz                 seeded mutation fuzz of the shard and checkpoint readers (ASan+UBSan)
 #   make reference            regenerate test/data/ref_*.bin with PyTorch (scripts/reference.mk)
@@ -30,10 +32,17 @@ LOCAL_GPU_ARCH := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,nohead
                     sed -E 's/^9\.0$$/sm_90a/; t; s/^([0-9]+)\.([0-9]+)$$/sm_\1\2/')
 GPU_ARCH  ?= $(if $(strip $(LOCAL_GPU_ARCH)),$(LOCAL_GPU_ARCH),$(GPU_FAT_ARCHS))
 GPU_ARCHS := $(shell printf '%s\n' $(subst $(comma), ,$(GPU_ARCH)) | sort -uV)
-# a wrong GPU_ARCH stops the CUDA targets only (the CPU build never needs it)
+# The element type of the CUDA build (params, activations, gradients; master weights and Adam moments
+# are fp32 either way): PRECISION=bf16 (default, sm_80 and newer) or PRECISION=fp16 (-DLLMC_FP16: fp16
+# with dynamic loss scaling, for cards without bf16: sm_75 T4 / RTX 20xx; it builds for sm_80+ too)
+PRECISION ?= bf16
+PRECISION_FLAGS := $(if $(filter fp16,$(PRECISION)),-DLLMC_FP16)
+# a wrong GPU_ARCH or PRECISION stops the CUDA targets only (the CPU build never needs them)
 GPU_ARCH_ERROR := $(strip \
-  $(if $(filter sm_75 compute_75 sm_70 compute_70,$(GPU_ARCHS)),GPU_ARCH=$(GPU_ARCH): sm_75 / sm_70 (T4$(comma) RTX 20xx$(comma) V100) have no bf16 and their fp16 build (loss scaling$(comma) fp16 attention) is not written yet: build for sm_80 or newer (GPU_ARCH=sm_80)) \
-  $(if $(filter-out sm_% compute_%,$(GPU_ARCHS)),GPU_ARCH=$(GPU_ARCH): expected sm_XX or compute_XX entries (sm_80 sm_86 sm_89 sm_90a ...)))
+  $(if $(filter-out bf16 fp16,$(PRECISION)),PRECISION=$(PRECISION): expected bf16 or fp16) \
+  $(if $(and $(filter bf16,$(PRECISION)),$(filter sm_75 compute_75,$(GPU_ARCHS))),GPU_ARCH=$(GPU_ARCH): sm_75 has no bf16: build with PRECISION=fp16 (make train_gpt PRECISION=fp16 GPU_ARCH=sm_75)) \
+  $(if $(filter sm_70 compute_70 sm_72 compute_72,$(GPU_ARCHS)),GPU_ARCH=$(GPU_ARCH): sm_70 (V100) has no bf16 and no m16n8k8 tensor-core shape (the attention kernels need sm_75 with PRECISION=fp16 or sm_80+)) \
+  $(if $(filter-out sm_% compute_%,$(GPU_ARCHS)),GPU_ARCH=$(GPU_ARCH): expected sm_XX or compute_XX entries (sm_75 with PRECISION=fp16$(comma) sm_80 sm_86 sm_89 sm_90a ...)))
 check_gpu_arch = $(if $(GPU_ARCH_ERROR),$(error $(GPU_ARCH_ERROR)))
 GPU_SASS  := $(filter sm_%,$(GPU_ARCHS))
 # -gencode per entry; the lowest real arch with its PTX too
@@ -41,8 +50,8 @@ gencode   = $(foreach a,$(1),-gencode arch=$(subst sm_,compute_,$(a)),code=$(a))
             $(foreach a,$(firstword $(filter sm_%,$(1))),-gencode arch=$(subst sm_,compute_,$(a)),code=$(subst sm_,compute_,$(a)))
 BENCH_ARCH ?= $(lastword $(GPU_ARCHS))
 NVCC_BASE := -O3 -std=c++17 --use_fast_math -Xcompiler -fopenmp -I.
-NVCCFLAGS ?= $(NVCC_BASE) $(call gencode,$(GPU_ARCHS))
-NVCCFLAGS_BENCH ?= $(NVCC_BASE) $(call gencode,$(BENCH_ARCH))
+NVCCFLAGS ?= $(NVCC_BASE) $(PRECISION_FLAGS) $(call gencode,$(GPU_ARCHS))
+NVCCFLAGS_BENCH ?= $(NVCC_BASE) $(PRECISION_FLAGS) $(call gencode,$(BENCH_ARCH))
 CUDA_LIBS := -lcublasLt -lcublas
 
 HEADERS   := $(wildcard llmc/*.h llmc/*/*.h llmc/*/*.cuh llmc/ops/cpu/*.h)
@@ -73,16 +82,18 @@ ifneq ($(shell cat $(BUILD_FLAGS) 2>/dev/null),$(strip $(CUDA_FLAGS_NOW)))
 $(shell mkdir -p dev/cuda/bin && echo '$(strip $(CUDA_FLAGS_NOW))' > $(BUILD_FLAGS))
 endif
 endif
+# ptxas' report of a target: dev/cuda/bin/<name>.ptxas (train_gpt), <target>.ptxas for a target under dev/cuda/bin/
+ptxas_log = $(if $(findstring /,$@),$@.ptxas,dev/cuda/bin/$@.ptxas)
 # a trainer's nvcc with ptxas' report of every kernel, checked against dev/cuda/kernel_resources/<arch>.txt
 # (registers, spills: scripts/kernel_resources.sh); ptxas' other output (warnings) is shown as usual
 define nvcc_checked
 $(check_gpu_arch)
 @mkdir -p dev/cuda/bin
 @echo "$(1)"
-@$(1) --resource-usage 2> dev/cuda/bin/$(notdir $@).ptxas; rc=$$?; \
-	grep -vE '^ptxas info|^    [0-9]+ bytes stack frame' dev/cuda/bin/$(notdir $@).ptxas >&2; \
+@$(1) --resource-usage 2> $(ptxas_log); rc=$$?; \
+	grep -vE '^ptxas info|^    [0-9]+ bytes stack frame' $(ptxas_log) >&2; \
 	[ $$rc = 0 ] || exit $$rc
-@bash scripts/kernel_resources.sh dev/cuda/bin/$(notdir $@).ptxas
+@bash scripts/kernel_resources.sh $(ptxas_log)
 endef
 # doctest's header: the system one, or a copy in .deps/ (the GPU machine has none; see
 # scripts/device_check.sh --prepare)
@@ -135,6 +146,20 @@ dev/cuda/bin/jit80/train_gpt: train_gpt.cu $(HEADERS)
 	@mkdir -p dev/cuda/bin/jit80
 	$(NVCC) $(NVCCFLAGS_JIT80) train_gpt.cu $(CUDA_LIBS) -o $@
 
+# the fp16 build for sm_75 (T4, RTX 20xx) as `make train_gpt PRECISION=fp16 GPU_ARCH=sm_75` makes it
+# (sm_75 SASS + compute_75 PTX), single GPU (no MPI, no NCCL), apart from the default build (own folder,
+# fixed flags: building it never touches the build stamp). make test compiles both (the trainer with
+# the resource check against dev/cuda/kernel_resources/sm_75.txt); the device check runs them on the
+# H200, whose driver JIT-compiles the compute_75 PTX: the sm_75 code path (two m16n8k8 fp16 mma per
+# product, plain copies for cp.async) on a card we have
+NVCCFLAGS_FP16_75 := $(NVCC_BASE) -DLLMC_FP16 $(call gencode,sm_75)
+dev/cuda/bin/fp16/train_gpt: train_gpt.cu $(HEADERS) $(wildcard dev/cuda/kernel_resources/*.txt)
+	@mkdir -p dev/cuda/bin/fp16
+	$(call nvcc_checked,$(NVCC) $(NVCCFLAGS_FP16_75) train_gpt.cu $(CUDA_LIBS) -o $@)
+dev/cuda/bin/fp16/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)
+	@mkdir -p dev/cuda/bin/fp16
+	$(NVCC) $(NVCCFLAGS_FP16_75) -lineinfo $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
+
 # the attention ops as a shared library for scripts/bench_attention.py (ctypes; --lib PATH)
 dev/cuda/bin/libllmc_attention.so: dev/cuda/attention_lib.cu $(HEADERS) $(BUILD_FLAGS)
 	@mkdir -p dev/cuda/bin
@@ -145,7 +170,9 @@ test_gpu: test/test_gpu
 	./test/test_gpu
 
 # every CUDA target; in CI (no GPU) this is the compile check
-cuda_targets: train_gpt test/test_gpu dev_cuda $(if $(NVCC),dev/cuda/bin/libllmc_attention.so $(if $(MPI_CFLAGS),dev/cuda/bin/train_gpt_single))
+# (and the fp16 build for sm_75: dev/cuda/bin/fp16/)
+cuda_targets: train_gpt test/test_gpu dev_cuda $(if $(NVCC),dev/cuda/bin/libllmc_attention.so dev/cuda/bin/fp16/train_gpt \
+              dev/cuda/bin/fp16/test_gpu $(if $(MPI_CFLAGS),dev/cuda/bin/train_gpt_single))
 
 TEST_SOURCES := test/test_main.cpp test/test_ops.cpp test/test_model.cpp test/test_reference.cpp test/test_moe.cpp \
                 test/test_hardening.cpp test/test_pipeline.cpp test/test_interop.cpp

@@ -28,6 +28,8 @@
 #   6. the dev/cuda attention forward / backward and matmul benchmarks (validation, then timings)
 #   then, optional, while the budget lasts (BUDGET, default 315 s): the compute_80 PTX build through
 #      the driver's JIT with the attention held to 99 KB of shared memory (an RTX 3090 / 4090 / L4),
+#      the fp16 build for sm_75 (T4, RTX 20xx) through the JIT of its compute_75 PTX (test_gpu's
+#      kernels, then 20 steps with dynamic loss scaling, the attention held to a T4's 64 KB),
 #      GPT-2 124M before / after the dweight split and the lm head's chunk, the d30 speed runs, and:
 #   7. the memory plan next to the device memory a d24 run takes; bench_attention.py --quick
 #      (FlexAttention and SDPA, torch.compile per shape)
@@ -45,7 +47,8 @@
 # work is milliseconds: the time is the CPU references, OpenMP on 16 cores); memcheck ~6 s,
 # racecheck ~30 s; d12 ~5 s; MoE ~1 s; the five d4 runs ~1 s each; the three benchmarks 3-9 s; the
 # PTX-only compute_80 binaries add their JIT compile at start-up: the trainer ~9 s, test_gpu's
-# attention / matmul / layernorm / one-step cases 25 s in all.
+# attention / matmul / layernorm / one-step cases 25 s in all. The fp16 sm_75 build (compute_75 PTX):
+# not yet run on a device; its estimates are the compute_80 build's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,9 +63,13 @@ LOG_TOTAL_CAP=$((15 * 1024 * 1024))   # bytes of the combined log in all (what c
 # (jit80/: the compute_80 PTX builds, the sm_80 code path the H200's driver JIT-compiles)
 PREBUILT_FROM=("train_gpt:dev/cuda/bin/train_gpt_single" "test_gpu:test/test_gpu"
                "libllmc_attention.so:dev/cuda/bin/libllmc_attention.so"
-               "jit80/test_gpu:dev/cuda/bin/jit80/test_gpu" "jit80/train_gpt:dev/cuda/bin/jit80/train_gpt")
+               "jit80/test_gpu:dev/cuda/bin/jit80/test_gpu" "jit80/train_gpt:dev/cuda/bin/jit80/train_gpt"
+               "fp16/test_gpu:dev/cuda/bin/fp16/test_gpu" "fp16/train_gpt:dev/cuda/bin/fp16/train_gpt")
+# (fp16/: the fp16 build for sm_75, SASS + compute_75 PTX, as make test compiles it: on the H200 the
+# driver JIT-compiles the PTX, the sm_75 code path)
 MAKE_TARGETS="dev/cuda/bin/train_gpt_single test/test_gpu dev/cuda/bin/jit80/test_gpu
-              dev/cuda/bin/jit80/train_gpt dev_cuda dev/cuda/bin/libllmc_attention.so"
+              dev/cuda/bin/jit80/train_gpt dev/cuda/bin/fp16/test_gpu dev/cuda/bin/fp16/train_gpt dev_cuda
+              dev/cuda/bin/libllmc_attention.so"
 
 # the carried binaries' dynamic dependencies that the GPU machine cannot satisfy (it has no MPI and
 # no NCCL library of its own): prints the offending NEEDED entries, fails if there is one
@@ -99,7 +106,7 @@ if [ "${1:-}" = "--prepare" ]; then
         # shellcheck disable=SC2086
         make -j"$(nproc)" GPU_ARCH="sm_80 sm_86 sm_89 sm_90a" BENCH_ARCH=sm_90a $MAKE_TARGETS
         rm -rf "$PREBUILT"
-        mkdir -p "$PREBUILT/bin" "$PREBUILT/jit80"
+        mkdir -p "$PREBUILT/bin" "$PREBUILT/jit80" "$PREBUILT/fp16"
         for pair in "${PREBUILT_FROM[@]}"; do cp "${pair#*:}" "$PREBUILT/${pair%%:*}"; done
         for b in dev/cuda/bin/*; do
             [ -f "$b" ] || continue
@@ -107,9 +114,9 @@ if [ "${1:-}" = "--prepare" ]; then
                 *) cp "$b" "$PREBUILT/bin/" ;; esac
         done
         # strip the host symbols (the device code is untouched): the carry limit is 64 MiB
-        strip "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT"/bin/* "$PREBUILT"/jit80/*
+        strip "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT"/bin/* "$PREBUILT"/jit80/* "$PREBUILT"/fp16/*
         check_no_mpi_nccl "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT/libllmc_attention.so" "$PREBUILT"/bin/* \
-            "$PREBUILT"/jit80/*
+            "$PREBUILT"/jit80/* "$PREBUILT"/fp16/*
         git rev-parse --short HEAD > "$PREBUILT/COMMIT" 2>/dev/null || true
     fi
     echo
@@ -148,7 +155,7 @@ START=$(date +%s)
 declare -A EST=([probe]=2 [build]=90 [test_gpu]=65 [memcheck]=8 [racecheck]=32 [train_d12]=6 [train_moe]=3
                 [train_z0]=2 [train_z1]=2 [train_z3]=2 [train_r2]=2 [train_offload]=2 [train_z3_loopback]=2
                 [bench_attention_forward]=4 [bench_attention_backward]=10 [bench_matmul]=5
-                [jit80_test_gpu]=25 [jit80_train_hs128]=10 [train_hs128]=4 [train_hs128_99kb]=4 [speed_d12_before]=3 [speed_d12_after]=3 [bench_matmul_splitk]=8
+                [jit80_test_gpu]=25 [jit80_train_hs128]=10 [fp16_test_gpu]=35 [fp16_train]=15 [train_hs128]=4 [train_hs128_99kb]=4 [speed_d12_before]=3 [speed_d12_after]=3 [bench_matmul_splitk]=8
                 [speed_d30_r0]=14 [speed_d30_r2]=14 [mem_d24]=8 [bench_attention_torch]=100 [maxfit_query]=2 [mem_maxfit_r2]=90)
 DRY_CLOCK=0
 PHASE=essential
@@ -279,7 +286,7 @@ cuda_lib_path() {
 }
 
 TRAIN=dev/cuda/bin/train_gpt_single TEST=./test/test_gpu BENCH_DIR=dev/cuda/bin LIB=dev/cuda/bin/libllmc_attention.so
-JIT80=dev/cuda/bin/jit80
+JIT80=dev/cuda/bin/jit80 FP16=dev/cuda/bin/fp16
 if [ -d "$PREBUILT" ] || [ "$DRY_RUN" = 1 ]; then
     if [ "$DRY_RUN" != 1 ] && ! probe_binaries "$PREBUILT" > /dev/null 2>&1; then
         export LD_LIBRARY_PATH="$(cuda_lib_path)${LD_LIBRARY_PATH:-}"
@@ -287,7 +294,7 @@ if [ -d "$PREBUILT" ] || [ "$DRY_RUN" = 1 ]; then
     fi
     if run_step probe 10 note_probe probe_binaries "$PREBUILT"; then
         TRAIN=$PREBUILT/train_gpt TEST=$PREBUILT/test_gpu BENCH_DIR=$PREBUILT/bin LIB=$PREBUILT/libllmc_attention.so
-        JIT80=$PREBUILT/jit80
+        JIT80=$PREBUILT/jit80 FP16=$PREBUILT/fp16
         PREBUILT_OK=1
     fi
 fi
@@ -420,6 +427,16 @@ hs128_run() {  # name trainer [env...]
         --n_layer 4 --n_embd 512 --n_head 4 -b 8 -t 512 -d 4096 --max_steps 6 --warmup 2 --sample_len 0 --ckpt_every -1
 }
 hs128_run jit80_train_hs128 "$JIT80/train_gpt" LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB
+# the fp16 build's sm_75 code path (T4, RTX 20xx), JIT-compiled from its compute_75 PTX: two m16n8k8 fp16
+# mma.sync per product and plain loads for cp.async, fp16 cuBLASLt, fp16 stochastic rounding; the kernels'
+# tests (fp16 tolerances), then 20 steps of a d4 with dynamic loss scaling (the default of the fp16
+# build) and the attention held to a T4's 64 KB of shared memory per block (hs 64: the T4's variants)
+SMEM_64KB=65536
+run_step fp16_test_gpu 60 note_doctest "$FP16/test_gpu" \
+    -tc='attention*,flash*,matmul*,layernorm*,adamw*,classifier*,model: one training step*'
+run_step fp16_train 30 note_train env LLMC_ATTENTION_SMEM_LIMIT=$SMEM_64KB "$FP16/train_gpt" --train "${DATA}_train_*.bin" \
+    --val '' --out_dir "$WORK/fp16_train" -e d4 -b 8 -t 256 -d 4096 --max_steps 20 --warmup 2 --sample_len 0 \
+    --ckpt_every -1 --loss_scale dynamic
 hs128_run train_hs128 "$TRAIN"
 hs128_run train_hs128_99kb "$TRAIN" LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB
 # GPT-2 124M before / after the weight-gradient split and the lm head's chunk from the memory plan
@@ -483,6 +500,8 @@ for name in ladder_matmul ladder_attention ladder_layernorm layernorm classifier
         printf '%-18s %s\n' "$run" "$(grep -hE "^step +[0-9]+/[0-9]+ \| loss" "$WORK/$run.log" 2>/dev/null | tail -1)"
     done
     grep -hE "^attention hs" "$WORK"/train_hs128*.log "$WORK"/jit80_train_hs128.log 2>/dev/null | sort -u | head -4
+    echo "== the fp16 build's sm_75 code path (compute_75 PTX, JIT), 64 KB attention, dynamic loss scaling"
+    grep -hE "^attention hs|^step +(1|10|20)/" "$WORK/fp16_train.log" 2>/dev/null | head -5
     echo "== memory: plan vs device memory grown since before the model"
     for run in train_d12 speed_d30_r0 speed_d30_r2 mem_d24 mem_maxfit_r2; do
         printf '%-16s %s\n' "$run" "$(grep -hE '^memory after step 1' "$WORK/$run.log" 2>/dev/null | head -1)"

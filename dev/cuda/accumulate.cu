@@ -44,7 +44,7 @@ static bool validate(size_t n, size_t acc_off, size_t x_off) {
     std::vector<float> out[2];
     for (int version = 1; version <= 2; version++) {
         const bool vec8 = version == 2;
-        if (vec8 && !(bf16x8::aligned16(d_acc + acc_off) && bf16x8::aligned16(d_x + x_off))) continue;
+        if (vec8 && !(floatx8::aligned16(d_acc + acc_off) && floatx8::aligned16(d_x + x_off))) continue;
         cudaCheck(cudaMemcpy(d_acc + acc_off, acc.data(), n * sizeof(float), cudaMemcpyHostToDevice));
         grad_accumulate_launch(vec8, d_acc + acc_off, d_x + x_off, n);
         out[version - 1] = to_host(d_acc + acc_off, n);

@@ -15,7 +15,7 @@
 #include "llmc/ops/cpu/adamw.h"
 #include "llmc/ops/adamw.cuh"
 
-using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace bench;  // the validation helpers (host_random, to_device_floatX, ...): dev/cuda/common.cuh
 
 // The CPU twin is gaining a trailing seed argument (meaningless for fp32 params): call whichever
 // signature llmc/ops/cpu/adamw.h has (the int overload exists only when the 14-argument call compiles).
@@ -31,7 +31,7 @@ void cpu_adamw_call(long, T* p, const float* g, float* m, float* v, size_t n, fl
     cpu::adamw_update(p, (float*)nullptr, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
 }
 
-static float bf16_to_float(floatX x) { return __bfloat162float(x); }
+static float bf16_to_float(floatX x) { return floatX_to_float(x); }
 
 // q is x rounded to one of its two bf16 neighbours (x itself if it is a bf16)
 static bool is_bf16_neighbour(float q, float x) {
@@ -59,7 +59,7 @@ __global__ void fill_state(floatX* params, float* master, float* grads, float* m
         const uint32_t h1 = llmc_hash((uint32_t)i * 4 + 1), h2 = llmc_hash((uint32_t)i * 4 + 2);
         const float u1 = (h1 >> 8) * (1.0f / 16777216.0f) - 0.5f, u2 = (h2 >> 8) * (1.0f / 16777216.0f) - 0.5f;
         master[i] = 0.04f * u1;
-        params[i] = __float2bfloat16(master[i]);
+        params[i] = float_to_floatX(master[i]);
         grads[i] = u2;
         m[i] = 0.1f * u2;
         v[i] = 0.01f * u2 * u2 + 1e-6f;
@@ -87,7 +87,7 @@ static void validate(size_t n) {
         v[i] = r * r + 1e-4f;
     }
     std::vector<floatX> params_bf16(n);
-    for (size_t i = 0; i < n; i++) params_bf16[i] = __float2bfloat16(master[i]);
+    for (size_t i = 0; i < n; i++) params_bf16[i] = float_to_floatX(master[i]);
     floatX* d_params = dev_alloc<floatX>(n);
     float* d_grads = to_device(grads);
     float *d_master = dev_alloc<float>(n), *d_m = dev_alloc<float>(n), *d_v = dev_alloc<float>(n);

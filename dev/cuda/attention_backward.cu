@@ -39,7 +39,7 @@
 #include "llmc/ops/cpu/attention.h"
 #include "llmc/ops/attention.cuh"
 
-using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace bench;  // the validation helpers (host_random, to_device_floatX, ...): dev/cuda/common.cuh
 using namespace attention_bench;  // validation_doc_start, time_versions, run_all
 
 typedef void (*BackwardFn)(floatX*, const floatX*, const floatX*, const floatX*, const float*, const int*, int, int,
@@ -81,11 +81,11 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
     std::vector<float> out((size_t)BT * C), lse((size_t)B * NH * T);
     const int alibi_nh = alibi ? NH : 0;  // ALiBi over the NH heads, or none
     cpu::attention_forward<float>(out.data(), lse.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi_nh, 0);
-    for (float& x : out) x = __bfloat162float(__float2bfloat16(x));  // the GPU saves a bf16 out
+    for (float& x : out) x = floatX_to_float(float_to_floatX(x));  // the GPU saves a bf16 out
     std::vector<float> dqkv_ref(qkv.size());
     cpu::attention_backward<float>(dqkv_ref.data(), dout.data(), qkv.data(), out.data(), lse.data(), ds.data(), B, T,
                                    NH, KVH, hs, alibi_nh, 0);
-    floatX *d_qkv = to_device_bf16(qkv), *d_dout = to_device_bf16(dout), *d_out = to_device_bf16(out);
+    floatX *d_qkv = to_device_floatX(qkv), *d_dout = to_device_floatX(dout), *d_out = to_device_floatX(out);
     float* d_lse = to_device(lse);
     int* d_ds = to_device(ds);
     floatX *d_dqkv = dev_alloc<floatX>(qkv.size()), *d_dqkv2 = dev_alloc<floatX>(qkv.size());
@@ -97,7 +97,7 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
         cudaCheck(cudaMemset(d_dqkv, 0xFF, qkv.size() * sizeof(floatX)));  // NaN: unwritten outputs fail
         v.fn(d_dqkv, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         v.fn(d_dqkv2, d_dout, d_qkv, d_out, d_lse, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
-        const std::vector<float> got = to_host_bf16(d_dqkv, qkv.size()), got2 = to_host_bf16(d_dqkv2, qkv.size());
+        const std::vector<float> got = to_host_floatX(d_dqkv, qkv.size()), got2 = to_host_floatX(d_dqkv2, qkv.size());
         // relative L2 and max-norm of each part: dq and dk are small where documents are 1..3 tokens long
         // (p ~ 1, dp ~ D), so the max-norm of the whole part, not of each element, is the scale
         ok = compare("dq", columns(got, BT, row, 0, q_end), columns(dqkv_ref, BT, row, 0, q_end), 1e-2) && ok;

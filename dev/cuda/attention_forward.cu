@@ -36,7 +36,7 @@
 #include "llmc/ops/cpu/attention.h"
 #include "llmc/ops/attention.cuh"
 
-using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace bench;  // the validation helpers (host_random, to_device_floatX, ...): dev/cuda/common.cuh
 using namespace attention_bench;  // validation_doc_start, time_versions, run_all
 
 typedef void (*ForwardFn)(floatX*, float*, const floatX*, const int*, int, int, int, int, int, int, int);
@@ -67,7 +67,7 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
     std::vector<float> out_ref(BT * C), lse_ref(n_lse);
     const int alibi_nh = alibi ? NH : 0;  // ALiBi over the NH heads, or none
     cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi_nh, 0);
-    floatX *d_qkv = to_device_bf16(qkv), *d_out = dev_alloc<floatX>(BT * C), *d_out2 = dev_alloc<floatX>(BT * C);
+    floatX *d_qkv = to_device_floatX(qkv), *d_out = dev_alloc<floatX>(BT * C), *d_out2 = dev_alloc<floatX>(BT * C);
     int* d_ds = to_device(ds);
     float *d_lse = dev_alloc<float>(n_lse), *d_lse2 = dev_alloc<float>(n_lse);
     bool ok = true;
@@ -77,7 +77,7 @@ static bool validate(int B, int T, int NH, int KVH, int hs, bool alibi) {
         cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * sizeof(float)));
         v.fn(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         v.fn(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
-        const std::vector<float> out = to_host_bf16(d_out, BT * C), out2 = to_host_bf16(d_out2, BT * C);
+        const std::vector<float> out = to_host_floatX(d_out, BT * C), out2 = to_host_floatX(d_out2, BT * C);
         const std::vector<float> lse = to_host(d_lse, n_lse), lse2 = to_host(d_lse2, n_lse);
         ok = compare("out", out, out_ref, 1e-2) && ok;
         ok = compare("lse", lse, lse_ref, 1e-3) && ok;

@@ -82,7 +82,7 @@ int llmc_attention_sync() {
 int main() {
     const int B = 1, T = 300, NH = 4, KVH = 2, hs = 64, row = (NH + 2 * KVH) * hs;
     std::vector<floatX> qkv_h((size_t)T * row);
-    for (size_t i = 0; i < qkv_h.size(); i++) qkv_h[i] = __float2bfloat16((float)((i * 2654435761u) % 1000) / 500.f - 1.f);
+    for (size_t i = 0; i < qkv_h.size(); i++) qkv_h[i] = float_to_floatX((float)((i * 2654435761u) % 1000) / 500.f - 1.f);
     std::vector<int> ds_h(T);
     for (int t = 0; t < T; t++) ds_h[t] = t - t % 37;
     floatX *qkv, *out, *out2, *dqkv, *dqkv2;

@@ -15,7 +15,7 @@
 #include "llmc/ops/cpu/classifier.h"
 #include "llmc/ops/classifier.cuh"
 
-using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace bench;  // the validation helpers (host_random, to_device_floatX, ...): dev/cuda/common.cuh
 
 static std::vector<int> make_targets(int N, int V, Rng& rng) {
     std::vector<int> t(N);
@@ -29,18 +29,18 @@ static bool validate(int N, int V, int Vp, float dloss) {
     std::vector<float> logits(total);
     for (int n = 0; n < N; n++)
         for (int v = 0; v < Vp; v++)
-            logits[(size_t)n * Vp + v] = v < V ? __bfloat162float(__float2bfloat16(rng.normal(0.0f, 3.0f))) : 40.0f;
+            logits[(size_t)n * Vp + v] = v < V ? floatX_to_float(float_to_floatX(rng.normal(0.0f, 3.0f))) : 40.0f;
     const std::vector<int> targets = make_targets(N, V, rng);
     std::vector<float> want = logits, want_losses(N);
     cpu::fused_classifier<float>(want.data(), want_losses.data(), targets.data(), dloss, N, V, Vp);
 
-    floatX* d_logits = to_device_bf16(logits);
+    floatX* d_logits = to_device_floatX(logits);
     int* d_targets = to_device(targets);
     float* d_losses = dev_alloc<float>(N);
     cudaCheck(cudaMemset(d_losses, 0xFF, N * sizeof(float)));  // NaN: unwritten losses fail
     fused_classifier(d_logits, d_losses, d_targets, dloss, N, V, Vp);
     const double e_loss = rel_max(to_host(d_losses, N), want_losses);
-    const double e_d = rel_l2(to_host_bf16(d_logits, total), want);
+    const double e_d = rel_l2(to_host_floatX(d_logits, total), want);
     const bool ok = e_loss <= 1e-4 && e_d <= 1e-2;
     printf("validate N=%d V=%d Vp=%d dloss=%g: losses %.2e (rel max), %s %.2e (rel L2): %s\n", N, V, Vp, dloss, e_loss,
            dloss != 0.0f ? "dlogits" : "logits untouched", e_d, ok ? "ok" : "MISMATCH");
@@ -54,8 +54,8 @@ static bool validate(int N, int V, int Vp, float dloss) {
 __global__ void fill_logits_kernel(floatX* p, size_t n, int V, int Vp, float scale) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const uint32_t h = llmc_hash((uint32_t)i ^ llmc_hash((uint32_t)(i >> 32)));
-        p[i] = (int)(i % Vp) < V ? __float2bfloat16(((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale)
-                                 : __float2bfloat16(0.0f);
+        p[i] = (int)(i % Vp) < V ? float_to_floatX(((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale)
+                                 : float_to_floatX(0.0f);
     }
 }
 

@@ -2,8 +2,8 @@
 // ceilings of this GPU (device-to-device copy bandwidth, bf16 cuBLASLt matmul rate), a one-line
 // result printer, and the validation helpers. Each benchmark validates its kernels against the CPU
 // twin (llmc/ops/cpu/<op>.h) before timing them: random bf16-rounded inputs on the host (host_random),
-// the twin in fp32, the same values on the device (to_device_bf16), outputs poisoned with NaN bytes
-// first, then back to the host (to_host_bf16) and compared (rel_l2, rel_max, compare); a failed
+// the twin in fp32, the same values on the device (to_device_floatX), outputs poisoned with NaN bytes
+// first, then back to the host (to_host_floatX) and compared (rel_l2, rel_max, compare); a failed
 // validation ends the program with exit status 1 (require_valid). Timing runs on device buffers
 // filled by a hash (alloc_random: no host round trip for gigabytes).
 #pragma once
@@ -85,7 +85,7 @@ inline void print_flops(const std::string& what, float ms, double flops, double 
 inline std::vector<float> host_random(size_t n, Rng& rng, float std = 1.0f, float mean = 0.0f) {
     std::vector<float> v(n);
     for (float& x : v) {
-        x = __bfloat162float(__float2bfloat16(rng.normal(mean, std)));
+        x = floatX_to_float(float_to_floatX(rng.normal(mean, std)));
         if (x == 0.0f) x = 1e-3f;
     }
     return v;
@@ -104,9 +104,9 @@ inline T* to_device(const std::vector<T>& h) {
     cudaCheck(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
     return d;
 }
-inline floatX* to_device_bf16(const std::vector<float>& v) {
+inline floatX* to_device_floatX(const std::vector<float>& v) {
     std::vector<floatX> h(v.size());
-    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
+    for (size_t i = 0; i < v.size(); i++) h[i] = float_to_floatX(v[i]);
     return to_device(h);
 }
 // after the device is done: n elements back to the host
@@ -117,10 +117,10 @@ inline std::vector<T> to_host(const T* d, size_t n) {
     cudaCheck(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
 }
-inline std::vector<float> to_host_bf16(const floatX* d, size_t n) {
+inline std::vector<float> to_host_floatX(const floatX* d, size_t n) {
     const std::vector<floatX> h = to_host(d, n);
     std::vector<float> v(n);
-    for (size_t i = 0; i < n; i++) v[i] = __bfloat162float(h[i]);
+    for (size_t i = 0; i < n; i++) v[i] = floatX_to_float(h[i]);
     return v;
 }
 
@@ -166,7 +166,7 @@ inline void require_valid(bool ok) {
 __global__ void fill_uniform_kernel(floatX* p, size_t n, uint32_t seed, float scale, float offset) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const uint32_t h = llmc_hash((uint32_t)i ^ llmc_hash(seed + (uint32_t)(i >> 32)));
-        p[i] = __float2bfloat16(((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale + offset);
+        p[i] = float_to_floatX(((h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale + offset);
     }
 }
 // device buffer of n bf16 values uniform in (offset - scale, offset + scale)

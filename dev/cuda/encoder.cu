@@ -19,7 +19,7 @@
 #include "llmc/ops/cpu/encoder.h"
 #include "llmc/ops/encoder.cuh"
 
-using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace bench;  // the validation helpers (host_random, to_device_floatX, ...): dev/cuda/common.cuh
 
 // worst relative L2 error over the rows of [rows, C]
 static double max_row_rel_l2(const std::vector<float>& got, const std::vector<float>& want, int C) {
@@ -68,12 +68,12 @@ static bool validate(int B, int T, int C, int V) {
 
     cuda_scratch_reserve(encoder_scratch_bytes(B, T, C));
     int *d_tokens = to_device(tokens), *d_ds = to_device(ds);
-    floatX *d_wte = to_device_bf16(wte), *d_wpe = to_device_bf16(wpe), *d_dout = to_device_bf16(dout);
+    floatX *d_wte = to_device_floatX(wte), *d_wpe = to_device_floatX(wpe), *d_dout = to_device_floatX(dout);
     floatX* d_out;
     cudaCheck(cudaMalloc(&d_out, n * C * sizeof(floatX)));
     cudaCheck(cudaMemset(d_out, 0xFF, n * C * sizeof(floatX)));  // NaN: unwritten outputs fail
     encoder_forward(d_out, d_tokens, d_ds, d_wte, d_wpe, B, T, C, 0, V);
-    const double e_out = max_row_rel_l2(to_host_bf16(d_out, n * C), out, C);
+    const double e_out = max_row_rel_l2(to_host_floatX(d_out, n * C), out, C);
     std::vector<float> got_wte[2], got_wpe[2];
     for (int rep = 0; rep < 2; rep++) {
         float *d_dwte = to_device(dwte0), *d_dwpe = to_device(dwpe0);  // fp32 gradients

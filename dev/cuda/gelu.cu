@@ -14,7 +14,7 @@
 #include "llmc/ops/cpu/mlp.h"
 #include "llmc/ops/mlp.cuh"
 
-using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace bench;  // the validation helpers (host_random, to_device_floatX, ...): dev/cuda/common.cuh
 
 static bool validate(long N) {
     Rng rng(5 + N);
@@ -22,13 +22,13 @@ static bool validate(long N) {
     std::vector<float> out(N), dinp(N);
     cpu::gelu_forward<float>(out.data(), inp.data(), N);
     cpu::gelu_backward<float>(dinp.data(), dout.data(), inp.data(), N);
-    floatX *d_inp = to_device_bf16(inp), *d_dout = to_device_bf16(dout), *d_out = to_device_bf16(out),
-           *d_dinp = to_device_bf16(dinp);
+    floatX *d_inp = to_device_floatX(inp), *d_dout = to_device_floatX(dout), *d_out = to_device_floatX(out),
+           *d_dinp = to_device_floatX(dinp);
     cudaCheck(cudaMemset(d_out, 0xFF, N * sizeof(floatX)));  // NaN: unwritten outputs fail
     cudaCheck(cudaMemset(d_dinp, 0xFF, N * sizeof(floatX)));
     gelu_forward(d_out, d_inp, N);
     gelu_backward(d_dinp, d_dout, d_inp, N);
-    const double e_out = rel_l2(to_host_bf16(d_out, N), out), e_dinp = rel_l2(to_host_bf16(d_dinp, N), dinp);
+    const double e_out = rel_l2(to_host_floatX(d_out, N), out), e_dinp = rel_l2(to_host_floatX(d_dinp, N), dinp);
     const bool ok = e_out <= 1e-2 && e_dinp <= 1e-2;
     printf("validate N=%ld: out %.2e, dinp %.2e (rel L2): %s\n", N, e_out, e_dinp, ok ? "ok" : "MISMATCH");
     for (floatX* p : {d_inp, d_dout, d_out, d_dinp}) cudaCheck(cudaFree(p));

@@ -60,8 +60,8 @@ int main() {
             Rng rng(n + offset);
             std::vector<floatX> h(n + offset);
             std::vector<float> x(n);
-            for (size_t i = 0; i < n + offset; i++) h[i] = __float2bfloat16(rng.normal(0.1f, 1.0f));
-            for (size_t i = 0; i < n; i++) x[i] = __bfloat162float(h[offset + i]);
+            for (size_t i = 0; i < n + offset; i++) h[i] = float_to_floatX(rng.normal(0.1f, 1.0f));
+            for (size_t i = 0; i < n; i++) x[i] = floatX_to_float(h[offset + i]);
             floatX* d;
             cudaCheck(cudaMalloc(&d, (n + offset) * sizeof(floatX)));
             cudaCheck(cudaMemcpy(d, h.data(), (n + offset) * sizeof(floatX), cudaMemcpyHostToDevice));

@@ -47,7 +47,7 @@ __global__ void attention_naive(floatX* out, float* lse, const floatX* qkv, cons
     auto score = [&](int j) {
         const floatX* k = base + (size_t)j * row + (NH + kh) * hs;
         float dot = 0.0f;
-        for (int d = 0; d < hs; d++) dot += __bfloat162float(q[d]) * __bfloat162float(k[d]);
+        for (int d = 0; d < hs; d++) dot += floatX_to_float(q[d]) * floatX_to_float(k[d]);
         return dot * scale - slope * (float)(i - j);
     };
     const int j0 = doc_start[b * T + i];
@@ -61,10 +61,10 @@ __global__ void attention_naive(floatX* out, float* lse, const floatX* qkv, cons
     for (int j = j0; j <= i; j++) {
         const float p = expf(score(j) - l);
         const floatX* v = base + (size_t)j * row + (NH + KVH + kh) * hs;
-        for (int d = 0; d < hs; d++) o[d] += p * __bfloat162float(v[d]);
+        for (int d = 0; d < hs; d++) o[d] += p * floatX_to_float(v[d]);
     }
     floatX* y = out + ((size_t)b * T + i) * NH * hs + h * hs;
-    for (int d = 0; d < hs; d++) y[d] = __float2bfloat16(o[d]);
+    for (int d = 0; d < hs; d++) y[d] = float_to_floatX(o[d]);
 }
 
 static void run_kernel(int k, floatX* out, float* lse, const floatX* qkv, const int* ds, int B, int T, int NH, int KVH,
@@ -88,7 +88,7 @@ static bool validate(int B, int T, int NH, int KVH, int hs) {
     const std::vector<int> ds = make_doc_start(B, T, true, 17);  // packed rows, starting mid-document
     std::vector<float> out_ref(BT * C), lse_ref(n_lse);
     cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, NH, 0);
-    floatX *d_qkv = to_device_bf16(qkv), *d_out = dev_alloc<floatX>(BT * C);
+    floatX *d_qkv = to_device_floatX(qkv), *d_out = dev_alloc<floatX>(BT * C);
     float* d_lse = dev_alloc<float>(n_lse);
     int* d_ds = to_device(ds);
     bool ok = true;
@@ -97,7 +97,7 @@ static bool validate(int B, int T, int NH, int KVH, int hs) {
         cudaCheck(cudaMemset(d_out, 0xFF, BT * C * sizeof(floatX)));  // NaN: an unwritten output fails
         cudaCheck(cudaMemset(d_lse, 0xFF, n_lse * sizeof(float)));
         run_kernel(k, d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, NH);
-        ok = compare("out", to_host_bf16(d_out, BT * C), out_ref, 1e-2) && ok;
+        ok = compare("out", to_host_floatX(d_out, BT * C), out_ref, 1e-2) && ok;
         ok = compare("lse", to_host(d_lse, n_lse), lse_ref, 1e-3) && ok;
     }
     for (void* p : {(void*)d_qkv, (void*)d_out, (void*)d_lse, (void*)d_ds}) cudaCheck(cudaFree(p));

@@ -28,16 +28,16 @@ __global__ void layernorm_naive(floatX* out, float* mean, float* rstd, const flo
     if (n >= N) return;
     const floatX* x = inp + (size_t)n * C;
     float m = 0.0f, v = 0.0f;
-    for (int c = 0; c < C; c++) m += __bfloat162float(x[c]);
+    for (int c = 0; c < C; c++) m += floatX_to_float(x[c]);
     m /= C;
     for (int c = 0; c < C; c++) {
-        const float d = __bfloat162float(x[c]) - m;
+        const float d = floatX_to_float(x[c]) - m;
         v += d * d;
     }
     const float s = rsqrtf(v / C + 1e-5f);
     for (int c = 0; c < C; c++)
         out[(size_t)n * C + c] =
-            __float2bfloat16((__bfloat162float(x[c]) - m) * s * __bfloat162float(w[c]) + __bfloat162float(b[c]));
+            float_to_floatX((floatX_to_float(x[c]) - m) * s * floatX_to_float(w[c]) + floatX_to_float(b[c]));
     mean[n] = m;
     rstd[n] = s;
 }
@@ -52,16 +52,16 @@ __global__ void layernorm_warp(floatX* out, float* mean, float* rstd, const floa
     if (n >= N) return;  // a whole warp leaves together: the shuffles below see all 32 lanes
     const floatX* x = inp + (size_t)n * C;
     float m = 0.0f, v = 0.0f;
-    for (int c = lane; c < C; c += 32) m += __bfloat162float(x[c]);
+    for (int c = lane; c < C; c += 32) m += floatX_to_float(x[c]);
     m = warp_sum(m) / C;
     for (int c = lane; c < C; c += 32) {
-        const float d = __bfloat162float(x[c]) - m;
+        const float d = floatX_to_float(x[c]) - m;
         v += d * d;
     }
     const float s = rsqrtf(warp_sum(v) / C + 1e-5f);
     for (int c = lane; c < C; c += 32)
         out[(size_t)n * C + c] =
-            __float2bfloat16((__bfloat162float(x[c]) - m) * s * __bfloat162float(w[c]) + __bfloat162float(b[c]));
+            float_to_floatX((floatX_to_float(x[c]) - m) * s * floatX_to_float(w[c]) + floatX_to_float(b[c]));
     if (lane == 0) {
         mean[n] = m;
         rstd[n] = s;
@@ -87,7 +87,7 @@ static bool validate(int N, int C) {
     const std::vector<float> x = host_random(nc, rng, 1.0f, 2.0f), w = host_random(C, rng, 0.3f, 1.0f), b = host_random(C, rng, 0.3f);
     std::vector<float> y(nc), mean(N), rstd(N);
     cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-    floatX *d_x = to_device_bf16(x), *d_w = to_device_bf16(w), *d_b = to_device_bf16(b), *d_y = dev_alloc<floatX>(nc);
+    floatX *d_x = to_device_floatX(x), *d_w = to_device_floatX(w), *d_b = to_device_floatX(b), *d_y = dev_alloc<floatX>(nc);
     float *d_mean = dev_alloc<float>(N), *d_rstd = dev_alloc<float>(N);
     bool ok = true;
     for (int k = 1; k <= 3; k++) {
@@ -96,7 +96,7 @@ static bool validate(int N, int C) {
         cudaCheck(cudaMemset(d_mean, 0xFF, N * sizeof(float)));
         cudaCheck(cudaMemset(d_rstd, 0xFF, N * sizeof(float)));
         run_kernel(k, d_y, d_mean, d_rstd, d_x, d_w, d_b, N, C);
-        ok = compare("out", to_host_bf16(d_y, nc), y, 1e-2) && ok;
+        ok = compare("out", to_host_floatX(d_y, nc), y, 1e-2) && ok;
         ok = compare("mean", to_host(d_mean, N), mean, 1e-3) && ok;
         ok = compare("rstd", to_host(d_rstd, N), rstd, 1e-3) && ok;
     }

@@ -25,9 +25,9 @@ using namespace bench;
 __global__ void matmul_naive(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int BT, int C, int OC) {
     const int o = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y * blockDim.y + threadIdx.y;
     if (o >= OC || t >= BT) return;
-    float acc = bias ? __bfloat162float(bias[o]) : 0.0f;
-    for (int k = 0; k < C; k++) acc += __bfloat162float(inp[(size_t)t * C + k]) * __bfloat162float(w[(size_t)o * C + k]);
-    out[(size_t)t * OC + o] = __float2bfloat16(acc);
+    float acc = bias ? floatX_to_float(bias[o]) : 0.0f;
+    for (int k = 0; k < C; k++) acc += floatX_to_float(inp[(size_t)t * C + k]) * floatX_to_float(w[(size_t)o * C + k]);
+    out[(size_t)t * OC + o] = float_to_floatX(acc);
 }
 
 constexpr int TILE = 32;
@@ -37,14 +37,14 @@ __global__ void matmul_tiled(floatX* out, const floatX* inp, const floatX* w, co
     float acc = 0.0f;
     for (int k0 = 0; k0 < C; k0 += TILE) {
         const int k = k0 + tx;
-        a[ty][tx] = t0 + ty < BT && k < C ? __bfloat162float(inp[(size_t)(t0 + ty) * C + k]) : 0.0f;
-        b[ty][tx] = o0 + ty < OC && k < C ? __bfloat162float(w[(size_t)(o0 + ty) * C + k]) : 0.0f;
+        a[ty][tx] = t0 + ty < BT && k < C ? floatX_to_float(inp[(size_t)(t0 + ty) * C + k]) : 0.0f;
+        b[ty][tx] = o0 + ty < OC && k < C ? floatX_to_float(w[(size_t)(o0 + ty) * C + k]) : 0.0f;
         __syncthreads();
         for (int kk = 0; kk < TILE; kk++) acc += a[ty][kk] * b[tx][kk];
         __syncthreads();
     }
     const int t = t0 + ty, o = o0 + tx;
-    if (t < BT && o < OC) out[(size_t)t * OC + o] = __float2bfloat16(acc + (bias ? __bfloat162float(bias[o]) : 0.0f));
+    if (t < BT && o < OC) out[(size_t)t * OC + o] = float_to_floatX(acc + (bias ? floatX_to_float(bias[o]) : 0.0f));
 }
 
 static void run_kernel(int k, floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int BT, int C, int OC) {
@@ -67,14 +67,14 @@ static bool validate(int BT, int C, int OC) {
     const std::vector<float> bias = host_random(OC, rng, 0.1f);
     std::vector<float> want((size_t)BT * OC);
     cpu::matmul_forward<float>(want.data(), inp.data(), w.data(), bias.data(), BT, C, OC);
-    floatX *d_inp = to_device_bf16(inp), *d_w = to_device_bf16(w), *d_bias = to_device_bf16(bias);
+    floatX *d_inp = to_device_floatX(inp), *d_w = to_device_floatX(w), *d_bias = to_device_floatX(bias);
     floatX* d_out = dev_alloc<floatX>(want.size());
     bool ok = true;
     for (int k = 1; k <= 3; k++) {
         printf("validate %s BT=%d C=%d OC=%d\n", names[k], BT, C, OC);
         cudaCheck(cudaMemset(d_out, 0xFF, want.size() * sizeof(floatX)));  // NaN: an unwritten output fails
         run_kernel(k, d_out, d_inp, d_w, d_bias, BT, C, OC);
-        ok = compare("out", to_host_bf16(d_out, want.size()), want, 1e-2) && ok;
+        ok = compare("out", to_host_floatX(d_out, want.size()), want, 1e-2) && ok;
     }
     for (void* p : {(void*)d_inp, (void*)d_w, (void*)d_bias, (void*)d_out}) cudaCheck(cudaFree(p));
     return ok;

@@ -18,7 +18,7 @@
 #include "llmc/ops/cpu/layernorm.h"
 #include "llmc/ops/layernorm.cuh"
 
-using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace bench;  // the validation helpers (host_random, to_device_floatX, ...): dev/cuda/common.cuh
 
 static bool validate(int N, int C) {
     Rng rng(99 + C);
@@ -30,38 +30,38 @@ static bool validate(int N, int C) {
     // CPU: plain forward of x; fused: residual, then the forward of the bf16-rounded residual; backward on x
     std::vector<float> y(nc), mean(N), rstd(N), res(nc), y2(nc), mean2(N), rstd2(N);
     cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-    for (size_t i = 0; i < nc; i++) res[i] = __bfloat162float(__float2bfloat16(x[i] + x2[i]));
+    for (size_t i = 0; i < nc; i++) res[i] = floatX_to_float(float_to_floatX(x[i] + x2[i]));
     cpu::layernorm_forward<float>(y2.data(), mean2.data(), rstd2.data(), res.data(), w.data(), b.data(), N, C);
     std::vector<float> dinp = dinp0, dw = dw0, db = db0;
     cpu::layernorm_backward<float>(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
                                    rstd.data(), N, C);
 
     cuda_scratch_reserve(layernorm_scratch_bytes(N, C));
-    floatX *d_x = to_device_bf16(x), *d_x2 = to_device_bf16(x2), *d_w = to_device_bf16(w), *d_b = to_device_bf16(b);
-    floatX *d_dout = to_device_bf16(dout), *d_y = to_device_bf16(y), *d_res = to_device_bf16(res);
+    floatX *d_x = to_device_floatX(x), *d_x2 = to_device_floatX(x2), *d_w = to_device_floatX(w), *d_b = to_device_floatX(b);
+    floatX *d_dout = to_device_floatX(dout), *d_y = to_device_floatX(y), *d_res = to_device_floatX(res);
     float *d_mean = to_device(mean), *d_rstd = to_device(rstd);
     cudaCheck(cudaMemset(d_y, 0xFF, nc * sizeof(floatX)));  // NaN: unwritten outputs fail
     cudaCheck(cudaMemset(d_mean, 0xFF, N * sizeof(float)));
     cudaCheck(cudaMemset(d_rstd, 0xFF, N * sizeof(float)));
     layernorm_forward(d_y, d_mean, d_rstd, d_x, d_w, d_b, N, C);
     double e[9];
-    e[0] = rel_l2(to_host_bf16(d_y, nc), y);
+    e[0] = rel_l2(to_host_floatX(d_y, nc), y);
     e[1] = std::max(rel_max(to_host(d_mean, N), mean), rel_max(to_host(d_rstd, N), rstd));
     cudaCheck(cudaMemset(d_y, 0xFF, nc * sizeof(floatX)));
     cudaCheck(cudaMemset(d_res, 0xFF, nc * sizeof(floatX)));
     fused_residual_layernorm_forward(d_res, d_y, d_mean, d_rstd, d_x, d_x2, d_w, d_b, N, C);
-    e[2] = rel_l2(to_host_bf16(d_res, nc), res);
-    e[3] = rel_l2(to_host_bf16(d_y, nc), y2);
+    e[2] = rel_l2(to_host_floatX(d_res, nc), res);
+    e[3] = rel_l2(to_host_floatX(d_y, nc), y2);
     e[4] = std::max(rel_max(to_host(d_mean, N), mean2), rel_max(to_host(d_rstd, N), rstd2));
     // backward with the CPU statistics of x, twice
     cudaCheck(cudaMemcpy(d_mean, mean.data(), N * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_rstd, rstd.data(), N * sizeof(float), cudaMemcpyHostToDevice));
     std::vector<float> got[2][3];
     for (int rep = 0; rep < 2; rep++) {
-        floatX* d_dinp = to_device_bf16(dinp0);
+        floatX* d_dinp = to_device_floatX(dinp0);
         float *d_dw = to_device(dw0), *d_db = to_device(db0);  // fp32 gradients
         layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
-        got[rep][0] = to_host_bf16(d_dinp, nc);
+        got[rep][0] = to_host_floatX(d_dinp, nc);
         got[rep][1] = to_host(d_dw, C);
         got[rep][2] = to_host(d_db, C);
         cudaCheck(cudaFree(d_dinp));

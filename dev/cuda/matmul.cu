@@ -27,7 +27,7 @@
 #include "llmc/ops/cpu/matmul.h"
 #include "llmc/ops/matmul.cuh"
 
-using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace bench;  // the validation helpers (host_random, to_device_floatX, ...): dev/cuda/common.cuh
 
 // ------------------------------------------------------------------------------------------------
 // validation
@@ -42,8 +42,8 @@ static bool validate(int BT, int C, int OC) {
     std::vector<float> dout = host_random((size_t)BT * OC, rng, 1.0f / std::sqrt((float)BT), 0.0f);  // zero mean: colsums ~ prefill
     std::vector<float> dweight = host_random((size_t)OC * C, rng, 1.0f, mean);  // prefill: += is checked
     std::vector<float> dbias = host_random(OC, rng, 1.0f, mean);
-    floatX *d_inp = to_device_bf16(inp), *d_weight = to_device_bf16(weight), *d_bias = to_device_bf16(bias),
-           *d_dout = to_device_bf16(dout);
+    floatX *d_inp = to_device_floatX(inp), *d_weight = to_device_floatX(weight), *d_bias = to_device_floatX(bias),
+           *d_dout = to_device_floatX(dout);
     float *d_dweight = to_device(dweight), *d_dbias = to_device(dbias);  // fp32 gradients
     floatX *d_out, *d_dinp;
     cudaCheck(cudaMalloc(&d_out, (size_t)BT * OC * sizeof(floatX)));
@@ -60,8 +60,8 @@ static bool validate(int BT, int C, int OC) {
     matmul_backward(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, BT, C, OC);
     const double tol = 1e-2;      // bf16 output rounding: ~1e-3 relative L2, <= 2^-8 per element
     const double f32_tol = 1e-5;  // fp32 gradients: the same products, summed in another order
-    bool ok = compare("out", to_host_bf16(d_out, out.size()), out, tol);
-    ok &= compare("dinp", to_host_bf16(d_dinp, dinp.size()), dinp, tol);
+    bool ok = compare("out", to_host_floatX(d_out, out.size()), out, tol);
+    ok &= compare("dinp", to_host_floatX(d_dinp, dinp.size()), dinp, tol);
     ok &= compare("dweight", to_host(d_dweight, dweight.size()), dweight, f32_tol);
     ok &= compare("dbias", to_host(d_dbias, dbias.size()), dbias, f32_tol);
     for (floatX* p : {d_inp, d_weight, d_bias, d_dout, d_out, d_dinp}) cudaCheck(cudaFree(p));
@@ -152,7 +152,7 @@ static bool validate_splitk(int BT, int C, int OC) {
     std::vector<float> inp = host_random((size_t)BT * C, rng, 1.0f, 0.05f);
     std::vector<float> dout = host_random((size_t)BT * OC, rng, 1.0f / std::sqrt((float)BT), 0.0f);
     std::vector<float> dweight = host_random((size_t)OC * C, rng, 1.0f, 0.05f);  // prefill: += is checked
-    floatX *d_inp = to_device_bf16(inp), *d_dout = to_device_bf16(dout);
+    floatX *d_inp = to_device_floatX(inp), *d_dout = to_device_floatX(dout);
     float* d_dweight = to_device(dweight);
     cpu::matmul_backward<float>((float*)nullptr, dweight.data(), (float*)nullptr, dout.data(), inp.data(),
                                 (const float*)nullptr, BT, C, OC);

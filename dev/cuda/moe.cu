@@ -27,7 +27,7 @@
 #include "llmc/ops/mlp.cuh"
 #include "llmc/ops/moe.cuh"
 
-using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace bench;  // the validation helpers (host_random, to_device_floatX, ...): dev/cuda/common.cuh
 
 // ------------------------------------------------------------------------------------------------
 // validation
@@ -60,7 +60,7 @@ static bool validate_ops(int B, int T, int C, int E, float c, bool by_position) 
     cpu::moe_router_forward<float, float>(scores.data(), x.data(), w.data(), n, C, E);
     // the GPU's scores may differ in the last bits; select on the GPU's own scores on both sides
     float* d_scores = dev_alloc<float>((size_t)n * E);
-    floatX *d_x = to_device_bf16(x), *d_w = to_device_bf16(w);
+    floatX *d_x = to_device_floatX(x), *d_w = to_device_floatX(w);
     cudaCheck(cudaMemset(d_scores, 0xFF, (size_t)n * E * sizeof(float)));
     moe_router_forward(d_scores, d_x, d_w, n, C, E);
     bool ok = compare("scores", to_host(d_scores, (size_t)n * E), scores, 1e-5);
@@ -75,8 +75,8 @@ static bool validate_ops(int B, int T, int C, int E, float c, bool by_position) 
                                            C, E);
 
     int *d_tokens = dev_alloc<int>(rows), *d_slots = dev_alloc<int>((size_t)n * E);
-    floatX *d_xe = dev_alloc<floatX>(rows * C), *d_ye = to_device_bf16(ye), *d_out = dev_alloc<floatX>((size_t)n * C);
-    floatX *d_dout = to_device_bf16(dout), *d_dye = dev_alloc<floatX>(rows * C), *d_dx = to_device_bf16(dx0);
+    floatX *d_xe = dev_alloc<floatX>(rows * C), *d_ye = to_device_floatX(ye), *d_out = dev_alloc<floatX>((size_t)n * C);
+    floatX *d_dout = to_device_floatX(dout), *d_dye = dev_alloc<floatX>(rows * C), *d_dx = to_device_floatX(dx0);
     float* d_dw = to_device(dw0);  // the fp32 router gradient
     float* d_dscores = dev_alloc<float>((size_t)n * E);
     cudaCheck(cudaMemset(d_tokens, 0xFF, rows * sizeof(int)));
@@ -97,11 +97,11 @@ static bool validate_ops(int B, int T, int C, int E, float c, bool by_position) 
     moe_combine_backward(d_dye, d_dscores, d_dout, d_ye, d_scores, d_tokens, d_slots, n, E, cap, C);
     moe_gather_backward(d_dx, d_dye, d_slots, n, E, cap, C);
     moe_router_backward(d_dx, d_dw, d_dscores, d_scores, d_x, d_w, n, C, E);
-    ok &= compare("xe", to_host_bf16(d_xe, rows * C), xe, 0.0);
-    ok &= compare("out", to_host_bf16(d_out, (size_t)n * C), out, 1e-2);
-    ok &= compare("dye", to_host_bf16(d_dye, rows * C), dye, 1e-2);
+    ok &= compare("xe", to_host_floatX(d_xe, rows * C), xe, 0.0);
+    ok &= compare("out", to_host_floatX(d_out, (size_t)n * C), out, 1e-2);
+    ok &= compare("dye", to_host_floatX(d_dye, rows * C), dye, 1e-2);
     ok &= compare("dscores", to_host(d_dscores, (size_t)n * E), dscores, 1e-4);
-    ok &= compare("dx", to_host_bf16(d_dx, (size_t)n * C), dx, 1e-2);
+    ok &= compare("dx", to_host_floatX(d_dx, (size_t)n * C), dx, 1e-2);
     ok &= compare("drouter_w", to_host(d_dw, (size_t)E * C), dw, 1e-5);  // fp32 sums, reordered
     for (void* p : {(void*)d_scores, (void*)d_x, (void*)d_w, (void*)d_tokens, (void*)d_slots, (void*)d_xe, (void*)d_ye,
                     (void*)d_out, (void*)d_dout, (void*)d_dye, (void*)d_dx, (void*)d_dw, (void*)d_dscores})
@@ -146,8 +146,8 @@ static bool validate_batched(int n_batch, int BT, int C, int OC) {
     const std::vector<float> bias = host_random(nb * OC, rng, 1.0f);
     const std::vector<float> dout = host_random(nb * BT * OC, rng, 1.0f / std::sqrt((float)BT));
     std::vector<float> dweight = host_random(nb * OC * C, rng, 1.0f), dbias = host_random(nb * OC, rng, 1.0f);
-    floatX *d_inp = to_device_bf16(inp), *d_w = to_device_bf16(weight), *d_b = to_device_bf16(bias),
-           *d_dout = to_device_bf16(dout);
+    floatX *d_inp = to_device_floatX(inp), *d_w = to_device_floatX(weight), *d_b = to_device_floatX(bias),
+           *d_dout = to_device_floatX(dout);
     float *d_dw = to_device(dweight), *d_db = to_device(dbias);  // fp32 gradients
     floatX *d_out = dev_alloc<floatX>(nb * BT * OC), *d_dinp = dev_alloc<floatX>(nb * BT * C);
     cudaCheck(cudaMemset(d_out, 0xFF, nb * BT * OC * sizeof(floatX)));
@@ -159,8 +159,8 @@ static bool validate_batched(int n_batch, int BT, int C, int OC) {
     cuda_scratch_reserve(matmul_batched_scratch_bytes(n_batch, BT, OC));
     matmul_forward_batched(d_out, d_inp, d_w, d_b, n_batch, BT, C, OC);
     matmul_backward_batched(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, n_batch, BT, C, OC);
-    bool ok = compare("out", to_host_bf16(d_out, out.size()), out, 1e-2);
-    ok &= compare("dinp", to_host_bf16(d_dinp, dinp.size()), dinp, 1e-2);
+    bool ok = compare("out", to_host_floatX(d_out, out.size()), out, 1e-2);
+    ok &= compare("dinp", to_host_floatX(d_dinp, dinp.size()), dinp, 1e-2);
     ok &= compare("dweight", to_host(d_dw, dweight.size()), dweight, 1e-5);  // fp32 sums, reordered
     ok &= compare("dbias", to_host(d_db, dbias.size()), dbias, 1e-5);
     for (floatX* p : {d_inp, d_w, d_b, d_dout, d_out, d_dinp}) cudaCheck(cudaFree(p));

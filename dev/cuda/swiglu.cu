@@ -14,7 +14,7 @@
 #include "llmc/ops/cpu/mlp.h"
 #include "llmc/ops/mlp.cuh"
 
-using namespace bench;  // the validation helpers (host_random, to_device_bf16, ...): dev/cuda/common.cuh
+using namespace bench;  // the validation helpers (host_random, to_device_floatX, ...): dev/cuda/common.cuh
 
 static bool validate(int N, int H) {
     Rng rng(7 + H);
@@ -23,13 +23,13 @@ static bool validate(int N, int H) {
     std::vector<float> out(nh), dinp(2 * nh);
     cpu::swiglu_forward<float>(out.data(), inp.data(), N, H);
     cpu::swiglu_backward<float>(dinp.data(), dout.data(), inp.data(), N, H);
-    floatX *d_inp = to_device_bf16(inp), *d_dout = to_device_bf16(dout), *d_out = to_device_bf16(out),
-           *d_dinp = to_device_bf16(dinp);
+    floatX *d_inp = to_device_floatX(inp), *d_dout = to_device_floatX(dout), *d_out = to_device_floatX(out),
+           *d_dinp = to_device_floatX(dinp);
     cudaCheck(cudaMemset(d_out, 0xFF, nh * sizeof(floatX)));  // NaN: unwritten outputs fail
     cudaCheck(cudaMemset(d_dinp, 0xFF, 2 * nh * sizeof(floatX)));
     swiglu_forward(d_out, d_inp, N, H);
     swiglu_backward(d_dinp, d_dout, d_inp, N, H);
-    const double e_out = rel_l2(to_host_bf16(d_out, nh), out), e_dinp = rel_l2(to_host_bf16(d_dinp, 2 * nh), dinp);
+    const double e_out = rel_l2(to_host_floatX(d_out, nh), out), e_dinp = rel_l2(to_host_floatX(d_dinp, 2 * nh), dinp);
     const bool ok = e_out <= 1e-2 && e_dinp <= 1e-2;
     printf("validate N=%d H=%d: out %.2e, dinp %.2e (rel L2): %s\n", N, H, e_out, e_dinp, ok ? "ok" : "MISMATCH");
     for (floatX* p : {d_inp, d_dout, d_out, d_dinp}) cudaCheck(cudaFree(p));

@@ -21,9 +21,9 @@
 //                split-K choice of the dense weight gradients (dense_dweight_split) depend on them
 //   smem_optin   the most shared memory one block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin):
 //                the attention kernels' tiles are chosen from it (llmc/ops/attention.cuh)
-//   bf16         whether the tensor cores take bf16 (sm_80 and later); without it (T4, V100) the CUDA
-//                build cannot run, and a plan for the card is the plan of an fp16 build (the same
-//                2-byte params and activations), which is not written yet
+//   bf16         whether the tensor cores take bf16 (sm_80 and later); without it the card runs the
+//                fp16 build (T4: make train_gpt PRECISION=fp16 GPU_ARCH=sm_75, with loss scaling; the
+//                same 2-byte params and activations, so the same plan); the V100 runs neither
 //   peak_tflops  the vendor datasheet's dense 16-bit tensor-core peak with fp32 accumulation (no
 //                sparsity), the MFU denominator: the A100 / H100 / H200 SXM bf16 figures, the GeForce
 //                cards' "FP16 tensor with FP32 accumulate" (half their fp16-accumulate rate), fp16 on
@@ -216,7 +216,7 @@ static std::string measured_memory(double) {
                   ru.ru_maxrss / 1024.0);
 }
 #else
-// The CUDA build: bf16 params, grads and activations, fp32 master weights and Adam moments, fp32
+// The CUDA build: floatX (bf16; fp16 with -DLLMC_FP16) params, grads and activations, fp32 master weights and Adam moments, fp32
 // statistics. The ops (llmc/ops/<op>.cuh) have the signatures of their CPU twins.
 #include "llmc/ops/cuda_common.cuh"
 #include "llmc/ops/encoder.cuh"
@@ -234,7 +234,18 @@ static const char* backend_name() {
     static char name[320];
     cudaDeviceProp p;
     cudaCheck(cudaGetDeviceProperties(&p, 0));
-    snprintf(name, sizeof(name), "cuda on %s (sm_%d%d), bf16 with fp32 master weights", p.name, p.major, p.minor);
+#ifndef LLMC_FP16
+    LLMC_CHECK(p.major >= 8, "%s (sm_%d%d) has no bf16: this is the bf16 build; build the fp16 one for it (make train_gpt "
+               "PRECISION=fp16 GPU_ARCH=sm_%d%d)", p.name, p.major, p.minor, p.major, p.minor);
+#endif
+    snprintf(name, sizeof(name), "cuda on %s (sm_%d%d), %s with fp32 master weights%s", p.name, p.major, p.minor,
+             LLMC_PRECISION,
+#ifdef LLMC_FP16
+             " and loss scaling"
+#else
+             ""
+#endif
+    );
     return name;
 }
 // which attention kernels and shared-memory variants this card runs (chosen from its limits at run

@@ -294,12 +294,10 @@ static void print_plan_only(const Run& r) {
         in.layout.elem_bytes = 2;
         in.layout.device_total_bytes = card->total_bytes();
         in.device_bytes = card->free_bytes();
-        // without bf16 the CUDA build does not run; the plan is an fp16 build's (the same bytes), and
-        // says that build does not exist yet rather than promise a run
+        // without bf16 the card runs the fp16 build (make train_gpt PRECISION=fp16: the same bytes)
         in.device_name = strfmt("%s (%s)", card->description,
                                 card->bf16 ? "CUDA build, bf16"
-                                           : "no bf16: an fp16 build's plan; the fp16 build with loss scaling is not "
-                                             "written yet, so today's binary cannot run there");
+                                           : "no bf16: the fp16 build's plan (make train_gpt PRECISION=fp16, loss scaling)");
     }
     if (comm_world().world_rank != 0) return;
     if (card)

@@ -80,7 +80,7 @@ inline void grad_accumulate_launch(bool vec8, float* acc, const float* x, size_t
 
 // acc: fp32 [n], accumulated (+=); x: fp32 [n], read only. Device pointers.
 inline void grad_accumulate(float* acc, const float* x, size_t n) {
-    using bf16x8::aligned16;
+    using floatx8::aligned16;
     grad_accumulate_launch(aligned16(acc) && aligned16(x), acc, x, n);
 }
 
@@ -89,7 +89,7 @@ inline void grad_accumulate(float* acc, const float* x, size_t n) {
 // element, fp32 add rounded once to bf16), and the running maximum of the vocab-parallel softmax.
 __global__ void add_bias_kernel(floatX* out, const floatX* bias, size_t n, int OC) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16_rn(__bfloat162float(out[i]) + __bfloat162float(bias[i % OC]));
+        out[i] = float_to_floatX(floatX_to_float(out[i]) + floatX_to_float(bias[i % OC]));
 }
 inline void add_bias(floatX* out, const floatX* bias, int rows, int OC) {
     const size_t n = (size_t)rows * OC;

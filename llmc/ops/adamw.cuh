@@ -4,7 +4,7 @@
 //   p -= lr * weight_decay * p
 //   m = beta1 m + (1 - beta1) g          v = beta2 v + (1 - beta2) g^2        (overwritten)
 //   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)          (t: 1-based step)
-//   master = p (when present);  param = stochastic_round_bf16(p)             (overwritten)
+//   master = p (when present);  param = stochastic_round_floatX(p)             (overwritten)
 //
 // Exactness. Every fp32 operation is spelled with an IEEE round-to-nearest intrinsic (__fmul_rn,
 // __fdiv_rn, __fsqrt_rn, ...) in the CPU twin's evaluation order, and the bias corrections
@@ -108,13 +108,13 @@ __device__ inline void adamw_update_one(floatX* params, float* master, const flo
                                         size_t i, const AdamwArgs& a) {
     float p;
     if constexpr (MASTER) p = master[i];
-    else p = __bfloat162float(params[i]);
+    else p = floatX_to_float(params[i]);
     float mi = m[i], vi = v[i];
     p = adamw_element(p, grads[i], mi, vi, a);
     m[i] = mi;
     v[i] = vi;
     if constexpr (MASTER) master[i] = p;
-    params[i] = stochastic_round_bf16(p, adamw_random_bits(a.seed, i));
+    params[i] = stochastic_round_floatX(p, adamw_random_bits(a.seed, i));
 }
 
 // elements i0 .. i0 + 7 (every pointer 16-byte aligned): one 16-byte access per 4 fp32 / 8 bf16
@@ -132,7 +132,7 @@ __device__ inline void adamw_update8(floatX* params, float* master, const float*
         p[0] = p0.x; p[1] = p0.y; p[2] = p0.z; p[3] = p0.w;
         p[4] = p1.x; p[5] = p1.y; p[6] = p1.z; p[7] = p1.w;
     } else {
-        bf16x8::unpack8(p, __ldcs(reinterpret_cast<const uint4*>(params + i0)));
+        floatx8::unpack8(p, __ldcs(reinterpret_cast<const uint4*>(params + i0)));
     }
     const float4 m0 = __ldcs(reinterpret_cast<const float4*>(m + i0));
     const float4 m1 = __ldcs(reinterpret_cast<const float4*>(m + i0 + 4));
@@ -155,9 +155,9 @@ __device__ inline void adamw_update8(floatX* params, float* master, const float*
     uint32_t out[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        const floatX lo = stochastic_round_bf16(p[2 * k], adamw_random_bits(a.seed, i0 + 2 * k));
-        const floatX hi = stochastic_round_bf16(p[2 * k + 1], adamw_random_bits(a.seed, i0 + 2 * k + 1));
-        out[k] = bf16x8::pack_bf16_bits(lo, hi);
+        const floatX lo = stochastic_round_floatX(p[2 * k], adamw_random_bits(a.seed, i0 + 2 * k));
+        const floatX hi = stochastic_round_floatX(p[2 * k + 1], adamw_random_bits(a.seed, i0 + 2 * k + 1));
+        out[k] = floatx8::pack_floatX_bits(lo, hi);
     }
     __stcs(reinterpret_cast<uint4*>(params + i0), make_uint4(out[0], out[1], out[2], out[3]));
 }
@@ -216,7 +216,7 @@ inline void adamw_update(floatX* params, float* master_params, const float* grad
                          float lr, float beta1, float beta2, float eps, float weight_decay, float grad_scale, int t,
                          uint64_t seed) {
     const AdamwArgs a = adamw_make_args(lr, beta1, beta2, eps, weight_decay, grad_scale, t, seed);
-    using bf16x8::aligned16;
+    using floatx8::aligned16;
     const bool vec8 = aligned16(params) && aligned16(grads) && aligned16(m) && aligned16(v) &&
                       (master_params == nullptr || aligned16(master_params));
     adamw_launch(vec8, params, master_params, grads, m, v, n, a);
@@ -267,7 +267,7 @@ inline void adamw_update_pieces(floatX* params, float* master_params, const floa
                                 const cpu::AdamwPiece* pieces, int count, float lr, float beta1, float beta2, float eps,
                                 float weight_decay, float grad_scale, int t, uint64_t seed) {
     const AdamwArgs a = adamw_make_args(lr, beta1, beta2, eps, weight_decay, grad_scale, t, seed);
-    using bf16x8::aligned16;
+    using floatx8::aligned16;
     for (int k0 = 0; k0 < count;) {
         AdamwTable tab;
         int n_pieces = 0;

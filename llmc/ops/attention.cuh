@@ -13,22 +13,22 @@
 //             dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,  dv_j = sum_i p_ij dO_i
 //             (dk, dv also summed over the query heads of the kv head's group)
 // Two implementations; attention_forward / attention_backward pick one by head size:
-//   hs 64, 128   the flash path: fused FlashAttention-2 style kernels on the bf16 tensor cores
+//   hs 64, 128   the flash path: fused FlashAttention-2 style kernels on the floatX tensor cores
 //   other hs     the simple path: fp32 math on CUDA cores (correct, memory-lean, ~10x slower)
 // Both are callable directly (attention_detail::forward_simple / forward_flash, backward_*) for the
 // tests and the benchmarks (dev/cuda/attention_forward.cu, attention_backward.cu).
 //
 // ---- The flash path (hs = 64, 128) ----
-// Every product is mma.sync.m16n8k16 (bf16 x bf16 -> fp32) on fragments loaded from shared memory by
+// Every product is mma.sync.m16n8k16 (floatX x floatX -> fp32; fp16 on sm_75: two m16n8k8) on fragments loaded from shared memory by
 // ldmatrix; tiles come in by cp.async (16-byte copies, double-buffered so the copy of tile k+1 overlaps
 // the math of tile k; single-buffered where the device's shared memory calls for it: flash_plan). Tiles
-// are 64 rows x hs, padded rows in smem (hs + 8 bf16: conflict-free
+// are 64 rows x hs, padded rows in smem (hs + 8 floatX: conflict-free
 // ldmatrix). A block is 4 warps; a warp owns 16 rows of its block's 64 and keeps its accumulators in
 // registers. Scores live in registers only: nothing T x T ever reaches memory.
 //  forward   block = (b, query head h, 64 queries). Q fragments stay in registers; for each 64-key tile:
 //            S = Q K^T (fp32 C fragments), scaled into log2 units plus the ALiBi term (from i, j and the
 //            slope, in registers), masked; online softmax (running row max m, rescale of O and of the
-//            running sum l); P rounded to bf16 goes straight from the C fragments of S into A fragments
+//            running sum l); P rounded to floatX goes straight from the C fragments of S into A fragments
 //            (same register layout) for O += P V. At the end O / l and lse = (m + log2 l) ln 2.
 //  backward  D = rowsum(dO * O) first (one thread per (token, head), into scratch), then two kernels,
 //            each owning what it writes, so nothing is accumulated across blocks (no atomics,
@@ -69,13 +69,13 @@
 // nothing uninitialised or infinite reaches a product (both paths).
 //
 // Preconditions: 0 <= doc_start[i] <= i (every query sees at least itself, as the loader builds it);
-// hs a multiple of 8 (16-byte bf16 vectors) in [8, 128]; n_kv_head divides n_head; qkv, out, dout,
+// hs a multiple of 8 (16-byte floatX vectors) in [8, 128]; n_kv_head divides n_head; qkv, out, dout,
 // dqkv 16-byte aligned. The kernels do not assume doc_start is non-decreasing (it is, by
 // construction), only the work they skip is tighter when it is.
 //
 // Scratch (cuda_scratch): attention_forward none; attention_backward B * n_head * T floats (D), both
 // paths: attention_scratch_bytes(B, T, n_head) (llmc/ops/op_scratch.h).
-// Shared memory (dynamic): flash forward 5 tiles of 64 x (hs + 8) bf16 (45 KB at hs 64, 85 KB at 128),
+// Shared memory (dynamic): flash forward 5 tiles of 64 x (hs + 8) floatX (45 KB at hs 64, 85 KB at 128),
 // flash dQ and dK/dV 6 tiles (54 KB, 102 KB; dK/dV + 1.5 KB static), or with single-buffered streamed
 // tiles (the 1-stage variants, chosen per device: see flash_plan below) 3 and 4 tiles (27 / 51 KB,
 // 36 / 68 KB; dK/dV + 0.8 KB static); simple forward
@@ -146,19 +146,12 @@ __device__ inline int tile_kv_lo(const int* ds, int q0, int nq) {
     return kv_lo_s;
 }
 
-// 8 consecutive bf16 values (one 16-byte load) as fp32. A bf16 is the high half of an fp32 and, little
-// endian, the lower-addressed value of each 32-bit word is its low half: bit operations, no type punning.
-__device__ inline void load_bf16x8(float f[8], const floatX* p) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        f[2 * k] = __uint_as_float(w[k] << 16);
-        f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-    }
+// 8 consecutive floatX values (one 16-byte load) as fp32 (floatx8::unpack8, llmc/ops/cuda_common.cuh)
+__device__ inline void load_floatX8(float f[8], const floatX* p) {
+    floatx8::unpack8(*reinterpret_cast<float(*)[8]>(f), *reinterpret_cast<const uint4*>(p));
 }
 
-// Stages `rows` rows of hs bf16 values (row r at src + r * src_stride) into shared memory as fp32
+// Stages `rows` rows of hs floatX values (row r at src + r * src_stride) into shared memory as fp32
 // rows of dst_stride floats, 16 bytes (8 values) per thread per step; rows >= n_valid are zeros
 // (they stand for positions outside the range and must not bring garbage into masked products).
 __device__ inline void stage_rows(float* dst, int dst_stride, const floatX* src, size_t src_stride, int rows,
@@ -168,7 +161,7 @@ __device__ inline void stage_rows(float* dst, int dst_stride, const floatX* src,
         const int r = idx / vecs, c = (idx % vecs) * 8;
         float4* d = reinterpret_cast<float4*>(dst + r * dst_stride + c);
         float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (r < n_valid) load_bf16x8(f, src + r * src_stride + c);
+        if (r < n_valid) load_floatX8(f, src + r * src_stride + c);
         d[0] = make_float4(f[0], f[1], f[2], f[3]);
         d[1] = make_float4(f[4], f[5], f[6], f[7]);
     }
@@ -278,7 +271,7 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* 
 #pragma unroll
         for (int k = 0; k < SLOTS; k++) {
             const int d = lane + 32 * k;
-            if (d < hs) o_row[d] = __float2bfloat16(o[r][k] * inv);
+            if (d < hs) o_row[d] = float_to_floatX(o[r][k] * inv);
         }
     }
 }
@@ -299,8 +292,8 @@ __global__ void attention_delta_kernel(float* delta, const floatX* dout, const f
     float acc = 0.f;
     for (int c = 0; c < hs; c += 8) {
         float x[8], y[8];
-        load_bf16x8(x, dO + c);
-        load_bf16x8(y, O + c);
+        load_floatX8(x, dO + c);
+        load_floatX8(y, O + c);
 #pragma unroll
         for (int k = 0; k < 8; k++) acc = fmaf(x[k], y[k], acc);
     }
@@ -382,7 +375,7 @@ attention_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const f
 #pragma unroll
         for (int k = 0; k < SLOTS; k++) {
             const int d = lane + 32 * k;
-            if (d < hs) dq_row[d] = __float2bfloat16(dq[r][k]);
+            if (d < hs) dq_row[d] = float_to_floatX(dq[r][k]);
         }
     }
 }
@@ -485,8 +478,8 @@ attention_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const
         for (int k = 0; k < SLOTS; k++) {
             const int d = lane + 32 * k;
             if (d < hs) {
-                dk_row[d] = __float2bfloat16(dk[r][k]);
-                dv_row[d] = __float2bfloat16(dv[r][k]);
+                dk_row[d] = float_to_floatX(dk[r][k]);
+                dv_row[d] = float_to_floatX(dv[r][k]);
             }
         }
     }
@@ -500,7 +493,7 @@ inline void check_args(const char* who, int B, int T, int n_head, int n_kv_head,
     LLMC_CHECK(n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0,
                "%s: n_kv_head = %d must divide n_head = %d", who, n_kv_head, n_head);
     LLMC_CHECK(hs >= 8 && hs <= MAX_HS && hs % 8 == 0,
-               "%s: head_size %d is not supported: the CUDA kernels need a multiple of 8 (16-byte bf16 vectors) "
+               "%s: head_size %d is not supported: the CUDA kernels need a multiple of 8 (16-byte floatX vectors) "
                "in [8, %d]", who, hs, MAX_HS);
     LLMC_CHECK(alibi_n_head == 0 || (alibi_n_head > 0 && head0 >= 0 && head0 + n_head <= alibi_n_head),
                "%s: local heads [%d, %d) must lie inside the model's %d ALiBi heads", who, head0, head0 + n_head,
@@ -518,12 +511,12 @@ inline void set_smem(Kernel kernel, size_t bytes) {
 
 
 // ================================================================================================
-// The flash path (hs = 64, 128): bf16 tensor cores, see the top of the file
+// The flash path (hs = 64, 128): floatX tensor cores, see the top of the file
 // ================================================================================================
 
 constexpr int FA_THREADS = 128;  // 4 warps
 constexpr int FA_TILE = 64;      // rows of every staged tile: 64 queries (16 per warp) or 64 keys
-constexpr int FA_PAD = 8;        // bf16 of padding per smem row: a row is (hs + 8) * 2 = 16 (mod 128) bytes, so the
+constexpr int FA_PAD = 8;        // floatX of padding per smem row: a row is (hs + 8) * 2 = 16 (mod 128) bytes, so the
                                  // 8 row addresses of one ldmatrix matrix fall in 8 different 16-byte bank groups
 constexpr int FA_SUB = 32;       // queries per step in the dK/dV kernel (S^T and dP^T: 16 registers each)
 constexpr float LOG2E = 1.4426950408889634f;
@@ -534,7 +527,7 @@ inline bool flash_supported(int hs) { return hs == 64 || hs == 128; }
 // ---- PTX wrappers: the only code of the flash path with warp-collective or asynchronous semantics ----
 __device__ inline uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-// ldmatrix .x4: four 8x8 bf16 matrices, lanes 8m .. 8m+7 give the 16-byte row addresses of matrix m
+// ldmatrix .x4: four 8x8 16-bit matrices, lanes 8m .. 8m+7 give the 16-byte row addresses of matrix m
 // (layout of the result: see "fragment layouts" below). volatile: it reads shared memory, so it must
 // not move across the barriers that publish that memory.
 __device__ inline void ldsm_x4(uint32_t (&r)[4], const floatX* p) {
@@ -547,32 +540,74 @@ __device__ inline void ldsm_x4_trans(uint32_t (&r)[4], const floatX* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_u32(p)));
 }
-// d = A B + d for one 16x8x16 tile: A 16x16 bf16 (4 registers), B 16x8 bf16 (2 registers), d 16x8 fp32
+// d = A B + d for one 16x8x16 tile: A 16x16 floatX (4 registers), B 16x8 floatX (2 registers), d 16x8 fp32.
+// bf16 (sm_80+): one m16n8k16 .bf16; fp16 on sm_80+: one m16n8k16 .f16; fp16 on sm_75 (T4, RTX 20xx: no
+// k16 shape) two m16n8k8 .f16, k 0..7 then 8..15: the k8 fragments are the halves of the k16 ones
+// (A: a[0], a[1] columns 2t, 2t+1 and a[2], a[3] columns 2t+8, 2t+9; B: b0 rows 2t, 2t+1, b1 rows 2t+8, 2t+9).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 && !defined(LLMC_FP16)
+#error "bf16 tensor cores need sm_80 or newer: build for sm_75 with PRECISION=fp16 (-DLLMC_FP16)"
+#endif
 __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(LLMC_FP16) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b1));
+#else
+#ifdef LLMC_FP16
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+#else
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+#endif
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
-// asynchronous 16-byte global -> shared copy (L2 only); valid = false reads nothing and writes 16 zero bytes
+// asynchronous 16-byte global -> shared copy (L2 only); valid = false reads nothing and writes 16 zero bytes.
+// sm_75 has no cp.async: there the copies are plain (synchronous) loads and stores, commit and wait do
+// nothing, and the barrier after the wait publishes the stores as it does the async copies. A plain copy
+// completes earlier than the async one could, so every ordering the kernels keep for cp.async holds;
+// what is lost is the overlap of a 2-stage kernel's copies with its math (flash_plan weighs occupancy).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define LLMC_NO_CP_ASYNC 1
+#endif
 __device__ inline void cp_async_16(void* dst, const void* src, bool valid) {
+#ifdef LLMC_NO_CP_ASYNC
+    *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                  "r"(valid ? 16 : 0)
                  : "memory");
+#endif
 }
 // the same for 4 bytes (lse, D, doc_start of a query tile, whose rows are not 16-byte aligned)
 __device__ inline void cp_async_4(void* dst, const void* src, bool valid) {
+#ifdef LLMC_NO_CP_ASYNC
+    *reinterpret_cast<uint32_t*>(dst) = valid ? *reinterpret_cast<const uint32_t*>(src) : 0u;
+#else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0)
                  : "memory");
+#endif
 }
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ inline void cp_async_commit() {
+#ifndef LLMC_NO_CP_ASYNC
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
 // waits for all of this thread's copies; a __syncthreads() after it makes every thread's copies visible
-__device__ inline void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ inline void cp_async_wait_all() {
+#ifndef LLMC_NO_CP_ASYNC
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
 // ---- end of PTX wrappers ----
 
 // ---- fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type", and ldmatrix) ----
 // lane = 4 g + t with g = groupID = lane >> 2, t = threadID_in_group = lane & 3. A .b32 register holds two
-// bf16 of neighbouring columns, the lower column in the low 16 bits.
+// floatX of neighbouring columns, the lower column in the low 16 bits.
 //   A (16 x 16, .row):    a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
 //   B (16 x 8, .col):     b[0] = B[2t, 2t+1][g]   b[1] = B[2t+8, 2t+9][g]
 //   C, D (16 x 8, f32):   c[0], c[1] = C[g][2t], C[g][2t+1]   c[2], c[3] = C[g+8][2t], C[g+8][2t+1]
@@ -593,19 +628,23 @@ __host__ __device__ constexpr int ldsm_a_col(int lane) { return (lane >> 4) * 8;
 __host__ __device__ constexpr int ldsm_b_row(int lane) { return (lane & 7) + ((lane >> 4) << 3); }
 __host__ __device__ constexpr int ldsm_b_col(int lane) { return ((lane >> 3) & 1) * 8; }
 
-// two fp32 -> one register of two bf16 (round to nearest even), x in the low half (the lower column)
-__host__ __device__ inline uint32_t pack_bf16x2(float x, float y) {
+// two fp32 -> one register of two floatX (round to nearest even), x in the low half (the lower column)
+__device__ inline uint32_t pack_floatX2(float x, float y) {
+#ifdef LLMC_FP16
+    const __half2 v = __floats2half2_rn(x, y);
+#else
     const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-    return (uint32_t)__bfloat16_as_ushort(v.x) | ((uint32_t)__bfloat16_as_ushort(v.y) << 16);
+#endif
+    return floatx8::pack_floatX_bits(v.x, v.y);
 }
 // The C fragments of two neighbouring n-blocks (columns 16k .. 16k+7 and 16k+8 .. 16k+15 of a 16-row
 // product) hold, register for register, the A fragment of the 16-column block k: P and dS go from one
 // product into the next without touching shared memory.
 __device__ inline void c_to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-    a[0] = pack_bf16x2(lo[0], lo[1]);  // [g][2t, 2t+1]
-    a[1] = pack_bf16x2(lo[2], lo[3]);  // [g+8][2t, 2t+1]
-    a[2] = pack_bf16x2(hi[0], hi[1]);  // [g][8+2t, 8+2t+1]
-    a[3] = pack_bf16x2(hi[2], hi[3]);  // [g+8][8+2t, 8+2t+1]
+    a[0] = pack_floatX2(lo[0], lo[1]);  // [g][2t, 2t+1]
+    a[1] = pack_floatX2(lo[2], lo[3]);  // [g+8][2t, 2t+1]
+    a[2] = pack_floatX2(hi[0], hi[1]);  // [g][8+2t, 8+2t+1]
+    a[3] = pack_floatX2(hi[2], hi[3]);  // [g+8][8+2t, 8+2t+1]
 }
 
 // acc[n] += (A B^T)[:, 8n .. 8n+7] over one 16-column k-step ks: a is the A fragment of the step, B a
@@ -658,7 +697,7 @@ __device__ inline void warp_mma_ab(float (&acc)[NB][4], const uint32_t (&a)[KK][
     }
 }
 
-// cp.async of FA_TILE rows of HS bf16 (row r at src + r * stride) into smem rows of HS + FA_PAD; rows
+// cp.async of FA_TILE rows of HS floatX (row r at src + r * stride) into smem rows of HS + FA_PAD; rows
 // r >= n_valid (past the end of the sequence) become zeros and are not read: a masked product must not
 // meet garbage (p = 0 times a NaN is a NaN).
 // A thread copies the same column c of rows r0, r0 + RSTEP, ...: one source pointer advanced by RSTEP rows
@@ -681,7 +720,7 @@ __device__ inline void load_tile_async(floatX* dst, const floatX* src, size_t st
 }
 
 // Writes a warp's 16 x HS fp32 accumulators (acc[n]: C fragment of columns 8n .. 8n+7; row g scaled by
-// mul0, row g + 8 by mul1) as bf16 to the global rows dst + r * stride, r < n_rows, through the warp's
+// mul0, row g + 8 by mul1) as floatX to the global rows dst + r * stride, r < n_rows, through the warp's
 // own 16 smem rows at stage, so that the global stores are whole 16-byte vectors.
 template <int HS>
 __device__ inline void warp_store_rows(floatX* dst, size_t stride, int n_rows, const float (&acc)[HS / 8][4],
@@ -690,9 +729,9 @@ __device__ inline void warp_store_rows(floatX* dst, size_t stride, int n_rows, c
     const int g = frag_row(lane), c2 = frag_col(lane);
 #pragma unroll
     for (int nb = 0; nb < HS / 8; nb++) {
-        *reinterpret_cast<uint32_t*>(stage + g * LD + nb * 8 + c2) = pack_bf16x2(acc[nb][0] * mul0, acc[nb][1] * mul0);
+        *reinterpret_cast<uint32_t*>(stage + g * LD + nb * 8 + c2) = pack_floatX2(acc[nb][0] * mul0, acc[nb][1] * mul0);
         *reinterpret_cast<uint32_t*>(stage + (g + 8) * LD + nb * 8 + c2) =
-            pack_bf16x2(acc[nb][2] * mul1, acc[nb][3] * mul1);
+            pack_floatX2(acc[nb][2] * mul1, acc[nb][3] * mul1);
     }
     __syncwarp();
 #pragma unroll
@@ -739,8 +778,16 @@ __device__ inline bool warp_sees_all(const WarpRows& w, int kc) { return w.lo_ma
 // (__launch_bounds__: HS 64 within 168 registers, 3 blocks per SM; without, ptxas took up to 171 on
 // sm_90 and 2 fit. HS 128: the explicit minimum of 1 stops ptxas guessing a lower target.)
 
+// sm_75 (the fp16 build on a T4 / RTX 20xx): its 64 KB of shared memory per SM holds at most 2 blocks
+// of the smallest variant (27 KB), so the bound is 2 at HS 64 (255 registers: at 168, flash_dq_kernel<64, 1>
+// spilled 104 bytes), 1 at HS 128
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define FA_MIN_BLOCKS(HS) ((HS) == 64 ? 2 : 1)
+#else
+#define FA_MIN_BLOCKS(HS) ((HS) == 64 ? 3 : 1)
+#endif
 template <int HS, int STAGES>
-__global__ void __launch_bounds__(FA_THREADS, HS == 64 ? 3 : 1)
+__global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS(HS))
 flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_start, int T, int n_head,
                      int n_kv_head, float scale_log2, int alibi_n_head, int head0) {
     constexpr int LD = HS + FA_PAD, TILE = FA_TILE * LD, KSTEPS = HS / 16, DB = HS / 8;
@@ -862,7 +909,7 @@ flash_forward_kernel(floatX* out, float* lse, const floatX* qkv, const int* doc_
 // over key tiles (STAGES as there), writes dq (overwrite). Registers bounded as the forward's.
 
 template <int HS, int STAGES>
-__global__ void __launch_bounds__(FA_THREADS, HS == 64 ? 3 : 1)
+__global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS(HS))
 flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
                 const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2,
                 int alibi_n_head, int head0) {
@@ -957,7 +1004,7 @@ flash_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float
 // unbounded, ptxas took 172 and 2 fit. HS 128 takes ~250: 2 blocks' worth, a minimum of 1 lets ptxas
 // use them rather than guess a lower target. The forward and dQ kernels have the same bounds.)
 template <int HS, int STAGES>
-__global__ void __launch_bounds__(FA_THREADS, HS == 64 ? 3 : 1)
+__global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS(HS))
 flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse, const float* delta,
                   const int* doc_start, int T, int n_head, int n_kv_head, float scale, float scale_log2,
                   int alibi_n_head, int head0) {
@@ -1134,6 +1181,8 @@ struct FlashVariant {
     int stages = 0;       // 1 or 2
     size_t smem = 0;      // dynamic + static bytes per block
     int regs = 0, blocks_per_sm = 0;
+    int ptx = 0;          // the PTX version its code came from (cudaFuncAttributes::ptxVersion): < 80 is the
+                          // sm_75 code path (the fp16 build's SASS for sm_75, or its PTX JIT-compiled for this card)
 };
 struct FlashPlan {
     FlashDevice dev;
@@ -1218,6 +1267,7 @@ inline FlashVariant flash_variant(const FlashDevice& d, Kernel kernel, int stage
     fv.stages = stages;
     fv.smem = dyn + a.sharedSizeBytes;
     fv.regs = a.numRegs;
+    fv.ptx = a.ptxVersion;
     const int warp_regs = (a.numRegs * 32 + 255) / 256 * 256, warps = FA_THREADS / 32;
     int blocks = warp_regs > 0 ? d.regs_sm / warp_regs / warps : d.blocks_sm;
     blocks = std::min(blocks, (int)(d.smem_sm / (fv.smem + d.reserved)));
@@ -1402,7 +1452,7 @@ inline void backward_flash(floatX* dqkv, const floatX* dout, const floatX* qkv, 
 
 // One line for the trainer's start-up: which attention kernels run at head size hs on the current device,
 // their shared memory per block and resident blocks per SM, and why a smaller variant was chosen, e.g.
-//   attention hs 128: flash, sm_86 99 KB/block: fwd 2-stage 85.0 KB 1/SM, dQ 1-stage 68.0 KB 1/SM (2-stage
+//   attention hs 128: flash bf16, sm_86 99 KB/block: fwd 2-stage 85.0 KB 1/SM, dQ 1-stage 68.0 KB 1/SM (2-stage
 //   102.0 KB does not fit), dK/dV 1-stage 68.8 KB 1/SM (2-stage 103.5 KB does not fit)
 inline std::string attention_kernels_summary(int hs) {
     using namespace attention_detail;
@@ -1414,7 +1464,8 @@ inline std::string attention_kernels_summary(int hs) {
     }
     const FlashPlan& p = flash_plan(hs);
     const bool emulated = p.dev.smem_block < p.dev.device_smem_block;
-    int n = snprintf(buf, sizeof buf, "attention hs %d: flash, sm_%d %.0f KB/block%s:", hs, p.dev.cc,
+    int n = snprintf(buf, sizeof buf, "attention hs %d: flash %s%s, sm_%d %.0f KB/block%s:", hs, LLMC_PRECISION,
+                     p.fwd.ptx < 80 ? " (sm_75 code: 2 x m16n8k8 mma, no cp.async)" : "", p.dev.cc,
                      p.dev.smem_block / 1024.0, emulated ? " (emulated limit)" : "");
     const FlashVariant* vs[3] = {&p.fwd, &p.dq, &p.dkdv};
     const char* names[3] = {"fwd", "dQ", "dK/dV"};

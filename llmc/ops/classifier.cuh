@@ -44,7 +44,7 @@ namespace classifier_detail {
 
 constexpr int MAX_THREADS = 512;  // per block (a row); 2 blocks per SM fit the register file
 
-using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/ops/cuda_common.cuh)
+using namespace floatx8;  // aligned16, load_floatX / store_floatX, ... (llmc/ops/cuda_common.cuh)
 
 // (m, s) <- the pair for the union of two sets of logits, each given as (max, sum exp(x - max));
 // an empty set is (-inf, 0). Symmetric, so a butterfly gives every lane the same bits.
@@ -71,16 +71,19 @@ __device__ inline void for_each_real(const Packed<VEC> (&raw)[UNROLL], int c0, i
 }
 
 // UNROLL: vectors loaded together per thread (4 for wide rows; 1 when a thread has at most one
-// vector, which keeps the registers low enough for full occupancy with small vocabularies)
+// vector, which keeps the registers low enough for full occupancy with small vocabularies: 4 blocks of
+// 512 on sm_80 / sm_90, 3 on sm_86 / sm_89, 2 on sm_75). UNROLL 4: 2 blocks per SM, 1 on sm_75 (whose
+// 2 blocks of 512 would cap it at 64 registers: <8, 4> spilled 16 bytes there)
 template <int VEC, int UNROLL>
-__global__ void __launch_bounds__(MAX_THREADS, UNROLL == 1 ? 4 : 2)
+__global__ void __launch_bounds__(MAX_THREADS, UNROLL == 1 ? LLMC_MIN_BLOCKS(MAX_THREADS, 4)
+                                                           : (LLMC_MAX_THREADS_SM > 1024 ? 2 : 1))
     fused_classifier_kernel(floatX* logits, float* __restrict__ losses, const int* __restrict__ targets,
                             float dloss, int V, int Vp) {
     __shared__ float warp_m[32];
     __shared__ double warp_s[32];
     floatX* x = logits + (size_t)blockIdx.x * Vp;
     const int tgt = targets[blockIdx.x];
-    const float x_tgt = (threadIdx.x == 0 && tgt >= 0) ? __bfloat162float(x[tgt]) : 0.0f;
+    const float x_tgt = (threadIdx.x == 0 && tgt >= 0) ? floatX_to_float(x[tgt]) : 0.0f;
     const int step = VEC * blockDim.x;  // columns between a thread's consecutive vectors
 
     // pass 1: online max and sum of exp over this thread's columns < V
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(MAX_THREADS, UNROLL == 1 ? 4 : 2)
                 const int col = c + i;
                 f[i] = col < V ? d * (expf(f[i] - lse) - (col == tgt ? 1.0f : 0.0f)) : 0.0f;
             }
-            store_bf16<VEC>(x + c, f);
+            store_floatX<VEC>(x + c, f);
         }
     }
 }
@@ -178,7 +181,7 @@ __device__ inline void load_group(float (&f)[8], const floatX* p, int col, int e
             if (col + i >= end) f[i] = fill;
     } else {
 #pragma unroll
-        for (int i = 0; i < 8; i++) f[i] = col + i < end ? __bfloat162float(p[i]) : fill;
+        for (int i = 0; i < 8; i++) f[i] = col + i < end ? floatX_to_float(p[i]) : fill;
     }
 }
 
@@ -255,7 +258,7 @@ __global__ void classifier_target_kernel(float* __restrict__ tgt, const floatX* 
     const int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     const int t = targets[n] - v0;
-    tgt[n] = targets[n] >= 0 && t >= 0 && t < n_cols ? __bfloat162float(logits[(size_t)n * ld + t]) : 0.0f;
+    tgt[n] = targets[n] >= 0 && t >= 0 && t < n_cols ? floatX_to_float(logits[(size_t)n * ld + t]) : 0.0f;
 }
 
 // losses, and the dlogits of the rank's columns in place (padding columns [n_real, ld) get 0)
@@ -290,11 +293,11 @@ __global__ void __launch_bounds__(TP_WARPS * 32)
                 f[u][i] = v < n_real ? d * (expf(f[u][i] - lse) - (v == t ? 1.0f : 0.0f)) : 0.0f;
             }
             if constexpr (VEC == 8) {
-                store_bf16<8>(x + col, f[u]);
+                store_floatX<8>(x + col, f[u]);
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++)
-                    if (col + i < ld) x[col + i] = __float2bfloat16_rn(f[u][i]);
+                    if (col + i < ld) x[col + i] = float_to_floatX(f[u][i]);
             }
         }
     }

@@ -54,7 +54,7 @@ __host__ __device__ inline bool in_vocab_range(int token, int vocab_begin, int v
     return token >= vocab_begin && token - vocab_begin < vocab_count;
 }
 
-using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/ops/cuda_common.cuh)
+using namespace floatx8;  // aligned16, load_floatX / store_floatX, ... (llmc/ops/cuda_common.cuh)
 
 // fp32 partials: VEC == 8 is two 16-byte accesses (p 32-byte aligned)
 template <int VEC>
@@ -101,7 +101,7 @@ __global__ void encoder_forward_kernel(floatX* __restrict__ out, const int* __re
     float e[VEC];
     const int tok = tokens[i];
     if (in_vocab_range(tok, vocab_begin, vocab_count)) {
-        load_bf16<VEC>(e, wte + (size_t)(tok - vocab_begin) * C + c);
+        load_floatX<VEC>(e, wte + (size_t)(tok - vocab_begin) * C + c);
     } else {
 #pragma unroll
         for (int k = 0; k < VEC; k++) e[k] = 0.0f;
@@ -109,11 +109,11 @@ __global__ void encoder_forward_kernel(floatX* __restrict__ out, const int* __re
     if (wpe != nullptr) {
         const int pos = (int)(i % T) - doc_start[i];
         float p[VEC];
-        load_bf16<VEC>(p, wpe + (size_t)pos * C + c);
+        load_floatX<VEC>(p, wpe + (size_t)pos * C + c);
 #pragma unroll
         for (int k = 0; k < VEC; k++) e[k] += p[k];
     }
-    store_bf16<VEC>(out + i * C + c, e);
+    store_floatX<VEC>(out + i * C + c, e);
 }
 
 // sort input: key = local token row (by_position false; SKIP outside the vocab range) or position

@@ -69,14 +69,14 @@ __device__ inline double gn_block_sum(double x) {
 }
 
 __device__ inline float gn_square(floatX x) {
-    const float f = __bfloat162float(x);
+    const float f = floatX_to_float(x);
     return f * f;
 }
 
 // fp32 sum of the squares of the 8 bf16 in a 16-byte vector, in memory order
 __device__ inline float gn_sum8(const uint4& raw) {
     float f[8];
-    bf16x8::unpack8(f, raw);
+    floatx8::unpack8(f, raw);
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; k++) s = fmaf(f[k], f[k], s);

@@ -44,7 +44,7 @@ constexpr int BWD_THREADS = 256;  // target threads per backward block
 constexpr int FWD_MAX_X = 1024;   // most threads across one row, forward
 constexpr int BWD_MAX_X = 512;    // ... backward, 16-byte path (more state per thread: <= 128 registers)
 
-using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/ops/cuda_common.cuh)
+using namespace floatx8;  // aligned16, load_floatX / store_floatX, ... (llmc/ops/cuda_common.cuh)
 
 __device__ inline float warp_sum(float v) {
 #pragma unroll
@@ -92,13 +92,13 @@ __global__ void __launch_bounds__(FWD_MAX_X)
     for (int k = 0; k < K; k++) {
         const int c = VEC * (threadIdx.x + k * blockDim.x);
         if (row_ok && c < C) {
-            load_bf16<VEC>(x[k], inp1 + off + c);
+            load_floatX<VEC>(x[k], inp1 + off + c);
             if constexpr (FUSED) {
                 float y[VEC];
-                load_bf16<VEC>(y, inp2 + off + c);
+                load_floatX<VEC>(y, inp2 + off + c);
 #pragma unroll
-                for (int i = 0; i < VEC; i++) x[k][i] = __bfloat162float(__float2bfloat16_rn(x[k][i] + y[i]));
-                store_bf16<VEC>(residual + off + c, x[k]);  // exact: already bf16 values
+                for (int i = 0; i < VEC; i++) x[k][i] = floatX_to_float(float_to_floatX(x[k][i] + y[i]));
+                store_floatX<VEC>(residual + off + c, x[k]);  // exact: already bf16 values
             }
 #pragma unroll
             for (int i = 0; i < VEC; i++) sum += x[k][i];
@@ -125,11 +125,11 @@ __global__ void __launch_bounds__(FWD_MAX_X)
         const int c = VEC * (threadIdx.x + k * blockDim.x);
         if (row_ok && c < C) {
             float w[VEC], b[VEC], y[VEC];
-            load_bf16<VEC>(w, weight + c);
-            load_bf16<VEC>(b, bias + c);
+            load_floatX<VEC>(w, weight + c);
+            load_floatX<VEC>(b, bias + c);
 #pragma unroll
             for (int i = 0; i < VEC; i++) y[i] = (x[k][i] - m) * s * w[i] + b[i];
-            store_bf16<VEC>(out + off + c, y);
+            store_floatX<VEC>(out + off + c, y);
         }
     }
     if (row_ok && threadIdx.x == 0) {
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const int c = VEC * (threadIdx.x + k * blockDim.x);
-        if (DINP && KEEP_ROW && c < C) load_bf16<VEC>(w[k], weight + c);  // weight serves dinp only
+        if (DINP && KEEP_ROW && c < C) load_floatX<VEC>(w[k], weight + c);  // weight serves dinp only
 #pragma unroll
         for (int i = 0; i < VEC; i++) dw[k][i] = db[k][i] = 0.0f;
     }
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
         for (int k = 0; k < K; k++) {
             const int c = VEC * (threadIdx.x + k * blockDim.x);
             if (row_ok && c < C) {
-                if (DINP && !KEEP_ROW) load_bf16<VEC>(w[k], weight + c);
+                if (DINP && !KEEP_ROW) load_floatX<VEC>(w[k], weight + c);
                 pd[k] = load_packed<VEC>(dout + off + c);
                 px[k] = load_packed<VEC>(inp + off + c);
                 if (DINP && KEEP_ROW) pold[k] = load_packed<VEC>(dinp + off + c);  // issued before the barriers
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
             const int c = VEC * (threadIdx.x + k * blockDim.x);
             if (row_ok && c < C) {
                 if (!KEEP_ROW) {
-                    if (DINP) load_bf16<VEC>(w[k], weight + c);
+                    if (DINP) load_floatX<VEC>(w[k], weight + c);
                     pd[k] = load_packed<VEC>(dout + off + c);
                     px[k] = load_packed<VEC>(inp + off + c);
                     if (DINP) pold[k] = load_packed<VEC>(dinp + off + c);
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(VEC == 8 ? BWD_MAX_X : 1024)
                     dw[k][i] += d[i] * xh;
                     db[k][i] += d[i];
                 }
-                if (DINP) store_bf16<VEC>(dinp + off + c, old);
+                if (DINP) store_floatX<VEC>(dinp + off + c, old);
             }
         }
     }
@@ -379,7 +379,7 @@ inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, floa
 // rounded once, that fused_residual_layernorm_forward stores). A thread per element: memory-bound.
 __global__ void residual_forward_kernel(floatX* out, const floatX* inp1, const floatX* inp2, long N) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < N) out[i] = __float2bfloat16_rn(__bfloat162float(inp1[i]) + __bfloat162float(inp2[i]));
+    if (i < N) out[i] = float_to_floatX(floatX_to_float(inp1[i]) + floatX_to_float(inp2[i]));
 }
 inline void residual_forward(floatX* out, const floatX* inp1, const floatX* inp2, long N) {
     if (N == 0) return;

@@ -5,8 +5,8 @@
 //              dbias[OC]      += sum over rows of dout             (fp32, accumulated; may be null)
 // The weight gradients are fp32 and each call adds to them once: dw[i] = dw[i] + S[i], S the call's
 // sum computed apart from dw's prior content (the gradient-path contract, llmc/ops/cpu/matmul.h).
-// The three products run on cuBLASLt with bf16 inputs A, B and fp32 accumulation
-// (CUBLAS_COMPUTE_32F, fp32 alpha/beta); out and dinp are bf16, dweight is an fp32 C = D (bf16 A/B,
+// The three products run on cuBLASLt with floatX (bf16, or fp16: CUDA_R_FLOATX) inputs A, B and fp32 accumulation
+// (CUBLAS_COMPUTE_32F, fp32 alpha/beta); out and dinp are floatX, dweight is an fp32 C = D (floatX A/B,
 // fp32 C/D is one of cuBLASLt's supported type combinations). The forward bias is fused into the
 // GEMM epilogue (CUBLASLT_EPILOGUE_BIAS); dweight's += is beta = 1 in the same call: the kernel's
 // fp32 accumulator holds S, the epilogue adds C once. dbias needs +=, which the BGRAD epilogues
@@ -161,14 +161,14 @@ __global__ void __launch_bounds__(256) matmul_dbias_partial_kernel(float* __rest
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     float f[8];
-                    bf16x8::unpack8(f, raw[u]);
+                    floatx8::unpack8(f, raw[u]);
 #pragma unroll
                     for (int v = 0; v < 8; v++) acc[v] += f[v];
                 }
             }
             for (; r < row_end; r += 8, p += stride) {
                 float f[8];
-                bf16x8::unpack8(f, __ldg(reinterpret_cast<const uint4*>(p)));
+                floatx8::unpack8(f, __ldg(reinterpret_cast<const uint4*>(p)));
 #pragma unroll
                 for (int v = 0; v < 8; v++) acc[v] += f[v];
             }
@@ -178,9 +178,9 @@ __global__ void __launch_bounds__(256) matmul_dbias_partial_kernel(float* __rest
 #pragma unroll
                 for (int u = 0; u < 4; u++) x[u] = p[u * stride];
 #pragma unroll
-                for (int u = 0; u < 4; u++) acc[0] += __bfloat162float(x[u]);
+                for (int u = 0; u < 4; u++) acc[0] += floatX_to_float(x[u]);
             }
-            for (; r < row_end; r += 8, p += stride) acc[0] += __bfloat162float(*p);
+            for (; r < row_end; r += 8, p += stride) acc[0] += floatX_to_float(*p);
         }
     }
 
@@ -337,7 +337,7 @@ inline cublasLtMatmulDesc_t make_matmul_desc(bool transa, bool transb, const flo
     cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (bias) {
-        int32_t bias_type = CUDA_R_16BF;
+        int32_t bias_type = CUDA_R_FLOATX;
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                    sizeof(bias_type)));
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
@@ -418,8 +418,8 @@ inline cublasStatus_t run_plan(GemmPlan& p, void* d, const floatX* a, const floa
                           MATMUL_WORKSPACE_BYTES, llmc_stream());
 }
 
-// D's element type: bf16 (out, dinp) or fp32 (dweight, with no split-K)
-inline cudaDataType d_type(const floatX*) { return CUDA_R_16BF; }
+// D's element type: floatX (out, dinp) or fp32 (dweight, with no split-K)
+inline cudaDataType d_type(const floatX*) { return CUDA_R_FLOATX; }
 inline cudaDataType d_type(const float*) { return CUDA_R_32F; }
 
 // D[m, n] (column-major, ld m) = op(A) op(B) (+ bias[m] broadcast over columns) + beta * D
@@ -447,8 +447,8 @@ inline void gemm(const char* what, DT* d, const floatX* a, const floatX* b, cons
         // first call of this shape: descriptors, layouts and the heuristic query (host-side work)
         GemmPlan p;
         p.desc = make_matmul_desc(transa, transb, bias);
-        cublasCheck(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, transa ? k : m, transa ? m : k, transa ? k : m));
-        cublasCheck(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, transb ? n : k, transb ? k : n, transb ? n : k));
+        cublasCheck(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_FLOATX, transa ? k : m, transa ? m : k, transa ? k : m));
+        cublasCheck(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_FLOATX, transb ? n : k, transb ? k : n, transb ? n : k));
         cublasCheck(cublasLtMatrixLayoutCreate(&p.d, d_type(d), m, n, m));
         cublasLtMatmulHeuristicResult_t result;
         int found;
@@ -462,7 +462,7 @@ inline void gemm(const char* what, DT* d, const floatX* a, const floatX* b, cons
                       "bias %s, D %s%s, alignments A %u B %u D %u bias %u bytes",
                       what, status != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(status) : "no result", BT, C,
                       OC, m, n, transa ? "T" : "N", transb ? "T" : "N", k, bias ? "yes" : "no",
-                      d_fp32 ? "fp32" : "bf16", d_fp32 ? " without split-K" : "", key.align_a, key.align_b,
+                      d_fp32 ? "fp32" : LLMC_PRECISION, d_fp32 ? " without split-K" : "", key.align_a, key.align_b,
                       key.align_d, key.align_bias);
         }
         p.algo = result.algo;
@@ -649,11 +649,11 @@ __global__ void __launch_bounds__(256) matmul_dbias_batched_partial_kernel(float
             const floatX* p = d + (size_t)r * OC + col;
             if constexpr (VEC == 8) {
                 float f[8];
-                bf16x8::unpack8(f, __ldg(reinterpret_cast<const uint4*>(p)));
+                floatx8::unpack8(f, __ldg(reinterpret_cast<const uint4*>(p)));
 #pragma unroll
                 for (int v = 0; v < 8; v++) acc[v] += f[v];
             } else {
-                acc[0] += __bfloat162float(*p);
+                acc[0] += floatX_to_float(*p);
             }
         }
     }
@@ -704,7 +704,7 @@ inline BatchedPlans& batched_plans() {
     return s;
 }
 
-inline cublasLtMatrixLayout_t batched_layout(int rows, int cols, int batch, cudaDataType type = CUDA_R_16BF) {
+inline cublasLtMatrixLayout_t batched_layout(int rows, int cols, int batch, cudaDataType type = CUDA_R_FLOATX) {
     cublasLtMatrixLayout_t l;
     cublasCheck(cublasLtMatrixLayoutCreate(&l, type, rows, cols, rows));
     const int32_t count = batch;

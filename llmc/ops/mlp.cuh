@@ -18,7 +18,7 @@ namespace mlp_detail {
 constexpr int THREADS = 256;
 constexpr float GELU_SCALE = 0.7978845608028654f;  // sqrt(2 / pi)
 
-using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/ops/cuda_common.cuh)
+using namespace floatx8;  // aligned16, load_floatX / store_floatX, ... (llmc/ops/cuda_common.cuh)
 
 __device__ inline float sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
 
@@ -33,11 +33,11 @@ __global__ void swiglu_forward_kernel(floatX* __restrict__ out, const floatX* __
     const int i = (int)(unit % per_row) * VEC;
     const floatX* a_ptr = inp + n * 2 * H + i;
     float a[VEC], u[VEC], o[VEC];
-    load_bf16<VEC>(a, a_ptr);
-    load_bf16<VEC>(u, a_ptr + H);
+    load_floatX<VEC>(a, a_ptr);
+    load_floatX<VEC>(u, a_ptr + H);
 #pragma unroll
     for (int k = 0; k < VEC; k++) o[k] = a[k] * sigmoid(a[k]) * u[k];
-    store_bf16<VEC>(out + unit * VEC, o);
+    store_floatX<VEC>(out + unit * VEC, o);
 }
 
 template <int VEC>
@@ -50,17 +50,17 @@ __global__ void swiglu_backward_kernel(floatX* __restrict__ dinp, const floatX* 
     const int i = (int)(unit % per_row) * VEC;
     const size_t off = n * 2 * H + i;
     float a[VEC], u[VEC], d[VEC], da[VEC], du[VEC];
-    load_bf16<VEC>(a, inp + off);
-    load_bf16<VEC>(u, inp + off + H);
-    load_bf16<VEC>(d, dout + unit * VEC);
+    load_floatX<VEC>(a, inp + off);
+    load_floatX<VEC>(u, inp + off + H);
+    load_floatX<VEC>(d, dout + unit * VEC);
 #pragma unroll
     for (int k = 0; k < VEC; k++) {
         const float sig = sigmoid(a[k]);
         da[k] = d[k] * u[k] * sig * (1.0f + a[k] * (1.0f - sig));
         du[k] = d[k] * a[k] * sig;
     }
-    store_bf16<VEC>(dinp + off, da);
-    store_bf16<VEC>(dinp + off + H, du);
+    store_floatX<VEC>(dinp + off, da);
+    store_floatX<VEC>(dinp + off + H, du);
 }
 
 // GELU: one thread per VEC elements of the flat array (VEC divides N)
@@ -69,13 +69,13 @@ __global__ void gelu_forward_kernel(floatX* __restrict__ out, const floatX* __re
     const size_t unit = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (unit >= n_units) return;
     float x[VEC];
-    load_bf16<VEC>(x, inp + unit * VEC);
+    load_floatX<VEC>(x, inp + unit * VEC);
 #pragma unroll
     for (int k = 0; k < VEC; k++) {
         const float v = x[k];
         x[k] = 0.5f * v * (1.0f + tanhf(GELU_SCALE * (v + 0.044715f * v * v * v)));
     }
-    store_bf16<VEC>(out + unit * VEC, x);
+    store_floatX<VEC>(out + unit * VEC, x);
 }
 
 template <int VEC>
@@ -84,8 +84,8 @@ __global__ void gelu_backward_kernel(floatX* __restrict__ dinp, const floatX* __
     const size_t unit = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (unit >= n_units) return;
     float x[VEC], d[VEC];
-    load_bf16<VEC>(x, inp + unit * VEC);
-    load_bf16<VEC>(d, dout + unit * VEC);
+    load_floatX<VEC>(x, inp + unit * VEC);
+    load_floatX<VEC>(d, dout + unit * VEC);
 #pragma unroll
     for (int k = 0; k < VEC; k++) {
         const float v = x[k];
@@ -93,7 +93,7 @@ __global__ void gelu_backward_kernel(floatX* __restrict__ dinp, const floatX* __
         const float dth = (1.0f - th * th) * GELU_SCALE * (1.0f + 3.0f * 0.044715f * v * v);
         d[k] *= 0.5f * (1.0f + th) + 0.5f * v * dth;
     }
-    store_bf16<VEC>(dinp + unit * VEC, d);
+    store_floatX<VEC>(dinp + unit * VEC, d);
 }
 
 inline unsigned blocks_for(size_t n_units) { return (unsigned)((n_units + THREADS - 1) / THREADS); }

@@ -69,7 +69,7 @@ constexpr int RW_SUB = 32;            // tokens staged in shared memory at a tim
 constexpr int RW_COLS = 128;          // channels of one drouter_w stage-1 block (32 lanes x 4)
 constexpr int HIST_TOKENS = 1024;     // tokens of one histogram block
 
-using namespace bf16x8;  // aligned16, load_bf16 / store_bf16, ... (llmc/ops/cuda_common.cuh)
+using namespace floatx8;  // aligned16, load_floatX / store_floatX, ... (llmc/ops/cuda_common.cuh)
 
 __device__ inline float warp_sum(float v) {
 #pragma unroll
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_forward_kernel(float* __re
         __syncthreads();  // every warp is done with the previous tiles
         for (int idx = threadIdx.x; idx < ROUTER_KC * EMAX; idx += THREADS) {
             const int e = idx / ROUTER_KC, k = idx % ROUTER_KC;  // consecutive threads: consecutive k of a row
-            wt[k][e] = (e < E && k < kc) ? __bfloat162float(router_w[(size_t)e * C + k0 + k]) : 0.0f;
+            wt[k][e] = (e < E && k < kc) ? floatX_to_float(router_w[(size_t)e * C + k0 + k]) : 0.0f;
         }
         // the x tile: every thread loads distinct, coalesced pieces (many bytes in flight per SM)
         if constexpr (VEC == 8) {  // C % 8 == 0: a vector is wholly inside or wholly outside C
@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_forward_kernel(float* __re
         } else {
             for (int idx = threadIdx.x; idx < TOKENS * ROUTER_KC; idx += THREADS) {
                 const int t = idx / ROUTER_KC, k = idx % ROUTER_KC, i = tok0 + t;
-                xs[t][k] = (i < n && k < kc) ? x[(size_t)i * C + k0 + k] : __float2bfloat16_rn(0.0f);
+                xs[t][k] = (i < n && k < kc) ? x[(size_t)i * C + k0 + k] : float_to_floatX(0.0f);
             }
         }
         __syncthreads();
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_forward_kernel(float* __re
 #pragma unroll
             for (int r = 0; r < ROUTER_RT; r++) {
                 float xv[8];
-                load_bf16<8>(xv, &xs[r * WARPS * G + row0][k]);
+                load_floatX<8>(xv, &xs[r * WARPS * G + row0][k]);
 #pragma unroll
                 for (int v = 0; v < 8; v++)
 #pragma unroll
@@ -465,16 +465,16 @@ __global__ void __launch_bounds__(THREADS) moe_gather_backward_kernel(floatX* dx
         const int c = c0 + lane * VEC;
         const bool active = c < C;
         float acc[VEC];
-        if (active) load_bf16<VEC>(acc, dx + (size_t)i * C + c);
+        if (active) load_floatX<VEC>(acc, dx + (size_t)i * C + c);
         for_each_taken_expert<false>(slots, nullptr, E, lane, [&](int e, int slot, float) {
             if (active) {
                 float d[VEC];
-                load_bf16<VEC>(d, dxe + ((size_t)e * cap + slot) * C + c);
+                load_floatX<VEC>(d, dxe + ((size_t)e * cap + slot) * C + c);
 #pragma unroll
                 for (int v = 0; v < VEC; v++) acc[v] += d[v];
             }
         });
-        if (active) store_bf16<VEC>(dx + (size_t)i * C + c, acc);
+        if (active) store_floatX<VEC>(dx + (size_t)i * C + c, acc);
     }
 }
 
@@ -498,12 +498,12 @@ __global__ void __launch_bounds__(THREADS) moe_combine_forward_kernel(floatX* __
         for_each_taken_expert<true>(slots, scores + (size_t)i * E, E, lane, [&](int e, int slot, float gate) {
             if (active) {
                 float y[VEC];
-                load_bf16<VEC>(y, ye + ((size_t)e * cap + slot) * C + c);
+                load_floatX<VEC>(y, ye + ((size_t)e * cap + slot) * C + c);
 #pragma unroll
                 for (int v = 0; v < VEC; v++) acc[v] = fmaf(gate, y[v], acc[v]);
             }
         });
-        if (active) store_bf16<VEC>(out + (size_t)i * C + c, acc);
+        if (active) store_floatX<VEC>(out + (size_t)i * C + c, acc);
     }
 }
 
@@ -529,14 +529,14 @@ __global__ void __launch_bounds__(THREADS) moe_combine_backward_kernel(floatX* _
         float dot = 0.0f;
         for (int c = lane * VEC; c < C; c += 32 * VEC) {
             float d[VEC], y[VEC], g[VEC];
-            load_bf16<VEC>(d, d_row + c);
-            load_bf16<VEC>(y, ye + row + c);
+            load_floatX<VEC>(d, d_row + c);
+            load_floatX<VEC>(y, ye + row + c);
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
                 dot = fmaf(d[v], y[v], dot);
                 g[v] = gate * d[v];
             }
-            store_bf16<VEC>(dye + row + c, g);
+            store_floatX<VEC>(dye + row + c, g);
         }
         dot = warp_sum(dot);  // every lane has the same total
         if (lane == 0) dscores[(size_t)i * E + e] = dot;
@@ -580,7 +580,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_backward_dx_kernel(floatX*
 #pragma unroll
         for (int r = 0; r < RB_RT; r++) {
             if (tok0 + r < n) {
-                load_bf16<VEC>(acc[r], dx + (size_t)(tok0 + r) * C + c);
+                load_floatX<VEC>(acc[r], dx + (size_t)(tok0 + r) * C + c);
             } else {
 #pragma unroll
                 for (int v = 0; v < VEC; v++) acc[r][v] = 0.0f;
@@ -588,7 +588,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_backward_dx_kernel(floatX*
         }
         for (int e = 0; e < E; e++) {
             float w[VEC];
-            load_bf16<VEC>(w, router_w + (size_t)e * C + c);
+            load_floatX<VEC>(w, router_w + (size_t)e * C + c);
 #pragma unroll
             for (int r = 0; r < RB_RT; r++) {
                 const float d = dl[r * E + e];
@@ -598,7 +598,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_backward_dx_kernel(floatX*
         }
 #pragma unroll
         for (int r = 0; r < RB_RT; r++)
-            if (tok0 + r < n) store_bf16<VEC>(dx + (size_t)(tok0 + r) * C + c, acc[r]);
+            if (tok0 + r < n) store_floatX<VEC>(dx + (size_t)(tok0 + r) * C + c, acc[r]);
     }
 }
 
@@ -636,7 +636,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_dw_partial_kernel(float* _
                 const int i = s0 + t, c = col0 + cv;
                 float f[8];
                 if (i < tok_end && c < C) {  // C % 8 == 0: the whole vector is inside
-                    load_bf16<8>(f, x + (size_t)i * C + c);
+                    load_floatX<8>(f, x + (size_t)i * C + c);
                 } else {
 #pragma unroll
                     for (int v = 0; v < 8; v++) f[v] = 0.0f;
@@ -648,7 +648,7 @@ __global__ void __launch_bounds__(THREADS) moe_router_dw_partial_kernel(float* _
             for (int idx = threadIdx.x; idx < RW_SUB * RW_COLS; idx += THREADS) {
                 const int t = idx / RW_COLS, cc = idx % RW_COLS;
                 const int i = s0 + t, c = col0 + cc;
-                xs[t][cc] = (i < tok_end && c < C) ? __bfloat162float(x[(size_t)i * C + c]) : 0.0f;
+                xs[t][cc] = (i < tok_end && c < C) ? floatX_to_float(x[(size_t)i * C + c]) : 0.0f;
             }
         }
         __syncthreads();

@@ -41,7 +41,7 @@
 // zero; the host keeps them; a denormal m or v moves the update far below the master's precision).
 // The bf16 rounding is the kernel's stochastic rounding, bit for bit: element i of a piece draws
 // adamw_random_bits(step_seed + table_offset, i) through the same host/device functions
-// (llmc_hash, stochastic_round_bf16 in llmc/ops/cuda_common.cuh).
+// (llmc_hash, stochastic_round_floatX in llmc/ops/cuda_common.cuh).
 //
 // Host threads: the CPU step uses the OpenMP threads; with several ranks per node give each rank its
 // share of the cores (OMP_NUM_THREADS = cores / ranks per node).
@@ -154,11 +154,11 @@ inline void offload_download_early(const std::vector<UpdatePiece>& pieces, const
 }
 
 // The params' value of a new fp32 master value, element i of a piece whose seed is
-// step_seed + table_offset: fp32 params: the value; bf16: the CUDA kernel's stochastic rounding.
+// step_seed + table_offset: fp32 params: the value; floatX: the CUDA kernel's stochastic rounding.
 inline void offload_round(float& out, float x, uint64_t, size_t) { out = x; }
 #ifdef __CUDACC__
-inline void offload_round(__nv_bfloat16& out, float x, uint64_t seed, size_t i) {
-    out = stochastic_round_bf16(x, adamw_random_bits(seed, i));
+inline void offload_round(floatX& out, float x, uint64_t seed, size_t i) {
+    out = stochastic_round_floatX(x, adamw_random_bits(seed, i));
 }
 #endif
 

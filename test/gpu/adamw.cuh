@@ -45,15 +45,23 @@ inline float from_bits(uint32_t u) {
     std::memcpy(&x, &u, 4);
     return x;
 }
-// Is q (a bf16 value, as float) one of the two bf16 values around x: x truncated toward zero, or
-// the next bf16 away from zero; exactly x when x is a bf16? (finite x; sign-magnitude bits)
-inline bool is_bf16_neighbour(float q, float x) {
-    const uint32_t bx = bits(x), lo = bx & 0xffff0000u;
-    if ((bx & 0xffffu) == 0) return bits(q) == bx;
-    return bits(q) == lo || bits(q) == lo + 0x10000u;
+// floatX as fp32 bits (x normal in floatX): the fp32 mantissa bits below floatX's (bf16 7 kept: 16
+// dropped; fp16 10 kept: 13 dropped); SR_ONE is one floatX ulp in those bits
+#ifdef LLMC_FP16
+constexpr int SR_KEPT = 10;
+#else
+constexpr int SR_KEPT = 7;
+#endif
+constexpr uint32_t SR_ONE = 1u << (23 - SR_KEPT), SR_LOW = SR_ONE - 1;
+// Is q (a floatX value, as float) one of the two floatX values around x: x truncated toward zero, or
+// the next floatX away from zero; exactly x when x is a floatX? (finite x, normal in floatX; sign-magnitude bits)
+inline bool is_floatX_neighbour(float q, float x) {
+    const uint32_t bx = bits(x), lo = bx & ~SR_LOW;
+    if ((bx & SR_LOW) == 0) return bits(q) == bx;
+    return bits(q) == lo || bits(q) == lo + SR_ONE;
 }
-// the spacing of bf16 values at |x| (x normal): 2^(exponent - 7)
-inline double bf16_ulp(float x) { return std::ldexp(1.0, std::ilogb(x) - 7); }
+// the spacing of floatX values at |x| (x normal): 2^(exponent - kept mantissa bits)
+inline double floatX_ulp(float x) { return std::ldexp(1.0, std::ilogb(x) - SR_KEPT); }
 
 // Optimizer state of n elements in host fp32, all nonzero; v > 0. The grads are full fp32 values
 // (the fp32 gradient accumulator), deliberately not bf16-representable: a kernel that rounded them
@@ -79,7 +87,7 @@ struct DeviceState {
     DeviceState(const State& s, size_t off)
         : n(s.m.size()), offset(off), params(n + off), grads(n + off), master(n + off), m(n + off), v(n + off) {
         put(grads, s.grads);
-        put_bf16(params, s.master);  // the bf16 params the no-master path starts from: RN(master)
+        put_floatX(params, s.master);  // the bf16 params the no-master path starts from: RN(master)
         put(master, s.master);
         put(m, s.m);
         put(v, s.v);
@@ -88,9 +96,9 @@ struct DeviceState {
     void put(DeviceBuffer<T>& d, const std::vector<T>& h) {
         cudaCheck(cudaMemcpy(d.ptr + offset, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
     }
-    void put_bf16(DeviceBuffer<floatX>& d, const std::vector<float>& h) {
+    void put_floatX(DeviceBuffer<floatX>& d, const std::vector<float>& h) {
         std::vector<floatX> b(n);
-        for (size_t i = 0; i < n; i++) b[i] = __float2bfloat16(h[i]);
+        for (size_t i = 0; i < n; i++) b[i] = float_to_floatX(h[i]);
         cudaCheck(cudaMemcpy(d.ptr + offset, b.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
     }
     template <typename T>
@@ -103,7 +111,7 @@ struct DeviceState {
     std::vector<float> get_params() const {
         std::vector<floatX> b = get(params);
         std::vector<float> f(n);
-        for (size_t i = 0; i < n; i++) f[i] = __bfloat162float(b[i]);
+        for (size_t i = 0; i < n; i++) f[i] = floatX_to_float(b[i]);
         return f;
     }
     void update(bool with_master, const Hyper& h, uint64_t seed) {
@@ -142,7 +150,7 @@ inline void check_against_cpu(size_t n, bool with_master, const Hyper& h, size_t
     d.update(with_master, h, 0x1234abcdull + n);
 
     // the twin runs on fp32 params = the starting point of the GPU: the master, or the bf16 params
-    std::vector<float> p = with_master ? s.master : bf16_round(s.master);
+    std::vector<float> p = with_master ? s.master : floatX_round(s.master);
     std::vector<float> m = s.m, v = s.v;
     cpu_adamw(p.data(), s.grads.data(), m.data(), v.data(), n, h.lr, h.beta1, h.beta2, h.eps, h.wd, h.grad_scale, h.t);
 
@@ -163,14 +171,14 @@ inline void check_against_cpu(size_t n, bool with_master, const Hyper& h, size_t
         // largest of n steps ~lr = 1e-2 (n >= 1000 so that the largest step is not accidentally tiny)
         if (n >= 1000) CHECK_CLOSE("master - master_before", rel_max(step_gpu, step_cpu), 1e-4);
         for (size_t i = 0; i < n; i++) {
-            not_neighbour += !is_bf16_neighbour(params[i], master[i]);
-            not_nearest += params[i] != __bfloat162float(__float2bfloat16(master[i]));
+            not_neighbour += !is_floatX_neighbour(params[i], master[i]);
+            not_nearest += params[i] != floatX_to_float(float_to_floatX(master[i]));
         }
     } else {
         // the GPU's fp32 p is not visible here: neighbour of the twin's p, with one fp32 ulp of slack
         for (size_t i = 0; i < n; i++) {
-            not_neighbour += !(std::fabs((double)params[i] - p[i]) < bf16_ulp(p[i]) * (1.0 + 1e-4));
-            not_nearest += params[i] != __bfloat162float(__float2bfloat16(p[i]));
+            not_neighbour += !(std::fabs((double)params[i] - p[i]) < floatX_ulp(p[i]) * (1.0 + 1e-4));
+            not_nearest += params[i] != floatX_to_float(float_to_floatX(p[i]));
         }
     }
     INFO("bf16 params that are not a bf16 neighbour of the fp32 result: " << not_neighbour);
@@ -292,16 +300,16 @@ TEST_CASE("adamw: bitwise reproducible for a seed, params (only) change with the
 // values of a test together pass sum of z^2 < 30 (~chi-square with 4-5 degrees of freedom: false
 // alarm < 1e-4), which catches a small bias common to all of them.
 inline double sr_z(float p, const std::vector<float>& rounded) {
-    const float lo = from_bits(bits(p) & 0xffff0000u);
-    const double ulp = std::fabs((double)from_bits((bits(p) & 0xffff0000u) + 0x10000u) - lo);
+    const float lo = from_bits(bits(p) & ~SR_LOW);
+    const double ulp = std::fabs((double)from_bits((bits(p) & ~SR_LOW) + SR_ONE) - lo);
     double sum = 0;
     size_t bad = 0;
     for (float q : rounded) {
-        bad += !is_bf16_neighbour(q, p);
+        bad += !is_floatX_neighbour(q, p);
         sum += std::fabs((double)q - lo) / ulp;
     }
     CHECK(bad == 0);
-    const double f = (bits(p) & 0xffffu) / 65536.0, N = (double)rounded.size();
+    const double f = (bits(p) & SR_LOW) / (double)SR_ONE, N = (double)rounded.size();
     const double mean = sum / N, sigma = std::sqrt(f * (1 - f) / N);
     INFO("p = " << p << " f = " << f << " mean rounded away from lo = " << mean << " sigma = " << sigma);
     if (f == 0) {  // p is a bf16: every draw must return it
@@ -327,9 +335,9 @@ inline State uniform_state(size_t n, float x) {
 // values with chosen fractions (master path with lr = 0 and no decay: p = x exactly)
 inline std::vector<float> sr_values() {
     return {
-        from_bits(0x3f800000u + 19661u),  // 1 + 0.3 ulp
-        from_bits(0xbfc00000u + 45000u),  // -(1.5 + 0.687 ulp): rounds in magnitude
-        from_bits(0x3fff0000u + 52429u),  // just below 2: rounding up crosses into the next binade
+        from_bits(0x3f800000u + (uint32_t)(0.3 * SR_ONE)),                // 1 + 0.3 ulp
+        from_bits(0xbfc00000u + (uint32_t)(0.687 * SR_ONE)),              // -(1.5 + 0.687 ulp): rounds in magnitude
+        from_bits(0x40000000u - SR_ONE + (uint32_t)(0.8 * SR_ONE)),       // just below 2: rounding up crosses into the next binade
         from_bits(0x3c23d70au),           // 0.01
     };
 }
@@ -362,7 +370,7 @@ TEST_CASE("adamw: stochastic rounding is unbiased over indices (master and bf16-
         h.wd = 0.1f;
         double chi2 = 0;
         for (float x : {0.3f, -0.7f, 1.1f, -2.9f, 0.02f}) {
-            const float b = __bfloat162float(__float2bfloat16(x));
+            const float b = floatX_to_float(float_to_floatX(x));
             DeviceState ref(uniform_state(N, b), 0);
             ref.update(true, h, seed);
             const std::vector<float> master = ref.get(ref.master);
@@ -453,7 +461,7 @@ inline void check_pieces(bool with_master, int n_pieces, uint64_t seed) {
     for (size_t i = 0; i < total; i++) touched += !inside[i] && std::memcmp(&m1[i], &st.m[i], 4) != 0;
     CHECK(touched == 0);
     // the twin (fp32 params: the GPU's starting point, master or the bf16 params)
-    std::vector<float> p = with_master ? st.master : bf16_round(st.master), m = st.m, v = st.v;
+    std::vector<float> p = with_master ? st.master : floatX_round(st.master), m = st.m, v = st.v;
     cpu::adamw_update_pieces<float>(p.data(), nullptr, st.grads.data(), m.data(), v.data(), pieces.data(),
                                     (int)pieces.size(), h.lr, h.beta1, h.beta2, h.eps, h.wd, h.grad_scale, h.t, seed);
     CHECK_CLOSE("m (twin)", rel_max(m1, m), 1e-6);

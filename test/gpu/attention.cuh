@@ -87,18 +87,18 @@ inline bool same_bytes(const DeviceBuffer<T>& a, const DeviceBuffer<T>& b) {
 }
 
 // max-norm tolerance of attention outputs: the flash path rounds P and dS to bf16 before its products,
-// so an element carries a few bf16 roundings (~3x one op's BF16_MAX_TOL); a wrong or missing row is
+// so an element carries a few bf16 roundings (~3x one op's FLOATX_MAX_TOL); a wrong or missing row is
 // still an O(0.1..1) error
 constexpr double ATT_MAX_TOL = 3e-2;
 
-// rel_l2 <= BF16_TOL and rel_max <= ATT_MAX_TOL; a part that is exactly zero in the reference (dq and dk
+// rel_l2 <= FLOATX_TOL and rel_max <= ATT_MAX_TOL; a part that is exactly zero in the reference (dq and dk
 // when every document has length 1: p = 1 and dp = D) is checked absolutely instead, where a relative
 // error means nothing
 inline void check_part(const char* what, const std::vector<float>& got, const std::vector<float>& want) {
     double norm = 0;
     for (float x : want) norm += (double)x * x;
     if (norm > 0) {
-        check_bf16(what, got, want, BF16_TOL, ATT_MAX_TOL);
+        check_floatX(what, got, want, FLOATX_TOL, ATT_MAX_TOL);
     } else {
         double mx = 0;
         for (float x : got) mx = std::isfinite(x) ? std::max(mx, (double)std::fabs(x)) : INFINITY;
@@ -149,22 +149,22 @@ inline void run_case(const Case& c, uint64_t seed) {
     const int row = (NH + 2 * KVH) * hs, C = NH * hs;
     const size_t BT = (size_t)B * T;
 
-    const std::vector<float> qkv = bf16_round(random_vector(BT * row, seed, c.std, 0.1f));
-    const std::vector<float> dout = bf16_round(random_vector(BT * C, seed + 1, 1.0f, 0.05f));
+    const std::vector<float> qkv = floatX_round(random_vector(BT * row, seed, c.std, 0.1f));
+    const std::vector<float> dout = floatX_round(random_vector(BT * C, seed + 1, 1.0f, 0.05f));
     const std::vector<int> ds = make_doc_start(B, T, seed + 2, c.arbitrary, c.first_pattern);
 
     std::vector<float> out_ref(BT * C), lse_ref((size_t)B * NH * T);
     cpu::attention_forward<float>(out_ref.data(), lse_ref.data(), qkv.data(), ds.data(), B, T, NH, KVH, hs, alibi_nh,
                                   head0);
-    const std::vector<float> out_r = bf16_round(out_ref);
+    const std::vector<float> out_r = floatX_round(out_ref);
     std::vector<float> dqkv_ref(qkv.size());
     cpu::attention_backward<float>(dqkv_ref.data(), dout.data(), qkv.data(), out_r.data(), lse_ref.data(), ds.data(), B,
                                    T, NH, KVH, hs, alibi_nh, head0);
 
     DeviceBuffer<floatX> d_qkv(qkv.size()), d_dout(dout.size()), d_out_r(out_r.size());
-    upload_bf16(d_qkv, qkv);
-    upload_bf16(d_dout, dout);
-    upload_bf16(d_out_r, out_r);
+    upload_floatX(d_qkv, qkv);
+    upload_floatX(d_dout, dout);
+    upload_floatX(d_out_r, out_r);
     DeviceBuffer<int> d_ds(ds.size());
     upload(d_ds, ds);
     DeviceBuffer<float> d_lse_ref(lse_ref.size());
@@ -200,7 +200,7 @@ inline void run_case(const Case& c, uint64_t seed) {
         d_lse2.poison();
         im.forward(d_out, d_lse, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, head0);
         im.forward(d_out2, d_lse2, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, head0);
-        outs.push_back(download_bf16(d_out));
+        outs.push_back(download_floatX(d_out));
         lses.push_back(download(d_lse));
         check_part("forward out", outs.back(), out_ref);
         CHECK_CLOSE("forward lse", rel_max(lses.back(), lse_ref), 1e-3);
@@ -212,7 +212,7 @@ inline void run_case(const Case& c, uint64_t seed) {
         d_dqkv2.poison();
         im.backward(d_dqkv, d_dout, d_qkv, d_out_r, d_lse_ref, d_ds, B, T, NH, KVH, hs, alibi_nh, head0);
         im.backward(d_dqkv2, d_dout, d_qkv, d_out_r, d_lse_ref, d_ds, B, T, NH, KVH, hs, alibi_nh, head0);
-        dqkvs.push_back(download_bf16(d_dqkv));
+        dqkvs.push_back(download_floatX(d_dqkv));
         check_dqkv(dqkvs.back(), dqkv_ref, (int)BT, NH, KVH, hs);
         CHECK_MESSAGE(same_bytes(d_dqkv, d_dqkv2), "backward dqkv differs between two runs");
 
@@ -250,7 +250,7 @@ inline void fill_hash(std::vector<float>& v, uint64_t salt, float scale = 1.0f) 
         z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
         z ^= z >> 29;
         float x = ((float)((z >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f) * scale;
-        v[i] = __bfloat162float(__float2bfloat16(x == 0.0f ? 1e-3f : x));
+        v[i] = floatX_to_float(float_to_floatX(x == 0.0f ? 1e-3f : x));
     }
 }
 
@@ -348,8 +348,8 @@ TEST_CASE("attention: flash and simple kernels agree at T = 8192 (packed, single
         attention_test::fill_hash(dout, 0x4343 + hs);
         const std::vector<int> ds = attention_test::make_doc_start(B, T, 91);
         DeviceBuffer<floatX> d_qkv(qkv.size()), d_dout(dout.size());
-        upload_bf16(d_qkv, qkv);
-        upload_bf16(d_dout, dout);
+        upload_floatX(d_qkv, qkv);
+        upload_floatX(d_dout, dout);
         DeviceBuffer<int> d_ds(ds.size());
         upload(d_ds, ds);
         cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
@@ -360,12 +360,12 @@ TEST_CASE("attention: flash and simple kernels agree at T = 8192 (packed, single
         lse_s.poison();
         attention_detail::forward_flash(out_f, lse_f, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         attention_detail::forward_simple(out_s, lse_s, d_qkv, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
-        attention_test::check_part("forward out, flash vs simple", download_bf16(out_f), download_bf16(out_s));
+        attention_test::check_part("forward out, flash vs simple", download_floatX(out_f), download_floatX(out_s));
         CHECK_CLOSE("forward lse, flash vs simple", rel_max(download(lse_f), download(lse_s)), 1e-3);
         // both backwards on the flash forward's saved state
         attention_detail::backward_flash(dqkv_f, d_dout, d_qkv, out_f, lse_f, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
         attention_detail::backward_simple(dqkv_s, d_dout, d_qkv, out_f, lse_f, d_ds, B, T, NH, KVH, hs, alibi_nh, 0);
-        attention_test::check_dqkv(download_bf16(dqkv_f), download_bf16(dqkv_s), (int)BT, NH, KVH, hs);
+        attention_test::check_dqkv(download_floatX(dqkv_f), download_floatX(dqkv_s), (int)BT, NH, KVH, hs);
     }
 }
 
@@ -413,8 +413,8 @@ TEST_CASE("attention: flash variant chosen from the device's shared memory, emul
     attention_test::fill_hash(dout, 0x78);
     const std::vector<int> ds = attention_test::make_doc_start(B, T, 5);
     DeviceBuffer<floatX> d_qkv(qkv.size()), d_dout(dout.size());
-    upload_bf16(d_qkv, qkv);
-    upload_bf16(d_dout, dout);
+    upload_floatX(d_qkv, qkv);
+    upload_floatX(d_dout, dout);
     DeviceBuffer<int> d_ds(ds.size());
     upload(d_ds, ds);
     cuda_scratch_reserve(attention_scratch_bytes(B, T, NH));
@@ -481,8 +481,8 @@ TEST_CASE("attention: training size, one packed and one single-document row vs t
     const std::vector<int> ds = attention_test::make_doc_start(B, T, 77);
 
     DeviceBuffer<floatX> d_qkv(qkv.size()), d_dout(dout.size());
-    upload_bf16(d_qkv, qkv);
-    upload_bf16(d_dout, dout);
+    upload_floatX(d_qkv, qkv);
+    upload_floatX(d_dout, dout);
     DeviceBuffer<int> d_ds(ds.size());
     upload(d_ds, ds);
     DeviceBuffer<floatX> d_out(BT * C), d_out2(BT * C), d_dqkv(qkv.size()), d_dqkv2(qkv.size());
@@ -532,7 +532,7 @@ TEST_CASE("attention: training size, one packed and one single-document row vs t
     CHECK_MESSAGE(attention_test::same_bytes(d_lse, d_lse2), "forward lse differs between two runs");
     CHECK_MESSAGE(attention_test::same_bytes(d_dqkv, d_dqkv2), "backward dqkv differs between two runs");
 
-    const std::vector<float> out = download_bf16(d_out), dqkv = download_bf16(d_dqkv);
+    const std::vector<float> out = download_floatX(d_out), dqkv = download_floatX(d_dqkv);
     const std::vector<float> lse = download(d_lse);
     for (int b : {0, 1}) {  // row 0: packed, starting mid-document; row 1: one document
         INFO("row " << b);

@@ -29,7 +29,7 @@ inline std::vector<float> classifier_logits(int N, int V, int Vp, uint64_t seed)
     std::vector<float> logits = random_vector((size_t)N * Vp, seed, 3.0f, 0.5f);
     for (int n = 0; n < N; n++)
         for (int v = V; v < Vp; v++) logits[(size_t)n * Vp + v] = 50.0f + v % 7;
-    return bf16_round(logits);
+    return floatX_round(logits);
 }
 inline std::vector<int> classifier_targets(int N, int V, uint64_t seed) {
     Rng rng(seed);
@@ -55,14 +55,14 @@ inline void check_classifier(int N, int V, int Vp, float dloss, uint64_t seed) {
     std::vector<float> want = logits, want_losses(N);
     cpu::fused_classifier<float>(want.data(), want_losses.data(), targets.data(), dloss, N, V, Vp);
 
-    std::unique_ptr<DeviceBuffer<floatX>> d_logits(to_device_bf16(logits));
+    std::unique_ptr<DeviceBuffer<floatX>> d_logits(to_device_floatX(logits));
     DeviceBuffer<int> d_targets(N);
     upload(d_targets, targets);
     DeviceBuffer<float> d_losses(N);
     d_losses.poison();
     fused_classifier(*d_logits, d_losses, d_targets, dloss, N, V, Vp);
     const std::vector<float> got_losses = download(d_losses);
-    const std::vector<float> got = download_bf16(*d_logits);
+    const std::vector<float> got = download_floatX(*d_logits);
     CHECK_CLOSE("losses", rel_max(got_losses, want_losses), LOSS_TOL);
     for (int n = 0; n < N; n++)
         if (targets[n] < 0) CHECK(got_losses[n] == 0.0f);
@@ -71,11 +71,11 @@ inline void check_classifier(int N, int V, int Vp, float dloss, uint64_t seed) {
         CHECK(std::memcmp(got.data(), logits.data(), total * sizeof(float)) == 0);  // untouched
         return;
     }
-    check_bf16("dlogits", got, want);
+    check_floatX("dlogits", got, want);
     std::vector<float> got_p = got, want_p = want;  // the non-target columns alone
     for (int n = 0; n < N; n++)
         if (targets[n] >= 0) got_p[(size_t)n * Vp + targets[n]] = want_p[(size_t)n * Vp + targets[n]] = 0.0f;
-    check_bf16("dlogits without the targets", got_p, want_p);
+    check_floatX("dlogits without the targets", got_p, want_p);
     size_t bad_zeros = 0;
     for (int n = 0; n < N; n++)
         for (int v = 0; v < Vp; v++)
@@ -121,17 +121,17 @@ inline void check_vocab_parallel(int N, int V, int Vp, int slices, int CH, float
     const std::vector<int> targets = classifier_targets(N, V, seed + 1);
     DeviceBuffer<int> d_targets(N);
     upload(d_targets, targets);
-    const DevBF16 d_full(logits);  // the unsplit rows (aligned)
+    const DevFloatX d_full(logits);  // the unsplit rows (aligned)
     auto n_real = [&](int k) { return std::max(0, std::min(ld, V - k * ld)); };
 
     std::vector<std::vector<float>> local(slices);
-    std::vector<std::unique_ptr<DevBF16>> d_local;
+    std::vector<std::unique_ptr<DevFloatX>> d_local;
     std::vector<float> mx(N, -INFINITY), tgt(N, 0.0f);
     for (int k = 0; k < slices; k++) {
         INFO("slice " << k);
         local[k].resize((size_t)N * ld);
         for (int n = 0; n < N; n++) std::copy_n(&logits[(size_t)n * Vp + k * ld], ld, &local[k][(size_t)n * ld]);
-        d_local.push_back(std::make_unique<DevBF16>(local[k], offset));
+        d_local.push_back(std::make_unique<DevFloatX>(local[k], offset));
         std::vector<float> want_mx(N), want_tgt(N);
         cpu::classifier_max<float>(want_mx.data(), local[k].data(), N, ld, n_real(k));
         cpu::classifier_target<float>(want_tgt.data(), local[k].data(), targets.data(), N, ld, k * ld, n_real(k));
@@ -198,7 +198,7 @@ inline void check_vocab_parallel(int N, int V, int Vp, int slices, int CH, float
                 nonzero_ref += !zero;
             }
         CHECK(bad_zeros == 0);  // padding columns and ignored rows are exactly 0
-        if (nonzero_ref > 0) check_bf16("classifier_backward dlogits", got, want);
+        if (nonzero_ref > 0) check_floatX("classifier_backward dlogits", got, want);
     }
 }
 
@@ -216,10 +216,10 @@ TEST_CASE("vocab-parallel classifier ops match the CPU twins (1, 2, 4, 8 slices,
     // all targets ignored: zero losses and gradients
     {
         const int N = 9, V = 300, ld = 96;  // slice 1 of 4 of V 300 / Vp 384
-        std::vector<float> logits = bf16_round(random_vector((size_t)N * ld, 2400, 3.0f, 0.5f));
+        std::vector<float> logits = floatX_round(random_vector((size_t)N * ld, 2400, 3.0f, 0.5f));
         const std::vector<int> targets(N, -1);
         const std::vector<float> mx(N, 4.0f), sum(N, 30.0f), tgt(N, 0.0f);
-        const DevBF16 d_logits(logits);
+        const DevFloatX d_logits(logits);
         DeviceBuffer<int> d_targets(N);
         upload(d_targets, targets);
         DeviceBuffer<float> d_mx(N), d_sum(N), d_tgt(N), d_losses(N);

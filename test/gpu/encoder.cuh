@@ -70,9 +70,9 @@ struct ForwardInputs {
     std::unique_ptr<DeviceBuffer<floatX>> d_wte, d_wpe;
     ForwardInputs(int B, int T, int C, int V, uint64_t seed0)
         : n((size_t)B * T), tokens(random_tokens(n, V, seed0)), doc_start(make_doc_start(B, T, 17, seed0 + 1)),
-          wte(bf16_round(random_vector((size_t)V * C, seed0 + 2))),
-          wpe(bf16_round(random_vector((size_t)T * C, seed0 + 3, 0.5f))), d_tokens(n), d_ds(n),
-          d_wte(to_device_bf16(wte)), d_wpe(to_device_bf16(wpe)) {
+          wte(floatX_round(random_vector((size_t)V * C, seed0 + 2))),
+          wpe(floatX_round(random_vector((size_t)T * C, seed0 + 3, 0.5f))), d_tokens(n), d_ds(n),
+          d_wte(to_device_floatX(wte)), d_wpe(to_device_floatX(wpe)) {
         upload(d_tokens, tokens);
         upload(d_ds, doc_start);
     }
@@ -98,11 +98,11 @@ TEST_CASE("encoder_forward: bitwise equal to the CPU twin rounded to bf16 (ragge
                 d_out.poison();
                 encoder_forward(d_out, in.d_tokens, in.d_ds, *in.d_wte, with_wpe ? in.d_wpe->ptr : nullptr, B, T, C,
                                 0, V);
-                const std::vector<float> got = download_bf16(d_out);
+                const std::vector<float> got = download_floatX(d_out);
                 // the GPU adds the same two bf16 values in fp32 and rounds once: exactly bf16(want)
-                const std::vector<float> want_bf16 = bf16_round(want);
+                const std::vector<float> want_bf16 = floatX_round(want);
                 CHECK(std::memcmp(got.data(), want_bf16.data(), got.size() * sizeof(float)) == 0);
-                CHECK_CLOSE("out", rel_l2(got, want), BF16_TOL);
+                CHECK_CLOSE("out", rel_l2(got, want), FLOATX_TOL);
             }
 }
 
@@ -120,7 +120,7 @@ inline void check_backward_range(const std::vector<int>& tokens, int B, int T, i
     CAPTURE(nv);
     const size_t n = (size_t)B * T;
     const std::vector<int> doc_start = make_doc_start(B, T, mean_doc, seed);
-    const std::vector<float> dout = bf16_round(random_vector(n * C, seed + 1));
+    const std::vector<float> dout = floatX_round(random_vector(n * C, seed + 1));
     const std::vector<float> dwte0 = random_vector((size_t)nv * C, seed + 2, 0.5f);  // fp32 gradients
     const std::vector<float> dwpe0 = random_vector((size_t)T * C, seed + 3, 0.5f);
     std::vector<float> want_wte = dwte0, want_wpe = dwpe0;
@@ -131,7 +131,7 @@ inline void check_backward_range(const std::vector<int>& tokens, int B, int T, i
     DeviceBuffer<int> d_tokens(n), d_ds(n);
     upload(d_tokens, tokens);
     upload(d_ds, doc_start);
-    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout));
+    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_floatX(dout));
     std::unique_ptr<DeviceBuffer<float>> d_wte(to_device(dwte0)), d_wpe(to_device(dwpe0));
     encoder_backward(*d_wte, with_wpe ? d_wpe->ptr : nullptr, *d_dout, d_tokens, d_ds, B, T, C, v0, nv);
     const std::vector<float> got_wte = download(*d_wte), got_wpe = download(*d_wpe);
@@ -204,7 +204,7 @@ TEST_CASE("encoder_backward: bitwise deterministic (repeated tokens, wpe)") {
     DeviceBuffer<int> d_tokens(n), d_ds(n);
     upload(d_tokens, tokens);
     upload(d_ds, doc_start);
-    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_bf16(dout));
+    std::unique_ptr<DeviceBuffer<floatX>> d_dout(to_device_floatX(dout));
     std::vector<std::vector<float>> wte_runs, wpe_runs;
     for (int rep = 0; rep < 2; rep++) {
         std::unique_ptr<DeviceBuffer<float>> d_wte(to_device(dwte0)), d_wpe(to_device(dwpe0));
@@ -231,7 +231,7 @@ TEST_CASE("encoder_forward: vocab ranges (tensor parallel) vs the CPU twin; thei
             DeviceBuffer<floatX> d_full(n * C);
             d_full.poison();
             encoder_forward(d_full, in.d_tokens, in.d_ds, *in.d_wte, with_wpe ? in.d_wpe->ptr : nullptr, B, T, C, 0, V);
-            const std::vector<float> full = download_bf16(d_full);
+            const std::vector<float> full = download_floatX(d_full);
             for (const std::vector<int>& bounds : splits) {
                 CAPTURE(bounds.size() - 1);
                 std::vector<float> sum(n * C, 0.0f);
@@ -244,16 +244,16 @@ TEST_CASE("encoder_forward: vocab ranges (tensor parallel) vs the CPU twin; thei
                     std::vector<float> want(n * C);
                     cpu::encoder_forward<float>(want.data(), in.tokens.data(), in.doc_start.data(), rows.data(), pe,
                                                 B, T, C, v0, nv);
-                    std::unique_ptr<DeviceBuffer<floatX>> d_rows(to_device_bf16(rows));
+                    std::unique_ptr<DeviceBuffer<floatX>> d_rows(to_device_floatX(rows));
                     DeviceBuffer<floatX> d_out(n * C);
                     d_out.poison();
                     encoder_forward(d_out, in.d_tokens, in.d_ds, *d_rows, pe ? in.d_wpe->ptr : nullptr, B, T, C, v0,
                                     nv);
-                    const std::vector<float> got = download_bf16(d_out);
-                    CHECK(same_bytes(got, bf16_round(want)));
+                    const std::vector<float> got = download_floatX(d_out);
+                    CHECK(same_bytes(got, floatX_round(want)));
                     for (size_t i = 0; i < sum.size(); i++) sum[i] += got[i];
                 }
-                CHECK_MESSAGE(same_bytes(bf16_round(sum), full), "the ranges' outputs do not sum to the full output");
+                CHECK_MESSAGE(same_bytes(floatX_round(sum), full), "the ranges' outputs do not sum to the full output");
             }
         }
 }
@@ -289,18 +289,18 @@ TEST_CASE("sanitizer: encoder forward and backward, vocab ranges with out-of-ran
     const size_t n = (size_t)B * T;
     const std::vector<int> tokens = random_tokens(n, V, 81), doc_start = make_doc_start(B, T, 9, 82);
     const int v0 = 60, nv = V - v0;
-    const std::vector<float> rows = bf16_round(random_vector((size_t)nv * C, 83));
-    const std::vector<float> wpe = bf16_round(random_vector((size_t)T * C, 84, 0.5f));
+    const std::vector<float> rows = floatX_round(random_vector((size_t)nv * C, 83));
+    const std::vector<float> wpe = floatX_round(random_vector((size_t)T * C, 84, 0.5f));
     std::vector<float> want(n * C);
     cpu::encoder_forward<float>(want.data(), tokens.data(), doc_start.data(), rows.data(), wpe.data(), B, T, C, v0, nv);
     DeviceBuffer<int> d_tokens(n), d_ds(n);
     upload(d_tokens, tokens);
     upload(d_ds, doc_start);
-    std::unique_ptr<DeviceBuffer<floatX>> d_rows(to_device_bf16(rows)), d_wpe(to_device_bf16(wpe));
+    std::unique_ptr<DeviceBuffer<floatX>> d_rows(to_device_floatX(rows)), d_wpe(to_device_floatX(wpe));
     DeviceBuffer<floatX> d_out(n * C);
     d_out.poison();
     encoder_forward(d_out, d_tokens, d_ds, *d_rows, d_wpe->ptr, B, T, C, v0, nv);
-    CHECK(same_bytes(download_bf16(d_out), bf16_round(want)));
+    CHECK(same_bytes(download_floatX(d_out), floatX_round(want)));
     for (const std::pair<int, int>& range : {std::pair<int, int>{0, 48}, std::pair<int, int>{96, 1},
                                              std::pair<int, int>{V, 0}})
         check_backward_range(tokens, B, T, C, true, range.first, range.second, 50, 85 + range.first);

@@ -20,11 +20,11 @@ TEST_CASE("global_norm: sum of squares matches the CPU twin (ragged n, misaligne
         for (size_t offset : {(size_t)0, (size_t)1, (size_t)3}) {
             CAPTURE(n);
             CAPTURE(offset);
-            const std::vector<float> x = bf16_round(random_vector(n, 300 + n + offset, 1.0f, 0.1f));
+            const std::vector<float> x = floatX_round(random_vector(n, 300 + n + offset, 1.0f, 0.1f));
             // offset elements in front: a start that is not 16-byte aligned (head elements)
             std::vector<float> padded(offset, 1e3f);
             padded.insert(padded.end(), x.begin(), x.end());
-            std::unique_ptr<DeviceBuffer<floatX>> d(to_device_bf16(padded));
+            std::unique_ptr<DeviceBuffer<floatX>> d(to_device_floatX(padded));
             const double want = cpu::global_norm_squared<float>(x.data(), n);
             const double got = global_norm_squared(d->ptr + offset, n);
             INFO("got " << got << " want " << want);
@@ -37,7 +37,7 @@ TEST_CASE("global_norm: n = 0 gives 0, and a single value its square") {
     cuda_scratch_reserve(global_norm_scratch_bytes());
     DeviceBuffer<floatX> d(8);
     CHECK(global_norm_squared(d.ptr, 0) == 0.0);
-    upload_bf16(d, std::vector<float>(8, -3.0f));
+    upload_floatX(d, std::vector<float>(8, -3.0f));
     CHECK(global_norm_squared(d.ptr + 5, 1) == 9.0);
     CHECK(global_norm_squared(d.ptr, 8) == 72.0);
 }
@@ -46,14 +46,14 @@ TEST_CASE("global_norm: bitwise deterministic") {
     cuda_scratch_reserve(global_norm_scratch_bytes());
     const size_t n = (1 << 22) + 11;
     const std::vector<float> x = random_vector(n, 99, 1.0f);
-    std::unique_ptr<DeviceBuffer<floatX>> d(to_device_bf16(x));
+    std::unique_ptr<DeviceBuffer<floatX>> d(to_device_floatX(x));
     const double a = global_norm_squared(d->ptr, n);
     for (int rep = 0; rep < 3; rep++) {
         const double b = global_norm_squared(d->ptr, n);
         CHECK(std::memcmp(&a, &b, sizeof(double)) == 0);
     }
     // without the first element: another (misaligned) partition, the same sum less one square
-    const double x0 = __bfloat162float(__float2bfloat16(x[0]));
+    const double x0 = floatX_to_float(float_to_floatX(x[0]));
     const double c = global_norm_squared(d->ptr + 1, n - 1);
     CHECK(std::fabs(c - (a - x0 * x0)) / a < 1e-6);
 }
@@ -143,10 +143,10 @@ TEST_CASE("sanitizer: global_norm bf16 and fp32, small n, misaligned starts") {
             DevF32 d(x, offset);
             const double want = cpu::global_norm_squared<float>(x.data(), n);
             CHECK_CLOSE("sum of squares (fp32)", std::fabs(global_norm_squared(d.ptr(), n) - want) / want, 1e-11);
-            const std::vector<float> xb = bf16_round(x);
+            const std::vector<float> xb = floatX_round(x);
             std::vector<float> padded(offset, 1e3f);
             padded.insert(padded.end(), xb.begin(), xb.end());
-            std::unique_ptr<DeviceBuffer<floatX>> db(to_device_bf16(padded));
+            std::unique_ptr<DeviceBuffer<floatX>> db(to_device_floatX(padded));
             const double want_b = cpu::global_norm_squared<float>(xb.data(), n);
             CHECK_CLOSE("sum of squares", std::fabs(global_norm_squared(db->ptr + offset, n) - want_b) / want_b, 1e-6);
         }

@@ -3,7 +3,7 @@
 //   1. random inputs on the host (never zero: normal(0,1) + small offsets), fp32
 //   2. the CPU twin (cpu::<op>, llmc/ops/cpu/<op>.h) on the bf16-rounded inputs, in fp32
 //   3. inputs to the device as bf16, outputs poisoned first (NaN bytes), the GPU op, copy back
-//   4. compare with check_bf16 (bf16 outputs: relative L2 <= 1e-2 AND max-norm error, so one wrong
+//   4. compare with check_floatX (bf16 outputs: relative L2 <= 1e-2 AND max-norm error, so one wrong
 //      row cannot hide in a large tensor's norm) or rel_max (fp32 statistics: ~1e-5..1e-3)
 // The weight gradients (fp32, accumulated with one add per element: the gradient-path contract)
 // are checked on a random NON-zero destination with check_f32 (F32_TOL: both sides sum the same
@@ -33,10 +33,10 @@ inline std::vector<float> random_vector(size_t n, uint64_t seed, float std = 1.0
     return v;
 }
 
-// round through bf16, so the CPU reference sees exactly what the GPU sees
-inline std::vector<float> bf16_round(const std::vector<float>& v) {
+// round through floatX (bf16 / fp16), so the CPU reference sees exactly what the GPU sees
+inline std::vector<float> floatX_round(const std::vector<float>& v) {
     std::vector<float> r(v.size());
-    for (size_t i = 0; i < v.size(); i++) r[i] = __bfloat162float(__float2bfloat16(v[i]));
+    for (size_t i = 0; i < v.size(); i++) r[i] = floatX_to_float(float_to_floatX(v[i]));
     return r;
 }
 
@@ -50,18 +50,18 @@ struct DeviceBuffer {
     DeviceBuffer(const DeviceBuffer&) = delete;
     DeviceBuffer& operator=(const DeviceBuffer&) = delete;
     operator T*() const { return ptr; }
-    void poison() { cudaCheck(cudaMemset(ptr, 0xFF, n * sizeof(T))); }  // 0xFFFF is a bf16 NaN, 0xFFFFFFFF an fp32 NaN
+    void poison() { cudaCheck(cudaMemset(ptr, 0xFF, n * sizeof(T))); }  // 0xFFFF is a NaN in bf16 and in fp16, 0xFFFFFFFF in fp32
 };
 
-// fp32 <-> bf16 host vectors (round to nearest even)
-inline std::vector<floatX> to_bf16(const std::vector<float>& v) {
+// fp32 <-> floatX host vectors (round to nearest even)
+inline std::vector<floatX> to_floatX(const std::vector<float>& v) {
     std::vector<floatX> h(v.size());
-    for (size_t i = 0; i < v.size(); i++) h[i] = __float2bfloat16(v[i]);
+    for (size_t i = 0; i < v.size(); i++) h[i] = float_to_floatX(v[i]);
     return h;
 }
-inline std::vector<float> from_bf16(const std::vector<floatX>& h) {
+inline std::vector<float> from_floatX(const std::vector<floatX>& h) {
     std::vector<float> v(h.size());
-    for (size_t i = 0; i < h.size(); i++) v[i] = __bfloat162float(h[i]);
+    for (size_t i = 0; i < h.size(); i++) v[i] = floatX_to_float(h[i]);
     return v;
 }
 
@@ -72,8 +72,8 @@ inline std::unique_ptr<DeviceBuffer<T>> to_device(const std::vector<T>& h) {
     if (!h.empty()) cudaCheck(cudaMemcpy(d->ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
     return d;
 }
-inline std::unique_ptr<DeviceBuffer<floatX>> to_device_bf16(const std::vector<float>& v) {
-    return to_device(to_bf16(v));
+inline std::unique_ptr<DeviceBuffer<floatX>> to_device_floatX(const std::vector<float>& v) {
+    return to_device(to_floatX(v));
 }
 
 template <typename T>
@@ -81,7 +81,7 @@ inline void upload(DeviceBuffer<T>& d, const std::vector<T>& h) {
     REQUIRE(h.size() == d.n);
     cudaCheck(cudaMemcpy(d.ptr, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
 }
-inline void upload_bf16(DeviceBuffer<floatX>& d, const std::vector<float>& v) { upload(d, to_bf16(v)); }
+inline void upload_floatX(DeviceBuffer<floatX>& d, const std::vector<float>& v) { upload(d, to_floatX(v)); }
 
 template <typename T>
 inline std::vector<T> download(const DeviceBuffer<T>& d) {
@@ -90,13 +90,13 @@ inline std::vector<T> download(const DeviceBuffer<T>& d) {
     cudaCheck(cudaMemcpy(h.data(), d.ptr, d.n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
 }
-inline std::vector<float> download_bf16(const DeviceBuffer<floatX>& d) { return from_bf16(download(d)); }
+inline std::vector<float> download_floatX(const DeviceBuffer<floatX>& d) { return from_floatX(download(d)); }
 
 // A device tensor of n elements (T: bf16 or fp32, read and written as fp32 host vectors) placed
 // `offset` elements into its allocation: offset 1 makes the pointer 2 (bf16) or 4 (fp32) mod 16 bytes,
 // which forces the scalar (non 16-byte) paths even when the length is a multiple of the vector width;
 // offset 0 keeps cudaMalloc's 256-byte alignment. Poisoned (NaN) at creation, the elements before
-// the tensor included. DevBF16: the activations; DevF32: the weight gradients.
+// the tensor included. DevFloatX: the activations; DevF32: the weight gradients.
 template <typename T>
 struct DevTensor {
     DeviceBuffer<T> buf;
@@ -109,7 +109,7 @@ struct DevTensor {
         if constexpr (std::is_same_v<T, float>) {
             cudaCheck(cudaMemcpy(ptr(), v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
         } else {
-            const std::vector<T> h = to_bf16(v);
+            const std::vector<T> h = to_floatX(v);
             cudaCheck(cudaMemcpy(ptr(), h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
         }
     }
@@ -121,11 +121,11 @@ struct DevTensor {
     }
     std::vector<float> get() const {
         if constexpr (std::is_same_v<T, float>) return raw();
-        else return from_bf16(raw());
+        else return from_floatX(raw());
     }
     void poison() { buf.poison(); }
 };
-using DevBF16 = DevTensor<floatX>;
+using DevFloatX = DevTensor<floatX>;
 using DevF32 = DevTensor<float>;
 
 // bitwise equal (the determinism checks: two runs of an op on the same inputs)
@@ -166,17 +166,25 @@ inline double rel_max(const std::vector<float>& got, const std::vector<float>& w
         CHECK(e_ <= (tol));                                                      \
     } while (0)
 
-constexpr double BF16_TOL = 1e-2;  // relative L2 of bf16 outputs
-// max |got - want| / max |want| of bf16 outputs of one op: every element is within one bf16 rounding
+// Tolerances of floatX outputs, per precision. bf16: relative L2 1e-2; the max-norm error
+// max |got - want| / max |want| of one op's outputs: every element is within one bf16 rounding
 // (2^-8 of its magnitude at most) plus fp32 reordering of its sums, so 1e-2 holds, while a single
 // wrong or unwritten element of typical size is an O(0.1..1) error here (relative L2 over n elements
-// only sees it as ~1/sqrt(n))
-constexpr double BF16_MAX_TOL = 1e-2;
+// only sees it as ~1/sqrt(n)). fp16 (the -DLLMC_FP16 build) keeps 3 more mantissa bits (a rounding is
+// 2^-11 at most, 8x finer), so 2e-3 for both: the same margin over the roundings at about 1/5 of bf16's
+// tolerance.
+#ifdef LLMC_FP16
+constexpr double FLOATX_TOL = 2e-3;
+constexpr double FLOATX_MAX_TOL = 2e-3;
+#else
+constexpr double FLOATX_TOL = 1e-2;
+constexpr double FLOATX_MAX_TOL = 1e-2;
+#endif
 
-// The bf16 comparison used by every GPU test: relative L2 over the tensor and the worst element
+// The floatX comparison used by every GPU test: relative L2 over the tensor and the worst element
 // relative to the tensor's largest magnitude, both reported under the tensor's name.
-inline void check_bf16(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
-                       double l2_tol = BF16_TOL, double max_tol = BF16_MAX_TOL) {
+inline void check_floatX(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
+                       double l2_tol = FLOATX_TOL, double max_tol = FLOATX_MAX_TOL) {
     const double l2 = rel_l2(got, want), mx = rel_max(got, want);
     INFO(what << ": rel_l2 " << l2 << " (tolerance " << l2_tol << "), rel_max " << mx << " (tolerance " << max_tol
               << ")");

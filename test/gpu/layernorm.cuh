@@ -1,7 +1,7 @@
 // GPU layernorm_forward / fused_residual_layernorm_forward / layernorm_backward (llmc/ops/layernorm.cuh)
 // vs the CPU twin (llmc/ops/cpu/layernorm.h).
 //
-// Tolerances. bf16 outputs: relative L2 <= 1e-2 (BF16_TOL; one bf16 rounding is ~2e-3). mean and
+// Tolerances. bf16 outputs: relative L2 <= 1e-2 (FLOATX_TOL; one bf16 rounding is ~2e-3). mean and
 // rstd (fp32): relative max <= 1e-4. Both sides see the same bf16 inputs, so they differ only by the
 // order of the fp32 sums (the CPU sums sequentially, the GPU in a tree: a random-walk error of
 // ~sqrt(C) * 2^-24 relative, 4e-6 at C = 4104) and rsqrtf (2 ulp): 1e-4 keeps a wide margin and is
@@ -28,11 +28,11 @@ inline void check_forward(int C, int N, size_t shift) {
     CAPTURE(shift);
     const size_t nc = (size_t)N * C;
     const uint64_t seed = 100 + C * 7 + N + shift;
-    const std::vector<float> x = bf16_round(random_vector(nc, seed, 1.0f, 2.0f));
-    const std::vector<float> x2 = bf16_round(random_vector(nc, seed + 1, 0.5f, -0.3f));
-    const std::vector<float> w = bf16_round(random_vector(C, seed + 2, 0.3f, 1.0f));
-    const std::vector<float> b = bf16_round(random_vector(C, seed + 3, 0.3f));
-    DevBF16 d_x(x, shift), d_x2(x2, shift), d_w(w, shift), d_b(b, shift), d_out(x, shift), d_res(x, shift);
+    const std::vector<float> x = floatX_round(random_vector(nc, seed, 1.0f, 2.0f));
+    const std::vector<float> x2 = floatX_round(random_vector(nc, seed + 1, 0.5f, -0.3f));
+    const std::vector<float> w = floatX_round(random_vector(C, seed + 2, 0.3f, 1.0f));
+    const std::vector<float> b = floatX_round(random_vector(C, seed + 3, 0.3f));
+    DevFloatX d_x(x, shift), d_x2(x2, shift), d_w(w, shift), d_b(b, shift), d_out(x, shift), d_res(x, shift);
     DeviceBuffer<float> d_mean(N), d_rstd(N);
 
     // plain forward
@@ -43,7 +43,7 @@ inline void check_forward(int C, int N, size_t shift) {
     d_mean.poison();
     d_rstd.poison();
     layernorm_forward(d_out.ptr(), d_mean, d_rstd, d_x.ptr(), d_w.ptr(), d_b.ptr(), N, C);
-    check_bf16("out", d_out.get(), want);
+    check_floatX("out", d_out.get(), want);
     CHECK_CLOSE("mean", rel_max(download(d_mean), want_mean), STAT_TOL);
     CHECK_CLOSE("rstd", rel_max(download(d_rstd), want_rstd), STAT_TOL);
 
@@ -52,7 +52,7 @@ inline void check_forward(int C, int N, size_t shift) {
     cpu::fused_residual_layernorm_forward<float>(want_res.data(), want.data(), want_mean.data(),
                                                  want_rstd.data(), x.data(), x2.data(), w.data(),
                                                  b.data(), N, C);
-    const std::vector<float> res_bf16 = bf16_round(want_res);
+    const std::vector<float> res_bf16 = floatX_round(want_res);
     cpu::layernorm_forward<float>(want.data(), want_mean.data(), want_rstd.data(), res_bf16.data(),
                                   w.data(), b.data(), N, C);
     d_out.poison();
@@ -64,8 +64,8 @@ inline void check_forward(int C, int N, size_t shift) {
     // the same fp32 sum of two bf16 values, rounded once: bitwise bf16(x + x2)
     const std::vector<float> got_res = d_res.get();
     CHECK(std::memcmp(got_res.data(), res_bf16.data(), nc * sizeof(float)) == 0);
-    check_bf16("residual", got_res, want_res);
-    check_bf16("fused out", d_out.get(), want);
+    check_floatX("residual", got_res, want_res);
+    check_floatX("fused out", d_out.get(), want);
     CHECK_CLOSE("fused mean", rel_max(download(d_mean), want_mean), STAT_TOL);
     CHECK_CLOSE("fused rstd", rel_max(download(d_rstd), want_rstd), STAT_TOL);
 
@@ -76,7 +76,7 @@ inline void check_forward(int C, int N, size_t shift) {
     residual_forward(d_res.ptr(), d_x.ptr(), d_x2.ptr(), (long)nc);
     const std::vector<float> got_sum = d_res.get();
     CHECK(std::memcmp(got_sum.data(), res_bf16.data(), nc * sizeof(float)) == 0);
-    check_bf16("residual_forward", got_sum, want_sum);
+    check_floatX("residual_forward", got_sum, want_sum);
 }
 
 TEST_CASE("layernorm_forward and fused_residual_layernorm_forward match the CPU twin (ragged C, N, scalar path)") {
@@ -95,12 +95,12 @@ inline void check_backward(int C, int N, size_t shift) {
     CAPTURE(shift);
     const size_t nc = (size_t)N * C;
     const uint64_t seed = 500 + C * 7 + N + shift;
-    const std::vector<float> x = bf16_round(random_vector(nc, seed, 1.0f, 2.0f));
-    const std::vector<float> w = bf16_round(random_vector(C, seed + 1, 0.3f, 1.0f));
-    const std::vector<float> b = bf16_round(random_vector(C, seed + 2, 0.3f));
-    const std::vector<float> dout = bf16_round(random_vector(nc, seed + 3));
+    const std::vector<float> x = floatX_round(random_vector(nc, seed, 1.0f, 2.0f));
+    const std::vector<float> w = floatX_round(random_vector(C, seed + 1, 0.3f, 1.0f));
+    const std::vector<float> b = floatX_round(random_vector(C, seed + 2, 0.3f));
+    const std::vector<float> dout = floatX_round(random_vector(nc, seed + 3));
     // the prefills: dinp (the residual gradient so far), dweight and dbias of earlier micro-steps
-    const std::vector<float> dinp0 = bf16_round(random_vector(nc, seed + 4));
+    const std::vector<float> dinp0 = floatX_round(random_vector(nc, seed + 4));
     // (fp32 gradients: full fp32 values)
     const std::vector<float> dw0 = random_vector(C, seed + 5);
     const std::vector<float> db0 = random_vector(C, seed + 6);
@@ -112,21 +112,21 @@ inline void check_backward(int C, int N, size_t shift) {
                                    w.data(), mean.data(), rstd.data(), N, C);
 
     cuda_scratch_reserve(layernorm_scratch_bytes(N, C));
-    DevBF16 d_x(x, shift), d_w(w, shift), d_dout(dout, shift), d_dinp(dinp0, shift);
+    DevFloatX d_x(x, shift), d_w(w, shift), d_dout(dout, shift), d_dinp(dinp0, shift);
     DevF32 d_dw(dw0, shift), d_db(db0, shift);
     DeviceBuffer<float> d_mean(N), d_rstd(N);
     upload(d_mean, mean);
     upload(d_rstd, rstd);
     layernorm_backward(d_dinp.ptr(), d_dw.ptr(), d_db.ptr(), d_dout.ptr(), d_x.ptr(), d_w.ptr(), d_mean,
                        d_rstd, N, C);
-    check_bf16("dinp", d_dinp.get(), want_dinp);
+    check_floatX("dinp", d_dinp.get(), want_dinp);
     check_f32("dweight", d_dw.get(), want_dw);
     check_f32("dbias", d_db.get(), want_db);
 
     // the split backward (zero-bubble pipeline): dinp alone (weight gradients untouched), then the
     // weight gradients alone (weight not needed, dinp untouched): bitwise the one-call results
     const std::vector<float> one_dinp = d_dinp.get(), one_dw = d_dw.get(), one_db = d_db.get();
-    DevBF16 s_dinp(dinp0, shift);
+    DevFloatX s_dinp(dinp0, shift);
     DevF32 s_dw(dw0, shift), s_db(db0, shift);
     layernorm_backward(s_dinp.ptr(), nullptr, nullptr, d_dout.ptr(), d_x.ptr(), d_w.ptr(), d_mean, d_rstd, N, C);
     CHECK(std::memcmp(s_dinp.get().data(), one_dinp.data(), nc * sizeof(float)) == 0);
@@ -169,17 +169,17 @@ TEST_CASE("layernorm_backward is bitwise deterministic") {
     const std::vector<float> dout = random_vector(nc, 74), dinp0 = random_vector(nc, 75);
     const std::vector<float> dw0 = random_vector(C, 76), db0 = random_vector(C, 77);
     std::vector<float> y(nc), mean(N), rstd(N);
-    const std::vector<float> xr = bf16_round(x), wr = bf16_round(w), br = bf16_round(b);
+    const std::vector<float> xr = floatX_round(x), wr = floatX_round(w), br = floatX_round(b);
     cpu::layernorm_forward<float>(y.data(), mean.data(), rstd.data(), xr.data(), wr.data(), br.data(), N, C);
     cuda_scratch_reserve(layernorm_scratch_bytes(N, C));
-    std::unique_ptr<DeviceBuffer<floatX>> d_x(to_device_bf16(x)), d_w(to_device_bf16(w)), d_dout(to_device_bf16(dout));
+    std::unique_ptr<DeviceBuffer<floatX>> d_x(to_device_floatX(x)), d_w(to_device_floatX(w)), d_dout(to_device_floatX(dout));
     DeviceBuffer<float> d_mean(N), d_rstd(N);
     upload(d_mean, mean);
     upload(d_rstd, rstd);
     std::vector<std::vector<floatX>> dinp_runs;
     std::vector<std::vector<float>> runs[2];
     for (int rep = 0; rep < 2; rep++) {
-        std::unique_ptr<DeviceBuffer<floatX>> d_dinp(to_device_bf16(dinp0));
+        std::unique_ptr<DeviceBuffer<floatX>> d_dinp(to_device_floatX(dinp0));
         std::unique_ptr<DeviceBuffer<float>> d_dw(to_device(dw0)), d_db(to_device(db0));
         layernorm_backward(*d_dinp, *d_dw, *d_db, *d_dout, *d_x, *d_w, d_mean, d_rstd, N, C);
         dinp_runs.push_back(download(*d_dinp));

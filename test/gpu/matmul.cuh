@@ -1,7 +1,7 @@
 // GPU matmul (llmc/ops/matmul.cuh) vs the CPU twin (llmc/ops/cpu/matmul.h) in fp32 on the same bf16-rounded
 // inputs. out and dinp: the GPU rounds them to bf16 (relative error <= 2^-9 per element, ~1e-3
 // relative L2), and sums in a different order in fp32 (~1e-6), so:
-//  - relative L2 <= gpu_test::BF16_TOL (1e-2)
+//  - relative L2 <= gpu_test::FLOATX_TOL (1e-2)
 //  - max-norm: max |got - want| / max |want| <= 1e-2: every element is within one bf16 rounding of
 //    its exact value (<= 2^-8 of its own magnitude), so a single wrong or unwritten element in a
 //    ragged edge, which relative L2 over a big tensor could hide, fails here.
@@ -24,8 +24,8 @@
 
 namespace matmul_test {
 
-using gpu_test::BF16_TOL;
-using gpu_test::DevBF16;
+using gpu_test::FLOATX_TOL;
+using gpu_test::DevFloatX;
 using gpu_test::DeviceBuffer;
 
 constexpr double MAX_TOL = 1e-2;
@@ -35,13 +35,13 @@ struct Inputs {
     int BT, C, OC;
     std::vector<float> inp, weight, bias, dout, dweight0, dbias0;
     Inputs(int BT_, int C_, int OC_, uint64_t seed) : BT(BT_), C(C_), OC(OC_) {
-        using gpu_test::bf16_round;
+        using gpu_test::floatX_round;
         using gpu_test::random_vector;
-        inp = bf16_round(random_vector((size_t)BT * C, seed + 1, 1.0f, 0.1f));
-        weight = bf16_round(random_vector((size_t)OC * C, seed + 2, 1.0f / std::sqrt((float)C)));
-        bias = bf16_round(random_vector(OC, seed + 3, 1.0f, 0.2f));
+        inp = floatX_round(random_vector((size_t)BT * C, seed + 1, 1.0f, 0.1f));
+        weight = floatX_round(random_vector((size_t)OC * C, seed + 2, 1.0f / std::sqrt((float)C)));
+        bias = floatX_round(random_vector(OC, seed + 3, 1.0f, 0.2f));
         // zero mean: a mean would add BT * mean to every column sum and drown the prefill
-        dout = bf16_round(random_vector((size_t)BT * OC, seed + 4, 1.0f / std::sqrt((float)BT)));
+        dout = floatX_round(random_vector((size_t)BT * OC, seed + 4, 1.0f / std::sqrt((float)BT)));
         dweight0 = random_vector((size_t)OC * C, seed + 5);  // fp32 gradients: full fp32 values
         dbias0 = random_vector(OC, seed + 6);
     }
@@ -50,7 +50,7 @@ struct Inputs {
 // the same shape's device tensors; the bias vectors always start 256-byte aligned (the epilogue's
 // documented requirement is 16 bytes), the others `offset` elements into their allocation
 struct Device {
-    DevBF16 inp, weight, out, dout, dinp;
+    DevFloatX inp, weight, out, dout, dinp;
     gpu_test::DevF32 dweight;
     DeviceBuffer<floatX> bias;
     DeviceBuffer<float> dbias;
@@ -61,7 +61,7 @@ struct Device {
         inp.upload(in.inp);
         weight.upload(in.weight);
         dout.upload(in.dout);
-        gpu_test::upload_bf16(bias, in.bias);
+        gpu_test::upload_floatX(bias, in.bias);
         reset_grads(in);
     }
     // overwritten outputs poisoned, accumulated ones set to their prefill
@@ -95,7 +95,7 @@ inline void check_forward(const Inputs& in, bool with_bias, int offset) {
     matmul_forward(d.out.ptr(), d.inp.ptr(), d.weight.ptr(), with_bias ? d.bias.ptr : nullptr, in.BT, in.C, in.OC);
     cudaCheck(cudaDeviceSynchronize());
     std::vector<float> got = d.out.get();
-    CHECK_CLOSE("out rel_l2", gpu_test::rel_l2(got, want), BF16_TOL);
+    CHECK_CLOSE("out rel_l2", gpu_test::rel_l2(got, want), FLOATX_TOL);
     CHECK_CLOSE("out rel_max", gpu_test::rel_max(got, want), MAX_TOL);
 }
 
@@ -115,7 +115,7 @@ inline void check_backward(const Inputs& in, bool with_dbias, int offset) {
                     d.weight.ptr(), in.BT, in.C, in.OC, split_k);
     cudaCheck(cudaDeviceSynchronize());
     std::vector<float> got_dinp = d.dinp.get(), got_dweight = d.dweight.get();
-    CHECK_CLOSE("dinp rel_l2", gpu_test::rel_l2(got_dinp, dinp), BF16_TOL);
+    CHECK_CLOSE("dinp rel_l2", gpu_test::rel_l2(got_dinp, dinp), FLOATX_TOL);
     CHECK_CLOSE("dinp rel_max", gpu_test::rel_max(got_dinp, dinp), MAX_TOL);
     gpu_test::check_f32("dweight", got_dweight, dweight);
     std::vector<float> got_dbias = gpu_test::download(d.dbias);

@@ -17,7 +17,7 @@
 namespace gpu_test {
 
 // max |got - want| / max |want| of a whole step's gradients: the bf16 errors of several ops compound
-// through the layers (each op alone is within BF16_MAX_TOL = 1e-2); a wrong or missing row of typical
+// through the layers (each op alone is within FLOATX_MAX_TOL = 1e-2); a wrong or missing row of typical
 // size is an O(0.1..1) error
 constexpr double MODEL_MAX_TOL = 5e-2;
 
@@ -154,7 +154,7 @@ inline int check_model_routing(const ref::GPT& r, const gpu::GPT& g, int max_fli
         CAPTURE(l);
         const LayerRouting want = ref_routing(r, l), got = gpu_routing(g, l);
         // the scores come from activations that differ by the bf16 rounding of every op before them
-        check_bf16("router scores", got.scores, want.scores, BF16_TOL, MODEL_MAX_TOL);
+        check_floatX("router scores", got.scores, want.scores, FLOATX_TOL, MODEL_MAX_TOL);
         double noise = 0;
         for (size_t i = 0; i < want.scores.size(); i++)
             noise = std::max(noise, (double)std::fabs(got.scores[i] - want.scores[i]));
@@ -193,7 +193,7 @@ inline void twin_models(ref::GPT& r, gpu::GPT& g, const ref::GPTConfig& rc, int 
     REQUIRE(g.n_params == r.n_params);
     std::vector<float> p(r.n_params), zeros(r.n_params, 0.0f);
     ref::gpt_get_state(r, p.data(), nullptr, nullptr);
-    p = bf16_round(p);
+    p = floatX_round(p);
     ref::gpt_set_state(r, p.data(), zeros.data(), zeros.data());
     gpu::gpt_set_state(g, p.data(), zeros.data(), zeros.data());
 }
@@ -213,7 +213,7 @@ inline void check_model_grads(const ref::GPT& r, const gpu::GPT& g) {
             want.resize((size_t)rc.vocab_size * rc.n_embd);
             got.resize(want.size());
         }
-        check_bf16("grad " + r.table[t].name, got, want, BF16_TOL, MODEL_MAX_TOL);
+        check_floatX("grad " + r.table[t].name, got, want, FLOATX_TOL, MODEL_MAX_TOL);
     }
 }
 }  // namespace gpu_test
@@ -294,13 +294,13 @@ TEST_CASE("model: the lm head over token chunks of 7 on the GPU matches the CPU 
     tgt[9] = -1;  // an ignored target
 
     const std::vector<float> want_logits = ref::gpt_logits(r, in.data(), ds.data(), B, T);
-    const std::vector<floatX> poison((size_t)7 * Vp, __float2bfloat16(NAN));  // the chunk buffer
+    const std::vector<floatX> poison((size_t)7 * Vp, float_to_floatX(NAN));  // the chunk buffer
     gpu::copy_to_buffer(g.logits, poison.data(), poison.size() * sizeof(floatX));
     const std::vector<floatX> got_bf16 = gpu::gpt_logits(g, in.data(), ds.data(), B, T);
     REQUIRE(got_bf16.size() == (size_t)BT * Vp);
     std::vector<float> got_logits(got_bf16.size());
-    for (size_t i = 0; i < got_bf16.size(); i++) got_logits[i] = __bfloat162float(got_bf16[i]);
-    check_bf16("logits, chunks of 7", got_logits, want_logits, BF16_TOL, MODEL_MAX_TOL);
+    for (size_t i = 0; i < got_bf16.size(); i++) got_logits[i] = floatX_to_float(got_bf16[i]);
+    check_floatX("logits, chunks of 7", got_logits, want_logits, FLOATX_TOL, MODEL_MAX_TOL);
 
     ref::gpt_zero_grad(r);
     gpu::gpt_zero_grad(g);
@@ -442,7 +442,7 @@ TEST_CASE("model: --offload optimizer (AdamW on the host) trains bitwise as the 
         const int B = 4, T = 64, steps = 4;
         const std::vector<float> p = initial_params(rc, B, T, 9), zeros(p.size(), 0.0f);
         std::vector<float> losses[2], master[2], m[2], v[2];
-        std::vector<__nv_bfloat16> bf16[2];
+        std::vector<floatX> bf16[2];
         for (int off = 0; off < 2; off++) {
             gpu::Layout layout;
             layout.zero_stage = zero;
@@ -458,11 +458,11 @@ TEST_CASE("model: --offload optimizer (AdamW on the host) trains bitwise as the 
             for (auto* x : {&master[off], &m[off], &v[off]}) x->resize(g.n_params);
             gpu::gpt_get_state(g, master[off].data(), m[off].data(), v[off].data());
             bf16[off].resize(g.zero.params_elems());
-            cudaCheck(cudaMemcpy(bf16[off].data(), g.params, bf16[off].size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(bf16[off].data(), g.params, bf16[off].size() * sizeof(floatX), cudaMemcpyDeviceToHost));
             gpu::gpt_free(g);
         }
         CHECK(memcmp(losses[1].data(), losses[0].data(), steps * sizeof(float)) == 0);
-        CHECK(memcmp(bf16[1].data(), bf16[0].data(), bf16[0].size() * sizeof(__nv_bfloat16)) == 0);
+        CHECK(memcmp(bf16[1].data(), bf16[0].data(), bf16[0].size() * sizeof(floatX)) == 0);
         auto tiny = [](float x) { return std::fabs(x) < FLT_MIN; };  // zero or denormal
         size_t moment_diffs = 0, bad_moments = 0, bad_master = 0;
         for (size_t i = 0; i < p.size(); i++) {

@@ -5,7 +5,7 @@
 //    scores from a handful of levels (ties everywhere), all-equal scores, exact zeros; both groupings,
 //    n up to 65536, E in {4, 6, 8, 64}, c in {1, 2} (and c = 4 with E = 4: every token taken)
 //  - the float ops on the same bf16-rounded inputs (outputs poisoned first, so an element a kernel
-//    skips is a NaN): bf16 outputs relative L2 <= BF16_TOL and max-norm <= 1e-2 (one bf16 rounding of
+//    skips is a NaN): bf16 outputs relative L2 <= FLOATX_TOL and max-norm <= 1e-2 (one bf16 rounding of
 //    the result is <= 2^-8 of its magnitude, so a single wrong element in a ragged edge fails); fp32
 //    outputs (scores, dscores) max-norm <= 1e-5: the GPU sums the same exact bf16 products in fp32 in
 //    another order (~1e-7 relative) and uses the fast exp (a few ulp), 1e-5 leaves a 10x margin and
@@ -291,13 +291,13 @@ TEST_CASE("moe_router_forward matches the CPU twin; moe_select on its scores mat
         CAPTURE(s.C);
         CAPTURE(s.E);
         CAPTURE(s.offset);
-        const std::vector<float> x = bf16_round(random_vector((size_t)s.n * s.C, seed++, 1.0f, 0.1f));
+        const std::vector<float> x = floatX_round(random_vector((size_t)s.n * s.C, seed++, 1.0f, 0.1f));
         // logits ~ N(0, 2^2): a peaked softmax, as a trained router
-        const std::vector<float> w = bf16_round(random_vector((size_t)s.E * s.C, seed++, 2.0f / std::sqrt((float)s.C)));
+        const std::vector<float> w = floatX_round(random_vector((size_t)s.E * s.C, seed++, 2.0f / std::sqrt((float)s.C)));
         std::vector<float> want((size_t)s.n * s.E);
         cpu::moe_router_forward<float, float>(want.data(), x.data(), w.data(), s.n, s.C, s.E);
 
-        DevBF16 d_x(x, s.offset), d_w(w, s.offset);
+        DevFloatX d_x(x, s.offset), d_w(w, s.offset);
         DeviceBuffer<float> d_scores((size_t)s.n * s.E);
         std::vector<float> got[2];
         for (int run = 0; run < 2; run++) {
@@ -339,18 +339,18 @@ TEST_CASE("moe_router_backward matches the CPU twin (dx accumulated, fp32 droute
         Rng rng(seed++);
         for (float& d : dscores)
             if (rng.below(3) == 0) d = 0.0f;  // pairs not taken have dscores 0
-        const std::vector<float> x = bf16_round(random_vector((size_t)s.n * s.C, seed++, 1.0f, 0.1f));
-        const std::vector<float> w = bf16_round(random_vector((size_t)s.E * s.C, seed++));
+        const std::vector<float> x = floatX_round(random_vector((size_t)s.n * s.C, seed++, 1.0f, 0.1f));
+        const std::vector<float> w = floatX_round(random_vector((size_t)s.E * s.C, seed++));
         // prefills of the size of the increments: dlogit ~ 1/E, so dx gains ~ 1/sqrt(E) and
         // drouter_w ~ sqrt(n)/E; a lost += or a lost term is then an O(1) relative error
-        const std::vector<float> dx0 = bf16_round(random_vector((size_t)s.n * s.C, seed++, 1.0f / std::sqrt((float)s.E)));
+        const std::vector<float> dx0 = floatX_round(random_vector((size_t)s.n * s.C, seed++, 1.0f / std::sqrt((float)s.E)));
         const std::vector<float> dw0 = random_vector((size_t)s.E * s.C, seed++, std::sqrt((float)s.n) / (float)s.E);
         std::vector<float> want_dx = dx0, want_dw = dw0;
         cpu::moe_router_backward<float, float>(want_dx.data(), want_dw.data(), dscores.data(), scores.data(), x.data(),
                                                w.data(), s.n, s.C, s.E);
 
         auto d_scores = to_device(scores), d_dscores = to_device(dscores);
-        DevBF16 d_x(x, s.offset), d_w(w, s.offset), d_dx(dx0, s.offset);
+        DevFloatX d_x(x, s.offset), d_w(w, s.offset), d_dx(dx0, s.offset);
         gpu_test::DevF32 d_dw(dw0, s.offset);
         cuda_scratch_reserve(moe_scratch_bytes(1, s.n, s.C, s.E));
         std::vector<floatX> raw_dx[2];
@@ -364,7 +364,7 @@ TEST_CASE("moe_router_backward matches the CPU twin (dx accumulated, fp32 droute
             raw_dw[run] = d_dw.get();
         }
         const std::vector<float> got_dx = d_dx.get(), got_dw = d_dw.get();
-        CHECK_CLOSE("dx rel_l2", rel_l2(got_dx, want_dx), BF16_TOL);
+        CHECK_CLOSE("dx rel_l2", rel_l2(got_dx, want_dx), FLOATX_TOL);
         CHECK_CLOSE("dx rel_max", rel_max(got_dx, want_dx), MAX_TOL);
         gpu_test::check_f32("drouter_w", got_dw, want_dw);
         CHECK(same_bytes(raw_dx[0], raw_dx[1]));
@@ -388,15 +388,15 @@ TEST_CASE("moe_gather (exact copy) and moe_gather_backward (dx +=) match the CPU
             INFO(s << " offset=" << offset);
             Routing r(s.B, s.T, s.E, s.C, s.c, s.by_position, seed++);
             const size_t rows = (size_t)r.E * r.cap;
-            const std::vector<float> x = bf16_round(random_vector((size_t)r.n * r.C, seed++, 1.0f, 0.1f));
-            const std::vector<float> dxe = bf16_round(random_vector(rows * r.C, seed++));
-            const std::vector<float> dx0 = bf16_round(random_vector((size_t)r.n * r.C, seed++));
+            const std::vector<float> x = floatX_round(random_vector((size_t)r.n * r.C, seed++, 1.0f, 0.1f));
+            const std::vector<float> dxe = floatX_round(random_vector(rows * r.C, seed++));
+            const std::vector<float> dx0 = floatX_round(random_vector((size_t)r.n * r.C, seed++));
             std::vector<float> want_xe(rows * r.C), want_dx = dx0;
             cpu::moe_gather<float>(want_xe.data(), x.data(), r.expert_tokens.data(), r.E, r.cap, r.C);
             cpu::moe_gather_backward<float>(want_dx.data(), dxe.data(), r.token_slots.data(), r.n, r.E, r.cap, r.C);
 
             auto d_tokens = to_device(r.expert_tokens), d_slots = to_device(r.token_slots);
-            DevBF16 d_x(x, offset), d_xe(rows * r.C, offset), d_dxe(dxe, offset), d_dx(dx0, offset);
+            DevFloatX d_x(x, offset), d_xe(rows * r.C, offset), d_dxe(dxe, offset), d_dx(dx0, offset);
             std::vector<floatX> raw_xe[2], raw_dx[2];
             for (int run = 0; run < 2; run++) {
                 d_xe.poison();
@@ -408,7 +408,7 @@ TEST_CASE("moe_gather (exact copy) and moe_gather_backward (dx +=) match the CPU
             }
             CHECK(d_xe.get() == want_xe);  // a copy of bf16 values: exact
             const std::vector<float> got_dx = d_dx.get();
-            CHECK_CLOSE("dx rel_l2", rel_l2(got_dx, want_dx), BF16_TOL);
+            CHECK_CLOSE("dx rel_l2", rel_l2(got_dx, want_dx), FLOATX_TOL);
             CHECK_CLOSE("dx rel_max", rel_max(got_dx, want_dx), MAX_TOL);
             // rows of tokens no expert took are untouched, bit for bit
             bool untouched = true;
@@ -429,8 +429,8 @@ TEST_CASE("moe_combine_forward and moe_combine_backward match the CPU twins") {
             INFO(s << " offset=" << offset);
             Routing r(s.B, s.T, s.E, s.C, s.c, s.by_position, seed++);
             const size_t rows = (size_t)r.E * r.cap;
-            const std::vector<float> ye = bf16_round(random_vector(rows * r.C, seed++, 1.0f, 0.1f));
-            const std::vector<float> dout = bf16_round(random_vector((size_t)r.n * r.C, seed++));
+            const std::vector<float> ye = floatX_round(random_vector(rows * r.C, seed++, 1.0f, 0.1f));
+            const std::vector<float> dout = floatX_round(random_vector((size_t)r.n * r.C, seed++));
             std::vector<float> want_out((size_t)r.n * r.C), want_dye(rows * r.C), want_ds((size_t)r.n * r.E);
             cpu::moe_combine_forward<float, float>(want_out.data(), ye.data(), r.scores.data(), r.token_slots.data(),
                                                    r.n, r.E, r.cap, r.C);
@@ -440,7 +440,7 @@ TEST_CASE("moe_combine_forward and moe_combine_backward match the CPU twins") {
 
             auto d_scores = to_device(r.scores);
             auto d_tokens = to_device(r.expert_tokens), d_slots = to_device(r.token_slots);
-            DevBF16 d_ye(ye, offset), d_dout(dout, offset), d_out((size_t)r.n * r.C, offset), d_dye(rows * r.C, offset);
+            DevFloatX d_ye(ye, offset), d_dout(dout, offset), d_out((size_t)r.n * r.C, offset), d_dye(rows * r.C, offset);
             DeviceBuffer<float> d_ds((size_t)r.n * r.E);
             std::vector<floatX> raw_out[2], raw_dye[2];
             std::vector<float> got_ds[2];
@@ -456,9 +456,9 @@ TEST_CASE("moe_combine_forward and moe_combine_backward match the CPU twins") {
                 got_ds[run] = download(d_ds);
             }
             const std::vector<float> got_out = d_out.get(), got_dye = d_dye.get();
-            CHECK_CLOSE("out rel_l2", rel_l2(got_out, want_out), BF16_TOL);
+            CHECK_CLOSE("out rel_l2", rel_l2(got_out, want_out), FLOATX_TOL);
             CHECK_CLOSE("out rel_max", rel_max(got_out, want_out), MAX_TOL);
-            CHECK_CLOSE("dye rel_l2", rel_l2(got_dye, want_dye), BF16_TOL);
+            CHECK_CLOSE("dye rel_l2", rel_l2(got_dye, want_dye), FLOATX_TOL);
             CHECK_CLOSE("dye rel_max", rel_max(got_dye, want_dye), MAX_TOL);
             CHECK_CLOSE("dscores rel_max", rel_max(got_ds[0], want_ds), FP32_TOL);
             // exact zeros: rows of tokens no expert took, dscores of pairs not taken
@@ -495,11 +495,11 @@ inline void check_batched(const BatchedShape& s, bool with_bias, int offset, int
     INFO("batched n_batch=" << s.n_batch << " BT=" << s.BT << " C=" << s.C << " OC=" << s.OC << " bias=" << with_bias
                             << " offset=" << offset << " bias_offset=" << bias_offset);
     const size_t nb = s.n_batch;
-    const std::vector<float> inp = bf16_round(random_vector(nb * s.BT * s.C, seed + 1, 1.0f, 0.1f));
-    const std::vector<float> weight = bf16_round(random_vector(nb * s.OC * s.C, seed + 2, 1.0f / std::sqrt((float)s.C)));
-    const std::vector<float> bias = bf16_round(random_vector(nb * s.OC, seed + 3, 1.0f, 0.2f));
+    const std::vector<float> inp = floatX_round(random_vector(nb * s.BT * s.C, seed + 1, 1.0f, 0.1f));
+    const std::vector<float> weight = floatX_round(random_vector(nb * s.OC * s.C, seed + 2, 1.0f / std::sqrt((float)s.C)));
+    const std::vector<float> bias = floatX_round(random_vector(nb * s.OC, seed + 3, 1.0f, 0.2f));
     // dout ~ N(0, 1/BT): dweight and dbias increments ~ N(0, 1), like their prefills
-    const std::vector<float> dout = bf16_round(random_vector(nb * s.BT * s.OC, seed + 4, 1.0f / std::sqrt((float)s.BT)));
+    const std::vector<float> dout = floatX_round(random_vector(nb * s.BT * s.OC, seed + 4, 1.0f / std::sqrt((float)s.BT)));
     const std::vector<float> dweight0 = random_vector(nb * s.OC * s.C, seed + 5);  // fp32 gradients
     const std::vector<float> dbias0 = random_vector(nb * s.OC, seed + 6);
 
@@ -509,7 +509,7 @@ inline void check_batched(const BatchedShape& s, bool with_bias, int offset, int
     cpu::matmul_backward_batched<float>(want_dinp.data(), want_dw.data(), with_bias ? want_db.data() : nullptr,
                                         dout.data(), inp.data(), weight.data(), s.n_batch, s.BT, s.C, s.OC);
 
-    DevBF16 d_inp(inp, offset), d_w(weight, offset), d_out(want_out.size(), offset), d_dout(dout, offset),
+    DevFloatX d_inp(inp, offset), d_w(weight, offset), d_out(want_out.size(), offset), d_dout(dout, offset),
         d_dinp(want_dinp.size(), offset), d_b(bias, bias_offset);
     gpu_test::DevF32 d_dw(dweight0, offset), d_db(dbias0, bias_offset);
     cuda_scratch_reserve(matmul_batched_scratch_bytes(s.n_batch, s.BT, s.OC));
@@ -530,9 +530,9 @@ inline void check_batched(const BatchedShape& s, bool with_bias, int offset, int
         raw_grads[run][1] = d_db.get();
     }
     const std::vector<float> out = d_out.get(), dinp = d_dinp.get(), dw = d_dw.get(), db = d_db.get();
-    CHECK_CLOSE("out rel_l2", rel_l2(out, want_out), BF16_TOL);
+    CHECK_CLOSE("out rel_l2", rel_l2(out, want_out), FLOATX_TOL);
     CHECK_CLOSE("out rel_max", rel_max(out, want_out), MAX_TOL);
-    CHECK_CLOSE("dinp rel_l2", rel_l2(dinp, want_dinp), BF16_TOL);
+    CHECK_CLOSE("dinp rel_l2", rel_l2(dinp, want_dinp), FLOATX_TOL);
     CHECK_CLOSE("dinp rel_max", rel_max(dinp, want_dinp), MAX_TOL);
     gpu_test::check_f32("dweight", dw, want_dw);
     // without dbias the prefill stays bitwise
@@ -551,8 +551,8 @@ inline void check_batched(const BatchedShape& s, bool with_bias, int offset, int
             return std::vector<float>(v.begin() + b * per, v.begin() + (b + 1) * per);
         };
         const size_t po = (size_t)s.BT * s.OC, pi = (size_t)s.BT * s.C, pw = (size_t)s.OC * s.C;
-        CHECK_CLOSE("out[b] rel_l2", rel_l2(slice(out, po), slice(want_out, po)), BF16_TOL);
-        CHECK_CLOSE("dinp[b] rel_l2", rel_l2(slice(dinp, pi), slice(want_dinp, pi)), BF16_TOL);
+        CHECK_CLOSE("out[b] rel_l2", rel_l2(slice(out, po), slice(want_out, po)), FLOATX_TOL);
+        CHECK_CLOSE("dinp[b] rel_l2", rel_l2(slice(dinp, pi), slice(want_dinp, pi)), FLOATX_TOL);
         CHECK_CLOSE("dweight[b] rel_l2", rel_l2(slice(dw, pw), slice(want_dw, pw)), gpu_test::F32_TOL);
         if (with_bias) CHECK_CLOSE("dbias[b] rel_l2", rel_l2(slice(db, s.OC), slice(want_db, s.OC)), gpu_test::F32_TOL);
     }
@@ -593,7 +593,7 @@ inline void check_routing_chain(int B, int T, int C, int E, float c, bool by_pos
                             << " by_position=" << by_position);
     const int n = B * T, cap = cpu::moe_capacity(B, T, E, c, by_position);
     const std::vector<float> x = random_vector((size_t)n * C, seed, 1.0f, 0.1f);  // fp32: the CPU's view
-    const std::vector<float> w = bf16_round(random_vector((size_t)E * C, seed + 1, 2.0f / std::sqrt((float)C)));
+    const std::vector<float> w = floatX_round(random_vector((size_t)E * C, seed + 1, 2.0f / std::sqrt((float)C)));
     std::vector<float> want_scores((size_t)n * E), want_out((size_t)n * C), want_xe((size_t)E * cap * C);
     std::vector<int> want_tokens((size_t)E * cap), want_slots((size_t)n * E);
     cpu::moe_router_forward<float, float>(want_scores.data(), x.data(), w.data(), n, C, E);
@@ -602,7 +602,7 @@ inline void check_routing_chain(int B, int T, int C, int E, float c, bool by_pos
     cpu::moe_combine_forward<float, float>(want_out.data(), want_xe.data(), want_scores.data(), want_slots.data(), n,
                                            E, cap, C);
 
-    DevBF16 d_x(x), d_w(w), d_xe((size_t)E * cap * C), d_out((size_t)n * C);
+    DevFloatX d_x(x), d_w(w), d_xe((size_t)E * cap * C), d_out((size_t)n * C);
     DeviceBuffer<float> d_scores((size_t)n * E);
     DeviceBuffer<int> d_tokens((size_t)E * cap), d_slots((size_t)n * E);
     d_scores.poison();
@@ -644,8 +644,8 @@ inline void check_routing_chain(int B, int T, int C, int E, float c, bool by_pos
         want_same.insert(want_same.end(), want_out.begin() + (size_t)i * C, want_out.begin() + (size_t)(i + 1) * C);
     }
     CHECK(got_same.size() >= (size_t)(n - 2 * d.flips) * C);  // a flip leaves out at most its 2 tokens
-    // the CPU's x is not rounded: one more bf16 rounding on top of the output's (2 x BF16_MAX_TOL)
-    check_bf16("out of the tokens routed alike", got_same, want_same, BF16_TOL, 2 * BF16_MAX_TOL);
+    // the CPU's x is not rounded: one more bf16 rounding on top of the output's (2 x FLOATX_MAX_TOL)
+    check_floatX("out of the tokens routed alike", got_same, want_same, FLOATX_TOL, 2 * FLOATX_MAX_TOL);
 }
 
 }  // namespace moe_test
