@@ -149,9 +149,7 @@ dev/cuda/bin/jit80/train_gpt: train_gpt.cu $(HEADERS)
 # the fp16 build for sm_75 (T4, RTX 20xx) as `make train_gpt PRECISION=fp16 GPU_ARCH=sm_75` makes it
 # (sm_75 SASS + compute_75 PTX), single GPU (no MPI, no NCCL), apart from the default build (own folder,
 # fixed flags: building it never touches the build stamp). make test compiles both (the trainer with
-# the resource check against dev/cuda/kernel_resources/sm_75.txt); the device check runs them on the
-# H200, whose driver JIT-compiles the compute_75 PTX: the sm_75 code path (two m16n8k8 fp16 mma per
-# product, plain copies for cp.async) on a card we have
+# the resource check against dev/cuda/kernel_resources/sm_75.txt)
 NVCCFLAGS_FP16_75 := $(NVCC_BASE) -DLLMC_FP16 $(call gencode,sm_75)
 dev/cuda/bin/fp16/train_gpt: train_gpt.cu $(HEADERS) $(wildcard dev/cuda/kernel_resources/*.txt)
 	@mkdir -p dev/cuda/bin/fp16
@@ -159,6 +157,16 @@ dev/cuda/bin/fp16/train_gpt: train_gpt.cu $(HEADERS) $(wildcard dev/cuda/kernel_
 dev/cuda/bin/fp16/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)
 	@mkdir -p dev/cuda/bin/fp16
 	$(NVCC) $(NVCCFLAGS_FP16_75) -lineinfo $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
+# the device check's fp16 binaries (scripts/device_check.sh --prepare): compute_75 PTX only, which the
+# H200's driver JIT-compiles, so the sm_75 code path (two m16n8k8 fp16 mma per product, plain copies for
+# cp.async) runs on a card we have; without the sm_75 SASS they take half the bytes (the carry limit)
+NVCCFLAGS_JIT75 := $(NVCC_BASE) -DLLMC_FP16 -gencode arch=compute_75,code=compute_75
+dev/cuda/bin/jit75/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)
+	@mkdir -p dev/cuda/bin/jit75
+	$(NVCC) $(NVCCFLAGS_JIT75) -lineinfo $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
+dev/cuda/bin/jit75/train_gpt: train_gpt.cu $(HEADERS)
+	@mkdir -p dev/cuda/bin/jit75
+	$(NVCC) $(NVCCFLAGS_JIT75) train_gpt.cu $(CUDA_LIBS) -o $@
 
 # the attention ops as a shared library for scripts/bench_attention.py (ctypes; --lib PATH)
 dev/cuda/bin/libllmc_attention.so: dev/cuda/attention_lib.cu $(HEADERS) $(BUILD_FLAGS)

@@ -48,7 +48,7 @@
 # racecheck ~30 s; d12 ~5 s; MoE ~1 s; the five d4 runs ~1 s each; the three benchmarks 3-9 s; the
 # PTX-only compute_80 binaries add their JIT compile at start-up: the trainer ~9 s, test_gpu's
 # attention / matmul / layernorm / one-step cases 25 s in all. The fp16 sm_75 build (compute_75 PTX):
-# not yet run on a device; its estimates are the compute_80 build's.
+# not yet run on a device; its estimates are the compute_80 build's (jit75_*).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,11 +64,10 @@ LOG_TOTAL_CAP=$((15 * 1024 * 1024))   # bytes of the combined log in all (what c
 PREBUILT_FROM=("train_gpt:dev/cuda/bin/train_gpt_single" "test_gpu:test/test_gpu"
                "libllmc_attention.so:dev/cuda/bin/libllmc_attention.so"
                "jit80/test_gpu:dev/cuda/bin/jit80/test_gpu" "jit80/train_gpt:dev/cuda/bin/jit80/train_gpt"
-               "fp16/test_gpu:dev/cuda/bin/fp16/test_gpu" "fp16/train_gpt:dev/cuda/bin/fp16/train_gpt")
-# (fp16/: the fp16 build for sm_75, SASS + compute_75 PTX, as make test compiles it: on the H200 the
-# driver JIT-compiles the PTX, the sm_75 code path)
+               "jit75/test_gpu:dev/cuda/bin/jit75/test_gpu" "jit75/train_gpt:dev/cuda/bin/jit75/train_gpt")
+# (jit75/: the fp16 build's compute_75 PTX: on the H200 the driver JIT-compiles it, the sm_75 code path)
 MAKE_TARGETS="dev/cuda/bin/train_gpt_single test/test_gpu dev/cuda/bin/jit80/test_gpu
-              dev/cuda/bin/jit80/train_gpt dev/cuda/bin/fp16/test_gpu dev/cuda/bin/fp16/train_gpt dev_cuda
+              dev/cuda/bin/jit80/train_gpt dev/cuda/bin/jit75/test_gpu dev/cuda/bin/jit75/train_gpt dev_cuda
               dev/cuda/bin/libllmc_attention.so"
 
 # the carried binaries' dynamic dependencies that the GPU machine cannot satisfy (it has no MPI and
@@ -106,7 +105,7 @@ if [ "${1:-}" = "--prepare" ]; then
         # shellcheck disable=SC2086
         make -j"$(nproc)" GPU_ARCH="sm_80 sm_86 sm_89 sm_90a" BENCH_ARCH=sm_90a $MAKE_TARGETS
         rm -rf "$PREBUILT"
-        mkdir -p "$PREBUILT/bin" "$PREBUILT/jit80" "$PREBUILT/fp16"
+        mkdir -p "$PREBUILT/bin" "$PREBUILT/jit80" "$PREBUILT/jit75"
         for pair in "${PREBUILT_FROM[@]}"; do cp "${pair#*:}" "$PREBUILT/${pair%%:*}"; done
         for b in dev/cuda/bin/*; do
             [ -f "$b" ] || continue
@@ -114,9 +113,9 @@ if [ "${1:-}" = "--prepare" ]; then
                 *) cp "$b" "$PREBUILT/bin/" ;; esac
         done
         # strip the host symbols (the device code is untouched): the carry limit is 64 MiB
-        strip "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT"/bin/* "$PREBUILT"/jit80/* "$PREBUILT"/fp16/*
+        strip "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT"/bin/* "$PREBUILT"/jit80/* "$PREBUILT"/jit75/*
         check_no_mpi_nccl "$PREBUILT/train_gpt" "$PREBUILT/test_gpu" "$PREBUILT/libllmc_attention.so" "$PREBUILT"/bin/* \
-            "$PREBUILT"/jit80/* "$PREBUILT"/fp16/*
+            "$PREBUILT"/jit80/* "$PREBUILT"/jit75/*
         git rev-parse --short HEAD > "$PREBUILT/COMMIT" 2>/dev/null || true
     fi
     echo
@@ -155,7 +154,7 @@ START=$(date +%s)
 declare -A EST=([probe]=2 [build]=90 [test_gpu]=65 [memcheck]=8 [racecheck]=32 [train_d12]=6 [train_moe]=3
                 [train_z0]=2 [train_z1]=2 [train_z3]=2 [train_r2]=2 [train_offload]=2 [train_z3_loopback]=2
                 [bench_attention_forward]=4 [bench_attention_backward]=10 [bench_matmul]=5
-                [jit80_test_gpu]=25 [jit80_train_hs128]=10 [fp16_test_gpu]=35 [fp16_train]=15 [train_hs128]=4 [train_hs128_99kb]=4 [speed_d12_before]=3 [speed_d12_after]=3 [bench_matmul_splitk]=8
+                [jit80_test_gpu]=25 [jit80_train_hs128]=10 [jit75_test_gpu]=35 [jit75_train]=15 [train_hs128]=4 [train_hs128_99kb]=4 [speed_d12_before]=3 [speed_d12_after]=3 [bench_matmul_splitk]=8
                 [speed_d30_r0]=14 [speed_d30_r2]=14 [mem_d24]=8 [bench_attention_torch]=100 [maxfit_query]=2 [mem_maxfit_r2]=90)
 DRY_CLOCK=0
 PHASE=essential
@@ -286,7 +285,7 @@ cuda_lib_path() {
 }
 
 TRAIN=dev/cuda/bin/train_gpt_single TEST=./test/test_gpu BENCH_DIR=dev/cuda/bin LIB=dev/cuda/bin/libllmc_attention.so
-JIT80=dev/cuda/bin/jit80 FP16=dev/cuda/bin/fp16
+JIT80=dev/cuda/bin/jit80 JIT75=dev/cuda/bin/jit75
 if [ -d "$PREBUILT" ] || [ "$DRY_RUN" = 1 ]; then
     if [ "$DRY_RUN" != 1 ] && ! probe_binaries "$PREBUILT" > /dev/null 2>&1; then
         export LD_LIBRARY_PATH="$(cuda_lib_path)${LD_LIBRARY_PATH:-}"
@@ -294,7 +293,7 @@ if [ -d "$PREBUILT" ] || [ "$DRY_RUN" = 1 ]; then
     fi
     if run_step probe 10 note_probe probe_binaries "$PREBUILT"; then
         TRAIN=$PREBUILT/train_gpt TEST=$PREBUILT/test_gpu BENCH_DIR=$PREBUILT/bin LIB=$PREBUILT/libllmc_attention.so
-        JIT80=$PREBUILT/jit80 FP16=$PREBUILT/fp16
+        JIT80=$PREBUILT/jit80 JIT75=$PREBUILT/jit75
         PREBUILT_OK=1
     fi
 fi
@@ -432,10 +431,10 @@ hs128_run jit80_train_hs128 "$JIT80/train_gpt" LLMC_ATTENTION_SMEM_LIMIT=$SMEM_9
 # tests (fp16 tolerances), then 20 steps of a d4 with dynamic loss scaling (the default of the fp16
 # build) and the attention held to a T4's 64 KB of shared memory per block (hs 64: the T4's variants)
 SMEM_64KB=65536
-run_step fp16_test_gpu 60 note_doctest "$FP16/test_gpu" \
+run_step jit75_test_gpu 60 note_doctest "$JIT75/test_gpu" \
     -tc='attention*,flash*,matmul*,layernorm*,adamw*,classifier*,model: one training step*'
-run_step fp16_train 30 note_train env LLMC_ATTENTION_SMEM_LIMIT=$SMEM_64KB "$FP16/train_gpt" --train "${DATA}_train_*.bin" \
-    --val '' --out_dir "$WORK/fp16_train" -e d4 -b 8 -t 256 -d 4096 --max_steps 20 --warmup 2 --sample_len 0 \
+run_step jit75_train 30 note_train env LLMC_ATTENTION_SMEM_LIMIT=$SMEM_64KB "$JIT75/train_gpt" --train "${DATA}_train_*.bin" \
+    --val '' --out_dir "$WORK/jit75_train" -e d4 -b 8 -t 256 -d 4096 --max_steps 20 --warmup 2 --sample_len 0 \
     --ckpt_every -1 --loss_scale dynamic
 hs128_run train_hs128 "$TRAIN"
 hs128_run train_hs128_99kb "$TRAIN" LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB
@@ -501,7 +500,7 @@ for name in ladder_matmul ladder_attention ladder_layernorm layernorm classifier
     done
     grep -hE "^attention hs" "$WORK"/train_hs128*.log "$WORK"/jit80_train_hs128.log 2>/dev/null | sort -u | head -4
     echo "== the fp16 build's sm_75 code path (compute_75 PTX, JIT), 64 KB attention, dynamic loss scaling"
-    grep -hE "^attention hs|^step +(1|10|20)/" "$WORK/fp16_train.log" 2>/dev/null | head -5
+    grep -hE "^attention hs|^step +(1|10|20)/" "$WORK/jit75_train.log" 2>/dev/null | head -5
     echo "== memory: plan vs device memory grown since before the model"
     for run in train_d12 speed_d30_r0 speed_d30_r2 mem_d24 mem_maxfit_r2; do
         printf '%-16s %s\n' "$run" "$(grep -hE '^memory after step 1' "$WORK/$run.log" 2>/dev/null | head -1)"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Registers, spills and static shared memory of the CUDA kernels, per architecture, from ptxas' report
 # (nvcc --resource-usage), against the checked-in tables dev/cuda/kernel_resources/<arch>.txt (sm_90
-# reads sm_90a's: the same code). Per architecture of the build:
+# reads sm_90a's: the same code). The tables are the bf16 build's; the fp16 build (make PRECISION=fp16,
+# told apart by its kernels' __half arguments) reads <arch>_fp16.txt, and sm_75.txt, the precision sm_75
+# has (no bf16): an fp16 build for sm_80+ has no table (so far: nothing in CI builds it). Per
+# architecture of the build:
 #   - with a table: fails when a kernel of the table uses more registers or spills more than its line
 #     allows, or when a kernel not in the table spills at all;
 #   - without one (a card we have no table for): never fails on registers (a table made on another
@@ -41,15 +44,24 @@ if [ "${2:-}" = --table ]; then
 fi
 
 HOT='flash_|attention_|layernorm_backward_kernel<8, [12],'
+# the build's precision: the fp16 build's kernels take __half (mangled 6__half), the bf16 one's __nv_bfloat16
+precision=bf16
+grep -qE 'Compiling entry function.*6__half' "$log" && precision=fp16
 fail=0
 for arch in $(printf '%s\n' "$measured" | cut -f1 | sort -u); do
-    table=$tables/$arch.txt
-    [ -f "$table" ] || table=$tables/${arch}a.txt
+    if [ "$precision" = fp16 ]; then
+        table=$tables/${arch}_fp16.txt
+        [ "$arch" = sm_75 ] && table=$tables/sm_75.txt
+        [ -f "$table" ] || table=$tables/${arch}a_fp16.txt
+    else
+        table=$tables/$arch.txt
+        [ -f "$table" ] || table=$tables/${arch}a.txt
+    fi
     [ -f "$table" ] || table=
     checked=0
-    source="no table for $arch: hot kernels must not spill"
+    source="no table for $arch ($precision): hot kernels must not spill"
     [ -n "$table" ] && source="limits from dev/cuda/kernel_resources/$(basename "$table")"
-    echo "kernel resources (ptxas, $(basename "$log" .ptxas), $arch): registers / spill bytes / static smem bytes, $source"
+    echo "kernel resources (ptxas, $(basename "$log" .ptxas), $arch, $precision): registers / spill bytes / static smem bytes, $source"
     while IFS=$'\t' read -r _ name regs spill smem; do
         limit=
         [ -n "$table" ] && limit=$(awk -v n="$name" 'substr($0, 1, 1) != "#" && NF >= 3 {

@@ -16,7 +16,8 @@ log=$(mktemp /tmp/llmc_device_check_XXXXXX)
 trap 'rm -rf "$log" /tmp/llmc_device_check_out' EXIT
 bash scripts/device_check.sh --prepare > "$log" 2>&1 || { cat "$log"; fail "--prepare"; }
 grep -q "carry total" "$log" || { cat "$log"; fail "--prepare printed no carry total"; }
-carried=(.prebuilt/train_gpt .prebuilt/test_gpu .prebuilt/libllmc_attention.so .prebuilt/bin/* .prebuilt/jit80/train_gpt .prebuilt/jit80/test_gpu)
+carried=(.prebuilt/train_gpt .prebuilt/test_gpu .prebuilt/libllmc_attention.so .prebuilt/bin/* .prebuilt/jit80/train_gpt .prebuilt/jit80/test_gpu
+         .prebuilt/jit75/train_gpt .prebuilt/jit75/test_gpu)
 for f in "${carried[@]}"; do
     [ -f "$f" ] || fail "$f was not prepared"
     readelf -d "$f" > /dev/null || fail "$f is not an ELF file"
