@@ -1287,7 +1287,8 @@ inline FlashVariant flash_pick(FlashPlan& plan, int slot, const char* what, int 
     LLMC_CHECK(forced != 2 || fit2, "attention %s hs %d: the 2-stage kernel (%zu B of shared memory) was forced but does "
                "not fit this device's %zu B per block", what, hs, v2.smem, d.smem_block);
     LLMC_CHECK(fit1, "attention %s hs %d: no flash variant fits the device's %zu B of shared memory per block (the "
-               "1-stage kernel needs %zu B)", what, hs, d.smem_block, v1.smem);
+               "1-stage kernel needs %zu B)%s", what, hs, d.smem_block, v1.smem,
+               d.cc < 80 ? "; sm_75's 64 KB hold the flash kernels at head size 64 only (n_embd / n_head = 64)" : "");
     const bool two = forced == 2 || (forced == 0 && fit2 && v2.blocks_per_sm >= v1.blocks_per_sm);
     plan.alt_smem[slot] = two ? v1.smem : v2.smem;
     plan.alt_fits[slot] = two ? fit1 : fit2;
