@@ -37,6 +37,7 @@ Every op has one signature shared by both, so the model code below is written on
 #include "llmc/rand.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/io/tokenizer.h"
+#include "llmc/io/mc_file.h"
 #include "llmc/io/llmc_format.h"
 #include "llmc/schedulers.h"
 #include "llmc/parallel/comm.h"
@@ -884,7 +885,7 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
     Run r;
     if (!run_from_flags(argc, argv, r)) return 0;
     RunDirLock out_dir_lock;
-    claim_run_dir(r, out_dir_lock);
+    if (!r.eval_only) claim_run_dir(r, out_dir_lock);  // (an evaluation writes nothing there)
     Checkpoint ck;               // --resume: verified now, read after the allocation
     LlmcModelFile init_file;     // --init_from
     settle_config(r, ck, init_file);
@@ -908,11 +909,16 @@ static StepResult train_step(const Run& r, GPT& model, DataLoader& loader, StepB
     LossScaler scaler = r.loss_scale;  // the flags', or the checkpoint's state (start_model)
     const int start_step = start_model(model, r, ck, init_file, data, sample_rng, scaler);
     if (rank0) print_startup(r, model, data, plan, scaler);
+    std::vector<int> in((size_t)r.B * r.T), tgt((size_t)r.B * r.T), ds((size_t)r.B * r.T);  // evaluation
+    if (r.eval_only) {
+        evaluate_and_report(r, model, data, start_step, nullptr, in, tgt, ds);
+        gpt_free(model);
+        return 0;
+    }
 
     JsonlLogger log;  // a resume trims the log back to its step (llmc/io/logger.h says why)
     if (rank0) log.open_for_run(r.out_dir + "/log.jsonl", r.resume.empty() ? -1 : start_step);
     StepBatches batches(r.grad_accum, (size_t)r.B * r.T, start_step);
-    std::vector<int> in((size_t)r.B * r.T), tgt((size_t)r.B * r.T), ds((size_t)r.B * r.T);  // evaluation
     // NaN/Inf policy: a step whose loss or gradient norm is not finite is skipped (no optimizer
     // update), counted and logged; max_bad_steps of them in a row stop the run (exit 1): it has
     // diverged, and the state is still the last good one (no checkpoint of a bad state is written).

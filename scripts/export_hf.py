@@ -301,7 +301,8 @@ def main():
         eot = {50257: 50256, 257: 256}.get(cfg["vocab_size"])
     why = gpt2_shaped(cfg)
     hf, config = to_gpt2(cfg, tensors, eot) if why is None else to_llmc(cfg, tensors, eot, why)
-    config["llmc_checkpoint"] = {"path": os.path.abspath(args.checkpoint), "step": fields.get("step"),
+    # the file's name, never its local path: the folder is made to be uploaded
+    config["llmc_checkpoint"] = {"file": os.path.basename(args.checkpoint), "step": fields.get("step"),
                                  "version": version}
     os.makedirs(args.out_dir, exist_ok=True)
     save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in hf.items()},

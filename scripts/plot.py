@@ -3,15 +3,21 @@
 against steps and against tokens, the learning rate, throughput (tok/s) and, where the run
 logged it (GPU), MFU. Several runs go on one figure, one colour each.
 
-    python scripts/plot.py out/run_a [out/run_b ...] [-o runs.png] [--title TEXT] [--smooth 0.9]
+    python scripts/plot.py out/run_a [out/run_b ...] [-o runs.png] [--title TEXT] [--smooth 0.9] [--per byte]
 
 Each argument is an out_dir (its log.jsonl is read) or a .jsonl file. The default output is
 plot.png inside the first out_dir. The train loss is drawn raw (faint) and smoothed (an
 exponential moving average, --smooth 0 turns it off); skipped steps (non-finite, null in the log)
 leave gaps. Logs written before the "tokens" field existed are plotted against steps only.
+
+--per token (default) plots cross-entropy in nats per token; --per byte in bits per byte of text,
+the scale on which runs with different tokenizers (bytes, a BPE) compare: the val points are the
+run's own bits per byte (val_bpb), the train curve is converted with the val set's bytes per token
+(val_bytes_per_token: the same corpus, not the train batches' exact bytes).
 """
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -62,6 +68,8 @@ def main():
     ap.add_argument("-o", "--out", help="PNG to write (default: <first out_dir>/plot.png)")
     ap.add_argument("--title", default=None)
     ap.add_argument("--smooth", type=float, default=0.9, help="EMA factor for the train loss (0: none)")
+    ap.add_argument("--per", choices=["token", "byte"], default="token",
+                    help="loss in nats per token, or bits per byte of text (comparable across tokenizers)")
     args = ap.parse_args()
     if not 0 <= args.smooth < 1:
         sys.exit(f"plot.py: --smooth must be in [0, 1), got {args.smooth}")
@@ -76,7 +84,16 @@ def main():
     for r in args.runs:
         path = r if r.endswith(".jsonl") else os.path.join(r, "log.jsonl")
         name = os.path.basename(os.path.normpath(os.path.dirname(path) if r.endswith(".jsonl") else r)) or path
-        runs.append((name, *read_log(path)))
+        steps, evals = read_log(path)
+        if args.per == "byte":
+            ratio = [e["val_bytes_per_token"] for e in evals if e.get("val_bytes_per_token") is not None]
+            if not ratio:
+                sys.exit(f"plot.py: {path}: no val_bpb in the log (--per byte needs a run with validation and a "
+                         "tokenizer that knows the tokens' text: bytes or tokenizer.bin)")
+            per_byte = 1 / (ratio[-1] * math.log(2))  # nats per token -> bits per byte
+            steps = [dict(r, loss=r["loss"] * per_byte if r.get("loss") is not None else None) for r in steps]
+            evals = [dict(e, val_loss=e.get("val_bpb")) for e in evals]
+        runs.append((name, steps, evals))
     out = args.out or os.path.join(args.runs[0] if not args.runs[0].endswith(".jsonl") else
                                    os.path.dirname(args.runs[0]) or ".", "plot.png")
 
@@ -109,8 +126,9 @@ def main():
         if any(v == v for v in mfu):
             any_mfu = True
             ax_mfu.plot(x, [100 * v for v in mfu], color=color, lw=1, label=name)
-    ax_loss.set(title="loss", xlabel="step", ylabel="cross-entropy (nats/token)")
-    ax_tok.set(title="loss against tokens", xlabel="tokens", ylabel="cross-entropy (nats/token)")
+    unit = "cross-entropy (nats/token)" if args.per == "token" else "bits per byte of text"
+    ax_loss.set(title="loss", xlabel="step", ylabel=unit)
+    ax_tok.set(title="loss against tokens", xlabel="tokens", ylabel=unit)
     ax_lr.set(title="learning rate", xlabel="step")
     ax_tps.set(title="throughput", xlabel="step", ylabel="tokens/s")
     ax_norm.set(title="gradient norm (before clipping)", xlabel="step")

@@ -25,5 +25,10 @@ fi
 if [ ! -f data/fortunes/fortunes_val_000.bin ]; then
     python3 dev/data/prepare_text.py /usr/share/games/fortunes --sep percent --out_dir data/fortunes
 fi
-$trainer --out_dir out/quickstart --max_steps 700 --val_every 100 --sample_len 400 "$@"
-echo "plot the run: make tools && .venv-tools/bin/python scripts/plot.py out/quickstart  (-> out/quickstart/plot.png)"
+rc=0
+$trainer --out_dir out/quickstart --max_steps 700 --val_every 100 --sample_len 400 "$@" || rc=$?
+# 75: stopped by a signal (Ctrl-C) after a checkpoint; the run so far is in the log all the same
+[ $rc -eq 75 ] && echo "stopped early: continue with scripts/quickstart.sh --resume latest"
+[ $rc -eq 0 ] || [ $rc -eq 75 ] &&
+    echo "plot the run: make tools && .venv-tools/bin/python scripts/plot.py out/quickstart  (-> out/quickstart/plot.png)"
+exit $rc

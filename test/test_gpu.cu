@@ -29,6 +29,7 @@
 #include "llmc/rand.h"
 #include "llmc/io/dataloader.h"
 #include "llmc/io/tokenizer.h"
+#include "llmc/io/mc_file.h"
 #include "llmc/io/llmc_format.h"
 #include "llmc/schedulers.h"
 #include "llmc/io/checkpoint.h"

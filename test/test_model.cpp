@@ -393,8 +393,14 @@ TEST_CASE("checkpoints: round trip, and resume continues bitwise-identically") {
     // the same run again: bitwise identical (determinism for a fixed seed)
     REQUIRE(run_train(fx.args("again", 10)) == 0);
     CHECK(read_file(fx.dir + "/full/run/ckpt_000000010.bin") == read_file(fx.dir + "/again/run/ckpt_000000010.bin"));
-    // resume from step 4 in a fresh directory
-    std::vector<std::string> a = fx.args("resumed", 10);
+    // resume from step 4 in a fresh directory, with neither the model's nor the batch's flags: both
+    // come from the checkpoint
+    std::vector<std::string> a;
+    const std::vector<std::string> all = fx.args("resumed", 10);
+    const std::set<std::string> from_checkpoint = {"--n_layer", "--n_embd", "--n_head", "--n_kv_head", "-b", "-t", "-d"};
+    for (size_t k = 0; k < all.size(); k += 2)
+        if (!from_checkpoint.count(all[k])) a.insert(a.end(), {all[k], all[k + 1]});
+    REQUIRE(a.size() == all.size() - 14);
     a.push_back("--resume");
     a.push_back(fx.dir + "/full/run/ckpt_000000004.bin");
     REQUIRE(run_train(a) == 0);
@@ -708,7 +714,9 @@ TEST_CASE("bad input: each a clear error") {
     fails_with(with(base, {"--n_kv_head", "3"}), "--n_kv_head 3 must divide --n_head 4");
     fails_with(with(base, {"--mlp", "relu"}), "--mlp: expected swiglu or gelu");
     fails_with(with(base, {"--lr", "fast"}), "--lr: expected a number");
-    fails_with(with(base, {"--bogus", "1"}), "unknown flag '--bogus'");
+    fails_with(with(base, {"--bogus", "1"}), "unknown flag '--bogus' (run with -h");
+    fails_with(with(base, {"--batch-size", "4"}), "unknown flag '--batch-size', did you mean --batch_size?");
+    fails_with(with(base, {"--max_step", "4"}), "unknown flag '--max_step', did you mean --max_steps?");
     fails_with(with(base, {"--resume", d + "/missing.bin"}), "missing.bin: cannot open");
 
     REQUIRE(run_train(fx.args("ok", 4)) == 0);

@@ -59,6 +59,8 @@ assert got == want, (sorted(set(got) ^ set(want)), {k: (got.get(k), want[k]) for
 assert cfg["model_type"] == "gpt2" and cfg["architectures"] == ["GPT2LMHeadModel"], cfg
 assert (cfg["vocab_size"], cfg["n_embd"], cfg["n_layer"], cfg["n_head"], cfg["n_positions"]) == (V, C, L, 4, T), cfg
 assert cfg["activation_function"] == "gelu_new" and cfg["layer_norm_epsilon"] == 1e-5 and cfg["eos_token_id"] == 256
+# the folder is made to be uploaded: no local path in it
+assert cfg["llmc_checkpoint"]["file"] == "ckpt_000000003.bin" and "/" not in open(d + "/config.json").read(), cfg
 EOF
 check "GPT-2 export: numpy GPT-2 logits = our engine's" "$PY" scripts/compare_hf.py "$CK" "$W/hf"
 check "export_hf other shapes" "$PY" scripts/export_hf.py "$W/moe/ckpt_000000002.bin" "$W/hf_moe"
@@ -126,6 +128,27 @@ EOF
     -b 2 -t 32 -x 20 -m 1 -g 80 --seed 3 -o "$W/bpe_run" >"$W/bpe_run.log" 2>&1
 check "BPE training run" grep -q "^step    20/20" "$W/bpe_run.log"
 check "the trainer found tokenizer.bin" grep -q "^tokenizer: $W/bpe/tokenizer.bin (BPE vocabulary)" "$W/bpe_run.log"
+# bits per byte: the val targets (-m 1: one batch of 2 rows of 32, the shard's tokens 1..64) over the
+# UTF-8 bytes of their pieces (EOT: 0), the logged loss converted; the step line says it too
+check "val bits per byte = the val targets' nats over their text's bytes" "$PY" - "$W/bpe" "$W/bpe_run" <<'EOF'
+import json, math, struct, sys
+d, run = sys.argv[1:]
+b = open(d + "/tokenizer.bin", "rb").read()
+eot, pieces, at = struct.unpack("<I", b[16:20])[0], [], 24
+while at < len(b):
+    k = struct.unpack("<I", b[at:at + 4])[0]
+    pieces.append(b[at + 4:at + 4 + k]); at += 4 + k
+s = open(d + "/bpe_val_000.bin", "rb").read()
+width = struct.unpack("<I", s[12:16])[0]
+tokens = [int.from_bytes(s[64 + i * width:64 + (i + 1) * width], "little") for i in range(65)]
+n_bytes = sum(0 if t == eot else len(pieces[t]) for t in tokens[1:65])
+rec = [json.loads(l) for l in open(run + "/log.jsonl") if "val_loss" in l][-1]
+assert abs(rec["val_bytes_per_token"] - n_bytes / 64) < 1e-8 * n_bytes / 64, (rec, n_bytes)  # (the log keeps 9 digits)
+want = rec["val_loss"] * 64 / (n_bytes * math.log(2))
+assert abs(rec["val_bpb"] - want) < 1e-7 * want and n_bytes > 64, (rec, want, n_bytes)
+EOF
+check "the val line gives bits per byte" grep -qE "^step    20/20 \| val loss [0-9.]+ \| [0-9.]+ bits per byte$" "$W/bpe_run.log"
+check "plot --per byte" "$PY" scripts/plot.py "$W/bpe_run" --per byte -o "$W/bpe_bpb.png"
 check "the sample is valid UTF-8 with Bengali letters" "$PY" -c "
 import sys
 t = open(sys.argv[1], 'rb').read().decode('utf-8')  # strict: raises on a split character
@@ -156,6 +179,44 @@ n = [int(x) for m in re.findall(r'(\d+) documents, (\d+) tokens', s) for x in m]
 want = sum(len(b'doc %d %d, line one\r\nline two' % (k, i)) + 1 for k in range(2) for i in range(3000))  # + EOT
 assert len(n) == 4 and n[0] + n[2] == 6000 and n[1] + n[3] == want, (s, want)" "$W/crlf.$sep.log"
 done
+
+# ---- 5. Bengali end to end (dev/data/bengali_sample.py: the Bengali gettext catalogues Debian ships):
+# a BPE of 1024 tokens, the fertility line, a training run whose sample and every decoded val
+# document are valid UTF-8 with Bengali letters
+check "bengali_sample.py" "$PY" dev/data/bengali_sample.py "$W/bn"
+check "the corpus holds Bengali text (>= 50000 characters)" "$PY" -c "
+import sys
+t = open(sys.argv[1], encoding='utf-8').read()
+assert sum('\u0980' <= c <= '\u09ff' for c in t) >= 50000" "$W/bn/corpus.txt"
+"$PY" dev/data/prepare_text.py "$W/bn/corpus.txt" --sep blank --tokenizer bpe --vocab_size 1024 --out_dir "$W/bn/bpe" \
+    >"$W/bn/prepare.log" 2>/dev/null
+check "prepare_text reports the fertility" grep -qE "^train: .* tokens per character, [0-9.]+ per word$" "$W/bn/prepare.log"
+"$BIN" -i "$W/bn/bpe/bpe_train_*.bin" -j "$W/bn/bpe/bpe_val_*.bin" --vocab_size 1024 --n_layer 1 --n_embd 32 \
+    --n_head 2 -b 2 -t 64 -x 20 -m 1 -g 120 --seed 5 -o "$W/bn/run" >"$W/bn/run.log" 2>&1
+check "Bengali: the sample is valid UTF-8 with Bengali letters" "$PY" -c "
+import sys
+t = open(sys.argv[1], 'rb').read().decode('utf-8')
+s = t.split('---- sample ----')[1]
+assert any('\u0980' <= c <= '\u09ff' for c in s), s" "$W/bn/run.log"
+check "Bengali: every val document decodes as UTF-8" "$PY" - "$W/bn/bpe" <<'EOF'
+import struct, sys
+d = sys.argv[1]
+b = open(d + "/tokenizer.bin", "rb").read()
+eot, pieces, at = struct.unpack("<I", b[16:20])[0], [], 24
+while at < len(b):
+    k = struct.unpack("<I", b[at:at + 4])[0]
+    pieces.append(b[at + 4:at + 4 + k]); at += 4 + k
+s = open(d + "/bpe_val_000.bin", "rb").read()
+width, n = struct.unpack("<I", s[12:16])[0], struct.unpack("<Q", s[16:24])[0]
+tokens = [int.from_bytes(s[64 + i * width:64 + (i + 1) * width], "little") for i in range(n)]
+docs, cur = [], []
+for t in tokens[1:] + [eot]:
+    if t == eot:
+        docs.append(b"".join(pieces[x] for x in cur)); cur = []
+    else:
+        cur.append(t)
+assert len(docs) >= 5 and all(any("\u0980" <= c <= "\u09ff" for c in doc.decode("utf-8")) for doc in docs), len(docs)
+EOF
 
 echo "test_python: $checks passed, $fails failed"
 [ $fails -eq 0 ]

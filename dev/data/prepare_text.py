@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turn text into train/val token shards for train_gpt, with the byte-level tokenizer or a BPE.
+r"""Turn text into train/val token shards for train_gpt, with the byte-level tokenizer or a BPE.
 
 Tokenizers (--tokenizer):
   byte (default)  token b in [0, 256) is the byte b; token 256 is <|endoftext|> (EOT). vocab_size
@@ -10,7 +10,8 @@ Tokenizers (--tokenizer):
                   tokenizer.json (the `tokenizers` file, for Python) and tokenizer.bin (token id ->
                   bytes, which train_gpt reads to decode samples; format in llmc/io/tokenizer.h:
                   "LLMCVOCB", uint32 version 1, uint32 vocab_size, uint32 eot_token, uint32 0, then
-                  per token uint32 n_bytes + the bytes). Install: pip install tokenizers.
+                  per token uint32 n_bytes + the bytes). Needs `tokenizers`: `make tools`, then run this
+                  script with .venv-tools/bin/python.
 Every document is written as EOT followed by its tokens (GPT-2 convention: EOT opens a document),
 so a packed row's doc_start is the last EOT at or before each position.
 
@@ -18,8 +19,8 @@ Documents come from text files or directories (all regular files inside, recursi
 fortune's .dat index files and symlinks), split by --sep:
   percent   a line holding only '%' separates documents (fortune files)
   blank     one or more blank lines separate documents
-(lines end with \n or \r\n)
   file      each file is one document
+(lines end with \n or \r\n)
 Documents are shuffled with --seed, --val_frac of them go to the val split.
 
 Shard format (little-endian), read by llmc/io/dataloader.h:
@@ -31,6 +32,11 @@ Re-running into an out_dir that already holds shards of the same name prefix is 
 --force is given (then the old <name>_train_*.bin / <name>_val_*.bin are deleted first): the
 trainer's glob would otherwise mix stale shards into the new split. A short last shard (under
 half of --shard_tokens) is merged into the shard before it, so no shard is too small to batch.
+
+Each split's line reports the tokenizer's fertility on it: tokens per character and per word
+(whitespace-separated; EOTs left out), the figure that says what a tokenizer costs a language
+(dev/data/bengali_sample.py's Bengali + English sample: 1.80 byte tokens per character, 0.52
+with a 4096-token BPE trained on it).
 
 Large inputs show their progress on stderr (files and bytes read, documents and tokens/s
 encoded, tokens written), at most once a second and only for phases that take more than 2 s.
@@ -149,7 +155,8 @@ def train_bpe(train_docs, vocab_size):
     try:
         from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     except ImportError:
-        sys.exit("prepare_text.py: --tokenizer bpe needs Hugging Face tokenizers: pip install tokenizers")
+        sys.exit("prepare_text.py: --tokenizer bpe needs Hugging Face tokenizers: run `make tools` once, then this "
+                 "script with .venv-tools/bin/python (or pip install tokenizers into your own environment)")
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -294,8 +301,13 @@ def main():
             if tokens or shard == 0:
                 write_shard(shard_path(shard), tokens, vocab_size, eot)
                 shard += 1
+            # fertility: tokens (without the EOTs) per character and per whitespace-separated word of the text
+            n_chars = sum(len(d.decode("utf-8", "replace")) for d in split_docs)
+            n_words = sum(len(d.split()) for d in split_docs)
             print(f"{split}: {len(split_docs)} documents, {n_tok} tokens in {shard} shard(s), "
-                  f"mean document {n_tok / max(1, len(split_docs)):.0f} tokens")
+                  f"mean document {n_tok / max(1, len(split_docs)):.0f} tokens; "
+                  f"{(n_tok - len(split_docs)) / max(1, n_chars):.3f} tokens per character, "
+                  f"{(n_tok - len(split_docs)) / max(1, n_words):.3f} per word")
     except OSError as e:
         sys.exit(f"prepare_text.py: cannot write to {args.out_dir}: {e.strerror or e} ({e.filename or args.out_dir})")
 

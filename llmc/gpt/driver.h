@@ -19,6 +19,7 @@ struct Run {
     LRSchedule sched;
     OptimizerConfig opt;
     int val_every = 0, val_batches = 0, sample_every = 0, sample_len = 0, top_k = 0, ckpt_every = 0;
+    bool eval_only = false;  // evaluate a checkpoint or an llm.c model, train nothing
     float temperature = 1.0f;
     std::string out_dir, resume, init_from, export_llmc, export_dtype, pp_trace;
     std::string threads_note;  // the CPU build's OpenMP threads per rank, when it chose them
@@ -29,6 +30,27 @@ struct Run {
     LossScaler loss_scale;  // --loss_scale, --loss_scale_window: the scaler a fresh run starts with
 };
 
+// The batch (-b, -t, --total_batch_tokens) and the seed: from the flags, and again on a resume that
+// adopted the checkpoint's values for the flags not given.
+static void settle_batch(Run& r) {
+    const Args& args = r.args;
+    const int B = r.B = args.i("batch_size", 1), T = r.T = args.i("seq_len", 1);
+    LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
+    LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %d", T);
+    // token counts in 64 bits: B*T*ranks must fit the ops' int indexing, the step may be larger
+    const int64_t tokens_per_micro = checked_product({B, T, r.world}, INT32_MAX, "the tokens per micro-batch B*T*ranks");
+    r.total_batch_flag = parse_int64(args.str("total_batch_tokens"), "total_batch_tokens", 0, INT64_MAX);
+    // (an evaluation's pipeline still needs a micro-batch per stage to schedule)
+    r.total_batch = r.total_batch_flag > 0 ? r.total_batch_flag : tokens_per_micro * (r.eval_only ? r.n_stages : 1);
+    LLMC_CHECK(r.total_batch % tokens_per_micro == 0,
+               "--total_batch_tokens %lld is not a multiple of B*T*ranks = %d*%d*%d = %lld", (long long)r.total_batch, B, T,
+               r.world, (long long)tokens_per_micro);
+    r.grad_accum = (int)checked_product({r.total_batch / tokens_per_micro}, INT32_MAX,
+                                        "the gradient accumulation steps --total_batch_tokens / (B*T*ranks)");
+    r.global_micro = r.grad_accum * r.world;
+    r.seed = args.u64("seed");
+}
+
 // The flags, checked, and the rank grid they ask for. Returns false when -h was asked for.
 static bool run_from_flags(int argc, char** argv, Run& r) {
     Comm& cm = comm_world();
@@ -38,9 +60,6 @@ static bool run_from_flags(int argc, char** argv, Run& r) {
     comm_set_timeout(cm, args.f("comm_timeout"));
     comm_set_sim_link(cm, parse_sim_link(args.str("sim_link")));
     r.config = config_from_args(args);
-    const int B = r.B = args.i("batch_size", 1), T = r.T = args.i("seq_len", 1);
-    LLMC_CHECK(B > 0, "--batch_size: must be > 0, got %d", B);
-    LLMC_CHECK(T > 0, "--seq_len: must be > 0, got %d", T);
     r.zero_stage = args.i("zero", 0, 3);
     const int n_stages = r.n_stages = args.i("pp", 1, 1024), tp = r.tp = args.i("tp", 1, 1024);
     r.ep = args.i("ep", 1, 1024);
@@ -62,19 +81,10 @@ static bool run_from_flags(int argc, char** argv, Run& r) {
         fprintf(stderr, "warning: --tp %d with %d processes per node: some tensor-parallel groups span nodes (their "
                 "collectives run on every layer's critical path); use a --tp that divides the processes per node\n",
                 tp, local_ranks);
-    const int world = r.world = cm.dp.size;
-    // token counts in 64 bits: B*T*ranks must fit the ops' int indexing, the step may be larger
-    const int64_t tokens_per_micro = checked_product({B, T, world}, INT32_MAX, "the tokens per micro-batch B*T*ranks");
-    r.total_batch_flag = parse_int64(args.str("total_batch_tokens"), "total_batch_tokens", 0, INT64_MAX);
-    r.total_batch = r.total_batch_flag > 0 ? r.total_batch_flag : tokens_per_micro;
-    LLMC_CHECK(r.total_batch % tokens_per_micro == 0,
-               "--total_batch_tokens %lld is not a multiple of B*T*ranks = %d*%d*%d = %lld", (long long)r.total_batch, B, T,
-               world, (long long)tokens_per_micro);
-    r.grad_accum = (int)checked_product({r.total_batch / tokens_per_micro}, INT32_MAX,
-                                        "the gradient accumulation steps --total_batch_tokens / (B*T*ranks)");
-    r.global_micro = r.grad_accum * world;
+    r.world = cm.dp.size;
+    r.eval_only = args.flag("eval_only");
+    settle_batch(r);
     r.max_steps = args.i("max_steps", 0);
-    r.seed = args.u64("seed");
     r.max_bad_steps = args.i("max_bad_steps", 1);
     r.sched.kind = args.str("schedule");
     r.sched.lr_max = args.f("lr");
@@ -101,6 +111,10 @@ static bool run_from_flags(int argc, char** argv, Run& r) {
     r.resume = args.str("resume");
     r.init_from = args.str("init_from");
     r.pp_trace = args.str("pp_trace");
+    LLMC_CHECK(!r.eval_only || !r.resume.empty() || !r.init_from.empty(), "--eval_only: give the model to evaluate "
+               "with --resume CHECKPOINT (or latest) or --init_from LLMC_MODEL");
+    LLMC_CHECK(!r.eval_only || !args.str("eval_mc").empty() || (!args.str("val").empty() && r.val_batches > 0),
+               "--eval_only: nothing to evaluate: give --val shards (with --val_batches > 0) or --eval_mc FILE");
     return true;
 }
 
@@ -141,19 +155,31 @@ static void settings_from_checkpoint(Run& r, Checkpoint& ck) {
                "%s: checkpoint has capacity_factor = %g but the flags ask for %g", resume.c_str(),
                stored.capacity_factor, config.capacity_factor);
     config = stored;
-    // the global batch decides the math; how it is split over ranks does not
-    const std::pair<const char*, int64_t> shape[] = {{"batch_size", r.B}, {"seq_len", r.T}, {"total_batch_tokens", r.total_batch}};
-    for (auto& [name, v] : shape) {
-        int64_t stored = ck.get_int(std::string("train.") + name, resume);
-        LLMC_CHECK(stored == v, "%s: checkpoint was trained with --%s %lld, this run has %lld; resuming needs the same batch shape",
-                   resume.c_str(), name, (long long)stored, (long long)v);
+    // The global batch and the seed decide the math (how the batch is split over ranks does not): the
+    // checkpoint's, as the model's; a flag given must agree with it.
+    const int64_t stored_total = ck.get_int("train.total_batch_tokens", resume);
+    LLMC_CHECK(stored_total >= 1, "%s: checkpoint field train.total_batch_tokens = %lld is not >= 1 (corrupt or written by "
+               "another program)", resume.c_str(), (long long)stored_total);
+    const std::pair<const char*, std::string> batch[] = {
+        {"batch_size", std::to_string(checkpoint_int_field(ck, "train.batch_size", resume, 1))},
+        {"seq_len", std::to_string(checkpoint_int_field(ck, "train.seq_len", resume, 1))},
+        {"total_batch_tokens", std::to_string(stored_total)},
+        {"seed", std::to_string((uint64_t)ck.get_int("train.seed", resume))}};
+    const std::string flag_text[] = {std::to_string(r.B), std::to_string(r.T), std::to_string(r.total_batch),
+                                     std::to_string(r.seed)};
+    for (size_t k = 0; k < 4; k++) {
+        const auto& [name, stored_text] = batch[k];
+        // an evaluation takes the shape it is given, and has no step to batch
+        if (r.eval_only && (args.given.count(name) || name == std::string("total_batch_tokens"))) continue;
+        if (!args.given.count(name)) { r.args.value[name] = stored_text; continue; }
+        LLMC_CHECK(flag_text[k] == stored_text, "%s: checkpoint was trained with --%s %s, this run has %s; drop the flag "
+                   "(a resume takes it from the checkpoint) or start a new run", resume.c_str(), name, stored_text.c_str(),
+                   flag_text[k].c_str());
     }
-    LLMC_CHECK((uint64_t)ck.get_int("train.seed", resume) == r.seed,
-               "%s: checkpoint was trained with --seed %lld, this run has %llu", resume.c_str(),
-               (long long)ck.get_int("train.seed", resume), (unsigned long long)r.seed);
+    settle_batch(r);
     const int64_t step = ck.get_int("step", resume);
-    LLMC_CHECK(step >= 0 && step <= r.max_steps, "%s: checkpoint step %lld is outside [0, --max_steps %d]",
-               resume.c_str(), (long long)step, r.max_steps);
+    LLMC_CHECK(step >= 0 && (r.eval_only || step <= r.max_steps), "%s: checkpoint step %lld is outside [0, --max_steps "
+               "%d]", resume.c_str(), (long long)step, r.max_steps);
 }
 
 // --init_from: an llm.c model file sets the config (explicit flags must agree) and, later, the
@@ -314,6 +340,7 @@ static void print_plan_only(const Run& r) {
 struct RunData {
     DataLoader train, val;
     bool have_val = false;
+    McFile mc;  // --eval_mc
     Tokenizer tokenizer;
     std::vector<CheckpointField> settings;  // what the run was started with, stored in checkpoints (run_settings)
 };
@@ -330,6 +357,12 @@ static void open_data(const Run& r, RunData& d) {
         int64_t avail = d.val.batches_in_shard(0);
         LLMC_CHECK(r.val_batches <= avail, "--val_batches %d: the first val shard holds only %lld batches of %dx%d",
                    r.val_batches, (long long)avail, r.B, r.T);
+    }
+    if (!r.args.str("eval_mc").empty()) {
+        d.mc = read_mc_file(r.args.str("eval_mc"), r.config.vocab_size, r.T);
+        LLMC_CHECK((int)d.mc.eot == d.train.eot, "--eval_mc %s: its eot token is %u, the train shards' is %d: it was "
+                   "made with another tokenizer (prepare_mc.py --tokenizer: the run's)", d.mc.path.c_str(), d.mc.eot,
+                   d.train.eot);
     }
 }
 
@@ -407,7 +440,8 @@ static void print_startup(const Run& r, const GPT& model, const RunData& d, cons
     const GPTConfig& config = r.config;
     printf("backend: %s", backend_name());
 #ifdef _OPENMP
-    printf(", %d OpenMP threads%s", omp_get_max_threads(), r.threads_note.empty() ? "" : (" per rank (" + r.threads_note + ")").c_str());
+    printf(", %d OpenMP thread%s%s", omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s",
+           r.threads_note.empty() ? "" : (" per rank (" + r.threads_note + ")").c_str());
 #endif
     printf("\nlayout: %d rank%s (pp %d x dp %d x tp %d%s, ep %d), ZeRO stage %d, recompute -r %d, offload %s, "
            "collectives: %s\n", cm.world_size, cm.world_size > 1 ? "s" : "", r.n_stages, r.world, r.tp, r.sp ? " + sp" : "",
@@ -442,8 +476,9 @@ static void print_startup(const Run& r, const GPT& model, const RunData& d, cons
     print_memory_plan(plan);
     print_data_memory(d.train, d.have_val ? &d.val : nullptr);
     const ShardInfo& first_shard = d.train.shards[0];
-    printf("train: %zu shard(s)%s, val: %s\n", d.train.shards.size(), first_shard.llmc_format ? " (llm.c GPT-2 format)" : "",
-           d.have_val ? "yes" : "no");
+    printf("train: %zu shard(s)%s, val: %s%s\n", d.train.shards.size(), first_shard.llmc_format ? " (llm.c GPT-2 format)" : "",
+           d.have_val ? "yes" : "no", d.mc.items.empty() ? "" : strfmt(", multiple choice: %zu items of up to %d endings "
+           "(%s)", d.mc.items.size(), d.mc.max_endings, d.mc.path.c_str()).c_str());
     printf("tokenizer: %s\n", d.tokenizer.source.c_str());
 }
 
@@ -573,6 +608,30 @@ static void report_step(const Run& r, const GPT& model, int step, int start_step
     log.write(fields);
 }
 
+// The evaluations a run has (the val loss and its bits per byte, --eval_mc's accuracy) after
+// `step` steps: one line, and one log record when there is a log (rank 0). Collective.
+static void evaluate_and_report(const Run& r, GPT& model, RunData& d, int step, JsonlLogger* log, std::vector<int>& in,
+                                std::vector<int>& tgt, std::vector<int>& ds) {
+    if (!d.have_val && d.mc.items.empty()) return;
+    ValResult val;
+    McResult mc;
+    if (d.have_val) val = evaluate(model, d.val, d.tokenizer, r.val_batches, in, tgt, ds);
+    if (!d.mc.items.empty()) mc = evaluate_mc(model, d.mc, d.tokenizer, r.T);
+    if (comm_world().world_rank != 0) return;
+    if (r.eval_only) printf("eval of step %d", step);
+    else printf("step %5d/%d", step, r.max_steps);
+    if (d.have_val) printf(" | val loss %.4f", val.loss);
+    if (val.bits_per_byte == val.bits_per_byte) printf(" | %.4f bits per byte", val.bits_per_byte);
+    if (mc.items) printf(" | mc acc %.4f acc_norm %.4f (%d items)", mc.acc, mc.acc_norm, mc.items);
+    printf("\n");
+    std::vector<std::pair<const char*, double>> fields = {{"step", step}};
+    if (d.have_val)
+        fields.insert(fields.end(), {{"val_loss", val.loss}, {"val_bpb", val.bits_per_byte},
+                                     {"val_bytes_per_token", val.bytes_per_token}});
+    if (mc.items) fields.insert(fields.end(), {{"mc_acc", mc.acc}, {"mc_acc_norm", mc.acc_norm}, {"mc_items", mc.items}});
+    if (log) log->write(fields);
+}
+
 // After step `step`: the evaluation, the sample and the checkpoint that are due, and the stop that
 // a signal on any rank asks for (llmc/io/run_stop.h: every rank stops after the same step, with a
 // checkpoint). Returns true when the run stops here.
@@ -581,13 +640,7 @@ static bool after_step(const Run& r, GPT& model, RunData& d, Rng& sample_rng, co
     Comm& cm = comm_world();
     const bool rank0 = cm.world_rank == 0;
     const bool last = step + 1 == r.max_steps;
-    if (d.have_val && ((r.val_every > 0 && (step + 1) % r.val_every == 0) || last)) {
-        double val_loss = evaluate(model, d.val, r.val_batches, in, tgt, ds);
-        if (comm_world().world_rank == 0) {
-            printf("step %5d/%d | val loss %.4f\n", step + 1, r.max_steps, val_loss);
-            log.write({{"step", step + 1}, {"val_loss", val_loss}});
-        }
-    }
+    if ((r.val_every > 0 && (step + 1) % r.val_every == 0) || last) evaluate_and_report(r, model, d, step + 1, &log, in, tgt, ds);
     if ((r.sample_every > 0 && (step + 1) % r.sample_every == 0) || (last && r.sample_len > 0))
         print_sample(model, r.sample_len, r.temperature, r.top_k, d.tokenizer, sample_rng);
     int stop_sig = 0, stop_rank = 0;  // a signal on any rank stops every rank after this step

@@ -49,6 +49,10 @@ static const Option OPTIONS[] = {
     {"max_steps", "x", "1000", "optimizer steps"},
     {"val_every", "v", "100", "evaluate every N steps (0: only at the end)"},
     {"val_batches", "m", "20", "batches per evaluation"},
+    {"eval_mc", "", "", "multiple-choice file (scripts/prepare_mc.py): acc and acc_norm at every evaluation "
+                        "(default: none)"},
+    {"eval_only", "", "0", "with --resume or --init_from: evaluate the model (val loss, bits per byte, --eval_mc) "
+                           "and train nothing (a switch)"},
     {"sample_every", "s", "0", "print a sample every N steps (0: only at the end)"},
     {"sample_len", "g", "256", "tokens per sample"},
     {"temperature", "", "1.0", "sampling temperature"},
@@ -107,7 +111,7 @@ static const Option OPTIONS[] = {
 // flags that may be given without a value (--overwrite means --overwrite 1)
 static bool is_switch(const char* name) {
     return strcmp(name, "overwrite") == 0 || strcmp(name, "plan") == 0 || strcmp(name, "max_fit") == 0 ||
-           strcmp(name, "sp") == 0;
+           strcmp(name, "sp") == 0 || strcmp(name, "eval_only") == 0;
 }
 
 struct Args {
@@ -137,6 +141,34 @@ static void print_usage() {
     }
 }
 
+// For an unknown flag: the known flag it was most likely meant to be (dashes for underscores,
+// a typo of up to two edits), as ", did you mean --x?", or "".
+static std::string flag_suggestion(const std::string& typed) {
+    std::string name = typed.substr(typed.find_first_not_of('-') == std::string::npos ? typed.size() : typed.find_first_not_of('-'));
+    for (char& c : name) if (c == '-') c = '_';
+    auto edits = [](const std::string& a, const std::string& b) {  // Levenshtein distance
+        std::vector<size_t> row(b.size() + 1);
+        for (size_t j = 0; j <= b.size(); j++) row[j] = j;
+        for (size_t i = 1; i <= a.size(); i++) {
+            size_t diagonal = row[0];
+            row[0] = i;
+            for (size_t j = 1; j <= b.size(); j++) {
+                const size_t next = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+                diagonal = row[j];
+                row[j] = next;
+            }
+        }
+        return row[b.size()];
+    };
+    const Option* best = nullptr;
+    size_t best_edits = 3;  // more than two edits: no suggestion
+    for (const Option& o : OPTIONS) {
+        const size_t e = edits(name, o.name);
+        if (e < best_edits) best = &o, best_edits = e;
+    }
+    return best ? std::string(", did you mean --") + best->name + "?" : "";
+}
+
 // Returns false when -h was asked for.
 static bool parse_args(int argc, char** argv, Args& args) {
     for (const Option& o : OPTIONS) args.value[o.name] = o.default_value;
@@ -146,7 +178,7 @@ static bool parse_args(int argc, char** argv, Args& args) {
         const Option* found = nullptr;
         for (const Option& o : OPTIONS)
             if (a == std::string("--") + o.name || (o.short_name[0] && a == std::string("-") + o.short_name)) found = &o;
-        LLMC_CHECK(found, "unknown flag '%s' (run with -h for the list)", a.c_str());
+        LLMC_CHECK(found, "unknown flag '%s'%s (run with -h for the list)", a.c_str(), flag_suggestion(a).c_str());
         if (is_switch(found->name) && !(k + 1 < argc && (!strcmp(argv[k + 1], "0") || !strcmp(argv[k + 1], "1")))) {
             args.value[found->name] = "1";
             args.given[found->name] = true;

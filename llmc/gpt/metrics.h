@@ -92,14 +92,78 @@ static double sum_in_global_order(const std::vector<double>& mine, size_t count)
 
 // Mean loss over the first n_batches micro-batches of the val stream, split over the dp ranks
 // (every rank runs the same number of forwards: ZeRO-3 gathers in them); the same for any layout.
-static double evaluate(GPT& m, DataLoader& loader, int n_batches, std::vector<int>& in, std::vector<int>& tgt,
-                       std::vector<int>& ds) {
+// Bits per byte: the nats of every target over the UTF-8 bytes of their text (EOT: 0 bytes, its
+// loss counted), divided by ln 2: a byte-level and a BPE run of the same text on one scale (NaN
+// when the tokenizer does not know the tokens' text).
+struct ValResult {
+    double loss = 0, bits_per_byte = NAN, bytes_per_token = NAN;
+};
+static ValResult evaluate(GPT& m, DataLoader& loader, const Tokenizer& tokenizer, int n_batches, std::vector<int>& in,
+                          std::vector<int>& tgt, std::vector<int>& ds) {
     loader.reset(LoaderState{});
     const int rounds = ceil_div(n_batches, loader.world);
-    std::vector<double> losses(rounds);
+    std::vector<double> losses(rounds), nats(rounds), tokens(rounds), bytes(rounds);
+    bool bytes_known = true;
     for (int k = 0; k < rounds; k++) {
         loader.next_batch(in.data(), tgt.data(), ds.data());
         losses[k] = gpt_forward(m, in.data(), tgt.data(), ds.data(), loader.B, loader.T);
+        for (size_t i = 0; i < (size_t)loader.B * loader.T; i++) {
+            if (tgt[i] == -1) continue;  // (the loss's mean leaves them out too)
+            const int64_t b = tokenizer.text_bytes(tgt[i]);
+            bytes_known = bytes_known && b >= 0;
+            bytes[k] += (double)b;
+            tokens[k] += 1;
+        }
+        nats[k] = losses[k] * tokens[k];
     }
-    return sum_in_global_order(losses, n_batches) / n_batches;
+    ValResult v;
+    v.loss = sum_in_global_order(losses, n_batches) / n_batches;
+    if (!bytes_known) return v;  // (the same on every rank: one tokenizer)
+    const double all_bytes = sum_in_global_order(bytes, n_batches), all_tokens = sum_in_global_order(tokens, n_batches);
+    v.bits_per_byte = sum_in_global_order(nats, n_batches) / (all_bytes * std::log(2.0));
+    v.bytes_per_token = all_bytes / all_tokens;
+    return v;
+}
+
+// Multiple-choice accuracy (--eval_mc, llmc/io/mc_file.h), as lm-evaluation-harness scores it:
+// each ending's log-likelihood given the context, summed over its tokens; `acc` takes the most
+// likely ending, `acc_norm` the most likely per UTF-8 byte of the ending's text (the harness
+// divides by characters; bytes keep Bengali and English on one scale; token counts where the
+// tokenizer does not know the text). One forward of one row per ending; the dp ranks split the
+// items (item = round * dp + dp_rank) and run the same number of forwards (the file's most
+// endings per item: a rank without one repeats its last), so the collectives inside line up in
+// every layout; the last stage scores, and the counts are summed in the items' order.
+struct McResult {
+    int items = 0;
+    double acc = NAN, acc_norm = NAN;
+};
+static McResult evaluate_mc(GPT& m, const McFile& f, const Tokenizer& tokenizer, int T) {
+    const Comm& cm = comm_world();
+    const int dp = cm.dp.size, n = (int)f.items.size(), rounds = ceil_div(n, dp);
+    std::vector<int> in(T), tgt(T), ds(T);
+    std::vector<double> right(rounds), right_norm(rounds);
+    for (int k = 0; k < rounds; k++) {
+        const int item = std::min(k * dp + cm.dp.rank, n - 1);  // (past the end: a repeat, not counted)
+        const McItem& it = f.items[item];
+        double best = -INFINITY, best_norm = -INFINITY;
+        int pick = 0, pick_norm = 0;
+        for (int e = 0; e < f.max_endings; e++) {
+            const int ending = std::min(e, (int)it.endings.size() - 1);
+            const int scored = mc_row(it, ending, T, (int)f.eot, in.data(), tgt.data(), ds.data());
+            const double loglik = -(double)gpt_forward(m, in.data(), tgt.data(), ds.data(), 1, T) * scored;
+            if (e != ending) continue;
+            int64_t text_bytes = 0;
+            for (int t : it.endings[e]) text_bytes += tokenizer.text_bytes(t);
+            const double per_unit = loglik / (text_bytes > 0 ? (double)text_bytes : (double)scored);
+            if (loglik > best) best = loglik, pick = e;
+            if (per_unit > best_norm) best_norm = per_unit, pick_norm = e;
+        }
+        right[k] = pick == it.label;
+        right_norm[k] = pick_norm == it.label;
+    }
+    McResult r;
+    r.items = n;
+    r.acc = sum_in_global_order(right, n) / n;
+    r.acc_norm = sum_in_global_order(right_norm, n) / n;
+    return r;
 }

@@ -89,6 +89,15 @@ struct Tokenizer {
     std::vector<std::string> pieces;  // TABLE: token id -> bytes
     std::string source;               // what it is, for the start-up line
 
+    // The UTF-8 bytes of the text a token stands for (EOT: none), -1 when unknown (token ids only):
+    // what bits per byte divides by, so that runs with different tokenizers compare.
+    int64_t text_bytes(int token) const {
+        if (kind == IDS) return -1;
+        if (token == eot) return 0;
+        if (kind == BYTES) return token >= 0 && token < 256 ? 1 : 0;
+        return token >= 0 && token < (int)pieces.size() ? (int64_t)pieces[token].size() : 0;
+    }
+
     // Decodes a whole sequence: EOT as a marked line break, everything else through Utf8Stream.
     std::string decode(const std::vector<int>& tokens) const {
         Utf8Stream utf8;
