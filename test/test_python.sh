@@ -218,5 +218,73 @@ for t in tokens[1:] + [eot]:
 assert len(docs) >= 5 and all(any("\u0980" <= c <= "\u09ff" for c in doc.decode("utf-8")) for doc in docs), len(docs)
 EOF
 
+# ---- 6. prepare_mc.py: the handmade HellaSwag / Belebele / MMLU-CSV files of test/data/mc round-trip
+# (contexts, endings and labels read back from the binary as the trainer reads it), with the byte
+# tokenizer and a BPE; bad files are refused with the line named
+for f in hellaswag.jsonl belebele.jsonl mmlu.csv; do
+    check "prepare_mc $f" "$PY" scripts/prepare_mc.py test/data/mc/$f "$W/$f.bin"
+    check "prepare_mc $f (BPE)" "$PY" scripts/prepare_mc.py test/data/mc/$f "$W/$f.bpe.bin" --tokenizer "$W/bpe/tokenizer.json"
+done
+check "prepare_mc round trip" "$PY" - "$W" "$W/bpe/tokenizer.json" <<'EOF'
+import struct, sys
+from tokenizers import Tokenizer
+W, tj = sys.argv[1:]
+bpe = Tokenizer.from_file(tj)
+
+def read(path):
+    b = open(path, "rb").read()
+    assert b[:8] == b"LLMCMCQA"
+    version, n, vocab, eot = struct.unpack("<4I", b[8:24])
+    at, items = 64, []
+    def u32():
+        nonlocal at
+        at += 4
+        return struct.unpack("<I", b[at - 4:at])[0]
+    for _ in range(n):
+        label, n_end, n_ctx = u32(), u32(), u32()
+        ctx = [u32() for _ in range(n_ctx)]
+        ends = []
+        for _ in range(n_end):
+            ends.append([u32() for _ in range(u32())])
+        items.append((ctx, ends, label))
+    assert at == len(b) and version == 1
+    return vocab, eot, items
+
+want = {
+    "hellaswag.jsonl": [("Baking cookies: A woman pours flour into a bowl. She", " adds two eggs and stirs.", 0, 4),
+                        ("রান্না: একজন লোক চাল ধুয়ে নিচ্ছে। তারপর সে", " চাল হাঁড়িতে দেয়।", 1, 4),
+                        ("The sun set over the quiet river and", " the birds flew home.", 0, 2)],
+    "belebele.jsonl": [("ঢাকা বাংলাদেশের রাজধানী। শহরটি বুড়িগঙ্গা নদীর তীরে অবস্থিত।\nQuestion: ঢাকা কোন নদীর তীরে?\nAnswer:",
+                        " বুড়িগঙ্গা", 1, 4),
+                       ("The library opens at nine and closes at five.\nQuestion: When does the library close?\nAnswer:",
+                        " At five", 2, 4)],
+    "mmlu.csv": [("Question: What is 2 + 2?\nAnswer:", " 4", 1, 4), ("Question: Which is a prime, number?\nAnswer:", " 7", 2, 4),
+                 ("Question: বাংলার রাজধানী কোনটি?\nAnswer:", " ঢাকা", 0, 4)],
+}
+for name, items in want.items():
+    vocab, eot, got = read(f"{W}/{name}.bin")
+    assert (vocab, eot) == (257, 256) and len(got) == len(items), name
+    for (ctx, ends, label), (c, right, l, n) in zip(got, items):
+        assert ctx[0] == eot and bytes(ctx[1:]).decode() == c, (name, bytes(ctx[1:]).decode(), c)
+        assert label == l and len(ends) == n and bytes(ends[label]).decode() == right, (name, label, ends)
+    vocab, eot, got = read(f"{W}/{name}.bpe.bin")
+    assert vocab == bpe.get_vocab_size() and eot == bpe.token_to_id("<|endoftext|>")
+    for (ctx, ends, label), (c, right, l, n) in zip(got, items):
+        assert ctx[0] == eot and bpe.decode(ctx[1:]) == c and bpe.decode(ends[label]) == right and label == l
+EOF
+printf '{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "a", "endings": ["b"], "label": 0}\n' >"$W/one_ending.jsonl"
+refused "prepare_mc: one ending" "one_ending.jsonl:2: 1 endings, expected 2..16" "$PY" scripts/prepare_mc.py "$W/one_ending.jsonl" "$W/x.bin"
+printf '{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "a", "endings": ["b", "c"], "label": 5}\n' >"$W/label.jsonl"
+refused "prepare_mc: a label past the endings" "label.jsonl:2: label 5 but 2 endings" "$PY" scripts/prepare_mc.py "$W/label.jsonl" "$W/x.bin"
+printf '{"ctx": "a", "endings": ["b", "c"], "label": 0}\nnot json\n' >"$W/broken.jsonl"
+refused "prepare_mc: a line that is not JSON" "broken.jsonl:2: not a hellaswag item" "$PY" scripts/prepare_mc.py "$W/broken.jsonl" "$W/x.bin"
+printf '{"flores_passage": "p", "question": "q", "mc_answer1": "a", "correct_answer_num": "1"}\n' >"$W/bb.jsonl"
+refused "prepare_mc: a Belebele item without its answers" "bb.jsonl:1: not a belebele item (missing field 'mc_answer2')" \
+    "$PY" scripts/prepare_mc.py "$W/bb.jsonl" "$W/x.bin"
+printf 'q,1,2,3,4,E\n' >"$W/bad.csv"
+refused "prepare_mc: an answer letter past the choices" "bad.csv:1: the answer 'E' is not one of the letters A..D" \
+    "$PY" scripts/prepare_mc.py "$W/bad.csv" "$W/x.bin"
+[ ! -e "$W/x.bin" ] && pass || fail "prepare_mc wrote a file for a refused input"
+
 echo "test_python: $checks passed, $fails failed"
 [ $fails -eq 0 ]
