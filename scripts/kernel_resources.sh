@@ -84,8 +84,53 @@ for arch in $(printf '%s\n' "$measured" | cut -f1 | sort -u); do
     done < <(printf '%s\n' "$measured" | awk -F'\t' -v a="$arch" '$1 == a')
     [ -n "$table" ] && echo "  ($checked kernels within their lines of the table)"
 done
+# Shared memory per block, static (ptxas) + dynamic (the launch's), of the attention kernels against each
+# architecture's opt-in limit per block. The dynamic bytes are attention.cuh's formulas (a static_assert
+# there keeps FA_TILE 64 and FA_PAD 8, which these use): flash forward (1 + 2 STAGES) and backward
+# (2 + 2 STAGES) tiles of 64 x (hs + 8) 2-byte elements; the fp32 fallback kernels' for head sizes 64 and
+# 128. The run-time rule (attention.cuh, flash_pick) takes a 2-stage kernel only where it fits and
+# needs the 1-stage one to: that must fit every card a build is for, at head size 64 (every GPT-2
+# shape) and, on sm_80 and newer, 128; sm_75's 64 KB hold the flash kernels at head size 64 only (the
+# run refuses hs 128 there, naming it).
+smem_limit() { case $1 in sm_75) echo 65536 ;; sm_80) echo 166912 ;; sm_86|sm_89) echo 101376 ;; sm_90*) echo 232448 ;; *) echo 0 ;; esac; }
+for arch in $(printf '%s\n' "$measured" | cut -f1 | sort -u); do
+    limit=$(smem_limit "$arch")
+    [ "$limit" -gt 0 ] || { echo "shared memory ($arch): no per-block limit known for this architecture: not checked"; continue; }
+    echo "shared memory per block ($arch, limit $limit B): static + dynamic = total"
+    while IFS=$'\t' read -r _ name regs spill smem; do
+        kernel=${name##*::}
+        if [[ $kernel =~ ^flash_(forward|dq|dkdv)_kernel\<([0-9]+),\ ([12])\>$ ]]; then
+            kind=${BASH_REMATCH[1]} hs=${BASH_REMATCH[2]} stages=${BASH_REMATCH[3]}
+            [ "$kind" = forward ] && tiles=$((1 + 2 * stages)) || tiles=$((2 + 2 * stages))
+            dyn=$((tiles * 64 * (hs + 8) * 2))
+        elif [[ $kernel =~ ^attention_(forward|dq|dkdv)_kernel ]]; then
+            kind=${BASH_REMATCH[1]}
+            for hs in 64 128; do
+                case $kind in
+                    forward) dyn=$((4 * (32 * (hs + 4) + 32 * hs + 16 * hs))) ;;
+                    *)       dyn=$((4 * (2 * 32 * (hs + 4) + 2 * 16 * hs))) ;;
+                esac
+                total=$((smem + dyn)); status=ok
+                [ "$total" -le "$limit" ] || { status="DOES NOT FIT"; fail=1; }
+                printf '  %-60s %6d + %6d = %6d %s\n' "$kernel (hs $hs)" "$smem" "$dyn" "$total" "$status"
+            done
+            continue
+        else
+            continue
+        fi
+        total=$((smem + dyn)); status=ok
+        if [ "$total" -gt "$limit" ]; then
+            # a 2-stage kernel that does not fit is never chosen; a 1-stage one must fit (hs 128 on sm_75 aside)
+            if [ "$arch" = sm_75 ] && [ "$hs" -gt 64 ]; then status="does not fit: sm_75 runs head size 64 (the run refuses $hs)"
+            elif [ "$stages" = 2 ]; then status="does not fit: never chosen here"
+            else status="DOES NOT FIT: no variant of this kernel can launch"; fail=1; fi
+        fi
+        printf '  %-60s %6d + %6d = %6d %s\n' "$kernel" "$smem" "$dyn" "$total" "$status"
+    done < <(printf '%s\n' "$measured" | awk -F'\t' -v a="$arch" '$1 == a' | sort -t$'\t' -k2,2V)
+done
 if [ "$fail" != 0 ]; then
-    echo "kernel_resources.sh: a kernel exceeds dev/cuda/kernel_resources/<arch>.txt or a hot kernel spills (fix the kernel," \
-         "or raise its line there and say why in the commit)" >&2
+    echo "kernel_resources.sh: a kernel exceeds dev/cuda/kernel_resources/<arch>.txt, a hot kernel spills, or an attention" \
+         "kernel's shared memory does not fit an architecture of the build (fix the kernel, or raise its line there and" \
+         "say why in the commit)" >&2
     exit 1
 fi

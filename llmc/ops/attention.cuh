@@ -1135,6 +1135,9 @@ flash_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const flo
 
 // Dynamic shared memory of the flash kernels: the forward holds Q plus STAGES K and V tiles, dQ and dK/dV two
 // resident tiles (Q and dO, or K and V) plus STAGES tiles of each streamed operand.
+// (scripts/kernel_resources.sh checks these sizes per architecture at build time, with these constants)
+static_assert(FA_TILE == 64 && FA_PAD == 8 && sizeof(floatX) == 2 && CHUNK == 32 && QTILE == 16 && KTILE == 16,
+              "scripts/kernel_resources.sh's shared-memory check assumes these tiles: change it with them");
 inline size_t flash_forward_smem_bytes(int hs, int stages) {
     return (size_t)(1 + 2 * stages) * FA_TILE * (hs + FA_PAD) * sizeof(floatX);
 }
