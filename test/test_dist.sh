@@ -41,6 +41,9 @@
 #      halve the scale, under np 2 -z 0..3, pp 2 and np 4 pp 2 x dp 2, bitwise as one process; the
 #      scale doubles after --loss_scale_window finite steps; a resume continues the scale bitwise; a
 #      fixed scale counts an overflow as a bad step; bad values refused
+#  14. a shard truncated, rewritten at the same size or removed under a running trainer (LLMC_FAULT_SHARD,
+#      one process and np 2): an error naming it, not a signal; the last checkpoint intact; restored, a
+#      resume continues bitwise
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -853,6 +856,41 @@ for bad in "--loss_scale dynamc" "--loss_scale 0" "--loss_scale -2" "--loss_scal
     else fail "$bad: rc $rc"; cat "$out.log"; fi
 done
 echo "test_dist: loss scaling (bits, an overflow on one rank in 8 layouts, resume, bad values) done in $(( $(date +%s) - t0 )) s"
+
+# ---- 14. a shard changed under a running trainer (LLMC_FAULT_SHARD: dp rank 0 truncates, rewrites
+# at the same size or removes the shard being read, or the next one, at the start of step k): the run
+# ends with an error naming the shard (rc < 128: not a signal), its last checkpoint the uninterrupted
+# run's bytes, and once the shard is restored --resume latest continues to the uninterrupted run's bytes
+t0=$(date +%s)
+SH=$W/shards; mkdir -p "$SH" "$W/shards.orig"
+python3 - "$W/data/data_train_000.bin" "$W/shards.orig" <<'PY'
+import struct, sys
+b = open(sys.argv[1], "rb").read()
+for k in range(3):  # 3 shards of 257 tokens (8 micro-batches of 2 x 16): the header with num_tokens 257
+    open(f"{sys.argv[2]}/s_{k:03d}.bin", "wb").write(b[:16] + struct.pack("<Q", 257) + b[24:64] + b[64 + 514 * k:64 + 514 * (k + 1)])
+PY
+cp "$W"/shards.orig/* "$SH"/
+shard_run() {  # shard_run NP OUT ARGS...: 10 steps of one micro-batch per rank on $SH, a checkpoint every 2
+    local np=$1 out=$2; shift 2
+    run $np "$out" $DENSE -i "$SH/s_*.bin" -d $((B * T * np)) -x 10 -n 2 "$@"
+}
+for np in 1 2; do shard_run $np "$W/shard.ref.np$np" || fail "shard reference run np $np"; done
+# np, action, step, shard, the last checkpoint (np 1 reads shard 1 from step 9, np 2 from step 5)
+for case in "1 truncate 5 s_000 4" "1 rewrite 3 s_001 8" "1 remove 5 s_000 4" \
+            "2 truncate 2 s_001 4" "2 rewrite 3 s_000 2" "2 remove 2 s_001 4"; do
+    set -- $case; np=$1 shard=$SH/$4.bin ckpt=ckpt_$(printf %09d $5).bin
+    out=$W/shard.np$np.$2.$4
+    LLMC_FAULT_SHARD=$2:$3:$shard shard_run $np "$out"; rc=$?
+    if [ $rc -gt 0 ] && [ $rc -lt 128 ] && grep -q "^error.*: $shard: " "$out.log" && [ "$(ls "$out" | grep '^ckpt' | tail -1)" = $ckpt ] &&
+        cmp -s "$W/shard.ref.np$np/$ckpt" "$out/$ckpt"; then pass
+    else fail "shard $2 at step $3 (np $np, $4): rc $rc, checkpoints $(ls "$out" | grep '^ckpt' | tr '\n' ' ')"; tail -3 "$out.log"; fi
+    echo "test_dist: shard $2 at step $3 (np $np, $4): rc $rc: $(grep -o "$shard: .*" "$out.log" | head -1)"
+    cp "$W"/shards.orig/* "$SH"/
+    shard_run $np "$out" -y latest && grep -q "resumed from .*$ckpt" "$out.log" &&
+        same_run "$W/shard.ref.np$np" "$out" 10 "shard $2 (np $np, $4): restored, resumed from $ckpt" ||
+        { fail "shard $2 (np $np, $4): the resume after the restore"; tail -3 "$out.log"; }
+done
+echo "test_dist: shards changed under the trainer (truncate, rewrite, remove; np 1, 2) done in $(( $(date +%s) - t0 )) s"
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]

@@ -17,13 +17,15 @@
 // call * world + rank). The loader's position (epoch, shard, batch) is its whole state, the same
 // on every rank: saving and restoring it resumes the exact token stream, under any layout.
 //
-// Nothing is loaded: the shard a rank reads is mapped read-only (MappedShard; the ranks of a node
-// share the page cache's copy) and each micro-batch's rows are read from it in the file's width,
-// their ids checked against the model's vocabulary as they are read: a bad id stops the run when
-// the first micro-batch that holds it is served, naming the shard and the token's position (tokens
-// no served row holds are never read). A shuffled shard's row order is built a slice per
-// micro-batch of the shard before it, so a shard switch waits for neither. The loader's own host
-// memory is two row orders, 8 bytes a row; the start-up memory table shows it (print_data_memory).
+// Nothing is loaded: each micro-batch's rows are read from the shard with pread (ShardReader; the
+// ranks of a node share the page cache's copy), in the file's width, their ids checked against the
+// model's vocabulary as they are read: a bad id stops the run when the first micro-batch that holds
+// it is served, naming the shard and the token's position (tokens no served row holds are never
+// read). A shard that changes under the running trainer (truncated, rewritten, removed) or cannot be
+// read stops it with an error naming the file and the position, never a signal (ShardReader says
+// how it is seen). A shuffled shard's row order is built a slice per micro-batch of the shard
+// before it, so a shard switch waits for neither. The loader's own host memory is two row orders,
+// 8 bytes a row, and one row's read buffer; the start-up memory table shows it (print_data_memory).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -31,8 +33,9 @@
 #include <string>
 #include <utility>
 #include <vector>
-#include <sys/mman.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "llmc/rand.h"
 #include "llmc/utils.h"
 
@@ -49,7 +52,48 @@ struct ShardInfo {
     uint64_t num_tokens = 0;
     uint32_t header_bytes = SHARD_HEADER_BYTES;  // where the tokens start
     bool llmc_format = false;                    // an llm.c GPT-2 shard
+    uint64_t fingerprint = 0;                    // of the file at start-up (shard_fingerprint)
+
+    uint64_t file_bytes() const { return header_bytes + num_tokens * token_bytes; }  // checked by read_shard_info
 };
+
+// The end of every message about a shard that changed under the running trainer: what to do.
+constexpr const char* SHARD_CHANGED_REMEDY = "; restore it and continue with --resume latest";
+
+// n bytes of the shard at path (open as fd, `expected` bytes since start-up) at byte offset. A read
+// that fails or comes back short is an error naming the file and the byte: the file must hold them.
+inline void pread_shard(int fd, void* dst, size_t n, uint64_t offset, const std::string& path, uint64_t expected) {
+    size_t got = 0;
+    while (got < n) {
+        const ssize_t r = pread(fd, (char*)dst + got, n - got, (off_t)(offset + got));
+        if (r > 0) { got += (size_t)r; continue; }
+        if (r < 0 && errno == EINTR) continue;
+        LLMC_CHECK(r == 0, "%s: cannot read %zu bytes at byte %llu (%s)", path.c_str(), n - got,
+                   (unsigned long long)(offset + got), strerror(errno));
+        struct stat st;
+        const long long now = fstat(fd, &st) == 0 ? (long long)st.st_size : -1;
+        LLMC_FAIL("%s: reading %zu bytes at byte %llu, the file ended after %zu of them: it is %lld bytes, it was %llu "
+                  "at start-up (truncated under the running trainer)%s", path.c_str(), n, (unsigned long long)offset,
+                  got, now, (unsigned long long)expected, SHARD_CHANGED_REMEDY);
+    }
+}
+
+// A cheap fingerprint of a shard (open as fd): its header and 4 KiB at the start, the middle and
+// the end of its tokens (FNV-1a), 4 reads. Taken at start-up and compared whenever the shard is
+// opened, it catches a shard rewritten at the same size while it was not open (regenerated: every
+// sample differs); a change while it is open is caught by the modification time (ShardReader).
+inline uint64_t shard_fingerprint(int fd, const ShardInfo& s) {
+    const uint64_t start = s.header_bytes, end = s.file_bytes(), body = end - start, piece = std::min<uint64_t>(body, 4096);
+    std::vector<unsigned char> buf(std::max<uint64_t>(s.header_bytes, piece));
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto add = [&](uint64_t at, uint64_t n) {
+        pread_shard(fd, buf.data(), (size_t)n, at, s.path, end);
+        for (uint64_t i = 0; i < n; i++) h = (h ^ buf[i]) * 0x100000001b3ull;
+    };
+    add(0, start);
+    for (uint64_t at : {start, start + (body - piece) / 2, end - piece}) add(at, piece);
+    return h;
+}
 
 // The header of an llm.c shard, whose first 64 bytes (h) have been read; checks it and the file size.
 inline ShardInfo read_llmc_shard_info(const std::string& path, const unsigned char* h) {
@@ -76,7 +120,7 @@ inline ShardInfo read_llmc_shard_info(const std::string& path, const unsigned ch
 }
 
 // Reads and validates a shard header against the file size; says exactly what is wrong.
-inline ShardInfo read_shard_info(const std::string& path) {
+inline ShardInfo read_shard_header(const std::string& path) {
     ShardInfo s;
     s.path = path;
     FILE* f = fopen_or_fail(path, "rb");
@@ -118,79 +162,145 @@ inline ShardInfo read_shard_info(const std::string& path) {
     return s;
 }
 
-// A shard mapped read-only and shared (MAP_SHARED), so the processes of a node that read it share
-// one copy, the page cache's; its tokens are read in place, in the file's width, and each id is
-// checked against the model's vocabulary as it is read. Nothing is copied but the rows asked for.
-// A shard must not change under a running trainer: a file truncated while it is mapped faults
-// (SIGBUS) on its missing pages; one that changed between start-up and its mapping is refused.
-struct MappedShard {
-    std::string path;
-    const unsigned char* base = nullptr;  // the whole file
-    size_t bytes = 0;
-    uint32_t header_bytes = 0, token_bytes = 0;
-    int vocab_size = 0;  // the model's
-
-    MappedShard() = default;
-    // random_access: the rows are read in a shuffled order (every page is needed soon: read the
-    // whole shard ahead, in the background); otherwise in file order (read ahead of the reads)
-    MappedShard(const ShardInfo& s, int model_vocab_size, bool random_access)
-        : path(s.path), header_bytes(s.header_bytes), token_bytes(s.token_bytes), vocab_size(model_vocab_size) {
-        FILE* f = fopen_or_fail(s.path, "rb");  // a directory or FIFO put in its place is refused here
-        struct stat st;
-        const size_t expected = s.header_bytes + s.num_tokens * s.token_bytes;  // checked by read_shard_info
-        if (fstat(fileno(f), &st) != 0 || (uint64_t)st.st_size != expected) {
-            fclose(f);
-            LLMC_FAIL("%s: the shard changed since start-up: it is %lld bytes, its header said %zu", s.path.c_str(),
-                      (long long)file_size_bytes(s.path), expected);
-        }
-        void* p = mmap(nullptr, expected, PROT_READ, MAP_SHARED, fileno(f), 0);
-        const int err = errno;
-        fclose(f);  // the mapping holds the file
-        LLMC_CHECK(p != MAP_FAILED, "%s: cannot map %zu bytes (%s)", s.path.c_str(), expected, strerror(err));
-        base = (const unsigned char*)p;
-        bytes = expected;
-        madvise(p, bytes, random_access ? MADV_WILLNEED : MADV_SEQUENTIAL);  // a hint: its failure changes nothing
+// A shard's header, validated, and the file's fingerprint: what every later open must find.
+inline ShardInfo read_shard_info(const std::string& path) {
+    ShardInfo s = read_shard_header(path);
+    FILE* f = fopen_or_fail(path, "rb");
+    try {
+        s.fingerprint = shard_fingerprint(fileno(f), s);
+    } catch (...) {
+        fclose(f);
+        throw;
     }
-    MappedShard(const MappedShard&) = delete;
-    MappedShard& operator=(const MappedShard&) = delete;
-    MappedShard(MappedShard&& o) noexcept { *this = std::move(o); }
-    MappedShard& operator=(MappedShard&& o) noexcept {
+    fclose(f);
+    return s;
+}
+
+// A shard open for reading: rows are read with pread, each id checked against the model's
+// vocabulary as it is converted. Reads, not a mapping: a read past a truncated end or a failing
+// disk is an error naming the file and the byte (a mapping's missing pages are a SIGBUS), any
+// filesystem can serve them (FUSE with direct_io cannot map), and nothing of the shard is held but
+// the row being read (the page cache keeps the file, shared by the node's ranks). A shard must not
+// change under a running trainer: each open refuses one whose size or fingerprint differs from
+// start-up, and check_unchanged sees a change while it is open.
+struct ShardReader {
+    std::string path;
+    FILE* file = nullptr;  // read with pread on its descriptor, never through its buffer
+    uint64_t bytes = 0;    // the file's size, as at start-up
+    uint32_t header_bytes = 0, token_bytes = 0;
+    int vocab_size = 0;            // the model's
+    struct timespec mtime = {};    // the file's modification time when opened
+    nlink_t links = 0;             // and its link count (0 on a filesystem that keeps none)
+    std::vector<unsigned char> buf;  // one read's tokens, in the file's width
+    bool random_access = false;
+    uint64_t ahead = 0;  // random access: the bytes asked for ahead so far (read_ahead)
+
+    ShardReader() = default;
+    // random_access: the rows are read in a shuffled order (every page is needed soon: read the
+    // whole shard ahead, read_ahead); otherwise in file order (the kernel reads ahead of the reads)
+    ShardReader(const ShardInfo& s, int model_vocab_size, bool random_access_)
+        : path(s.path), bytes(s.file_bytes()), header_bytes(s.header_bytes), token_bytes(s.token_bytes),
+          vocab_size(model_vocab_size), random_access(random_access_) {
+        try {
+            file = fopen_or_fail(s.path, "rb");  // a directory or FIFO put in its place is refused here
+        } catch (const LlmcError& e) {
+            LLMC_FAIL("%s, but the shard was there at start-up%s", e.what(), SHARD_CHANGED_REMEDY);
+        }
+        struct stat st;
+        const long long size = fstat(fileno(file), &st) == 0 ? (long long)st.st_size : -1;
+        try {  // (a constructor that throws runs no destructor)
+            LLMC_CHECK(size == (long long)bytes, "%s: the shard changed since start-up: it is %lld bytes, its header "
+                       "said %llu%s", s.path.c_str(), size, (unsigned long long)bytes, SHARD_CHANGED_REMEDY);
+            LLMC_CHECK(shard_fingerprint(fileno(file), s) == s.fingerprint, "%s: the shard changed since start-up: "
+                       "the same %llu bytes, but its header or its sampled blocks differ%s", s.path.c_str(),
+                       (unsigned long long)bytes, SHARD_CHANGED_REMEDY);
+        } catch (...) {
+            close_file();
+            throw;
+        }
+        mtime = st.st_mtim;
+        links = st.st_nlink;
+        // hints: their failure changes nothing (random: a row's read reads only its pages)
+        posix_fadvise(fileno(file), 0, 0, random_access ? POSIX_FADV_RANDOM : POSIX_FADV_SEQUENTIAL);
+    }
+    ShardReader(const ShardReader&) = delete;
+    ShardReader& operator=(const ShardReader&) = delete;
+    ShardReader(ShardReader&& o) noexcept { *this = std::move(o); }
+    ShardReader& operator=(ShardReader&& o) noexcept {
         if (this != &o) {
-            unmap();
+            close_file();
             path = std::move(o.path);
-            base = o.base;
+            file = o.file;
             bytes = o.bytes;
             header_bytes = o.header_bytes;
             token_bytes = o.token_bytes;
             vocab_size = o.vocab_size;
-            o.base = nullptr;
-            o.bytes = 0;
+            mtime = o.mtime;
+            links = o.links;
+            buf = std::move(o.buf);
+            random_access = o.random_access;
+            ahead = o.ahead;
+            o.file = nullptr;
         }
         return *this;
     }
-    ~MappedShard() { unmap(); }
-    void unmap() {
-        if (base) munmap((void*)base, bytes);
-        base = nullptr;
-        bytes = 0;
+    ~ShardReader() { close_file(); }
+    void close_file() {
+        if (file) fclose(file);
+        file = nullptr;
+    }
+
+    // Random access: the next 4 MiB of the shard asked for, read in the background (once per
+    // micro-batch: a 200 MB shard is asked for by its 50th), so the shuffled rows' reads soon find
+    // it in the page cache. In slices because Linux reads at most the device's read-ahead window per
+    // request, and asking for the whole shard at once would block while most of it is read.
+    void read_ahead() {
+        if (!random_access || ahead >= bytes) return;
+        const uint64_t n = std::min<uint64_t>(bytes - ahead, (uint64_t)4 << 20);
+        posix_fadvise(fileno(file), (off_t)ahead, (off_t)n, POSIX_FADV_WILLNEED);
+        ahead += n;
     }
 
     // dst[i] = token first + i, for i < n (the caller keeps first + n within the shard)
-    void read(uint64_t first, int n, int* dst) const {
-        // the header is 64 or 1024 bytes and the mapping page-aligned: the tokens are aligned to their width
-        if (token_bytes == 2) copy_checked((const uint16_t*)(base + header_bytes) + first, n, dst, first);
-        else copy_checked((const uint32_t*)(base + header_bytes) + first, n, dst, first);
+    void read(uint64_t first, int n, int* dst) {
+        buf.resize((size_t)n * token_bytes);
+        pread_shard(fileno(file), buf.data(), buf.size(), header_bytes + first * token_bytes, path, bytes);
+        if (token_bytes == 2) convert_checked<uint16_t>(n, dst, first);
+        else convert_checked<uint32_t>(n, dst, first);
     }
     template <typename W>
-    void copy_checked(const W* src, int n, int* dst, uint64_t first) const {
+    void convert_checked(int n, int* dst, uint64_t first) const {
         for (int i = 0; i < n; i++) {
-            const uint32_t id = src[i];
+            W w;
+            memcpy(&w, buf.data() + (size_t)i * sizeof(W), sizeof(W));
+            const uint32_t id = w;
             LLMC_CHECK(id < (uint32_t)vocab_size, "%s: token %llu has id %u, but the model's vocab_size is %d",
                        path.c_str(), (unsigned long long)(first + i), id, vocab_size);
             dst[i] = (int)id;
         }
     }
+
+    // Whether the open file is still the one opened: one fstat, after each micro-batch's reads, so
+    // a batch read before a change is whole and one read during or after it is refused. The size
+    // catches a truncation (or an append); the modification time a rewrite in place at the same
+    // size (nothing else short of reading every byte would see it); st_nlink == 0 a removal or a
+    // replacement under its name (this descriptor would go on reading the old file, which no later
+    // open finds). No I/O: a few hundred nanoseconds a micro-batch.
+    void check_unchanged() const {
+        struct stat st;
+        LLMC_CHECK(fstat(fileno(file), &st) == 0, "%s: cannot stat the open shard (%s)", path.c_str(), strerror(errno));
+        LLMC_CHECK(st.st_nlink > 0 || links == 0, "%s: the shard was removed (or replaced) while the run was reading it%s",
+                   path.c_str(), SHARD_CHANGED_REMEDY);
+        LLMC_CHECK((uint64_t)st.st_size == bytes, "%s: the shard changed while the run was reading it: it is %lld "
+                   "bytes, it was %llu%s", path.c_str(), (long long)st.st_size, (unsigned long long)bytes,
+                   SHARD_CHANGED_REMEDY);
+        LLMC_CHECK(st.st_mtim.tv_sec == mtime.tv_sec && st.st_mtim.tv_nsec == mtime.tv_nsec,
+                   "%s: the shard was rewritten while the run was reading it (the same %llu bytes, modified since it "
+                   "was opened)%s", path.c_str(), (unsigned long long)bytes, SHARD_CHANGED_REMEDY);
+    }
 };
+
+using MappedShard = ShardReader;  // its name while it mapped the file (test/test_interop.cpp uses it)
 
 // Fisher-Yates shuffle of [0, n) with a fresh Rng(seed) (a permutation depends only on its seed),
 // built in slices: the loader builds the next shard's row order while it serves the current one.
@@ -239,8 +349,10 @@ struct DataLoader {
     uint64_t seed = 0;
     int vocab_size = 0, eot = 0;
     LoaderState state;
-    MappedShard mapped;  // the shard this rank reads now (no other is mapped)
-    int64_t mapped_shard = -1;
+    ShardReader reader;  // the shard this rank reads now (no other is open)
+    int64_t open_shard = -1;
+    std::vector<int> row;  // one row's T + 1 tokens
+    int64_t calls = 0;     // of next_batch (LLMC_FAULT_SHARD counts them)
     // shuffle: the row order of (order_epoch, order_shard), and the one of the (epoch, shard) after
     // it, being built a slice per micro-batch, so that it is complete when its shard begins
     std::vector<int64_t> row_order;
@@ -328,6 +440,8 @@ struct DataLoader {
     // Fills inputs, targets, doc_start ([B, T] each) with this rank's micro-batch and advances
     // past all ranks' micro-batches of this call.
     void next_batch(int* inputs, int* targets, int* doc_start) {
+        calls++;
+        if (rank == 0) inject_shard_fault();
         for (int r = 0; r < world; r++) {
             if (state.batch >= batches_in_shard(state.shard)) {
                 state.batch = 0;
@@ -344,27 +458,62 @@ struct DataLoader {
         }
     }
 
+    // This rank's micro-batch at the position; any error in it (a bad id, a shard that changed or
+    // cannot be read) names the position too.
     void read_batch(int* inputs, int* targets, int* doc_start) {
-        if (state.shard != mapped_shard) {
-            mapped = MappedShard();  // unmapped first: one shard mapped at a time
-            mapped_shard = -1;
-            mapped = MappedShard(shards[state.shard], vocab_size, shuffle);
-            mapped_shard = state.shard;
+        try {
+            if (state.shard != open_shard) {
+                reader = ShardReader();  // closed first: one shard open at a time
+                open_shard = -1;
+                reader = ShardReader(shards[state.shard], vocab_size, shuffle);
+                open_shard = state.shard;
+            }
+            reader.read_ahead();
+            row.resize((size_t)T + 1);
+            for (int b = 0; b < B; b++) {
+                const int64_t r = shuffle ? row_order[state.batch * B + b] : state.batch * B + b;
+                reader.read((uint64_t)r * T, T + 1, row.data());  // the targets are the inputs shifted by one
+                std::copy(row.begin(), row.end() - 1, inputs + (size_t)b * T);
+                std::copy(row.begin() + 1, row.end(), targets + (size_t)b * T);
+                compute_doc_start(doc_start + (size_t)b * T, inputs + (size_t)b * T, T, eot);
+            }
+            reader.check_unchanged();
+        } catch (const LlmcError& e) {
+            LLMC_FAIL("%s (the loader at epoch %lld, shard %lld, batch %lld)", e.what(), (long long)state.epoch,
+                      (long long)state.shard, (long long)state.batch);
         }
-        for (int b = 0; b < B; b++) {
-            const int64_t row = shuffle ? row_order[state.batch * B + b] : state.batch * B + b;
-            int* in = inputs + (size_t)b * T;
-            int* tgt = targets + (size_t)b * T;
-            mapped.read((uint64_t)row * T, T, in);  // the targets are the inputs shifted by one
-            std::copy(in + 1, in + T, tgt);
-            mapped.read((uint64_t)row * T + T, 1, tgt + T - 1);
-            compute_doc_start(doc_start + (size_t)b * T, in, T, eot);
-        }
+    }
+
+    // LLMC_FAULT_SHARD=<truncate|rewrite|remove>:<n>:<path>, fault injection for the tests: the
+    // loader of dp rank 0 whose shards include <path> changes that file as a user could under a
+    // running trainer, at the start of its n-th next_batch call (step n with one micro-batch per
+    // rank): truncate to half its size, rewrite its tokens in place (every id 0, the same size),
+    // or remove it.
+    void inject_shard_fault() const {
+        static const char* spec = getenv("LLMC_FAULT_SHARD");
+        char action[16];
+        long long n = 0;
+        int at = 0;
+        if (!spec || sscanf(spec, "%15[a-z]:%lld:%n", action, &n, &at) != 2 || at == 0 || n != calls) return;
+        const std::string path = spec + at;
+        const auto s = std::find_if(shards.begin(), shards.end(), [&](const ShardInfo& i) { return i.path == path; });
+        if (s == shards.end()) return;
+        bool done = false;  // (ignored: a stage or tp rank of dp rank 0 may have done it first)
+        if (!strcmp(action, "truncate")) done = truncate(path.c_str(), (off_t)(s->file_bytes() / 2)) == 0;
+        else if (!strcmp(action, "remove")) done = unlink(path.c_str()) == 0;
+        else if (!strcmp(action, "rewrite")) {
+            const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+            const std::vector<char> zeros(s->file_bytes() - s->header_bytes, 0);
+            done = fd >= 0 && pwrite(fd, zeros.data(), zeros.size(), s->header_bytes) == (ssize_t)zeros.size();
+            if (fd >= 0) close(fd);
+        } else LLMC_FAIL("LLMC_FAULT_SHARD=%s: the action is truncate, rewrite or remove", spec);
+        fprintf(stderr, "fault injected: %s %s at next_batch call %lld%s\n", action, path.c_str(), n,
+                done ? "" : " (failed)");
     }
 };
 
-// The data's host memory per rank, under the memory table: the loaders' own (row orders) and the
-// shards, which are mapped, not copied.
+// The data's host memory per rank, under the memory table: the loaders' own (row orders); the
+// shards are read a row at a time, through the page cache.
 inline void print_data_memory(const DataLoader& train, const DataLoader* val) {
     auto largest_shard = [](const DataLoader* l) {
         double bytes = 0;
@@ -373,7 +522,7 @@ inline void print_data_memory(const DataLoader& train, const DataLoader* val) {
         return bytes;
     };
     const double own = train.host_bytes() + (val ? val->host_bytes() : 0);
-    printf("  %-34s %10.2f (any -z; + the shards being read, at most %.2f MiB, mapped read-only: the page "
-           "cache's copy, shared by the node's ranks)\n", "host: data loader (row orders)", own / 1048576.0,
+    printf("  %-34s %10.2f (any -z; the shards are read a row at a time, through the page cache: at most %.2f "
+           "MiB of it, shared by the node's ranks)\n", "host: data loader (row orders)", own / 1048576.0,
            (largest_shard(&train) + largest_shard(val)) / 1048576.0);
 }
