@@ -288,9 +288,9 @@ TEST_CASE("llm.c token shards: detected by their magic, eot 50256 opens document
     CHECK(s.num_tokens == toks.size());
     CHECK(s.vocab_size == 50257);
     CHECK(s.eot_token == 50256);
-    std::vector<int> mapped(toks.size());
-    MappedShard(s, 50257, false).read(0, (int)toks.size(), mapped.data());
-    CHECK(mapped == toks);
+    std::vector<int> read_back(toks.size());
+    ShardReader(s, 50257, false).read(0, (int)toks.size(), read_back.data());
+    CHECK(read_back == toks);
     // the loader's rows and doc_start come straight from the file
     DataLoader dl(d + "/gpt2_train_*.bin", 2, 64, 0, 1, false, 1, 50257, "--train");
     CHECK(dl.eot == 50256);

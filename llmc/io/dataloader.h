@@ -300,7 +300,6 @@ struct ShardReader {
     }
 };
 
-using MappedShard = ShardReader;  // its name while it mapped the file (test/test_interop.cpp uses it)
 
 // Fisher-Yates shuffle of [0, n) with a fresh Rng(seed) (a permutation depends only on its seed),
 // built in slices: the loader builds the next shard's row order while it serves the current one.
