@@ -1163,8 +1163,34 @@ TEST_CASE("vocab-parallel cross-entropy (classifier_max / _sumexp / _target / _b
 // float64 sum: fused_classifier, and the vocab-parallel ops with the engine's canonical chunks over
 // 1 and 8 slices. A plain fp32 sum is checked to miss by more than 1e-6 here, so the distribution
 // does test the accumulator.
-TEST_CASE("classifier: loss on a peaked 50257-way distribution within 1e-7 relative of a float64 sum") {
+// The dlogits d (softmax - onehot) too, against float64, within 1e-7 in two norms per row: the
+// relative L2 error over the row's non-target columns (the probabilities, which the target's p - 1
+// would otherwise dominate), and the largest error of the row over its largest gradient (every
+// column, the target's included). An lse rounded to fp32 before exp(x - lse) (~5e-7 off at lse ~ 10)
+// is checked to miss the first by more than 1e-7 here, so the test sees the lse's precision.
+struct PeakedErr {
+    double l2 = 0, max = 0;  // worst row: relative L2 over non-target columns; max |err| / max |ref|
+};
+inline PeakedErr peaked_grad_error(const vector<float>& got, const vector<double>& want, const vector<int>& tgt,
+                                   int N, int V, int Vp) {
+    PeakedErr e;
+    for (int n = 0; n < N; n++) {
+        double e2 = 0, r2 = 0, emax = 0, rmax = 0;
+        for (int v = 0; v < V; v++) {
+            const double g = got[(size_t)n * Vp + v], r = want[(size_t)n * Vp + v], err = std::fabs(g - r);
+            if (!(err == err)) emax = INFINITY;  // NaN
+            emax = std::max(emax, err);
+            rmax = std::max(rmax, std::fabs(r));
+            if (v != tgt[n]) e2 += err * err, r2 += r * r;
+        }
+        e.l2 = std::max(e.l2, std::sqrt(e2 / r2));
+        e.max = std::max(e.max, emax / rmax);
+    }
+    return e;
+}
+TEST_CASE("classifier: loss and dlogits on a peaked 50257-way distribution within 1e-7 relative of float64") {
     const int N = 8, V = 50257, Vp = 50304, CH = Vp / 8;
+    const float dloss = 1.0f / N;
     Rng r(50257);
     vector<float> logits((size_t)N * Vp);
     vector<int> tgt(N);
@@ -1178,7 +1204,8 @@ TEST_CASE("classifier: loss on a peaked 50257-way distribution within 1e-7 relat
         tgt[n] = r.randint(0, V - 1);
         x[tgt[n]] = (float)r.uni(3.0, 5.0);  // a loss of about 2-4 nats
     }
-    vector<double> want(N);
+    vector<double> want(N), want_d((size_t)N * Vp, 0.0);
+    vector<float> fp32_lse_d((size_t)N * Vp, 0.0f);  // the dlogits with an fp32 lse (the old rounding)
     double worst_fp32 = 0;
     for (int n = 0; n < N; n++) {
         const float* x = &logits[(size_t)n * Vp];
@@ -1189,21 +1216,44 @@ TEST_CASE("classifier: loss on a peaked 50257-way distribution within 1e-7 relat
             s += std::exp((double)x[v] - mx);
             s32 += std::exp(x[v] - (float)mx);
         }
-        want[n] = mx + std::log(s) - x[tgt[n]];
+        const double lse = mx + std::log(s);
+        want[n] = lse - x[tgt[n]];
         worst_fp32 = std::max(worst_fp32, std::fabs(mx + std::log((double)s32) - x[tgt[n]] - want[n]) / want[n]);
+        for (int v = 0; v < V; v++) {
+            want_d[(size_t)n * Vp + v] = (double)dloss * (std::exp((double)x[v] - lse) - (v == tgt[n] ? 1.0 : 0.0));
+            fp32_lse_d[(size_t)n * Vp + v] = dloss * (std::exp(x[v] - (float)lse) - (v == tgt[n] ? 1.0f : 0.0f));
+        }
     }
     MESSAGE("plain fp32 sum: worst loss error " << worst_fp32 << " relative");
     CHECK_MESSAGE(worst_fp32 > 1e-6, "the distribution is not peaked enough to test the accumulator");
+    const PeakedErr old = peaked_grad_error(fp32_lse_d, want_d, tgt, N, V, Vp);
+    MESSAGE("dlogits with an fp32 lse: relative L2 " << old.l2 << ", max " << old.max);
+    CHECK_MESSAGE(old.l2 > 1e-7, "an fp32 lse meets the bound here: the test would not see the lse's precision");
+    auto check_grad = [&](const std::string& what, const vector<float>& got) {
+        const PeakedErr e = peaked_grad_error(got, want_d, tgt, N, V, Vp);
+        MESSAGE(what << " dlogits vs float64: relative L2 " << e.l2 << ", max " << e.max << " (worst row)");
+        CHECK_MESSAGE(e.l2 <= 1e-7, what << " dlogits: relative L2 (non-target columns) " << e.l2 << " > 1e-7");
+        CHECK_MESSAGE(e.max <= 1e-7, what << " dlogits: max |err| / max |dlogit| " << e.max << " > 1e-7");
+        for (int n = 0; n < N; n++)
+            for (int v = V; v < Vp; v++) REQUIRE(got[(size_t)n * Vp + v] == 0.0f);  // padding
+    };
     {
         auto lg = logits;
         vector<float> losses = nan_vec<float>(N);
         cpu::fused_classifier<float>(lg.data(), losses.data(), tgt.data(), 0.0f, N, V, Vp);
         check_close("fused_classifier<float> losses vs float64", losses, want, 1e-7, 0.0);
+        losses = nan_vec<float>(N);
+        cpu::fused_classifier<float>(lg.data(), losses.data(), tgt.data(), dloss, N, V, Vp);
+        check_close("fused_classifier<float> losses (dloss != 0) vs float64", losses, want, 1e-7, 0.0);
+        check_grad("fused_classifier<float>", lg);
     }
     for (int slices : {1, 8}) {
         CAPTURE(slices);
         const VocabParallelCE got = vocab_parallel_ce(logits, tgt, 0.0f, N, V, Vp, slices, CH);
         check_close("vocab-parallel losses vs float64", got.losses, want, 1e-7, 0.0);
+        const VocabParallelCE got_d = vocab_parallel_ce(logits, tgt, dloss, N, V, Vp, slices, CH);
+        check_close("vocab-parallel losses (dloss != 0) vs float64", got_d.losses, want, 1e-7, 0.0);
+        check_grad("vocab-parallel", got_d.dlogits);
     }
 }
 

@@ -10,7 +10,8 @@
 // aligned). Pass 1 keeps an online (max, sum of exp relative to that max) per thread over the
 // first V columns (the max fp32, the sum in double, as in the CPU twin: in fp32 the many tiny
 // terms of a peaked distribution would fall below half an ulp of a thread's running sum), UNROLL vectors loaded at a time; the block combines these pairs (warp
-// butterfly, then the warps in order: fixed, so deterministic, and every thread gets the same lse).
+// butterfly, then the warps in order: fixed, so deterministic, and every thread gets the same lse,
+// in double, subtracted as an fp32 pair hi + lo).
 // Pass 2 re-reads the row (a block's row was read a moment ago: up to ~100 KB per row and at most
 // 2 x 132 rows in flight, so it is served from the 50 MB L2) and writes the dlogits. The target
 // logit is read before the block's barriers, so before anyone overwrites it.
@@ -115,7 +116,10 @@ __global__ void __launch_bounds__(MAX_THREADS, UNROLL == 1 ? LLMC_MIN_BLOCKS(MAX
     m = -INFINITY;
     s = 0.0;
     for (int w = 0; w < (int)blockDim.x / 32; w++) combine(m, s, warp_m[w], warp_s[w]);
-    const float lse = m + (float)log(s);
+    // lse in double, subtracted as the fp32 pair hi + lo (two fp32 adds a column): an fp32 lse (~10) is off by
+    // up to 5e-7, which every probability of the row would inherit as a relative error
+    const double lse = (double)m + log(s);
+    const float lse_hi = (float)lse, lse_lo = (float)(lse - lse_hi);
     if (threadIdx.x == 0) losses[blockIdx.x] = tgt >= 0 ? (float)(((double)m - x_tgt) + log(s)) : 0.0f;
     if (dloss == 0.0f) return;
 
@@ -135,7 +139,7 @@ __global__ void __launch_bounds__(MAX_THREADS, UNROLL == 1 ? LLMC_MIN_BLOCKS(MAX
 #pragma unroll
             for (int i = 0; i < VEC; i++) {
                 const int col = c + i;
-                f[i] = col < V ? d * (expf(f[i] - lse) - (col == tgt ? 1.0f : 0.0f)) : 0.0f;
+                f[i] = col < V ? d * (expf((f[i] - lse_hi) - lse_lo) - (col == tgt ? 1.0f : 0.0f)) : 0.0f;
             }
             store_floatX<VEC>(x + c, f);
         }
@@ -270,8 +274,14 @@ __global__ void __launch_bounds__(TP_WARPS * 32)
     const int n = blockIdx.x * TP_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) return;  // warp-uniform
     const int target = targets[n];
-    const float lse = mx[n] + logf(sum[n]);
-    if (lane == 0) losses[n] = target < 0 ? 0.0f : (float)(((double)mx[n] - tgt[n]) + log((double)sum[n]));
+    float lse_hi = 0.0f, lse_lo = 0.0f;  // lse in double, subtracted as hi + lo (see fused_classifier)
+    if (lane == 0) {  // (lane 0 alone, then broadcast: the double math in every lane cost 7 registers)
+        const double lse = (double)mx[n] + log((double)sum[n]);
+        lse_hi = (float)lse, lse_lo = (float)(lse - lse_hi);
+        losses[n] = target < 0 ? 0.0f : (float)(((double)mx[n] - tgt[n]) + log((double)sum[n]));
+    }
+    lse_hi = __shfl_sync(0xffffffffu, lse_hi, 0);
+    lse_lo = __shfl_sync(0xffffffffu, lse_lo, 0);
     if (dloss == 0.0f) return;
     const float d = target < 0 ? 0.0f : dloss;
     const int t = target < 0 ? -1 : target - v0;
@@ -290,7 +300,7 @@ __global__ void __launch_bounds__(TP_WARPS * 32)
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 const int v = col + i;
-                f[u][i] = v < n_real ? d * (expf(f[u][i] - lse) - (v == t ? 1.0f : 0.0f)) : 0.0f;
+                f[u][i] = v < n_real ? d * (expf((f[u][i] - lse_hi) - lse_lo) - (v == t ? 1.0f : 0.0f)) : 0.0f;
             }
             if constexpr (VEC == 8) {
                 store_floatX<8>(x + col, f[u]);

@@ -244,6 +244,138 @@ TEST_CASE("sanitizer: fused classifier and vocab-parallel classifier ops on smal
 
 }  // namespace classifier_test
 
+// ---- the peaked 50257-way distribution against float64 (the twin of test_ops.cpp's test) ----
+// A trained GPT-2's next-token distribution: most logits 15-25 nats below the max, a few plausible
+// tokens. Losses (fp32): within 1e-7 relative of float64, worst row (the sum of exponentials in
+// double, the loss (max - x_t) + log(sum) in double; the fast-math exp's few-ulp errors average out in
+// the sum). dlogits: the GPU stores them in floatX (bf16: 2^-9 relative), so a 1e-7 bound on the
+// gradient is a bound on the fp32 value before that rounding, which is what is checked: every
+// dlogit must be the floatX rounding (to nearest) of the float64 value, except where the float64
+// value lies within the fp32 computation's error of a rounding midpoint, window = |dlogit| (8e-7 +
+// 3e-7 |x - lse|) (the fast-math exp: 2 + 1.17 |x - lse| ulp; the argument's rounding; lse, the
+// products), and at most 5% of the columns may fall in such a window (~0.3% in bf16, ~3% in fp16).
+// (An fp32 lse, off by up to 5e-7, shows here only as a rare extra flip of a rounding: the CPU test
+// is the one that sees the lse's precision, at 1e-7.) Both the fused kernel and the vocab-parallel ops
+// (the engine's 8 canonical vocabulary chunks on one rank, the chunk sums added in the CPU tree).
+namespace classifier_test {
+
+// x rounded to floatX (to nearest even), and its distance to the nearest rounding midpoint
+inline double floatX_rn(double x, double* to_midpoint) {
+    constexpr bool bf16 = std::is_same<floatX, __nv_bfloat16>::value;
+    constexpr int bits = bf16 ? 8 : 11, emin = bf16 ? -126 : -14;  // significand bits, the least normal exponent
+    if (x == 0.0) { *to_midpoint = INFINITY; return 0.0; }
+    const double q = std::ldexp(1.0, std::max(std::ilogb(x), emin) - (bits - 1));  // the spacing at x
+    const double y = x / q, fl = std::floor(y);
+    *to_midpoint = std::fabs(y - fl - 0.5) * q;
+    return std::nearbyint(y) * q;
+}
+
+struct PeakedCheck {
+    size_t near_midpoint = 0, wrong = 0, cols = 0;
+    std::string first_wrong;
+};
+// the dlogits (floatX, as floats) of rows [0, N) vs the float64 ones, see the top of this section
+inline PeakedCheck check_peaked_dlogits(const std::vector<float>& got, const std::vector<double>& want,
+                                        const std::vector<double>& arg, int N, int V, int Vp) {
+    PeakedCheck c;
+    for (int n = 0; n < N; n++)
+        for (int v = 0; v < Vp; v++) {
+            const size_t i = (size_t)n * Vp + v;
+            auto wrong = [&] {
+                if (c.wrong++ > 0) return;
+                char where[160];
+                snprintf(where, sizeof(where), "row %d column %d: got %.9g, float64 %.9g", n, v, got[i],
+                         v < V ? want[i] : 0.0);
+                c.first_wrong = where;
+            };
+            if (v >= V) {  // padding: exactly 0
+                if (got[i] != 0.0f) wrong();
+                continue;
+            }
+            c.cols++;
+            double to_mid;
+            const double rn = floatX_rn(want[i], &to_mid);
+            if (to_mid <= std::fabs(want[i]) * (8e-7 + 3e-7 * std::fabs(arg[i]))) c.near_midpoint++;
+            else if ((double)got[i] != rn) wrong();
+        }
+    return c;
+}
+
+TEST_CASE("classifier: loss and dlogits on a peaked 50257-way distribution vs float64 (fused, vocab-parallel)") {
+    const int N = 8, V = 50257, Vp = 50304, CH = Vp / 8;
+    const float dloss = 1.0f / N;
+    Rng rng(50257);
+    std::vector<float> logits((size_t)N * Vp);
+    std::vector<int> targets(N);
+    for (int n = 0; n < N; n++) {
+        float* x = &logits[(size_t)n * Vp];
+        for (int v = 0; v < Vp; v++) x[v] = v < V ? rng.normal(-12.0f, 2.5f) : 50.0f + v % 7;  // padding: junk
+        x[rng.below(V)] = 7.0f;
+        for (int k = 0; k < 40; k++) x[rng.below(V)] = 1.0f + 5.0f * rng.uniform();  // the plausible few
+        targets[n] = (int)rng.below(V);
+        x[targets[n]] = 3.0f + 2.0f * rng.uniform();  // a loss of about 2-4 nats
+    }
+    logits = DevTensor<floatX>(logits).get();  // floatX-exact: what the device holds
+    std::vector<double> want(N), want_d((size_t)N * Vp, 0.0), arg((size_t)N * Vp, 0.0);
+    for (int n = 0; n < N; n++) {
+        const float* x = &logits[(size_t)n * Vp];
+        const double mx = *std::max_element(x, x + V);
+        double s = 0;
+        for (int v = 0; v < V; v++) s += std::exp((double)x[v] - mx);
+        const double lse = mx + std::log(s);
+        want[n] = lse - x[targets[n]];
+        for (int v = 0; v < V; v++) {
+            arg[(size_t)n * Vp + v] = (double)x[v] - lse;
+            want_d[(size_t)n * Vp + v] = (double)dloss * (std::exp((double)x[v] - lse) - (v == targets[n] ? 1.0 : 0.0));
+        }
+    }
+    DeviceBuffer<int> d_targets(N);
+    upload(d_targets, targets);
+    auto losses_error = [&](const std::vector<float>& got) {
+        double e = 0;
+        for (int n = 0; n < N; n++) e = std::max(e, std::fabs(got[n] - want[n]) / want[n]);
+        return e;
+    };
+    auto report = [&](const char* what, const std::vector<float>& got_losses, const std::vector<float>& got) {
+        const double le = losses_error(got_losses);
+        const PeakedCheck c = check_peaked_dlogits(got, want_d, arg, N, V, Vp);
+        MESSAGE(what << ": losses within " << le << " relative of float64; dlogits: " << c.wrong << " of " << c.cols
+                     << " not the floatX rounding of float64, " << c.near_midpoint << " near a midpoint (not checked)");
+        CHECK_CLOSE(std::string(what) + " losses vs float64", le, 1e-7);
+        CHECK_MESSAGE(c.wrong == 0, what << ": the first wrong dlogit: " << c.first_wrong);
+        CHECK(c.near_midpoint <= c.cols / 20);
+    };
+    {  // the fused kernel (the GPU trainer without --tp)
+        DevTensor<floatX> d_logits(logits);
+        DeviceBuffer<float> d_losses(N);
+        d_losses.poison();
+        fused_classifier(d_logits.ptr(), d_losses, d_targets, dloss, N, V, Vp);
+        report("fused_classifier", download(d_losses), d_logits.get());
+    }
+    {  // the vocab-parallel ops on one rank: max, the 8 chunk sums, the target logit, backward
+        DevTensor<floatX> d_logits(logits);
+        DeviceBuffer<float> d_mx(N), d_tgt(N), d_sum(N), d_losses(N);
+        classifier_max(d_mx, d_logits.ptr(), N, Vp, V);
+        classifier_target(d_tgt, d_logits.ptr(), d_targets, N, Vp, 0, V);
+        std::vector<std::vector<float>> chunk(Vp / CH);
+        for (int g = 0; g < Vp / CH; g++) {
+            classifier_sumexp(d_sum, d_logits.ptr(), d_mx, N, Vp, std::min(g * CH, V), std::min(g * CH + CH, V));
+            chunk[g] = download(d_sum);
+        }
+        std::function<float(int, int, int)> tree = [&](int n, int lo, int hi) -> float {
+            return hi - lo == 1 ? chunk[lo][n] : tree(n, lo, lo + (hi - lo) / 2) + tree(n, lo + (hi - lo) / 2, hi);
+        };
+        std::vector<float> sum(N);
+        for (int n = 0; n < N; n++) sum[n] = tree(n, 0, Vp / CH);
+        upload(d_sum, sum);
+        d_losses.poison();
+        classifier_backward(d_logits.ptr(), d_losses, d_mx, d_sum, d_tgt, d_targets, dloss, N, Vp, 0, V);
+        report("vocab-parallel classifier ops", download(d_losses), d_logits.get());
+    }
+}
+
+}  // namespace classifier_test
+
 // loss_sum: a micro-batch's losses summed on the device (the trainer reads the step's sums once):
 // double sums of the same floats in another fixed order, so the CPU twin's within 1e-12 relative,
 // and bitwise the same on a second run

@@ -2,10 +2,12 @@
 // columns). Targets equal to -1 are ignored. losses[n] gets the per-token loss (0 when ignored);
 // when dloss != 0 the logits are overwritten in place with dloss * (softmax - onehot) (padded and
 // ignored positions get 0), so the probabilities are never stored separately.
-// Precision: the sum of exponentials is accumulated in double (at least) and the loss computed as
+// Precision: the sum of exponentials is accumulated in double (at least), the loss computed as
 // (max - x_t) + log(sum) in double. In fp32, on a peaked distribution over a GPT-2-sized vocabulary
 // most terms exp(x - max) fall below half an ulp of a running sum near 1 and are dropped: a loss
-// biased low by ~1e-5 relative and a first gradient ~3e-4 off. In double they are kept.
+// biased low by ~1e-5 relative and a first gradient ~3e-4 off. In double they are kept. The dlogits
+// use lse = max + log(sum) and exp(x - lse) in double too: within 1e-7 relative of float64 at V 50257
+// (test_ops.cpp), where an fp32 lse gave 3e-7.
 // (Tensor parallelism splits this over the vocabulary: the four classifier_* ops below.)
 #pragma once
 #include <algorithm>
@@ -28,11 +30,13 @@ void fused_classifier(T* logits, T* losses, const int* targets, T dloss, int N, 
         for (int v = 0; v < V; v++) mx = std::max(mx, x[v]);
         Wide<T> sum = 0;
         for (int v = 0; v < V; v++) sum += std::exp(x[v] - mx);
-        const T lse = mx + (T)std::log(sum);
+        // lse and exp(x - lse) in double: an fp32 lse (~10) is off by up to half its ulp, 5e-7, which
+        // every probability of the row inherits as a relative error
+        const Wide<T> lse = (Wide<T>)mx + std::log(sum);
         losses[n] = tgt < 0 ? T(0) : (T)(((Wide<T>)mx - x[tgt]) + std::log(sum));
         if (dloss != T(0)) {
             const T d = tgt < 0 ? T(0) : dloss;
-            for (int v = 0; v < V; v++) x[v] = d * (std::exp(x[v] - lse) - (v == tgt ? T(1) : T(0)));
+            for (int v = 0; v < V; v++) x[v] = d * ((T)std::exp((Wide<T>)x[v] - lse) - (v == tgt ? T(1) : T(0)));
             for (int v = V; v < Vp; v++) x[v] = 0;
         }
     }
@@ -54,8 +58,9 @@ void fused_classifier(T* logits, T* losses, const int* targets, T dloss, int N, 
 //   4. classifier_backward  losses (every rank the same) and, when dloss != 0, the rank's dlogits in
 //      place (its padding columns 0).
 // Statistics (mx, sum, tgt, losses) are fp32 in both builds; a chunk's sum is accumulated in double
-// and rounded once, the loss is (M - x_t) + log S in double (why: fused_classifier). One row per
-// thread here, rows independent, so the results do not depend on the thread count.
+// and rounded once, the loss is (M - x_t) + log S in double, and lse = M + log S and exp(x - lse) in
+// double (why: fused_classifier). One row per thread here, rows independent, so the results do not
+// depend on the thread count.
 
 // mx[n] = max of row n over columns [0, n_cols) (-INFINITY when n_cols == 0)
 template <typename T>
@@ -102,13 +107,14 @@ void classifier_backward(T* logits, float* losses, const float* mx, const float*
                          const int* targets, float dloss, int N, int ld, int v0, int n_real) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float lse = mx[n] + std::log(sum[n]);
+        const double lse = (double)mx[n] + std::log((double)sum[n]);  // double: see fused_classifier
         losses[n] = targets[n] < 0 ? 0.0f : (float)(((double)mx[n] - tgt[n]) + std::log((double)sum[n]));
         if (dloss == 0.0f) continue;
         T* x = logits + (size_t)n * ld;
         const float d = targets[n] < 0 ? 0.0f : dloss;
         const int t = targets[n] < 0 ? -1 : targets[n] - v0;
-        for (int v = 0; v < n_real; v++) x[v] = (T)(d * (std::exp((float)x[v] - lse) - (v == t ? 1.0f : 0.0f)));
+        for (int v = 0; v < n_real; v++)
+            x[v] = (T)(d * ((float)std::exp((double)x[v] - lse) - (v == t ? 1.0f : 0.0f)));
         for (int v = std::max(n_real, 0); v < ld; v++) x[v] = T(0);
     }
 }
