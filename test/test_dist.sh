@@ -44,6 +44,8 @@
 #  14. a shard truncated, rewritten at the same size or removed under a running trainer (LLMC_FAULT_SHARD,
 #      one process and np 2): an error naming it, not a signal; the last checkpoint intact; restored, a
 #      resume continues bitwise
+#  15. log.jsonl changed under a running trainer as logrotate does (LLMC_FAULT_LOG: copytruncate, rename
+#      + create) or deleted: one warning, every line of every log file valid JSON, no record lost
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -891,6 +893,43 @@ for case in "1 truncate 5 s_000 4" "1 rewrite 3 s_001 8" "1 remove 5 s_000 4" \
         { fail "shard $2 (np $np, $4): the resume after the restore"; tail -3 "$out.log"; }
 done
 echo "test_dist: shards changed under the trainer (truncate, rewrite, remove; np 1, 2) done in $(( $(date +%s) - t0 )) s"
+
+# ---- 15. log.jsonl changed under a running trainer (LLMC_FAULT_LOG=<action>:3: the logger itself, just
+# before its record of step 3, copies the log to log.jsonl.1 and truncates it in place (logrotate's
+# copytruncate), renames it to log.jsonl.1 and creates an empty one (logrotate's default), or deletes
+# it): the run completes (rc 0) with one warning naming the change; every line of log.jsonl (and
+# log.jsonl.1) parses as JSON; the two files hold the uninterrupted run's records, and after a delete
+# the new log holds those from step 3 on
+t0=$(date +%s)
+jsonl_ok() {  # jsonl_ok FILE...: each file non-empty, every line a JSON object, the last one ended
+    python3 - "$@" <<'PY'
+import json, sys
+for f in sys.argv[1:]:
+    try: b = open(f, "rb").read()
+    except OSError as e: sys.exit(f"{f}: {e.strerror}")
+    if not b.endswith(b"\n"): sys.exit(f"{f}: empty or no final newline")
+    for i, l in enumerate(b.decode("utf-8").split("\n")[:-1]):
+        try: assert isinstance(json.loads(l), dict)
+        except Exception: sys.exit(f"{f} line {i + 1} is not a JSON object: {l[:80]!r}")
+PY
+}
+ref=$W/logfault.ref
+run 1 "$ref" $DENSE -x 6 || fail "log fault reference run: rc $?"
+for action in copytruncate create remove; do
+    out=$W/logfault.$action
+    LLMC_FAULT_LOG=$action:3 run 1 "$out" $DENSE -x 6; rc=$?
+    case $action in copytruncate) said="was truncated during the run";; create) said="was replaced during the run";;
+                    remove) said="was deleted during the run";; esac
+    files="$out/log.jsonl"; [ $action = remove ] || files="$out/log.jsonl.1 $files"
+    if [ $action = remove ]; then want=$(losses "$ref" | sed -n '/^"step":3,/,$p'); else want=$(losses "$ref"); fi
+    mkdir -p "$out.cat" && cat $files > "$out.cat/log.jsonl" 2>/dev/null
+    json=$(jsonl_ok $files 2>&1) && json=ok
+    if [ $rc = 0 ] && [ "$(grep -c "^warning: $out/log.jsonl $said" "$out.log")" = 1 ] && [ "$(grep -c '^warning' "$out.log")" = 1 ] &&
+        [ "$json" = ok ] && [ "$(losses "$out.cat")" = "$want" ] && [ -n "$want" ]; then pass
+    else fail "log.jsonl $action at step 3: rc $rc, JSON: $json"; grep -i "warning\|fault\|error" "$out.log"; fi
+    echo "test_dist: log.jsonl $action at step 3: $(grep "^warning: .*log.jsonl" "$out.log")"
+done
+echo "test_dist: log.jsonl truncated, rotated and deleted under the trainer done in $(( $(date +%s) - t0 )) s"
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]

@@ -744,3 +744,42 @@ TEST_CASE("hardening 11: prepare_text.py: val_frac range, unwritable out_dir, st
     REQUIRE(shell(py + "--out_dir " + d + "/a --force", d) == 0);
     CHECK(glob_files(d + "/a/a_train_*.bin").size() == 1);
 }
+
+TEST_CASE("hardening 5b: log.jsonl truncated, rotated or deleted under the logger: valid lines, one warning each") {
+    Fixture fx;
+    const std::string path = fx.dir + "/log.jsonl", err = fx.dir + "/logger_err.txt";
+    // the logger's stderr into a file for the duration
+    fflush(stderr);
+    const int saved = dup(2), to = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE((saved >= 0 && to >= 0 && dup2(to, 2) == 2));
+    close(to);
+    {
+        JsonlLogger log;
+        log.open_for_run(path, -1);
+        for (int s = 0; s < 3; s++) log.write({{"step", (double)s}, {"loss", 2.5}});
+        REQUIRE(truncate(path.c_str(), 0) == 0);  // copytruncate (the copy aside) of 3 x 22 bytes
+        log.write({{"step", 3}, {"loss", 2.5}});
+        log.write({{"step", 4}, {"loss", 2.5}});
+        CHECK(read_file(path) == "{\"step\":3,\"loss\":2.5}\n{\"step\":4,\"loss\":2.5}\n");  // no NUL gap
+        REQUIRE(rename(path.c_str(), (path + ".1").c_str()) == 0);  // rename + create
+        { std::ofstream created(path); }
+        log.write({{"step", 5}, {"loss", 2.5}});
+        CHECK(read_file(path) == "{\"step\":5,\"loss\":2.5}\n");
+        CHECK(read_file(path + ".1") == "{\"step\":3,\"loss\":2.5}\n{\"step\":4,\"loss\":2.5}\n");
+        REQUIRE(unlink(path.c_str()) == 0);  // deleted
+        log.write({{"step", 6}, {"loss", 2.5}});
+        log.write({{"step", 7}, {"loss", 2.5}});
+        CHECK(read_file(path) == "{\"step\":6,\"loss\":2.5}\n{\"step\":7,\"loss\":2.5}\n");
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    const std::string said = read_file(err);
+    INFO(said);
+    CHECK(said == "warning: " + path + " was truncated during the run (to 0 of its 66 bytes, as logrotate's "
+                  "copytruncate does): logging on from its new end\n"
+                  "warning: " + path + " was replaced during the run (moved away, as logrotate does): logging into "
+                  "the new file\n"
+                  "warning: " + path + " was deleted during the run: logging into a new one\n");
+    CHECK(strict_jsonl(path, fx.dir));
+}
