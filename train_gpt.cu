@@ -461,12 +461,12 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
     const LayerTensors<float>& dw = m.g.layers[l];
     if (c.is_moe(l)) {
         // the experts' weight gradients, one per source rank (--ep: the rows of ep rank p go to leaf
-        // p, which folds as that rank's micro-batch would: zero.h's reduce_scatter_add; stages 0-1
-        // add them into the accumulator in source order)
+        // p, which folds as that rank's micro-batch (stages 2-3) or its step's micro-batches (stages
+        // 0-1, a leaf accumulator per source) would: zero.h's reduce_scatter_add / _sum)
         const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(m.B, m.T);
-        const size_t leaf = m.zero.leaf_stride(m.seg_local[c.n_layer + 2 + l]);
+        const int seg = m.seg_local[c.n_layer + 2 + l];
         for (int p = 0; p < ls.ep; p++) {
-            const size_t rows = (size_t)p * ls.n_expert * cap, at = p * leaf;
+            const size_t rows = (size_t)p * ls.n_expert * cap, at = m.zero.leaf_at(seg, p);
             matmul_backward_batched((floatX*)nullptr, dw.fcprojw + at, dw.fcprojb + at, d.d_ffn_out + rows * C,
                                     a.fch_act + rows * He, (const floatX*)nullptr, ls.n_expert, cap, He, C);
             matmul_backward_batched((floatX*)nullptr, dw.fcw + at, dw.fcb + at, d.d_fch + rows * 2 * He,

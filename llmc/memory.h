@@ -95,6 +95,7 @@ struct MemoryEstimate {
     double params = 0, grads = 0, grad_buffers = 0, master = 0, moments = 0, activations = 0, batch = 0, scratch = 0;  // device
     double host_master = 0, host_moments = 0, host_staging = 0;                                      // host arenas
     double host = 0;
+    double expert_leaves = 0;  // of grads: -z 0/1 with --ep, the experts' accumulators of the other source ranks
     double buffers() const { return params + grads + grad_buffers + master + moments + activations + batch + scratch; }
     double host_arenas() const { return host_master + host_moments + host_staging; }
     static MemoryEstimate of(const MemoryArenas& a) {

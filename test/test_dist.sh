@@ -5,10 +5,8 @@
 # losses and gradient norms equal). The order of the step's gradient sum is the layout's gradient
 # blocks (llmc/gpt/layout.h: -z 0/1 a block per dp rank, -z 2/3 a block per micro-batch, with pp
 # -z 2/3 one block), printed at start-up; the one process is given the same --grad_blocks
-# (ref_for). Not bitwise, by design (docs/PARALLELISM.md): -z 0/1 with --ep over more than one
-# expert-dp rank (the experts' owner adds its sources' gradients round by round), and resumes that
-# change the blocks: held to 1e-6 relative on every logged loss and gradient norm over 8 steps
-# (close_run, test/compare_runs.py; the MoE case where the model is continuous, section 10).
+# (ref_for). Not bitwise: resumes that change the blocks, held to 1e-6 relative on every logged
+# loss and gradient norm over 8 steps (close_run, test/compare_runs.py).
 #   1. matrix: np 1..4 x --zero 0..3, a dense and an MoE model (parameter counts not divisible
 #      by 3 or 4), 8 steps of 2 micro-batches per rank, vs one process with np x 2 micro-batches;
 #      -z 0/1 with one micro-batch per rank (bitwise); the bytes per step of every collective ==
@@ -27,7 +25,7 @@
 #   8. --offload optimizer: np 2 -z 1/3 (dense, MoE), pp 2 and a resume that turns it on, bitwise
 #   9. tensor parallelism op by op (test/test_tp) under np 2, 3, 4 and 6: row- and column-parallel
 #      linears, vocab-parallel loss, attention activations and gradients vs the unsplit model
-#  10. expert parallel: --ep 2/4, both routing groups, -z 1/3, pp 2, tp 2, reshards, bad layouts
+#  10. expert parallel: --ep 2/4, both routing groups, -z 0/1/3, pp 2, tp 2, reshards, bad layouts
 #  11. what clusters do to a run: a stopped rank (SIGSTOP, np 4 dp and pp) ends the job within
 #      --comm_timeout + 10 s naming it, a slow checkpoint write does not; SIGTERM / SIGINT at a
 #      random step (one process, np 2, np 4) stop with a checkpoint of the stopping step and resume
@@ -460,32 +458,26 @@ if [ -x "$TPBIN" ]; then
 else fail "test/test_tp is not built (make test/test_tp)"; fi
 
 # ---- 10. expert parallel: --ep 2 and 4 with dp 4, both routing groups, MoE every 1 and 2 blocks,
-# -z 1 and -z 3, with pp 2 and with tp, 8 steps: -z 3 bitwise one process (each owner folds one
-# leaf per source rank in global micro-batch order). -z 1 is not bitwise (the experts' owner adds
-# its sources' gradients round by round, not rank by rank: keeping them apart would cost a gradient
-# copy per source); it is held to 1e-6 of the one process with the layout's blocks where the model
-# is continuous, every expert taking every token (capacity factor = n_expert): at a partial
-# capacity expert choice turns a rounding-level difference into another routing within a few steps
-# (observed 2.9e-3 over 8 steps at 1.5). The all-to-alls are sized at start-up: the host bytes (the only
-# way a size could be asked for at run time) equal the run without --ep, and the measured bytes the theory.
+# -z 0, 1 and 3, with pp 2 and with tp, 8 steps at capacity factor 1.5, each bitwise one process
+# with the layout's blocks: the experts' owner keeps one leaf gradient per source rank (-z 2/3: per
+# micro-batch, -z 0/1: per step, a source's sum being that rank's block) and folds them in the dp
+# ranks' order. The all-to-alls are sized at start-up: the host bytes (the only way a size could be
+# asked for at run time) equal the run without --ep, and the measured bytes the theory.
 t0=$(date +%s)
 EPMOE="$COMMON --n_layer 4 --n_embd 32 --n_head 4 --n_kv_head 2 --ffn_hidden 64 --n_expert 4 --expert_hidden 32"
 TOKEP=$((B * T * 4 * 2))
 for grouping in batch position; do
     for every in 1 2; do
         ARGS="$EPMOE --moe_every $every --moe_group $grouping --capacity_factor 1.5"
-        FULL="$EPMOE --moe_every $every --moe_group $grouping --capacity_factor 4"
         np4=$W/ep.np4.$grouping.$every
-        run 4 "$np4" $FULL -d $TOKEP -x 8 -z 1 || fail "ep 1 np 4 $grouping"
-        for case in "4 2 -z 1" "4 4 -z 3" "4 2 -z 3 --pp 2" "8 2 -z 1 --tp 2 --sp"; do
+        run 4 "$np4" $ARGS -d $TOKEP -x 8 -z 1 || fail "ep 1 np 4 $grouping"
+        for case in "4 2 -z 1" "4 2 -z 0" "4 4 -z 0" "4 4 -z 3" "4 2 -z 1 --pp 2" "4 2 -z 3 --pp 2" "8 2 -z 1 --tp 2 --sp"; do
             set -- $case; np=$1 ep=$2; shift 2
             [ $every = 1 ] && [ $np = 8 ] && continue  # keep the np 8 case to one model
             out=$W/ep.$grouping.$every.np$np.ep$ep.$(echo "$*" | tr -d ' -')
-            model=$ARGS; [[ "$*" == *"-z 1"* ]] && model=$FULL
-            if run $np "$out" $model -d $TOKEP -x 8 --ep $ep "$@"; then
-                ref_for "$out" $model -d $TOKEP -x 8
-                if [[ "$*" == *"-z 1"* ]]; then close_run "$REF" "$out" "ep $ep $grouping every $every $* (every token to every expert) vs one process"
-                else same_run "$REF" "$out" 8 "ep $ep $grouping every $every $* vs one process"; fi
+            if run $np "$out" $ARGS -d $TOKEP -x 8 --ep $ep "$@"; then
+                ref_for "$out" $ARGS -d $TOKEP -x 8
+                same_run "$REF" "$out" 8 "ep $ep $grouping every $every $* vs one process"
                 comm_theory "$out" "ep $ep $grouping $*"
                 if [ "$np $*" = "4 -z 1" ]; then  # the same layout without --ep: the same host bytes
                     h_ep=$(grep -o "host (scalars) [0-9]*" "$out.log"); h1=$(grep -o "host (scalars) [0-9]*" "$np4.log")

@@ -228,6 +228,14 @@ static void zero_gather_grads_start(GPT& m, int s) {
 // (zero_reduce_finish) they are waited for. They complete in start order (a segment's micro-batches
 // add in order). So a micro-batch's last reductions run behind the next one's forward instead of
 // stopping it.
+// Stages 0-1: an expert segment's leaves 1.. (--ep: the step's sums of the ep group's other source
+// ranks, after padded_total in the accumulator's allocation); none for the others
+static std::vector<const float*> extra_leaves(const GPT& m, int s) {
+    const ZeroLayout& z = m.zero;
+    std::vector<const float*> leaves;
+    for (int p = 1; p < z.segs[s].n_leaves; p++) leaves.push_back(m.grad_acc + z.segs[s].padded_offset + z.leaf_at(s, p));
+    return leaves;
+}
 // completes the oldest reduction in flight (if any)
 static void zero_reduce_complete(GPT& m) {
     if (m.zs.in_flight.empty()) return;
@@ -235,8 +243,8 @@ static void zero_reduce_complete(GPT& m) {
     const int s = r.s;
     const ZeroLayout& z = m.zero;
     if (z.grads_in_acc()) {
-        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), r.req, seg_reduce_group(z, s),
-                                  m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), r.scratch);
+        reduce_scatter_sum_finish(AccumulateGrads(), ZeroFloats(), r.leaf_reqs, seg_reduce_group(z, s),
+                                  m.grad_acc + z.segs[s].padded_offset, z.shard_len(s), r.scratch, extra_leaves(m, s));
     } else {
         reduce_scatter_add_finish(AccumulateGrads(), r.leaf_reqs, seg_reduce_group(z, s), m.grad_acc + z.acc_own(s),
                                   m.grad_slots.find(s), z.shard_len(s), r.scratch, z.segs[s].n_leaves);
@@ -260,8 +268,8 @@ static void zero_reduce_begin(GPT& m) {
         r.scratch = m.zs.free_scratch.back();
         m.zs.free_scratch.pop_back();
         if (z.grads_in_acc())
-            r.req = reduce_scatter_sum_start(seg_reduce_group(z, s), m.grad_acc + z.segs[s].padded_offset, z.shard_len(s),
-                                             r.scratch);
+            r.leaf_reqs = reduce_scatter_sum_start(seg_reduce_group(z, s), m.grad_acc + z.segs[s].padded_offset,
+                                                   z.shard_len(s), r.scratch, extra_leaves(m, s));
         else
             r.leaf_reqs = reduce_scatter_add_start(seg_reduce_group(z, s), m.grad_slots.find(s), z.shard_len(s), r.scratch,
                                                    z.segs[s].n_leaves);
@@ -270,7 +278,6 @@ static void zero_reduce_begin(GPT& m) {
 }
 static bool zero_reduce_ready(GPT& m) {
     ZeroInFlight::Reduction& r = m.zs.in_flight.front();
-    if (m.zero.grads_in_acc()) return comm_done_early(r.req);
     for (CommRequest& q : r.leaf_reqs)
         if (!comm_done_early(q)) return false;
     return true;
@@ -412,7 +419,8 @@ static void zero_drain(GPT& m) {
 // still to read their gradient (zero_update_segment clears those after it).
 static void zero_clear_grads(GPT& m) {
     const ZeroLayout& z = m.zero;
-    if (m.zs.n_pending == 0) return buffer_zero(m.grad_acc, z.acc_elems() * sizeof(float));
+    if (m.zs.n_pending == 0) return buffer_zero(m.grad_acc, z.acc_alloc_elems() * sizeof(float));
+    if (z.extra_leaves > 0) buffer_zero(m.grad_acc + z.acc_elems(), z.extra_leaves * sizeof(float));
     for (int s = 0; s < (int)z.segs.size(); s++)
         if (!m.zs.update_pending[s]) buffer_zero(m.grad_acc + z.segs[s].padded_offset, z.segs[s].padded * sizeof(float));
 }

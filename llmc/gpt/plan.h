@@ -189,7 +189,7 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     const int zero_stage = z.stage;
     const size_t fx = m.elem_bytes;
     m.params = (floatX*)take(m, MEM_PARAMS, z.params_elems() * fx);
-    m.grad_acc = (float*)take(m, MEM_GRADS, z.acc_elems() * sizeof(float));
+    m.grad_acc = (float*)take(m, MEM_GRADS, z.acc_alloc_elems() * sizeof(float));  // (with -z 0/1's expert leaves)
     // --offload optimizer: the master (the CPU build too: a host copy of its fp32 params), the
     // moments and the gradient staging of what this rank updates go to the host arenas
     const bool host_state = m.offload == OFFLOAD_OPTIMIZER;
@@ -485,6 +485,7 @@ static MemoryEstimate gpt_memory_estimate(const GPTConfig& c, int B, int T, cons
     plan.mem.plan_only = true;
     gpt_allocate(plan, c, B, T, layout);
     MemoryEstimate e = MemoryEstimate::of(plan.mem);
+    e.expert_leaves = (double)plan.zero.extra_leaves * sizeof(float);
     // host (pageable) staging: init, checkpoint loads and saves stream the state through one chunk
     // per array (gpt_set_state, gpt_write_state: params, adam m, adam v in fp32 and the params'
     // type; verify_checkpoint reads at most as many bytes), not the table; plus the batch vectors of

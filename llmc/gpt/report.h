@@ -53,6 +53,8 @@ static void print_memory_plan(const PlanInputs& in) {
     };
     row("params (+ stage-3 slots)", &MemoryEstimate::params);
     row("grads (fp32 accumulator)", &MemoryEstimate::grads);
+    if (L.plan_ep > 1)  // (bitwise one process: a source rank's sum is its block; docs/PARALLELISM.md)
+        row("  of which expert leaves (-z 0/1)", &MemoryEstimate::expert_leaves);
     row("grad buffers (slots, recv, head)", &MemoryEstimate::grad_buffers);
     row("master weights (fp32)", &MemoryEstimate::master);
     row("adam moments (fp32)", &MemoryEstimate::moments);
@@ -377,10 +379,11 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
 // ZeRO-3 / FSDP (per micro-batch two all-gathers of the params and a reduce-scatter; ours: zero3_gathers). Each with a
 // ring's (N - 1) / N of the bytes per rank, on the same flat buffer (segments padded to a multiple
 // of dp * NORM_CHUNK: the anchors pad their buckets too), fp32 gradients (4 bytes) and the build's
-// params (sizeof(floatX)). head: the tied head's gradient where it is reduced on its own
-// (TIED_PER_STEP: -z 2/3 with pp, the two uses of the tied weight on two stages, as in Megatron's
-// embedding group); elsewhere it joins the embedding's gradient before the one reduction, as the
-// anchors do (llmc/gpt/layout.h).
+// params (sizeof(floatX)); an expert segment's gradient elements are its n_leaves leaves (--ep: a
+// sum per source rank, which is what keeps its fold the dp ranks' order). head: the tied head's
+// gradient where it is reduced on its own (TIED_PER_STEP: -z 2/3 with pp, the two uses of the tied
+// weight on two stages, as in Megatron's embedding group); elsewhere it joins the embedding's
+// gradient before the one reduction, as the anchors do (llmc/gpt/layout.h).
 struct ZeroVolume {
     double all_to_all = 0, all_gather = 0, head = 0;
     double next_step = 0;  // -z 3: the gathers of the next step's first segments (after the update)
@@ -439,19 +442,22 @@ static ZeroVolume zero_comm_volume(const GPT& m, int grad_accum) {
         const Segment& seg = z.segs[s];
         const double sh = (seg.dp - 1.0) / seg.dp, n = (double)seg.padded;
         const int layer = segment_layer(seg.id, m.config.n_layer);
-        // stages 0-1: reduce_scatter_sum of the accumulator once per step; 2-3: reduce_scatter_add
-        // of every micro-batch's leaves (one per source rank of an expert segment)
-        v.all_to_all += z.grads_in_acc() ? sh * g4 * n : k * sh * g4 * n * seg.n_leaves;
+        // stages 0-1: reduce_scatter_sum of the accumulator (an expert segment's leaves: one per
+        // source rank) once per step; 2-3: reduce_scatter_add of every micro-batch's leaves
+        v.all_to_all += z.grads_in_acc() ? sh * g4 * n * seg.n_leaves : k * sh * g4 * n * seg.n_leaves;
         if (z.stage == 0) v.all_gather += sh * g4 * n;                          // completes the all-reduce
         if (z.stage == 1 || z.stage == 2) v.all_gather += sh * fx * n;          // updated params
         if (z.stage == 3) {  // (an expert segment with its block)
             v.all_gather += gathers[layer >= 0 ? layer + 1 : seg.id] * sh * fx * n;
             v.next_step += next[layer >= 0 ? layer + 1 : seg.id] * sh * fx * n;
         }
-        v.ddp += 2 * sh * g4 * n;
-        v.megatron += sh * g4 * n + sh * fx * n;
-        v.zero2 += k * sh * g4 * n + sh * fx * n;
-        v.zero3 += k * (2 * sh * fx * n + sh * g4 * n);
+        // (the anchors' gradient elements: an expert segment's are its leaves, one per source rank,
+        // as the experts' gradients are on the dp ranks without --ep)
+        const double ng = n * seg.n_leaves;
+        v.ddp += 2 * sh * g4 * ng;
+        v.megatron += sh * g4 * ng + sh * fx * n;
+        v.zero2 += k * sh * g4 * ng + sh * fx * n;
+        v.zero3 += k * (2 * sh * fx * n + sh * g4 * ng);
     }
     return v;
 }

@@ -29,7 +29,11 @@
 //   into the rank's fp32 accumulator over all of its micro-batches, and each segment is reduced
 //   once per step, when its last micro-batch's gradient is final (reduce_scatter_sum: the owners
 //   add every rank's sum in rank order; stage 0 then all-gathers the reduced fp32 slices, stage 1
-//   the updated params): a block per rank (DDP no_sync's order; docs/PARALLELISM.md).
+//   the updated params): a block per rank (DDP no_sync's order; docs/PARALLELISM.md). An expert
+//   segment with n_leaves sources (--ep) keeps one accumulator per source rank over the step (the
+//   first in the accumulator's place, the others after padded_total: leaf_at), so that each
+//   source's sum is that rank's block and the owners fold the leaves in (rank, source) order: the
+//   dp ranks' order.
 // (On the CPU build; the GPU kernels are deterministic too, but their gradient norm is summed per
 // segment, see grad_norm_squared.)
 #ifndef LLMC_ZERO_H
@@ -50,8 +54,8 @@ constexpr size_t NORM_CHUNK = 2048;
 // sharded over the expert-data-parallel group (the ranks that hold the same experts, --ep) instead
 // of the whole dp group, and with expert parallelism the experts' owner computes one gradient per
 // source rank of its ep group (n_leaves): stages 2-3 keep them apart, n_leaves leaves back to back,
-// folded in global micro-batch order (reduce_scatter_add); stages 0-1 add them straight into the
-// accumulator in source order.
+// folded in global micro-batch order (reduce_scatter_add); stages 0-1 keep n_leaves accumulators
+// over the step, folded once per step in (rank, source) order (reduce_scatter_sum with leaves).
 struct SegmentSpec {
     std::string name;
     int id = 0;
@@ -70,6 +74,7 @@ struct Segment {
     size_t padded = 0;          // len rounded up to a multiple of dp * NORM_CHUNK
     size_t padded_offset = 0;   // where it starts in the padded space
     size_t shard_offset = 0;    // where the rank's slice starts in the shard space
+    size_t extra_offset = 0;    // stages 0-1, n_leaves > 1: where leaves 1.. start after padded_total
 };
 
 struct ZeroLayout {
@@ -77,6 +82,8 @@ struct ZeroLayout {
     std::vector<Segment> segs;
     size_t table_total = 0, padded_total = 0, shard_total = 0, max_padded = 0;
     size_t max_leaves = 0;  // the largest segment's n_leaves * padded (a stage 2-3 gradient slot)
+    size_t extra_leaves = 0;  // stages 0-1: the leaves 1.. of the expert segments, after padded_total
+    size_t max_summed = 0;    // stages 0-1: the most elements one reduce_scatter_sum receives
 
     size_t shard_len(int s) const { return segs[s].padded / segs[s].dp; }
     size_t own_begin(int s) const { return (size_t)segs[s].rank * shard_len(s); }  // segment-relative
@@ -90,12 +97,20 @@ struct ZeroLayout {
     size_t params_elems() const { return params_sharded() ? shard_total : padded_total; }
     size_t state_elems() const { return state_sharded() ? shard_total : padded_total; }
     size_t acc_elems() const { return acc_sharded() ? shard_total : padded_total; }
-    // stages 0-1: the ops add straight into the accumulator (several sources of an expert segment
-    // too, in source order); stages 2-3: into a slot of n_leaves leaves, padded elements apart
+    // the accumulator's allocation: acc_elems, then (stages 0-1) the expert segments' leaves 1..
+    size_t acc_alloc_elems() const { return acc_elems() + extra_leaves; }
+    // stages 0-1: the ops add straight into the accumulator (an expert segment's source p > 0 into
+    // its own leaf after padded_total); stages 2-3: into a slot of n_leaves leaves, padded elements
+    // apart
     bool grads_in_acc() const { return !acc_sharded(); }
-    size_t leaf_stride(int s) const { return grads_in_acc() ? 0 : segs[s].padded; }
+    // how far leaf p of segment s's gradient is from leaf 0 (where its pointers point), in elements
+    size_t leaf_at(int s, int p) const {
+        if (!grads_in_acc()) return (size_t)p * segs[s].padded;
+        if (p == 0) return 0;
+        return padded_total + segs[s].extra_offset + (size_t)(p - 1) * segs[s].padded - segs[s].padded_offset;
+    }
     // the most elements one reduction of a segment sends (reduce_scatter_add / _sum's scratch)
-    size_t max_reduced() const { return grads_in_acc() ? max_padded : max_leaves; }
+    size_t max_reduced() const { return grads_in_acc() ? max_summed : max_leaves; }
     // the rank's slice of segment s in the accumulator, master/moment and param buffers
     size_t acc_own(int s) const { return acc_sharded() ? segs[s].shard_offset : padded_index(s, own_begin(s)); }
     size_t state_own(int s) const { return state_sharded() ? segs[s].shard_offset : padded_index(s, own_begin(s)); }
@@ -132,8 +147,14 @@ inline ZeroLayout zero_layout(const std::vector<SegmentSpec>& specs, size_t tabl
         z.shard_total += s.padded / s.dp;
         z.max_padded = std::max(z.max_padded, s.padded);
         z.max_leaves = std::max(z.max_leaves, s.n_leaves * s.padded);
+        z.max_summed = std::max(z.max_summed, (s.dp > 1 ? s.n_leaves : 1) * s.padded);
         z.segs.push_back(s);
     }
+    for (Segment& s : z.segs)
+        if (z.grads_in_acc() && s.n_leaves > 1) {
+            s.extra_offset = z.extra_leaves;
+            z.extra_leaves += (size_t)(s.n_leaves - 1) * s.padded;
+        }
     return z;
 }
 
@@ -182,8 +203,7 @@ struct ZeroInFlight {
     struct Reduction {
         int s = -1;
         bool last = false;                 // the segment's gradient is final with it (--offload downloads it)
-        CommRequest req;                   // stages 0-1
-        std::vector<CommRequest> leaf_reqs;  // stages 2-3
+        std::vector<CommRequest> leaf_reqs;  // its transfers (one per leaf)
         float* scratch = nullptr;          // its receive buffer
     };
     std::deque<Reduction> in_flight;       // oldest first, at most one per receive buffer
@@ -247,18 +267,35 @@ inline void reduce_scatter_add(const Add& add, const CommGroup& g, float* acc_ow
 // the backward: reduce_scatter_sum_start starts the all-to-all into scratch (g.size * chunk; acc
 // and scratch stay untouched until the finish), _finish completes it and adds the received slices
 // into the zeroed own slice. zero(p, n): p[0, n) = 0.
-inline CommRequest reduce_scatter_sum_start(const CommGroup& g, const float* acc, size_t chunk, float* scratch) {
-    if (g.size == 1) return CommRequest();
-    return all_to_all_start(g, acc, scratch, chunk * sizeof(float));
+// leaves: an expert segment's further sums (--ep: leaf k the step's sum of source rank k > 0 of
+// the ep group, leaf 0 being acc), each g.size * chunk elements, scratch n_leaves times as large:
+// the owner adds them in (rank r, leaf k) order, rank r's leaf k being dp rank r * n_leaves + k's
+// block; one group member: acc += leaf 1, leaf 2, ... in place.
+inline std::vector<CommRequest> reduce_scatter_sum_start(const CommGroup& g, const float* acc, size_t chunk, float* scratch,
+                                                         const std::vector<const float*>& leaves = {}) {
+    std::vector<CommRequest> reqs;
+    if (g.size == 1) return reqs;
+    const size_t leaf = (size_t)g.size * chunk;
+    reqs.push_back(all_to_all_start(g, acc, scratch, chunk * sizeof(float)));
+    for (size_t k = 0; k < leaves.size(); k++)
+        reqs.push_back(all_to_all_start(g, leaves[k], scratch + (k + 1) * leaf, chunk * sizeof(float)));
+    return reqs;
 }
 template <typename Add, typename Zero>
-inline void reduce_scatter_sum_finish(const Add& add, const Zero& zero, CommRequest& req, const CommGroup& g, float* acc,
-                                      size_t chunk, const float* scratch) {
-    comm_finish(req);
-    if (g.size == 1) return;
+inline void reduce_scatter_sum_finish(const Add& add, const Zero& zero, std::vector<CommRequest>& reqs, const CommGroup& g,
+                                      float* acc, size_t chunk, const float* scratch,
+                                      const std::vector<const float*>& leaves = {}) {
+    for (CommRequest& r : reqs) comm_finish(r);
+    reqs.clear();
+    const size_t leaf = (size_t)g.size * chunk;
+    if (g.size == 1) {
+        for (const float* l : leaves) add(acc, l, chunk);
+        return;
+    }
     float* own = acc + (size_t)g.rank * chunk;
     zero(own, chunk);
-    for (int r = 0; r < g.size; r++) add(own, scratch + (size_t)r * chunk, chunk);
+    for (int r = 0; r < g.size; r++)
+        for (size_t k = 0; k <= leaves.size(); k++) add(own, scratch + k * leaf + (size_t)r * chunk, chunk);
 }
 
 // Squared L2 norm of the accumulated gradient over the whole model, the same on every rank of the
