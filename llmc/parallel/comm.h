@@ -585,7 +585,7 @@ inline Comm& comm_init(int* argc, char*** argv) {
     Comm& c = comm_world();
     if (c.initialized) return c;
 #ifdef LLMC_MPI
-    startup_watch().allowance_s = startup_allowance_s(*argc, *argv);
+    startup_watch().allowance_s = argc && argv ? startup_allowance_s(*argc, *argv) : startup_allowance_s(0, nullptr);
     startup_watch_arm("the start-up (MPI_Init, the communicators, NCCL's id exchange)");
     if (const char* v = getenv("LLMC_FAULT_STARTUP_STALL")) {  // fault injection for the tests: this rank stalls
         const char* rank = getenv("OMPI_COMM_WORLD_RANK");
