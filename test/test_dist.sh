@@ -923,5 +923,51 @@ for action in copytruncate create remove; do
 done
 echo "test_dist: log.jsonl truncated, rotated and deleted under the trainer done in $(( $(date +%s) - t0 )) s"
 
+# ---- 16. multiple choice and --eval_only (scripts/prepare_mc.py --format continuation, --eval_mc): a
+# model that has learned 24 documents picks their own continuations (acc well above the 0.25 of
+# chance; about chance after one step), and a checkpoint's evaluation gives the same val loss, bits
+# per byte and accuracies in one process, dp 2, pp 2, tp 2 and dp 2 -z 3
+t0=$(date +%s)
+MC=$W/mc; mkdir -p "$MC"
+python3 - "$MC" <<'PY'
+import json, random, sys
+r = random.Random(3)
+words = "the quick brown fox jumps over lazy dog river mountain song light rain city road book".split()
+docs = [" ".join(r.choice(words) for _ in range(14)) for _ in range(24)]
+open(sys.argv[1] + "/docs.txt", "w").write("\n\n".join(docs) + "\n")
+with open(sys.argv[1] + "/docs.jsonl", "w") as f:
+    for d in docs: f.write(json.dumps({"text": d}) + "\n")
+PY
+python3 dev/data/prepare_text.py "$MC/docs.txt" --sep blank --out_dir "$MC/data" --val_frac 0.2 >/dev/null &&
+    python3 scripts/prepare_mc.py "$MC/docs.jsonl" "$MC/mc.bin" --context_chars 30 --ending_chars 16 >/dev/null ||
+    fail "prepare_mc.py --format continuation"
+MCRUN="-i $MC/data/*_train_*.bin -j $MC/data/*_val_*.bin --n_layer 2 --n_embd 32 --n_head 4 -l 1e-2 -g 0 --eval_mc $MC/mc.bin"
+mc_acc() { grep -o "mc acc [0-9.]*" "$1" | tail -1 | cut -d' ' -f3; }
+run 1 "$MC/first" $MCRUN -b 4 -t 32 -m 1 -x 1 -n 0 && run 1 "$MC/trained" $MCRUN -b 4 -t 32 -m 1 -x 120 -v 120 ||
+    fail "multiple-choice training runs"
+first=$(mc_acc "$MC/first.log"); trained=$(mc_acc "$MC/trained.log")
+if python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(not (a <= 0.5 and b >= 0.7))" "$first" "$trained"; then pass
+else fail "multiple choice: acc after 1 step $first (expected about 0.25), after 120 steps $trained (expected >= 0.7)"; fi
+grep -q '"mc_acc":' "$MC/trained/log.jsonl" && grep -q '"mc_acc_norm":' "$MC/trained/log.jsonl" || fail "mc_acc not in log.jsonl"
+echo "test_dist: multiple choice: acc $first after 1 step, $trained after 120 steps (24 items, chance 0.25)"
+ck=$MC/trained/ckpt_000000120.bin
+for layout in "1" "2" "2 --pp 2" "2 --tp 2" "2 -z 3"; do
+    name=eval.$(echo $layout | tr ' ' _); set -- $layout; np=$1; shift
+    run $np "$MC/$name" --eval_only -y "$ck" -i "$MC/data/*_train_*.bin" -j "$MC/data/*_val_*.bin" -m 2 \
+        --eval_mc "$MC/mc.bin" "$@" || fail "--eval_only np $layout"
+    grep "^eval of step 120" "$MC/$name.log" > "$MC/$name.line"
+    [ "$np" = 1 ] || { [ -s "$MC/eval.1.line" ] && cmp -s "$MC/eval.1.line" "$MC/$name.line" && pass ||
+        fail "--eval_only np $layout: '$(cat "$MC/$name.line")' vs one process '$(cat "$MC/eval.1.line")'"; }
+done
+grep -qE "^eval of step 120 \| val loss [0-9.]+ \| [0-9.]+ bits per byte \| mc acc [0-9.]+ acc_norm [0-9.]+ \(24 items\)$" \
+    "$MC/eval.1.line" && [ ! -e "$MC/eval.1/log.jsonl" ] && pass || fail "--eval_only's line: $(cat "$MC/eval.1.line")"
+echo "test_dist: eval: $(cat "$MC/eval.1.line")"
+run 1 "$MC/noeval" --eval_only -i "$MC/data/*_train_*.bin" --n_layer 2 --n_embd 32 --n_head 4
+grep -q "eval_only: give the model to evaluate with --resume" "$MC/noeval.log" && pass || fail "--eval_only without a model"
+printf 'LLMCMCQA\1\0\0\0' > "$MC/bad.bin"; head -c 60 /dev/zero >> "$MC/bad.bin"
+run 1 "$MC/badmc" --eval_only -y "$ck" -i "$MC/data/*_train_*.bin" -j "$MC/data/*_val_*.bin" -m 1 --eval_mc "$MC/bad.bin"
+grep -q "eval_mc $MC/bad.bin: holds no items" "$MC/badmc.log" && pass || { fail "a bad --eval_mc file"; tail -2 "$MC/badmc.log"; }
+echo "test_dist: multiple choice and --eval_only done in $(( $(date +%s) - t0 )) s"
+
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]

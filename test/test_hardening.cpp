@@ -590,7 +590,7 @@ TEST_CASE("--plan --device: every card of the table plans; a T4 plan of GPT-2 12
               std::string::npos);
         CHECK(out.find(strfmt(" %.2f GiB\n", (card.free_bytes() - device_headroom_bytes(1, 1, 1, 1)) / GiB)) !=
               std::string::npos);
-        if (!card.bf16) CHECK(out.find("today's binary cannot run there") != std::string::npos);
+        if (!card.bf16) CHECK(out.find("no bf16: the fp16 build's plan (make train_gpt PRECISION=fp16") != std::string::npos);
         CHECK(planned_card_sms() == 0);  // the card's SMs were the plan's alone
     }
     // GPT-2 124M on one T4: the plan's bytes (fp16-sized: 2-byte params and activations) for its 40 SMs
