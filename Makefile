@@ -138,35 +138,28 @@ dev/cuda/bin/train_gpt_single: train_gpt.cu $(HEADERS) $(BUILD_FLAGS) $(wildcard
 # the sm_80 code path (A100, RTX 3090 / 4090, L4), JIT-compiled by the driver of whatever card runs
 # them. Their flags are fixed, so building them never changes the build stamp (which would rebuild
 # every other CUDA target)
-NVCCFLAGS_JIT80 := $(NVCC_BASE) -gencode arch=compute_80,code=compute_80
-dev/cuda/bin/jit80/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)
-	@mkdir -p dev/cuda/bin/jit80
-	$(NVCC) $(NVCCFLAGS_JIT80) -lineinfo $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
-dev/cuda/bin/jit80/train_gpt: train_gpt.cu $(HEADERS)
-	@mkdir -p dev/cuda/bin/jit80
-	$(NVCC) $(NVCCFLAGS_JIT80) train_gpt.cu $(CUDA_LIBS) -o $@
+NVCCFLAGS_jit80 := $(NVCC_BASE) -gencode arch=compute_80,code=compute_80
 
 # the fp16 build for sm_75 (T4, RTX 20xx) as `make train_gpt PRECISION=fp16 GPU_ARCH=sm_75` makes it
 # (sm_75 SASS + compute_75 PTX), single GPU (no MPI, no NCCL), apart from the default build (own folder,
 # fixed flags: building it never touches the build stamp). make test compiles both (the trainer with
 # the resource check against dev/cuda/kernel_resources/sm_75.txt)
-NVCCFLAGS_FP16_75 := $(NVCC_BASE) -DLLMC_FP16 $(call gencode,sm_75)
+NVCCFLAGS_fp16 := $(NVCC_BASE) -DLLMC_FP16 $(call gencode,sm_75)
 dev/cuda/bin/fp16/train_gpt: train_gpt.cu $(HEADERS) $(wildcard dev/cuda/kernel_resources/*.txt)
 	@mkdir -p dev/cuda/bin/fp16
-	$(call nvcc_checked,$(NVCC) $(NVCCFLAGS_FP16_75) train_gpt.cu $(CUDA_LIBS) -o $@)
-dev/cuda/bin/fp16/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)
-	@mkdir -p dev/cuda/bin/fp16
-	$(NVCC) $(NVCCFLAGS_FP16_75) -lineinfo $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
+	$(call nvcc_checked,$(NVCC) $(NVCCFLAGS_fp16) train_gpt.cu $(CUDA_LIBS) -o $@)
 # the device check's fp16 binaries (scripts/device_check.sh --prepare): compute_75 PTX only, which the
 # H200's driver JIT-compiles, so the sm_75 code path (two m16n8k8 fp16 mma per product, plain copies for
 # cp.async) runs on a card we have; without the sm_75 SASS they take half the bytes (the carry limit)
-NVCCFLAGS_JIT75 := $(NVCC_BASE) -DLLMC_FP16 -gencode arch=compute_75,code=compute_75
-dev/cuda/bin/jit75/test_gpu: test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)
-	@mkdir -p dev/cuda/bin/jit75
-	$(NVCC) $(NVCCFLAGS_JIT75) -lineinfo $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
-dev/cuda/bin/jit75/train_gpt: train_gpt.cu $(HEADERS)
-	@mkdir -p dev/cuda/bin/jit75
-	$(NVCC) $(NVCCFLAGS_JIT75) train_gpt.cu $(CUDA_LIBS) -o $@
+NVCCFLAGS_jit75 := $(NVCC_BASE) -DLLMC_FP16 -gencode arch=compute_75,code=compute_75
+# each of these folders' test_gpu (and the PTX-only trainers) with the folder's fixed flags
+dev/cuda/bin/jit80/test_gpu dev/cuda/bin/jit75/test_gpu dev/cuda/bin/fp16/test_gpu: dev/cuda/bin/%/test_gpu: \
+		test/test_gpu.cu $(wildcard test/gpu/*.cuh) train_gpt.cu $(HEADERS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS_$*) -lineinfo $(DOCTEST_INC) test/test_gpu.cu $(CUDA_LIBS) -o $@
+dev/cuda/bin/jit80/train_gpt dev/cuda/bin/jit75/train_gpt: dev/cuda/bin/%/train_gpt: train_gpt.cu $(HEADERS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS_$*) train_gpt.cu $(CUDA_LIBS) -o $@
 
 # the attention ops as a shared library for scripts/bench_attention.py (ctypes; --lib PATH)
 dev/cuda/bin/libllmc_attention.so: dev/cuda/attention_lib.cu $(HEADERS) $(BUILD_FLAGS)

@@ -10,6 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${TOOLS_PYTHON:-python3}
+export PYTHONPATH=$PWD/test${PYTHONPATH:+:$PYTHONPATH}  # test/llmc_files.py
 BIN=$PWD/train_gpt_cpu
 W=$(mktemp -d /tmp/llmc_py.XXXXXX)
 trap 'rm -rf "$W"' EXIT
@@ -115,12 +116,9 @@ tok = Tokenizer.from_file(d + "/tokenizer.json")
 h = open(d + "/bpe_train_000.bin", "rb").read(64)
 magic, version, width, n, vocab, eot = h[:8], *struct.unpack("<IIQII", h[8:32])
 assert magic == b"LLMCSHRD" and vocab == tok.get_vocab_size() == 300 and eot == tok.token_to_id("<|endoftext|>"), (vocab, eot)
-b = open(d + "/tokenizer.bin", "rb").read()
-assert b[:8] == b"LLMCVOCB" and struct.unpack("<IIII", b[8:24]) == (1, 300, eot, 0)
-pieces, at = [], 24
-while at < len(b):
-    k = struct.unpack("<I", b[at:at + 4])[0]
-    pieces.append(b[at + 4:at + 4 + k]); at += 4 + k
+from llmc_files import read_vocab
+header, pieces = read_vocab(d + "/tokenizer.bin")
+assert header == (1, 300, eot, 0)
 text = "আমার সোনার বাংলা, the lazy dog"
 assert b"".join(pieces[i] for i in tok.encode(text).ids) == text.encode()
 EOF
@@ -131,16 +129,11 @@ check "the trainer found tokenizer.bin" grep -q "^tokenizer: $W/bpe/tokenizer.bi
 # bits per byte: the val targets (-m 1: one batch of 2 rows of 32, the shard's tokens 1..64) over the
 # UTF-8 bytes of their pieces (EOT: 0), the logged loss converted; the step line says it too
 check "val bits per byte = the val targets' nats over their text's bytes" "$PY" - "$W/bpe" "$W/bpe_run" <<'EOF'
-import json, math, struct, sys
+import json, math, sys
+from llmc_files import read_shard, read_vocab
 d, run = sys.argv[1:]
-b = open(d + "/tokenizer.bin", "rb").read()
-eot, pieces, at = struct.unpack("<I", b[16:20])[0], [], 24
-while at < len(b):
-    k = struct.unpack("<I", b[at:at + 4])[0]
-    pieces.append(b[at + 4:at + 4 + k]); at += 4 + k
-s = open(d + "/bpe_val_000.bin", "rb").read()
-width = struct.unpack("<I", s[12:16])[0]
-tokens = [int.from_bytes(s[64 + i * width:64 + (i + 1) * width], "little") for i in range(65)]
+(_, _, eot, _), pieces = read_vocab(d + "/tokenizer.bin")
+tokens = read_shard(d + "/bpe_val_000.bin")
 n_bytes = sum(0 if t == eot else len(pieces[t]) for t in tokens[1:65])
 rec = [json.loads(l) for l in open(run + "/log.jsonl") if "val_loss" in l][-1]
 assert abs(rec["val_bytes_per_token"] - n_bytes / 64) < 1e-8 * n_bytes / 64, (rec, n_bytes)  # (the log keeps 9 digits)
@@ -199,16 +192,11 @@ t = open(sys.argv[1], 'rb').read().decode('utf-8')
 s = t.split('---- sample ----')[1]
 assert any('\u0980' <= c <= '\u09ff' for c in s), s" "$W/bn/run.log"
 check "Bengali: every val document decodes as UTF-8" "$PY" - "$W/bn/bpe" <<'EOF'
-import struct, sys
+import sys
+from llmc_files import read_shard, read_vocab
 d = sys.argv[1]
-b = open(d + "/tokenizer.bin", "rb").read()
-eot, pieces, at = struct.unpack("<I", b[16:20])[0], [], 24
-while at < len(b):
-    k = struct.unpack("<I", b[at:at + 4])[0]
-    pieces.append(b[at + 4:at + 4 + k]); at += 4 + k
-s = open(d + "/bpe_val_000.bin", "rb").read()
-width, n = struct.unpack("<I", s[12:16])[0], struct.unpack("<Q", s[16:24])[0]
-tokens = [int.from_bytes(s[64 + i * width:64 + (i + 1) * width], "little") for i in range(n)]
+(_, _, eot, _), pieces = read_vocab(d + "/tokenizer.bin")
+tokens = read_shard(d + "/bpe_val_000.bin")
 docs, cur = [], []
 for t in tokens[1:] + [eot]:
     if t == eot:
