@@ -109,6 +109,8 @@ struct PlanCardScope {
 #ifdef LLMC_CPU
 #include "llmc/ops/cpu/encoder.h"
 #include "llmc/ops/cpu/layernorm.h"
+#include "llmc/ops/cpu/rmsnorm.h"
+#include "llmc/ops/cpu/rope.h"
 #include "llmc/ops/cpu/matmul.h"
 #include "llmc/ops/cpu/attention.h"
 #include "llmc/ops/cpu/mlp.h"
