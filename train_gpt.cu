@@ -176,7 +176,8 @@ struct GPT {
     // says (llmc/gpt/layout.h; hooks.h tied_embedding_sum); with pp > 1 the last stage keeps a copy of
     // the embedding's weights, refreshed after every update.
     TiedSum tied = TIED_PER_RANK;
-    float* head_leaf = nullptr;      // [head.padded] the head's gradient of one micro-batch
+    float* head_leaf = nullptr;      // [head_leaf_elems] the head's gradient of one micro-batch
+    size_t head_leaf_elems = 0;      // tied: head.padded_total; untied: the rank's lm_head
     floatX* head_params = nullptr;   // [head.padded] pp > 1 only
     float* head_acc = nullptr;       // [head_acc_elems] the head's gradient of the rank's micro-batches
                                      // (per step: its slice of the reduced sum)
@@ -189,6 +190,7 @@ struct GPT {
     std::vector<std::vector<ChunkStash>> stashes;  // [chunk][k]: zero-bubble B -> W stash
     LayerGrads layer_douts{};  // one layer's output gradients, when its weight gradients follow at once
     LayerActs recomp{};        // -r 1 / 2: one layer's activations that the slots do not keep
+    float* rope_cos_sin = nullptr;  // --pos rope: the cos / sin table of every position a forward can hold
     floatX* lnf = nullptr;     // the last stage's head: the final LN's output of one micro-batch,
     floatX* logits = nullptr;  // the logits (then dlogits) of one token chunk [logits_chunk, vocab slice]
     float *lnf_mean = nullptr, *lnf_rstd = nullptr, *losses = nullptr;
@@ -234,6 +236,29 @@ static void bind_op_scratch(const GPT& m) {
     if (m.op_scratch) backend_bind_scratch(m.op_scratch, m.op_scratch_bytes);
 }
 
+// The model's normalisation, by --norm: LayerNorm (GPT-2: weight and bias, eps 1e-5) or RMSNorm
+// (Llama: weight only, no mean, eps --norm_eps; `mean` and `bias` are not used). Over the rank's
+// stream rows, C = n_embd.
+static void norm_forward(const GPT& m, floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                         const floatX* b, int N) {
+    const GPTConfig& c = m.config;
+    if (c.rmsnorm()) rmsnorm_forward(out, rstd, inp, w, N, c.n_embd, c.norm_eps);
+    else layernorm_forward(out, mean, rstd, inp, w, b, N, c.n_embd);
+}
+static void fused_residual_norm_forward(const GPT& m, floatX* residual, floatX* out, float* mean, float* rstd,
+                                        const floatX* inp1, const floatX* inp2, const floatX* w, const floatX* b, int N) {
+    const GPTConfig& c = m.config;
+    if (c.rmsnorm()) fused_residual_rmsnorm_forward(residual, out, rstd, inp1, inp2, w, N, c.n_embd, c.norm_eps);
+    else fused_residual_layernorm_forward(residual, out, mean, rstd, inp1, inp2, w, b, N, c.n_embd);
+}
+// the input gradient (dinp +=); the weight gradients are norm_weight_grads' (hooks.h)
+static void norm_backward(const GPT& m, floatX* dinp, const floatX* dout, const floatX* inp, const floatX* w,
+                          const float* mean, const float* rstd, int N) {
+    const GPTConfig& c = m.config;
+    if (c.rmsnorm()) rmsnorm_backward(dinp, (float*)nullptr, dout, inp, w, rstd, N, c.n_embd);
+    else layernorm_backward(dinp, (float*)nullptr, (float*)nullptr, dout, inp, w, mean, rstd, N, c.n_embd);
+}
+
 #include "llmc/gpt/hooks.h"  // the named entry points of ZeRO, tensor, expert and pipeline parallelism
 
 // ---- forward and backward of one chunk (a pipeline stage's contiguous blocks) ----
@@ -250,13 +275,13 @@ static void bind_op_scratch(const GPT& m) {
 static void head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
     const GPTConfig& c = m.config;
     const int BT = m.B * m.T, C = c.n_embd, Vl = m.ls.vocab, rows = stream_rows(m);
-    const floatX* wte = head_weights(m);
+    const floatX* wte = head_weights(m);  // (the untied head's own matrix with --tie_embeddings 0)
     sp_gather(m, m.lnf, C);
     int n_valid = 0;
     for (int i = 0; s.host_targets && i < BT; i++) n_valid += s.host_targets[i] >= 0;
     const float dloss = n_valid > 0 ? m.dloss_scale / n_valid : 0.0f;
     const bool backward = s.host_targets && m.dloss_scale != 0.0f;
-    if (backward) buffer_zero(m.head_leaf, m.head.padded_total * sizeof(float));
+    if (backward) buffer_zero(m.head_leaf, m.head_leaf_elems * sizeof(float));
     for (int t0 = 0; t0 < BT; t0 += m.logits_chunk) {
         const int n = std::min(m.logits_chunk, BT - t0);
         const floatX* x = m.lnf + (size_t)t0 * C;
@@ -276,14 +301,15 @@ static void head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         m.mb_valid[s.mb] = n_valid;
     }
     if (backward) {
-        head_grads_ready(m);
         const int final_ln = c.n_layer + 1;
         const floatX* d_lnf = m.d_ln + sp_row0(m) * C;  // this rank's stream rows
+        if (c.tie_embeddings) head_grads_ready(m);
         grads_needed(m, final_ln);
+        // an untied head's gradient is the final segment's: the micro-batch's, added once
+        if (!c.tie_embeddings) grad_accumulate(m.g.lm_head, m.head_leaf, (size_t)Vl * C);
         buffer_zero(s.d_stream, (size_t)rows * C * sizeof(floatX));
-        layernorm_backward(s.d_stream, (float*)nullptr, (float*)nullptr, d_lnf, x_final, m.p.lnfw, m.lnf_mean, m.lnf_rstd,
-                           rows, C);
-        layernorm_weight_grads(m, m.g.lnfw, m.g.lnfb, d_lnf, x_final, m.lnf_mean, m.lnf_rstd);
+        norm_backward(m, s.d_stream, d_lnf, x_final, m.p.lnfw, m.lnf_mean, m.lnf_rstd, rows);
+        norm_weight_grads(m, m.g.lnfw, m.g.lnfb, d_lnf, x_final, m.lnf_mean, m.lnf_rstd);
         grads_ready(m, final_ln);
     }
     head_done(m);
@@ -339,11 +365,12 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
     const size_t row0 = sp_row0(m);
     const LayerTensors<floatX>& w = m.p.layers[l];
     matmul_forward(a.qkv, ln_gathered(m, a.ln1, 0), w.qkvw, w.qkvb, BT, C, ls.qkv());
+    if (c.pos == POS_ROPE) rope_forward(a.qkv, doc_start, m.rope_cos_sin, B, T, ls.n_head, ls.n_kv_head, ls.hs);
     attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, ls.n_head, ls.n_kv_head, ls.hs,
                       c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
     row_parallel_forward(m, m.scratch, a.atty, w.attprojw, w.attprojb, 1, BT, ls.n_head * ls.hs, C, m.split_attn, ls.sp);
     params_needed(m, l + 1, PART_FFN);  // (ZeRO: the FFN half's params come later than the attention's)
-    fused_residual_layernorm_forward(a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, rows, C);
+    fused_residual_norm_forward(m, a.residual2, a.ln2, a.ln2_mean, a.ln2_rstd, x, m.scratch, w.ln2w, w.ln2b, rows);
     const floatX* ln2 = ln_gathered(m, a.ln2, 1);
     if (c.is_moe(l)) {
         // expert choice: route (every tp rank the same, on all its tokens), gather each expert's
@@ -385,15 +412,15 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
 // in place.
 static void recompute_block(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
-    const int BT = m.B * m.T, C = c.n_embd, rows = stream_rows(m);
+    const int BT = m.B * m.T, rows = stream_rows(m);
     const LayerTensors<floatX>& w = m.p.layers[l];
     if (m.recompute == 0) return;
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, rows, C);
+    norm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, rows);
     if (m.recompute == 2) {
         block_forward(m, l, a, x, doc_start);
         return;
     }
-    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, rows, C);
+    norm_forward(m, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, rows);
     if (c.is_moe(l)) swiglu_forward(a.fch_act, a.fch, c.n_expert * c.moe_capacity(m.B, m.T), m.ls.expert_hidden);
     else if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act, a.fch, BT, m.ls.ffn);
     else gelu_forward(a.fch_act, a.fch, (long)BT * m.ls.ffn);
@@ -419,13 +446,14 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
             encoder_forward(dst, s.inputs, s.doc_start, m.p.wte, m.ls.rank == 0 ? m.p.wpe : (const floatX*)nullptr, B, T, C,
                             m.ls.vocab0, m.ls.vocab);
         }, tp_add, tp_copy);
-        if (!pp.last_vs(chunk)) params_done(m, embedding);  // (else the tied head reads it again: head_done)
+        // (else the tied head reads it again: head_done)
+        if (!pp.last_vs(chunk) || !c.tie_embeddings) params_done(m, embedding);
     }
     // ZeRO-3: each segment's gather runs one segment ahead, behind the compute of the one before
     params_needed(m, l0 + 1, PART_ATTENTION);
     params_prefetch(m, l0 + 2 <= l1 || l1 == L ? l0 + 2 : -1);
     LayerActs a = acts_for(m, s, chunk, l0);
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, s.input, m.p.layers[l0].ln1w, m.p.layers[l0].ln1b, rows, C);
+    norm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, s.input, m.p.layers[l0].ln1w, m.p.layers[l0].ln1b, rows);
     for (int l = l0; l < l1; l++) {
         const bool chunk_end = l + 1 == l1, model_end = l + 1 == L;
         const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
@@ -434,14 +462,14 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
         // the residual add is fused with the next LayerNorm: the next block's LN1, or the final LN;
         // where the chunk ends before the model does, the next LN1 is on the next stage
         if (model_end) {
-            fused_residual_layernorm_forward(a.residual3, m.lnf + row0 * C, m.lnf_mean, m.lnf_rstd, a.residual2, m.scratch,
-                                             m.p.lnfw, m.p.lnfb, rows, C);
+            fused_residual_norm_forward(m, a.residual3, m.lnf + row0 * C, m.lnf_mean, m.lnf_rstd, a.residual2, m.scratch,
+                                        m.p.lnfw, m.p.lnfb, rows);
         } else if (chunk_end) {
             residual_forward(a.residual3, a.residual2, m.scratch, (long)rows * C);
         } else {
             LayerActs next = acts_for(m, s, chunk, l + 1);
-            fused_residual_layernorm_forward(a.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, a.residual2,
-                                             m.scratch, m.p.layers[l + 1].ln1w, m.p.layers[l + 1].ln1b, rows, C);
+            fused_residual_norm_forward(m, a.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, a.residual2, m.scratch,
+                                        m.p.layers[l + 1].ln1w, m.p.layers[l + 1].ln1b, rows);
             a = next;
         }
         forward_block_done(m, chunk, s.mb, l);
@@ -467,9 +495,10 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
         const int seg = m.seg_local[c.n_layer + 2 + l];
         for (int p = 0; p < ls.ep; p++) {
             const size_t rows = (size_t)p * ls.n_expert * cap, at = m.zero.leaf_at(seg, p);
-            matmul_backward_batched((floatX*)nullptr, dw.fcprojw + at, dw.fcprojb + at, d.d_ffn_out + rows * C,
+            auto leaf = [&](float* g) { return g ? g + at : nullptr; };  // (no biases: --bias qkv / none)
+            matmul_backward_batched((floatX*)nullptr, dw.fcprojw + at, leaf(dw.fcprojb), d.d_ffn_out + rows * C,
                                     a.fch_act + rows * He, (const floatX*)nullptr, ls.n_expert, cap, He, C);
-            matmul_backward_batched((floatX*)nullptr, dw.fcw + at, dw.fcb + at, d.d_fch + rows * 2 * He,
+            matmul_backward_batched((floatX*)nullptr, dw.fcw + at, leaf(dw.fcb), d.d_fch + rows * 2 * He,
                                     a.expert_in + rows * C, (const floatX*)nullptr, ls.n_expert, cap, C, 2 * He);
         }
         moe_router_backward((floatX*)nullptr, dw.routerw, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1),
@@ -480,7 +509,7 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
         matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, ln_gathered(m, a.ln2, 1), (const floatX*)nullptr, BT, C,
                         ls.fc(c.mlp), dense_dweight_split(c, ls, BT, DW_FC));
     }
-    layernorm_weight_grads(m, dw.ln2w, dw.ln2b, d.d_ln2, a.residual2, a.ln2_mean, a.ln2_rstd);
+    norm_weight_grads(m, dw.ln2w, dw.ln2b, d.d_ln2, a.residual2, a.ln2_mean, a.ln2_rstd);
 }
 // Weight gradients of block l's attention branch and LN1 (x: the block's input).
 static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
@@ -493,7 +522,7 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
                     ls.n_head * ls.hs, C, dense_dweight_split(c, ls, BT, DW_ATTN_PROJ));
     matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
                     ls.qkv(), dense_dweight_split(c, ls, BT, DW_QKV));
-    layernorm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
+    norm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
 }
 
 // The input-gradient half of block l's backward: dres (the residual stream's gradient at the block
@@ -557,17 +586,17 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
         ffn_weight_grads(m, l, a, d);
         ffn_grads_ready(m, l);  // (ZeRO: the FFN half's reduction runs behind the attention's backward)
     }
-    layernorm_backward(dres, (float*)nullptr, (float*)nullptr, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd,
-                       rows, C);
+    norm_backward(m, dres, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, rows);
     // dres = dL/d residual2 now; the attention branch
     d.d_attn_out = branch_grad(d.d_attn_out);
     matmul_backward(m.d_atty, (float*)nullptr, (float*)nullptr, d.d_attn_out, a.atty, w.attprojw, BT,
                     ls.n_head * ls.hs, C);
     tp_attention_backward(m, d.d_qkv, m.d_atty, a, doc_start);
+    if (c.pos == POS_ROPE) rope_backward(d.d_qkv, doc_start, m.rope_cos_sin, B, T, ls.n_head, ls.n_kv_head, ls.hs);
     column_parallel_dinp(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(), m.split_attn,
                          [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
     if (!stash) attn_weight_grads(m, l, a, d, x);
-    layernorm_backward(dres, (float*)nullptr, (float*)nullptr, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, rows, C);
+    norm_backward(m, dres, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, rows);
 }
 
 // the embedding's weight gradients (the token and position tables), from the gradient at its

@@ -223,6 +223,8 @@ static std::string measured_memory(double) {
 #include "llmc/ops/cuda_common.cuh"
 #include "llmc/ops/encoder.cuh"
 #include "llmc/ops/layernorm.cuh"
+#include "llmc/ops/rmsnorm.cuh"
+#include "llmc/ops/rope.cuh"
 #include "llmc/ops/matmul.cuh"
 #include "llmc/ops/attention.cuh"
 #include "llmc/ops/mlp.cuh"
@@ -230,6 +232,7 @@ static std::string measured_memory(double) {
 #include "llmc/ops/adamw.cuh"
 #include "llmc/ops/global_norm.cuh"
 #include "llmc/ops/cpu/moe.h"  // for moe_capacity (host arithmetic)
+#include "llmc/ops/cpu/rope.h"  // RopeSpec and the cos / sin table (host arithmetic)
 #include "llmc/ops/moe.cuh"
 #include "llmc/ops/accumulate.cuh"
 static const char* backend_name() {

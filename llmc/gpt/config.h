@@ -4,7 +4,9 @@
 // out by it, and the segments the flat buffers are cut into for ZeRO (llmc/parallel/zero.h).
 
 enum MlpKind { MLP_SWIGLU = 0, MLP_GELU = 1 };
-enum PosKind { POS_ALIBI = 0, POS_LEARNED = 1 };
+enum PosKind { POS_ALIBI = 0, POS_LEARNED = 1, POS_ROPE = 2 };
+enum NormKind { NORM_LAYERNORM = 0, NORM_RMSNORM = 1 };
+enum BiasKind { BIAS_ALL = 0, BIAS_QKV = 1, BIAS_NONE = 2 };  // which linear layers have a bias
 enum MoeGroup { MOE_GROUP_BATCH = 0, MOE_GROUP_POSITION = 1 };
 
 struct GPTConfig {
@@ -19,10 +21,19 @@ struct GPTConfig {
     int n_expert = 0, moe_every = 1, expert_hidden = 0;  // expert_hidden 0: ffn_hidden
     float capacity_factor = 2.0f;
     int moe_group = MOE_GROUP_BATCH;
+    // the Llama / Qwen2 shape (docs/ARCHITECTURE.md): RMSNorm (norm_eps; LayerNorm's eps is 1e-5),
+    // linear biases (GPT-2: all; Qwen2: q/k/v only; Llama: none), an untied lm head, rotary
+    // positions (llmc/ops/cpu/rope.h: theta and the llama3 frequency scaling)
+    int norm = NORM_LAYERNORM, bias = BIAS_ALL, tie_embeddings = 1;
+    float norm_eps = 1e-5f;
+    cpu::RopeSpec rope;
 
     int head_size() const { return n_embd / n_head; }
     int qkv_channels() const { return (n_head + 2 * n_kv_head) * head_size(); }
     int fc_channels() const { return mlp == MLP_SWIGLU ? 2 * ffn_hidden : ffn_hidden; }
+    bool rmsnorm() const { return norm == NORM_RMSNORM; }
+    bool qkv_bias() const { return bias != BIAS_NONE; }
+    bool linear_bias() const { return bias == BIAS_ALL; }  // the other linear layers'
     bool is_moe(int layer) const { return n_expert > 0 && (layer + 1) % moe_every == 0; }
     int moe_capacity(int B, int T) const {
         return cpu::moe_capacity(B, T, n_expert, capacity_factor, moe_group == MOE_GROUP_POSITION);
@@ -49,7 +60,30 @@ struct GPTConfig {
         LLMC_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0,
                    "--n_kv_head %d must divide --n_head %d (grouped-query attention)", n_kv_head, n_head);
         LLMC_CHECK(mlp == MLP_SWIGLU || mlp == MLP_GELU, "--mlp: expected swiglu or gelu");
-        LLMC_CHECK(pos == POS_ALIBI || pos == POS_LEARNED, "--pos: expected alibi or learned");
+        LLMC_CHECK(pos == POS_ALIBI || pos == POS_LEARNED || pos == POS_ROPE, "--pos: expected alibi, learned or rope");
+        LLMC_CHECK(norm == NORM_LAYERNORM || norm == NORM_RMSNORM, "--norm: expected layernorm or rmsnorm");
+        LLMC_CHECK(bias == BIAS_ALL || bias == BIAS_QKV || bias == BIAS_NONE, "--bias: expected all, qkv or none");
+        LLMC_CHECK(tie_embeddings == 0 || tie_embeddings == 1, "--tie_embeddings: expected 0 or 1, got %d", tie_embeddings);
+        LLMC_CHECK(std::isfinite(norm_eps) && norm_eps > 0 && norm_eps < 1, "--norm_eps: expected a number in (0, 1), got %g",
+                   norm_eps);
+        if (pos == POS_ROPE) {
+            LLMC_CHECK(head_size() % 2 == 0, "--pos rope: the head size n_embd / n_head = %d must be even", head_size());
+            LLMC_CHECK(std::isfinite(rope.theta) && rope.theta > 1 && rope.theta < 1e12,
+                       "--rope_theta: expected a number in (1, 1e12), got %g", rope.theta);
+            LLMC_CHECK(rope.scaling == cpu::ROPE_SCALING_NONE || rope.scaling == cpu::ROPE_SCALING_LLAMA3,
+                       "--rope_scaling: expected none or llama3");
+            if (rope.scaling == cpu::ROPE_SCALING_LLAMA3) {
+                LLMC_CHECK(std::isfinite(rope.factor) && rope.factor >= 1 && rope.factor < 1e6,
+                           "--rope_factor: expected a number in [1, 1e6), got %g", rope.factor);
+                LLMC_CHECK(std::isfinite(rope.low_freq_factor) && std::isfinite(rope.high_freq_factor) &&
+                               rope.low_freq_factor > 0 && rope.high_freq_factor > rope.low_freq_factor &&
+                               rope.high_freq_factor < 1e6,
+                           "--rope_low_freq_factor %g, --rope_high_freq_factor %g: expected 0 < low < high",
+                           rope.low_freq_factor, rope.high_freq_factor);
+                LLMC_CHECK(rope.original_max_pos > 0 && rope.original_max_pos <= (1 << 24),
+                           "--rope_original_max_pos: expected 1 .. 2^24, got %d", rope.original_max_pos);
+            }
+        }
         if (ffn_hidden == 0) ffn_hidden = mlp == MLP_SWIGLU ? ceil_div(8 * n_embd / 3, 32) * 32 : 4 * n_embd;
         LLMC_CHECK(ffn_hidden > 0, "--ffn_hidden: must be > 0, got %d", ffn_hidden);
         LLMC_CHECK(max_seq_len > 0, "--max_seq_len: must be > 0, got %d", max_seq_len);
@@ -106,7 +140,8 @@ static std::vector<ParamTensor> build_param_table(const GPTConfig& c) {
         p.init = init;
         p.init_std = std;
         // AdamW weight decay: matrices only (embeddings and linear weights; not biases, not LN)
-        p.decay = shape.size() >= 2 && (name == "wte" || name == "wpe" || name.substr(name.size() - 2) == ".w");
+        p.decay = shape.size() >= 2 && (name == "wte" || name == "wpe" || name == "lm_head" ||
+                                        name.substr(name.size() - 2) == ".w");
         offset += (p.numel + 7) / 8 * 8;  // every tensor 16-byte aligned in bf16 (cuBLASLt bias epilogue)
         table.push_back(p);
     };
@@ -117,30 +152,35 @@ static std::vector<ParamTensor> build_param_table(const GPTConfig& c) {
     if (c.pos == POS_LEARNED) add("wpe", {c.max_seq_len, C}, ParamTensor::NORMAL);
     for (int l = 0; l < c.n_layer; l++) {
         std::string h = "h" + std::to_string(l) + ".";
+        // (RMSNorm has no bias; --bias says which linear layers have one)
+        const bool ln = !c.rmsnorm(), lb = c.linear_bias();
         add(h + "ln1.w", {C}, ParamTensor::ONES);
-        add(h + "ln1.b", {C}, ParamTensor::ZEROS);
+        if (ln) add(h + "ln1.b", {C}, ParamTensor::ZEROS);
         add(h + "attn.qkv.w", {c.qkv_channels(), C}, ParamTensor::NORMAL);
-        add(h + "attn.qkv.b", {c.qkv_channels()}, ParamTensor::ZEROS);
+        if (c.qkv_bias()) add(h + "attn.qkv.b", {c.qkv_channels()}, ParamTensor::ZEROS);
         add(h + "attn.proj.w", {C, c.n_head * c.head_size()}, ParamTensor::NORMAL, proj_std);
-        add(h + "attn.proj.b", {C}, ParamTensor::ZEROS);
+        if (lb) add(h + "attn.proj.b", {C}, ParamTensor::ZEROS);
         add(h + "ln2.w", {C}, ParamTensor::ONES);
-        add(h + "ln2.b", {C}, ParamTensor::ZEROS);
+        if (ln) add(h + "ln2.b", {C}, ParamTensor::ZEROS);
         if (c.is_moe(l)) {  // E SwiGLU experts, stacked
             const int E = c.n_expert, He = c.expert_hidden;
             add(h + "moe.router.w", {E, C}, ParamTensor::NORMAL);
             add(h + "moe.fc.w", {E, 2 * He, C}, ParamTensor::NORMAL);
-            add(h + "moe.fc.b", {E, 2 * He}, ParamTensor::ZEROS);
+            if (lb) add(h + "moe.fc.b", {E, 2 * He}, ParamTensor::ZEROS);
             add(h + "moe.proj.w", {E, C, He}, ParamTensor::NORMAL, proj_std);
-            add(h + "moe.proj.b", {E, C}, ParamTensor::ZEROS);
+            if (lb) add(h + "moe.proj.b", {E, C}, ParamTensor::ZEROS);
         } else {
             add(h + "mlp.fc.w", {c.fc_channels(), C}, ParamTensor::NORMAL);
-            add(h + "mlp.fc.b", {c.fc_channels()}, ParamTensor::ZEROS);
+            if (lb) add(h + "mlp.fc.b", {c.fc_channels()}, ParamTensor::ZEROS);
             add(h + "mlp.proj.w", {C, c.ffn_hidden}, ParamTensor::NORMAL, proj_std);
-            add(h + "mlp.proj.b", {C}, ParamTensor::ZEROS);
+            if (lb) add(h + "mlp.proj.b", {C}, ParamTensor::ZEROS);
         }
     }
     add("lnf.w", {C}, ParamTensor::ONES);
-    add("lnf.b", {C}, ParamTensor::ZEROS);
+    if (!c.rmsnorm()) add("lnf.b", {C}, ParamTensor::ZEROS);
+    // an untied lm head (--tie_embeddings 0): its own matrix, in the final LayerNorm's segment (the
+    // last pipeline stage's), vocab-parallel like wte; the rows past vocab_size stay zero
+    if (!c.tie_embeddings) add("lm_head", {c.padded_vocab_size, C}, ParamTensor::NORMAL);
     return table;
 }
 
@@ -162,6 +202,7 @@ struct LayerTensors {
 template <typename T>
 struct ModelTensors {
     T *wte = nullptr, *wpe = nullptr, *lnfw = nullptr, *lnfb = nullptr;
+    T* lm_head = nullptr;  // --tie_embeddings 0 only
     std::vector<LayerTensors<T>> layers;
 };
 
@@ -239,6 +280,7 @@ static void point_segment(ModelTensors<T>& t, const GPTConfig& c, const std::vec
         if (p.name == "wpe") { t.wpe = ptr; continue; }
         if (p.name == "lnf.w") { t.lnfw = ptr; continue; }
         if (p.name == "lnf.b") { t.lnfb = ptr; continue; }
+        if (p.name == "lm_head") { t.lm_head = ptr; continue; }
         LayerTensors<T>& L = t.layers[segment_layer(seg.id, c.n_layer)];
         const std::string f = p.name.substr(p.name.find('.') + 1);
         T** field = f == "ln1.w" ? &L.ln1w : f == "ln1.b" ? &L.ln1b : f == "attn.qkv.w" ? &L.qkvw

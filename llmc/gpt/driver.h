@@ -112,7 +112,7 @@ static bool run_from_flags(int argc, char** argv, Run& r) {
     r.init_from = args.str("init_from");
     r.pp_trace = args.str("pp_trace");
     LLMC_CHECK(!r.eval_only || !r.resume.empty() || !r.init_from.empty(), "--eval_only: give the model to evaluate "
-               "with --resume CHECKPOINT (or latest) or --init_from LLMC_MODEL");
+               "with --resume CHECKPOINT (or latest) or --init_from MODEL_FILE");
     LLMC_CHECK(!r.eval_only || !args.str("eval_mc").empty() || (!args.str("val").empty() && r.val_batches > 0),
                "--eval_only: nothing to evaluate: give --val shards (with --val_batches > 0) or --eval_mc FILE");
     return true;
@@ -142,6 +142,8 @@ static void settings_from_checkpoint(Run& r, Checkpoint& ck) {
     if (resume_latest) resume = latest_checkpoint(r.out_dir, ck);  // "": none yet, a fresh start
     if (resume.empty()) return;
     if (!resume_latest) ck = verify_checkpoint(comm_world().world, resume);
+    LLMC_CHECK(ck.n_arrays() == 3, "%s: a model file (weights only: no optimizer state, no data position): start a run "
+               "from it with --init_from", resume.c_str());
     GPTConfig stored = config_from_checkpoint(ck, resume);
     auto mine = config_fields(config), theirs = config_fields(stored);
     for (size_t k = 0; k < mine.size(); k++) {
@@ -151,9 +153,13 @@ static void settings_from_checkpoint(Run& r, Checkpoint& ck) {
                    resume.c_str(), n.c_str(), config_value_text(n, *theirs[k].second).c_str(),
                    config_value_text(n, *mine[k].second).c_str());
     }
-    LLMC_CHECK(!args.given.count("capacity_factor") || stored.capacity_factor == config.capacity_factor,
-               "%s: checkpoint has capacity_factor = %g but the flags ask for %g", resume.c_str(),
-               stored.capacity_factor, config.capacity_factor);
+    auto mine_real = config_real_fields(config), theirs_real = config_real_fields(stored);
+    for (size_t k = 0; k < mine_real.size(); k++) {
+        const char* n = mine_real[k].name;
+        LLMC_CHECK(!(args.given.count(n) || preset_sets(args, n)) || mine_real[k].get() == theirs_real[k].get(),
+                   "%s: checkpoint has %s = %g but the flags ask for %g; drop the flag or start a new run", resume.c_str(),
+                   n, theirs_real[k].get(), mine_real[k].get());
+    }
     config = stored;
     // The global batch and the seed decide the math (how the batch is split over ranks does not): the
     // checkpoint's, as the model's; a flag given must agree with it.
@@ -182,17 +188,42 @@ static void settings_from_checkpoint(Run& r, Checkpoint& ck) {
                "%d]", resume.c_str(), (long long)step, r.max_steps);
 }
 
-// --init_from: an llm.c model file sets the config (explicit flags must agree) and, later, the
-// weights (start_model).
-static void settings_from_llmc(Run& r, LlmcModelFile& init_file) {
-    init_file = read_llmc_model(r.init_from);
-    GPTConfig from_file = config_from_llmc(init_file.shape, r.init_from);
+// whether a file is one of ours (a checkpoint or a model file: "LLMCCKPT"), not an llm.c model
+static bool is_our_model_file(const std::string& path) {
+    FILE* f = fopen_or_fail(path, "rb");
+    char magic[8] = {};
+    const size_t got = fread(magic, 1, 8, f);
+    fclose(f);
+    return got == 8 && memcmp(magic, "LLMCCKPT", 8) == 0;
+}
+// --init_from: the file sets the config (explicit flags must agree) and, later, the weights
+// (start_model): an llm.c model file (init_file), or one of ours (ck: a model file of
+// scripts/import_hf.py, or a checkpoint, of which only the weights are taken).
+static void settings_from_init_file(Run& r, Checkpoint& ck, LlmcModelFile& init_file) {
+    GPTConfig from_file;
+    const char* what = "the llm.c model";
+    if (is_our_model_file(r.init_from)) {
+        ck = verify_checkpoint(comm_world().world, r.init_from);
+        from_file = config_from_checkpoint(ck, r.init_from);
+        what = ck.n_arrays() == 1 ? "the model file" : "the checkpoint";
+    } else {
+        init_file = read_llmc_model(r.init_from);
+        from_file = config_from_llmc(init_file.shape, r.init_from);
+    }
     auto mine = config_fields(r.config), theirs = config_fields(from_file);
     for (size_t k = 0; k < mine.size(); k++) {
         const std::string n = mine[k].first;
         LLMC_CHECK(!(r.args.given.count(n) || preset_sets(r.args, n)) || *mine[k].second == *theirs[k].second,
-                   "%s: the llm.c model has %s = %d but the flags ask for %d; drop the flag (the file sets it)",
-                   r.init_from.c_str(), n.c_str(), *theirs[k].second, *mine[k].second);
+                   "%s: %s has %s = %s but the flags ask for %s; drop the flag (the file sets it)", r.init_from.c_str(),
+                   what, n.c_str(), config_value_text(n, *theirs[k].second).c_str(),
+                   config_value_text(n, *mine[k].second).c_str());
+    }
+    auto mine_real = config_real_fields(r.config), theirs_real = config_real_fields(from_file);
+    for (size_t k = 0; k < mine_real.size(); k++) {
+        const char* n = mine_real[k].name;
+        LLMC_CHECK(!(r.args.given.count(n) || preset_sets(r.args, n)) || mine_real[k].get() == theirs_real[k].get(),
+                   "%s: %s has %s = %g but the flags ask for %g; drop the flag (the file sets it)", r.init_from.c_str(),
+                   what, n, theirs_real[k].get(), mine_real[k].get());
     }
     r.config = from_file;
 }
@@ -238,7 +269,7 @@ static void settle_config(Run& r, Checkpoint& ck, LlmcModelFile& init_file) {
                "--init_from %s and --resume %s: give one (a resumed run has its weights)", r.init_from.c_str(),
                r.resume.c_str());
     if (!r.resume.empty()) settings_from_checkpoint(r, ck);
-    if (!r.init_from.empty()) settings_from_llmc(r, init_file);
+    if (!r.init_from.empty()) settings_from_init_file(r, ck, init_file);
     r.export_llmc = r.args.str("export_llmc");
     r.export_dtype = r.args.str("export_llmc_dtype");
     LLMC_CHECK(r.export_dtype == "fp32" || r.export_dtype == "bf16", "--export_llmc_dtype: expected fp32 or bf16, got '%s'",
@@ -423,7 +454,18 @@ static int start_model(GPT& model, Run& r, const Checkpoint& ck, LlmcModelFile& 
             if (rank0) printf("resume: %s\n", change.c_str());
         return start_step;
     }
-    if (!r.init_from.empty()) {
+    if (!r.init_from.empty() && init_file.params.empty()) {  // one of ours: its weights, fresh moments
+        LLMC_CHECK(ck.n_params == model.n_params, "%s: the file holds %llu parameters, its config needs %zu",
+                   r.init_from.c_str(), (unsigned long long)ck.n_params, model.n_params);
+        const CheckpointFile file(r.init_from, ck);
+        gpt_set_state(model, [&](size_t begin, size_t n, float* p, float* m, float* v) {
+            file.read(0, begin, n, p);
+            if (m) std::fill(m, m + n, 0.0f);
+            if (v) std::fill(v, v + n, 0.0f);
+        });
+        if (rank0) printf("initialized from %s (%s, fresh optimizer state)\n", r.init_from.c_str(),
+                          ck.n_arrays() == 1 ? "model file" : "the weights of a checkpoint");
+    } else if (!r.init_from.empty()) {
         gpt_load_llmc(model, init_file, r.init_from);
         if (rank0) printf("initialized from %s (llm.c GPT-2 model, %s)\n", r.init_from.c_str(),
                           init_file.version == LLMC_MODEL_VERSION_BF16 ? "bf16" : "fp32");
@@ -489,7 +531,7 @@ static void save_checkpoint(const Run& r, const GPT& model, const RunData& d, co
     Checkpoint out;
     GPTConfig config = r.config;
     for (auto& [name, field] : config_fields(config)) out.set_int(std::string("config.") + name, *field);
-    out.set_float("config.capacity_factor", config.capacity_factor);
+    for (const ConfigReal& f : config_real_fields(config)) out.set_float(std::string("config.") + f.name, f.get());
     out.set_int("train.batch_size", r.B);
     out.set_int("train.seq_len", r.T);
     out.set_int("train.total_batch_tokens", r.total_batch);

@@ -18,8 +18,10 @@ static const Option OPTIONS[] = {
     {"train", "i", "data/fortunes/fortunes_train_*.bin", "train shard pattern (glob)"},
     {"val", "j", "data/fortunes/fortunes_val_*.bin", "val shard pattern (glob); empty: no validation"},
     {"out_dir", "o", "out", "output directory: log.jsonl, checkpoints"},
-    {"model", "e", "", "preset dN (n_layer N, n_embd 64N, n_head N) or gpt2:124M|350M|774M|1558M (GPT-2's shapes, "
-                       "vocab 50257, gelu, learned positions); explicit flags override it (default: none)"},
+    {"model", "e", "", "preset dN (n_layer N, n_embd 64N, n_head N), gpt2:124M|350M|774M|1558M (GPT-2's shapes, "
+                       "vocab 50257, gelu, learned positions) or the open models' shapes llama3.2:1B|3B, "
+                       "qwen2.5:0.5B|1.5B (rope, rmsnorm, their vocabularies; shapes only: the weights come from "
+                       "scripts/import_hf.py); explicit flags override it (default: none)"},
     {"vocab_size", "", "257", "real vocabulary size (padded to a multiple of 128 internally)"},
     {"n_layer", "", "4", "transformer blocks"},
     {"n_embd", "", "128", "channels"},
@@ -33,7 +35,18 @@ static const Option OPTIONS[] = {
     {"expert_hidden", "", "0", "hidden size of each SwiGLU expert (0: ffn_hidden)"},
     {"capacity_factor", "", "2.0", "expert choice: each expert takes capacity_factor * tokens / n_expert tokens"},
     {"moe_group", "", "batch", "routing group: batch (the micro-batch, sees future tokens) | position (causal)"},
-    {"pos", "", "alibi", "alibi | learned"},
+    {"pos", "", "alibi", "alibi | learned | rope (rotary, per document, rotate-half pairing as Llama)"},
+    {"rope_theta", "", "10000", "--pos rope: the base of the rotary frequencies"},
+    {"rope_scaling", "", "none", "--pos rope: none | llama3 (Llama-3.1/3.2's frequency scaling, the four flags below)"},
+    {"rope_factor", "", "8", "llama3 scaling: the factor low frequencies are divided by"},
+    {"rope_low_freq_factor", "", "1", "llama3 scaling: wavelengths above original / this are scaled"},
+    {"rope_high_freq_factor", "", "4", "llama3 scaling: wavelengths below original / this are kept"},
+    {"rope_original_max_pos", "", "8192", "llama3 scaling: the context the model was first trained with"},
+    {"norm", "", "layernorm", "layernorm (eps 1e-5, weight and bias) | rmsnorm (weight only, eps --norm_eps)"},
+    {"norm_eps", "", "1e-5", "RMSNorm's eps (Llama 3: 1e-5, Qwen2.5: 1e-6)"},
+    {"rms_eps", "", "", "the same as --norm_eps (transformers' name, rms_norm_eps)"},
+    {"bias", "", "all", "which linear layers have a bias: all (GPT-2) | qkv (Qwen2: q, k, v only) | none (Llama)"},
+    {"tie_embeddings", "", "1", "1: the lm head is wte (tied); 0: an lm head matrix of its own"},
     {"batch_size", "b", "16", "B: rows per micro-batch"},
     {"seq_len", "t", "256", "T: tokens per row"},
     {"total_batch_tokens", "d", "0", "tokens per optimizer step (a multiple of B*T; 0: B*T)"},
@@ -59,8 +72,9 @@ static const Option OPTIONS[] = {
     {"top_k", "", "0", "sample from the k most likely tokens (0: all)"},
     {"ckpt_every", "n", "0", "write a checkpoint every N steps and at the end (0: only at the end; -1: never)"},
     {"resume", "y", "", "checkpoint to resume from: a file, or 'latest' (newest in out_dir; default: none)"},
-    {"init_from", "", "", "start from the weights of an llm.c GPT-2 model file (the config is the file's; fresh "
-                          "optimizer state; default: none)"},
+    {"init_from", "", "", "start from the weights of a model file (scripts/import_hf.py: Llama, Qwen2, Mistral from "
+                          "Hugging Face), one of our checkpoints, or an llm.c GPT-2 model file (the config is the "
+                          "file's; fresh optimizer state; step 0; default: none)"},
     {"export_llmc", "", "", "at the end, also write the model as an llm.c GPT-2 model file (GPT-2 shapes only; "
                             "default: none)"},
     {"export_llmc_dtype", "", "fp32", "fp32 | bf16: the precision of --export_llmc (llm.c's version 3 or 5)"},
@@ -204,10 +218,30 @@ static bool is_gpt2_preset(const std::string& preset) {
     for (const Gpt2Preset& g : GPT2_PRESETS) if (preset == g.name) return true;
     return false;
 }
+
+// The shapes of open models people continue training (their config.json's values; the weights
+// come from scripts/import_hf.py): every field of the config, explicit flags override them.
+struct OpenPreset {
+    const char* name;
+    int n_layer, n_embd, n_head, n_kv_head, ffn_hidden, vocab_size, max_seq_len, bias;
+    double rope_theta, norm_eps;
+    bool llama3_scaling;  // factor 32, low 1, high 4, original 8192
+};
+static const OpenPreset OPEN_PRESETS[] = {
+    {"llama3.2:1B", 16, 2048, 32, 8, 8192, 128256, 131072, BIAS_NONE, 500000.0, 1e-5, true},
+    {"llama3.2:3B", 28, 3072, 24, 8, 8192, 128256, 131072, BIAS_NONE, 500000.0, 1e-5, true},
+    {"qwen2.5:0.5B", 24, 896, 14, 2, 4864, 151936, 32768, BIAS_QKV, 1000000.0, 1e-6, false},
+    {"qwen2.5:1.5B", 28, 1536, 12, 2, 8960, 151936, 32768, BIAS_QKV, 1000000.0, 1e-6, false}};
+static const OpenPreset* open_preset(const std::string& preset) {
+    for (const OpenPreset& o : OPEN_PRESETS) if (preset == o.name) return &o;
+    return nullptr;
+}
 // whether the --model preset sets this config field (so an explicit value for it may disagree)
 static bool preset_sets(const Args& args, const std::string& field) {
     if (!args.given.count("model")) return false;
     if (field == "n_layer" || field == "n_embd" || field == "n_head") return true;
+    if (open_preset(args.str("model"))) return field != "n_expert" && field != "moe_every" && field != "moe_group" &&
+                                               field != "expert_hidden";
     return is_gpt2_preset(args.str("model")) &&
            (field == "vocab_size" || field == "max_seq_len" || field == "mlp" || field == "pos");
 }
@@ -216,13 +250,17 @@ static GPTConfig config_from_args(const Args& args) {
     GPTConfig c;
     const std::string preset = args.str("model");
     const bool gpt2 = is_gpt2_preset(preset);
+    const OpenPreset* open = open_preset(preset);
     if (gpt2) {
         for (const Gpt2Preset& g : GPT2_PRESETS)
             if (preset == g.name) { c.n_layer = g.n_layer; c.n_embd = g.n_embd; c.n_head = g.n_head; }
+    } else if (open) {
+        c.n_layer = open->n_layer; c.n_embd = open->n_embd; c.n_head = open->n_head;
     } else if (!preset.empty()) {
         // strict: "d" then a number in range (sscanf's %d would overflow on d99999999999)
         LLMC_CHECK(preset.size() >= 2 && preset[0] == 'd' && isdigit((unsigned char)preset[1]),
-                   "--model: '%s' is not a preset: expected dN (e.g. d4) or gpt2:124M, gpt2:350M, gpt2:774M, gpt2:1558M",
+                   "--model: '%s' is not a preset: expected dN (e.g. d4), gpt2:124M, gpt2:350M, gpt2:774M, gpt2:1558M, "
+                   "llama3.2:1B, llama3.2:3B, qwen2.5:0.5B or qwen2.5:1.5B",
                    preset.c_str());
         const int n = (int)parse_int64(preset.substr(1), "model dN: N", 1, 1024);
         c.n_layer = n; c.n_embd = 64 * n; c.n_head = n;
@@ -231,17 +269,39 @@ static GPTConfig config_from_args(const Args& args) {
     take("n_layer", c.n_layer);
     take("n_embd", c.n_embd);
     take("n_head", c.n_head);
-    // a GPT-2 preset also sets the vocabulary, the context and the block type
+    // a GPT-2 preset also sets the vocabulary, the context and the block type; an open model's
+    // preset every field of its shape
     auto from_gpt2 = [&](const char* k) { return gpt2 && !args.given.count(k); };
-    c.vocab_size = from_gpt2("vocab_size") ? (int)GPT2_VOCAB_SIZE : args.i("vocab_size");
-    c.n_kv_head = args.str("n_kv_head").empty() ? c.n_head : args.i("n_kv_head");
-    c.ffn_hidden = args.i("ffn_hidden");
-    c.max_seq_len = from_gpt2("max_seq_len") ? 1024 : args.i("max_seq_len");
-    const std::string mlp = from_gpt2("mlp") ? "gelu" : args.str("mlp"), pos = from_gpt2("pos") ? "learned" : args.str("pos");
+    auto from_open = [&](const char* k) { return open && !args.given.count(k); };
+    c.vocab_size = from_gpt2("vocab_size") ? (int)GPT2_VOCAB_SIZE : from_open("vocab_size") ? open->vocab_size
+                                                                                          : args.i("vocab_size");
+    c.n_kv_head = from_open("n_kv_head") ? open->n_kv_head : args.str("n_kv_head").empty() ? c.n_head : args.i("n_kv_head");
+    c.ffn_hidden = from_open("ffn_hidden") ? open->ffn_hidden : args.i("ffn_hidden");
+    c.max_seq_len = from_gpt2("max_seq_len") ? 1024 : from_open("max_seq_len") ? open->max_seq_len : args.i("max_seq_len");
+    const std::string mlp = from_gpt2("mlp") ? "gelu" : args.str("mlp");
+    const std::string pos = from_gpt2("pos") ? "learned" : from_open("pos") ? "rope" : args.str("pos");
     LLMC_CHECK(mlp == "swiglu" || mlp == "gelu", "--mlp: expected swiglu or gelu, got '%s'", mlp.c_str());
-    LLMC_CHECK(pos == "alibi" || pos == "learned", "--pos: expected alibi or learned, got '%s'", pos.c_str());
+    LLMC_CHECK(pos == "alibi" || pos == "learned" || pos == "rope", "--pos: expected alibi, learned or rope, got '%s'",
+               pos.c_str());
     c.mlp = mlp == "swiglu" ? MLP_SWIGLU : MLP_GELU;
-    c.pos = pos == "alibi" ? POS_ALIBI : POS_LEARNED;
+    c.pos = pos == "alibi" ? POS_ALIBI : pos == "learned" ? POS_LEARNED : POS_ROPE;
+    const std::string norm = from_open("norm") ? "rmsnorm" : args.str("norm");
+    LLMC_CHECK(norm == "layernorm" || norm == "rmsnorm", "--norm: expected layernorm or rmsnorm, got '%s'", norm.c_str());
+    c.norm = norm == "layernorm" ? NORM_LAYERNORM : NORM_RMSNORM;
+    LLMC_CHECK(!args.given.count("rms_eps") || !args.given.count("norm_eps"), "--rms_eps and --norm_eps: give one");
+    c.norm_eps = args.given.count("rms_eps") ? args.f("rms_eps") : from_open("norm_eps") ? open->norm_eps : args.f("norm_eps");
+    const std::string bias = args.str("bias");
+    LLMC_CHECK(bias == "all" || bias == "qkv" || bias == "none", "--bias: expected all, qkv or none, got '%s'", bias.c_str());
+    c.bias = from_open("bias") ? open->bias : bias == "all" ? BIAS_ALL : bias == "qkv" ? BIAS_QKV : BIAS_NONE;
+    c.tie_embeddings = args.i("tie_embeddings", 0, 1);
+    c.rope.theta = from_open("rope_theta") ? open->rope_theta : parse_double(args.str("rope_theta"), "rope_theta");
+    const std::string scaling = from_open("rope_scaling") ? (open->llama3_scaling ? "llama3" : "none") : args.str("rope_scaling");
+    LLMC_CHECK(scaling == "none" || scaling == "llama3", "--rope_scaling: expected none or llama3, got '%s'", scaling.c_str());
+    c.rope.scaling = scaling == "llama3" ? cpu::ROPE_SCALING_LLAMA3 : cpu::ROPE_SCALING_NONE;
+    c.rope.factor = from_open("rope_factor") && open->llama3_scaling ? 32.0 : parse_double(args.str("rope_factor"), "rope_factor");
+    c.rope.low_freq_factor = parse_double(args.str("rope_low_freq_factor"), "rope_low_freq_factor");
+    c.rope.high_freq_factor = parse_double(args.str("rope_high_freq_factor"), "rope_high_freq_factor");
+    c.rope.original_max_pos = args.i("rope_original_max_pos");
     c.n_expert = args.i("n_expert");
     c.moe_every = args.i("moe_every");
     c.expert_hidden = args.i("expert_hidden");
@@ -259,14 +319,38 @@ static std::vector<std::pair<const char*, int*>> config_fields(GPTConfig& c) {
             {"n_head", &c.n_head},         {"n_kv_head", &c.n_kv_head},     {"ffn_hidden", &c.ffn_hidden},
             {"max_seq_len", &c.max_seq_len}, {"mlp", &c.mlp},               {"pos", &c.pos},
             {"n_expert", &c.n_expert},     {"moe_every", &c.moe_every},     {"moe_group", &c.moe_group},
-            {"expert_hidden", &c.expert_hidden}};
+            {"expert_hidden", &c.expert_hidden}, {"norm", &c.norm},          {"bias", &c.bias},
+            {"tie_embeddings", &c.tie_embeddings}, {"rope_scaling", &c.rope.scaling},
+            {"rope_original_max_pos", &c.rope.original_max_pos}};
+}
+// ... and its real-valued fields (doubles in the checkpoint)
+struct ConfigReal {
+    const char* name;
+    float* f;
+    double* d;
+    double get() const { return f ? (double)*f : *d; }
+    void set(double v) const { f ? (void)(*f = (float)v) : (void)(*d = v); }
+};
+static std::vector<ConfigReal> config_real_fields(GPTConfig& c) {
+    return {{"capacity_factor", &c.capacity_factor, nullptr}, {"norm_eps", &c.norm_eps, nullptr},
+            {"rope_theta", nullptr, &c.rope.theta},           {"rope_factor", nullptr, &c.rope.factor},
+            {"rope_low_freq_factor", nullptr, &c.rope.low_freq_factor},
+            {"rope_high_freq_factor", nullptr, &c.rope.high_freq_factor}};
+}
+// the fields added with the open models' shape: a checkpoint written before has the defaults
+static bool config_field_added_later(const std::string& name) {
+    return name == "norm" || name == "bias" || name == "tie_embeddings" || name == "rope_scaling" ||
+           name == "rope_original_max_pos" || name == "norm_eps" || name.compare(0, 5, "rope_") == 0;
 }
 
 // an enum field's values by number (empty: a count)
 static std::vector<const char*> config_enum_names(const std::string& field) {
     if (field == "mlp") return {"swiglu", "gelu"};
-    if (field == "pos") return {"alibi", "learned"};
+    if (field == "pos") return {"alibi", "learned", "rope"};
     if (field == "moe_group") return {"batch", "position"};
+    if (field == "norm") return {"layernorm", "rmsnorm"};
+    if (field == "bias") return {"all", "qkv", "none"};
+    if (field == "rope_scaling") return {"none", "llama3"};
     return {};
 }
 static std::string config_value_text(const std::string& field, int v) {
@@ -279,13 +363,18 @@ static GPTConfig config_from_checkpoint(const Checkpoint& ck, const std::string&
     GPTConfig c;
     for (auto& [name, field] : config_fields(c)) {
         const std::string n = name;
-        const bool may_be_0 = n == "ffn_hidden" || n == "n_expert" || n == "expert_hidden";
+        if (config_field_added_later(n) && !ck.find("config." + n)) continue;
+        const bool may_be_0 = n == "ffn_hidden" || n == "n_expert" || n == "expert_hidden" || n == "tie_embeddings";
         *field = checkpoint_int_field(ck, "config." + n, path, may_be_0 ? 0 : 1, config_enum_names(n));
     }
-    const double cf = ck.get_float("config.capacity_factor", path);
-    LLMC_CHECK(std::isfinite(cf) && cf > 0 && cf <= 3.4e38, "%s: checkpoint field config.capacity_factor = %g is not a "
-               "positive float (corrupt or written by another program)", path.c_str(), cf);
-    c.capacity_factor = (float)cf;
+    for (const ConfigReal& f : config_real_fields(c)) {
+        const std::string n = std::string("config.") + f.name;
+        if (config_field_added_later(f.name) && !ck.find(n)) continue;
+        const double v = ck.get_float(n, path);
+        LLMC_CHECK(std::isfinite(v) && v > 0 && v <= 3.4e38, "%s: checkpoint field %s = %g is not a positive float "
+                   "(corrupt or written by another program)", path.c_str(), n.c_str(), v);
+        f.set(v);
+    }
     try {
         c.finalize();
     } catch (const LlmcError& e) {

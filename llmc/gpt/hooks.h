@@ -14,7 +14,7 @@
 //                        zero_update (the update: -z 1/2 gathers behind it; -z 0 deferred to each
 //                        segment's first use, zero_update_segment), zero_settle_params before
 //                        the update, zero_settle before anything else that reads params or state
-//   tensor parallel      row_parallel_forward, column_parallel_dinp, layernorm_weight_grads
+//   tensor parallel      row_parallel_forward, column_parallel_dinp, norm_weight_grads
 //   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss and
 //   tensor_parallel.h)   vocab_parallel_dinp (the lm head, per token chunk), tp_attention_backward
 //                        (a kv head shared by several ranks)
@@ -559,8 +559,10 @@ static void zero_update_segment(GPT& m, int s) {
     m.zs.update_pending[s] = 0;
     if (--m.zs.n_pending == 0) m.zs.deferred_update = nullptr;
 }
-// the tied lm head's weights: the embedding's in one stage, the last stage's copy with pp > 1
+// the tied lm head's weights: the embedding's in one stage, the last stage's copy with pp > 1;
+// an untied head's own matrix (in the final segment, gathered with it)
 static const floatX* head_weights(GPT& m) {
+    if (!m.config.tie_embeddings) return m.p.lm_head;
     if (m.head_params) {
         head_copy_complete(m);
         return m.head_params;
@@ -570,7 +572,7 @@ static const floatX* head_weights(GPT& m) {
 }
 // (stage 3 without a pipeline: the embedding's slot, held since the embedding's forward)
 static void head_done(GPT& m) {
-    if (!m.head_params) params_done(m, 0);
+    if (m.config.tie_embeddings && !m.head_params) params_done(m, 0);
 }
 
 // ---- tensor-parallel glue (llmc/parallel/tensor_parallel.h) ----
@@ -774,12 +776,14 @@ static void tp_attention_backward(GPT& m, floatX* dqkv, const floatX* dout, cons
                        m.config.pos == POS_ALIBI ? m.config.n_head : 0, ls.head0);
 }
 
-// LayerNorm weight and bias gradients, summed over canonical token chunks (the rank's stream rows:
-// with --sp the tp group adds the chunks of every rank; otherwise every rank has all of them) in
-// fp32, then added into the gradients once.
-static void layernorm_weight_grads(GPT& m, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
-                                   const float* mean, const float* rstd) {
+// A LayerNorm's weight and bias gradients (RMSNorm's: its weight's), summed over canonical token
+// chunks (the rank's stream rows: with --sp the tp group adds the chunks of every rank; otherwise
+// every rank has all of them) in fp32, then added into the gradients once.
+static void norm_weight_grads(GPT& m, float* dweight, float* dbias, const floatX* dout, const floatX* inp,
+                              const float* mean, const float* rstd) {
     const int C = m.config.n_embd;
+    const bool rms = m.config.rmsnorm();
+    const size_t n_grads = (rms ? 1 : 2) * (size_t)C;
     // the canonical token chunks of this micro-batch (B*T may be below the allocated maximum)
     const long n = (long)m.B * m.T;
     const int G = tp_token_chunks(m.config, n);
@@ -788,13 +792,15 @@ static void layernorm_weight_grads(GPT& m, float* dweight, float* dbias, const f
     const size_t per = (size_t)stream_rows(m) / split.count;
     auto leaf = [&](int g, float* dst) {
         const size_t t0 = (g - split.first) * per;
-        buffer_zero(dst, 2 * (size_t)C * sizeof(float));
-        layernorm_backward((floatX*)nullptr, dst, dst + C, dout + t0 * C, inp + t0 * C, (const floatX*)nullptr, mean + t0,
-                           rstd + t0, (int)per, C);
+        buffer_zero(dst, n_grads * sizeof(float));
+        if (rms) rmsnorm_backward((floatX*)nullptr, dst, dout + t0 * C, inp + t0 * C, (const floatX*)nullptr, rstd + t0,
+                                  (int)per, C);
+        else layernorm_backward((floatX*)nullptr, dst, dst + C, dout + t0 * C, inp + t0 * C, (const floatX*)nullptr,
+                                mean + t0, rstd + t0, (int)per, C);
     };
-    tp_sum(m.ls.sp ? tp_group() : tp_single(), split, m.tpf, m.tp_ln_grads, 2 * (size_t)C, true, leaf, tp_add_f, tp_copy_f);
+    tp_sum(m.ls.sp ? tp_group() : tp_single(), split, m.tpf, m.tp_ln_grads, n_grads, true, leaf, tp_add_f, tp_copy_f);
     tp_add_f(dweight, m.tp_ln_grads, C);
-    tp_add_f(dbias, m.tp_ln_grads + C, C);
+    if (!rms) tp_add_f(dbias, m.tp_ln_grads + C, C);
 }
 
 // ---- micro-batches in flight (the pipeline schedule's activation slots and stashes) ----
@@ -917,7 +923,7 @@ static size_t head_acc_elems(const GPT& m) {
 // accumulator after its reduction (sent from the last stage to the first with pp > 1).
 static void tied_embedding_sum(GPT& m) {
     const PipelinePlan& pp = m.pipe;
-    if (!pp.has_embedding() && !pp.has_head()) return;
+    if (m.tied == TIED_NONE || (!pp.has_embedding() && !pp.has_head())) return;
     if (m.tied == TIED_PER_RANK) {
         if (pp.P > 1 && pp.has_head())
             p2p_group(comm_world().pp, {{true, m.head_acc, m.head.padded_total * sizeof(float), 0, TIED_EMBEDDING_TAG}});
@@ -936,7 +942,7 @@ static void tied_embedding_sum(GPT& m) {
 // after its first micro-batch's blocks.
 static void tied_embedding_refresh(GPT& m) {
     const PipelinePlan& pp = m.pipe;
-    if (pp.P == 1 || (!pp.has_embedding() && !pp.has_head())) return;
+    if (m.tied == TIED_NONE || pp.P == 1 || (!pp.has_embedding() && !pp.has_head())) return;
     const ZeroLayout& z = m.zero;
     const size_t n = m.head.shard_len(0), bytes = n * sizeof(floatX);
     if (pp.has_embedding()) zero_update_segment(m, m.seg_local[0]);  // (stage 0: the embedding's update now)

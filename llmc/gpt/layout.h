@@ -136,7 +136,7 @@ static std::vector<ParamTensor> local_param_table(const GPTConfig& c, const std:
         const bool replica = s.tp > 1 && s.rank != 0, experts = f.compare(0, 4, "moe.") == 0 && f != "moe.router.w";
         if (s.tp == 1 && (s.ep == 1 || !experts)) {
             contiguous(0, 0, (g.numel + 7) / 8 * 8, true);  // with its padding: one process reports every element
-        } else if (g.name == "wte") {
+        } else if (g.name == "wte" || g.name == "lm_head") {  // vocab-parallel: the rank's rows
             p.shape = {s.vocab, C};
             contiguous(0, (size_t)s.vocab0 * C, (size_t)s.vocab * C, true);
         } else if (f == "attn.qkv.w" || f == "attn.qkv.b") {
@@ -374,7 +374,9 @@ static void chunk_bounds(const std::vector<PipeAction>& actions, int V, std::vec
 //   TIED_PER_STEP        -z 2/3 with pp (the head's and the embedding's gradients live on two
 //                        stages; per micro-batch they would cost a transfer of the table), or dp 1:
 //                        the head's gradient summed apart over the step, added once. G = 1.
-enum TiedSum { TIED_PER_RANK, TIED_PER_MICRO_BATCH, TIED_PER_STEP };
+//   TIED_NONE            --tie_embeddings 0: the lm head is a matrix of the final segment, summed
+//                        as every other weight (the same G as the tied sums give: dp, or 1).
+enum TiedSum { TIED_PER_RANK, TIED_PER_MICRO_BATCH, TIED_PER_STEP, TIED_NONE };
 inline TiedSum tied_sum_of(int zero_stage, int dp, int n_stages) {
     if (zero_stage <= 1) return TIED_PER_RANK;
     return n_stages == 1 && dp > 1 ? TIED_PER_MICRO_BATCH : TIED_PER_STEP;

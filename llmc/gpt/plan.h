@@ -198,14 +198,16 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     m.adam_m = (float*)take(m, host_state ? MEM_HOST_MOMENTS : MEM_MOMENTS, z.state_elems() * sizeof(float));
     m.adam_v = (float*)take(m, host_state ? MEM_HOST_MOMENTS : MEM_MOMENTS, z.state_elems() * sizeof(float));
     if (host_state) m.grad_staging = (float*)take(m, MEM_HOST_STAGING, z.state_elems() * sizeof(float));
-    m.tied = tied_sum_of(zero_stage, dp.size, pp.P);
-    if (pp.has_head() || (pp.has_embedding() && pp.P > 1)) {
+    m.tied = config.tie_embeddings ? tied_sum_of(zero_stage, dp.size, pp.P) : TIED_NONE;
+    if (m.tied != TIED_NONE && (pp.has_head() || (pp.has_embedding() && pp.P > 1))) {
         const std::vector<SegmentSpec> all = segment_specs(config, m.local);
         m.head = zero_layout({all[0]}, count_params(m.local), zero_stage, dp.size, dp.rank);
         if (head_acc_elems(m) > 0) m.head_acc = (float*)take(m, MEM_GRAD_BUFFERS, head_acc_elems(m) * sizeof(float));
-        if (pp.has_head()) m.head_leaf = (float*)take(m, MEM_GRAD_BUFFERS, m.head.padded_total * sizeof(float));
+        m.head_leaf_elems = m.head.padded_total;
         if (pp.has_head() && pp.P > 1) m.head_params = (floatX*)take(m, MEM_PARAMS, m.head.padded_total * fx);
     }
+    if (m.tied == TIED_NONE) m.head_leaf_elems = (size_t)m.ls.vocab * config.n_embd;  // the rank's lm_head rows
+    if (pp.has_head()) m.head_leaf = (float*)take(m, MEM_GRAD_BUFFERS, m.head_leaf_elems * sizeof(float));
     if (m.grad_blocks > 1) m.grad_total = (float*)take(m, MEM_GRAD_BUFFERS, z.acc_elems() * sizeof(float));
     const size_t scratch_elems = std::max(z.max_reduced(), m.head.segs.empty() ? 0 : m.head.max_padded);
     if (dp.size > 1) m.comm_scratch = (float*)take(m, MEM_GRAD_BUFFERS, scratch_elems * sizeof(float));
@@ -333,6 +335,15 @@ static void alloc_activations(GPT& m, int B, int T) {
     m.d_fch_act = take_act(m, act_max);
     m.d_atty = take_act(m, BT * C);
     m.scratch = take_act(m, rows * C);  // a branch's output (the stream's rows)
+    if (config.pos == POS_ROPE) {  // every position a forward's buffers can hold (the sampler's one long row)
+        const size_t n_pos = BT, bytes = n_pos * ls.hs * sizeof(float);
+        m.rope_cos_sin = (float*)take(m, MEM_ACTIVATIONS, bytes);
+        if (!m.mem.plan_only) {
+            std::vector<float> table(n_pos * ls.hs);
+            cpu::rope_table(table.data(), (int)n_pos, ls.hs, config.rope);
+            copy_to_buffer(m.rope_cos_sin, table.data(), bytes);
+        }
+    }
     if (pp.has_head()) {
         m.lnf = take_act(m, BT * C);
         m.lnf_mean = take_stats(m, rows);

@@ -317,7 +317,8 @@ static void tp_comm_theory(const GPT& m, int grad_accum, double theory[COMM_N_OP
         else all_reduce(bytes, bytes / fx, nodes);
     };
     auto gather = [&](double bytes) { if (ls.sp) ag += f * bytes; };  // --sp only
-    auto ln_grads = [&]() { if (ls.sp) all_reduce(2.0 * c.n_embd * 4.0, 2.0 * c.n_embd, n_tok); };  // fp32 (layernorm_weight_grads)
+    const double n_norm_grads = (c.rmsnorm() ? 1.0 : 2.0) * c.n_embd;  // fp32 (norm_weight_grads)
+    auto ln_grads = [&]() { if (ls.sp) all_reduce(n_norm_grads * 4.0, n_norm_grads, n_tok); };
     // one forward of block l (the attention output and the FFN's; with --sp the LN outputs' gathers)
     auto block_fwd = [&](int l) {
         gather(S);
@@ -489,8 +490,8 @@ static void print_comm_volume(const GPT& m, int grad_accum) {
     if (pp.P > 1) {
         const double act = (double)m.max_B * m.max_T / (m.ls.sp ? m.ls.tp : 1) * m.config.n_embd * fx;  // the stream's rows
         for (int ch = 0; ch < pp.V; ch++) theory[COMM_P2P] += grad_accum * act * (!pp.last_vs(ch) + !pp.first_vs(ch));
-        if (pp.has_embedding()) theory[COMM_P2P] += fx * m.head.shard_len(0);     // the tied weights, to the last stage
-        if (pp.has_head()) {
+        if (pp.has_embedding() && m.tied != TIED_NONE) theory[COMM_P2P] += fx * m.head.shard_len(0);  // the tied weights, to the last stage
+        if (pp.has_head() && m.tied != TIED_NONE) {
             theory[COMM_P2P] += 4.0 * head_acc_elems(m);                           // the head's gradient, to the first
             theory[COMM_ALL_GATHER] += share * fx * m.head.padded_total;           // its copy of the new weights
         }

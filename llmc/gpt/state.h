@@ -273,11 +273,12 @@ static void gather_to_table(const GPT& m, const float* own_shard, float* table_o
 // The init (normal(0, init_std), ones, zeros by tensor; docs/ARCHITECTURE.md): table element i of a
 // normal tensor is normal_at(seed, i) (llmc/rand.h), a value that depends only on (seed, i), so each
 // rank computes just the parts it holds, in parallel, and every layout starts from the same bits.
-// The wte rows past vocab_size (padding to a multiple of 128) start at zero: no token uses them, so
-// their gradient is zero and AdamW (zero update, decay of zero) keeps them at zero. Moments: zero.
+// The wte (and untied lm_head) rows past vocab_size (padding to a multiple of 128) start at zero: no
+// token uses them and the softmax leaves them out, so their gradient is zero and AdamW (zero update,
+// decay of zero) keeps them at zero. Moments: zero.
 static void gpt_init_params(GPT& m, uint64_t seed) {
     const std::vector<ParamTensor>& table = m.table;
-    const size_t wte_used = (size_t)m.config.vocab_size * m.config.n_embd;  // table[0] is wte
+    const size_t vocab_used = (size_t)m.config.vocab_size * m.config.n_embd;
     gpt_set_state(m, [&](size_t begin, size_t n, float* p, float* mm, float* v) {
         std::fill(p, p + n, 0.0f);  // the alignment gaps between tensors, the unused wte rows
         if (mm) std::fill(mm, mm + n, 0.0f);
@@ -287,7 +288,8 @@ static void gpt_init_params(GPT& m, uint64_t seed) {
                                     [](size_t b, const ParamTensor& t) { return b < t.offset + t.numel; }) - table.begin();
         for (; k < table.size() && table[k].offset < begin + n; k++) {
             const ParamTensor& t = table[k];
-            const size_t lo = std::max(begin, t.offset), hi = std::min(begin + n, t.offset + (k == 0 ? wte_used : t.numel));
+            const bool vocab_rows = t.name == "wte" || t.name == "lm_head";
+            const size_t lo = std::max(begin, t.offset), hi = std::min(begin + n, t.offset + (vocab_rows ? vocab_used : t.numel));
             if (t.init == ParamTensor::ONES) std::fill(p + (lo - begin), p + std::max(lo, hi) - begin, 1.0f);
             if (t.init != ParamTensor::NORMAL) continue;
             const float std = t.init_std;
@@ -357,7 +359,11 @@ static GPTConfig config_from_llmc(const LlmcModelShape& s, const std::string& pa
 }
 static LlmcModelShape llmc_shape_of(const GPTConfig& c) {
     const char* why = c.mlp != MLP_GELU ? "--mlp gelu (this model has swiglu)"
-                      : c.pos != POS_LEARNED ? "--pos learned (this model has alibi)"
+                      : c.pos != POS_LEARNED ? (c.pos == POS_ROPE ? "--pos learned (this model has rope)"
+                                                                  : "--pos learned (this model has alibi)")
+                      : c.norm != NORM_LAYERNORM ? "--norm layernorm (this model has rmsnorm)"
+                      : c.bias != BIAS_ALL ? "--bias all (this model has fewer biases)"
+                      : !c.tie_embeddings ? "--tie_embeddings 1 (this model has an lm head of its own)"
                       : c.n_kv_head != c.n_head ? "--n_kv_head equal to --n_head (this model has grouped-query attention)"
                       : c.ffn_hidden != 4 * c.n_embd ? "--ffn_hidden 4 * n_embd (this model's differs)"
                       : c.n_expert != 0 ? "a dense model (this one has experts)" : nullptr;

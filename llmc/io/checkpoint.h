@@ -27,6 +27,9 @@
 // mix(i, w), summed mod 2^64. A sum of per-word terms can be computed by each rank over its own
 // ranges and added, in any order; any changed, moved or swapped word changes it.
 // Version 1 files (no checksum, written before multi-process training) still load.
+// A model file (scripts/import_hf.py writes them; --init_from reads them) is a checkpoint of the
+// config fields and an int field model_only = 1, holding the params array only (no moments, no
+// run state), its checksum computed the same way over that one array.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -57,6 +60,11 @@ struct Checkpoint {
     uint64_t n_params = 0;     // elements of each of the three arrays
     uint32_t version = 0;      // of a file read
     uint64_t data_offset = 0;  // of a file read: the byte offset of params[0]
+    // the arrays the file holds: 3 (params, adam m, adam v), or 1 in a model file (model_only = 1)
+    int n_arrays() const {
+        const CheckpointField* f = find("model_only");
+        return f && f->kind == 'i' && f->i == 1 ? 1 : 3;
+    }
 
     void set_int(const std::string& name, int64_t v) { fields.push_back({name, 'i', v, 0}); }
     void set_float(const std::string& name, double v) { fields.push_back({name, 'f', 0, v}); }
@@ -322,11 +330,13 @@ inline Checkpoint read_checkpoint_header(const std::string& path, FILE* f, uint6
     checksum = 0;
     if (ck.version >= 2) fread_or_fail(&checksum, 8, f, path, "checksum");
     ck.data_offset = header.size() + (ck.version >= 2 ? 8 : 0);
-    const bool representable = n_params <= (UINT64_MAX - ck.data_offset) / 12;  // checked before multiplying
-    LLMC_CHECK(representable && actual == ck.data_offset + 12 * n_params,
-               "%s: checkpoint is %llu bytes, expected %s%llu for %llu parameters (truncated or corrupt header?)",
-               path.c_str(), (unsigned long long)actual, representable ? "" : "more than ",
-               (unsigned long long)(representable ? ck.data_offset + 12 * n_params : UINT64_MAX),
+    const uint64_t per_param = 4 * (uint64_t)ck.n_arrays();
+    const bool representable = n_params <= (UINT64_MAX - ck.data_offset) / per_param;  // checked before multiplying
+    LLMC_CHECK(representable && actual == ck.data_offset + per_param * n_params,
+               "%s: %s is %llu bytes, expected %s%llu for %llu parameters (truncated or corrupt header?)",
+               path.c_str(), ck.n_arrays() == 1 ? "model file" : "checkpoint", (unsigned long long)actual,
+               representable ? "" : "more than ",
+               (unsigned long long)(representable ? ck.data_offset + per_param * n_params : UINT64_MAX),
                (unsigned long long)n_params);
     ck.n_params = n_params;
     return ck;
@@ -369,7 +379,7 @@ inline Checkpoint verify_checkpoint(const CommGroup& g, const std::string& path)
         std::vector<unsigned char> header;
         ck = read_checkpoint_header(path, f, mine.stored, header);
         mine.header_hash = ckpt_hash_bytes(header.data(), header.size());
-        const uint64_t n = ck.n_params, words = 3 * n;  // 3 n fits: the file's size was checked
+        const uint64_t n = ck.n_params, words = ck.n_arrays() * n;  // fits: the file's size was checked
         const uint64_t per = words / g.size, extra = words % g.size, r = (uint64_t)g.rank;
         const uint64_t lo = per * r + std::min(r, extra), hi = lo + per + (r < extra ? 1 : 0);
         std::vector<float> buf(std::min<uint64_t>(staging_elems(), hi - lo));
@@ -430,15 +440,17 @@ inline int64_t file_fingerprint(const std::string& path) {
 struct CheckpointFile {
     const std::string path;
     const uint64_t n_params, data_offset;
+    const int n_arrays;
     FILE* f;
     CheckpointFile(const std::string& path_, const Checkpoint& verified)
-        : path(path_), n_params(verified.n_params), data_offset(verified.data_offset), f(fopen_or_fail(path_, "rb")) {}
+        : path(path_), n_params(verified.n_params), data_offset(verified.data_offset), n_arrays(verified.n_arrays()),
+          f(fopen_or_fail(path_, "rb")) {}
     CheckpointFile(const CheckpointFile&) = delete;
     CheckpointFile& operator=(const CheckpointFile&) = delete;
     ~CheckpointFile() { fclose(f); }
     // table elements [begin, begin + n) of array a (0 params, 1 adam m, 2 adam v)
     void read(int a, uint64_t begin, size_t n, float* out) const {
-        LLMC_CHECK(a >= 0 && a < 3 && begin <= n_params && n <= n_params - begin,
+        LLMC_CHECK(a >= 0 && a < n_arrays && begin <= n_params && n <= n_params - begin,
                    "internal: %s: read of %s [%llu, +%zu) outside the %llu parameters", path.c_str(),
                    CHECKPOINT_ARRAYS[a & 3], (unsigned long long)begin, n, (unsigned long long)n_params);
         pread_or_fail(fileno(f), out, n * 4, data_offset + 4 * ((uint64_t)a * n_params + begin), path);
@@ -452,8 +464,8 @@ inline CheckpointContents load_checkpoint(const std::string& path) {
     CheckpointFile file(path, c);
     std::vector<float>* arrays[3] = {&c.params, &c.adam_m, &c.adam_v};
     for (int a = 0; a < 3; a++) {
-        arrays[a]->resize(c.n_params);
-        file.read(a, 0, c.n_params, arrays[a]->data());
+        arrays[a]->assign(c.n_params, 0.0f);  // (a model file: zero moments)
+        if (a < c.n_arrays()) file.read(a, 0, c.n_params, arrays[a]->data());
     }
     return c;
 }
