@@ -44,6 +44,13 @@
 #      resume continues bitwise
 #  15. log.jsonl changed under a running trainer as logrotate does (LLMC_FAULT_LOG: copytruncate, rename
 #      + create) or deleted: one warning, every line of every log file valid JSON, no record lost
+#  16. multiple choice and --eval_only in one process, dp 2, pp 2, tp 2, dp 2 -z 3
+#  17. the open models' shape: a Llama-shaped model (rope with llama3 scaling, rmsnorm, no biases,
+#      untied head, one kv head: shared by the tp ranks) and a Qwen2-shaped one (rope, rmsnorm eps 1e-6, q/k/v biases, tied) under
+#      dp 2 -z 0..3, tp 2 (+sp), pp 2 (1f1b, zb1 -r 1), np 4 pp 2 x dp 2 and tp 2 x dp 2 -z 3, each
+#      bitwise as one process with the bytes of the theory; resumes (same layout, tp 2 -> pp 2)
+#      bitwise; --init_from a checkpoint (its weights, fresh moments, step 0); flags that contradict
+#      the file refused
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$PWD/train_gpt_cpu
@@ -964,6 +971,41 @@ printf 'LLMCMCQA\1\0\0\0' > "$MC/bad.bin"; head -c 60 /dev/zero >> "$MC/bad.bin"
 run 1 "$MC/badmc" --eval_only -y "$ck" -i "$MC/data/*_train_*.bin" -j "$MC/data/*_val_*.bin" -m 1 --eval_mc "$MC/bad.bin"
 grep -q "eval_mc $MC/bad.bin: holds no items" "$MC/badmc.log" && pass || { fail "a bad --eval_mc file"; tail -2 "$MC/badmc.log"; }
 echo "test_dist: multiple choice and --eval_only done in $(( $(date +%s) - t0 )) s"
+
+# ---- 17. the open models' shape (Llama, Qwen2) in every layout
+t0=$(date +%s)
+OPEN="$COMMON -x $STEPS -d $((B * T * 4)) --n_embd 32 --n_head 4 --ffn_hidden 48"  # (head size 8: rope pairs; tp 2 splits 4 heads)
+LLAMA="$OPEN --n_kv_head 1 --pos rope --rope_theta 500000 --rope_scaling llama3 --rope_original_max_pos 8 --norm rmsnorm --bias none --tie_embeddings 0"
+QWEN="$OPEN --n_kv_head 2 --pos rope --rope_theta 1000000 --norm rmsnorm --norm_eps 1e-6 --bias qkv"
+for shape in llama qwen; do
+    [ $shape = llama ] && ARGS=$LLAMA || ARGS=$QWEN
+    run 1 "$W/$shape.np1" $ARGS || fail "$shape one process: rc $?"
+    for layout in "2 -z 0" "2 -z 1" "2 -z 2" "2 -z 3" "2 --tp 2" "2 --tp 2 --sp" "2 --pp 2" "2 --pp 2 --pp_schedule zb1 -r 1" \
+                  "4 --pp 2 -z 1" "4 --tp 2 -z 3"; do
+        set -- $layout; np=$1; shift
+        out=$W/$shape.$(echo $layout | tr ' ' _)
+        if run $np "$out" $ARGS "$@"; then
+            ref_for "$out" $ARGS
+            same_run "$REF" "$out" $STEPS "$shape np $layout vs one process"
+            comm_theory "$out" "$shape np $layout"
+        else fail "$shape np $layout: rc $?"; tail -3 "$out.log"; fi
+    done
+    # resumes: the same layout, and tp 2 -> pp 2 (checkpoints are in the table's layout)
+    run 2 "$W/$shape.part" $ARGS --tp 2 -n 4 && run 2 "$W/$shape.resumed" $ARGS --tp 2 -y "$W/$shape.part/ckpt_000000004.bin" &&
+        run 2 "$W/$shape.repp" $ARGS --pp 2 -y "$W/$shape.part/ckpt_000000004.bin" || fail "$shape resumes: rc $?"
+    same_run "$W/$shape.2_--tp_2" "$W/$shape.resumed" $STEPS "$shape tp 2 resumed at step 4" 4
+    same_run "$W/$shape.2_--pp_2" "$W/$shape.repp" $STEPS "$shape tp 2 -> pp 2 resumed at step 4" 4
+done
+# --init_from one of our checkpoints: its weights, fresh moments, step 0 (= a run from those weights)
+run 1 "$W/llama.init" $LLAMA --init_from "$W/llama.part/ckpt_000000004.bin" -x 2 &&
+    grep -q "initialized from .*the weights of a checkpoint" "$W/llama.init.log" &&
+    grep -q '"step":2' "$W/llama.init/log.jsonl" && pass || fail "--init_from a checkpoint"
+run 1 "$W/llama.contra" $OPEN --init_from "$W/llama.part/ckpt_000000004.bin" --norm layernorm
+grep -q "the checkpoint has norm = rmsnorm but the flags ask for layernorm" "$W/llama.contra.log" && pass ||
+    { fail "--init_from with a contradicting flag"; tail -2 "$W/llama.contra.log"; }
+run 1 "$W/llama.badflag" $OPEN --pos rope --rope_scaling yarn
+grep -q "rope_scaling: expected none or llama3, got 'yarn'" "$W/llama.badflag.log" && pass || fail "--rope_scaling yarn"
+echo "test_dist: the open models' shape done in $(( $(date +%s) - t0 )) s"
 
 echo "test_dist: $checks checks, $fails failed"
 [ $fails -eq 0 ]
