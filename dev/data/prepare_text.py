@@ -12,8 +12,27 @@ Tokenizers (--tokenizer):
                   "LLMCVOCB", uint32 version 1, uint32 vocab_size, uint32 eot_token, uint32 0, then
                   per token uint32 n_bytes + the bytes). Needs `tokenizers`: `make tools`, then run this
                   script with .venv-tools/bin/python.
-Every document is written as EOT followed by its tokens (GPT-2 convention: EOT opens a document),
-so a packed row's doc_start is the last EOT at or before each position.
+  PATH            an existing Hugging Face tokenizer: a tokenizer.json (a path ending in .json) or a
+                  folder holding one (a model folder: Llama 3, Qwen2, Mistral, ...), applied with
+                  `tokenizers` as it is (its normalizer, pre-tokenizer and model; no special tokens
+                  added: the document token below is ours). Written next to the shards:
+                  tokenizer.bin (every id's bytes: byte-level BPE vocabularies through GPT-2's
+                  byte-to-unicode map, SentencePiece-style ones with "▁" as a space and <0xXX>
+                  byte-fallback tokens as that byte; special and added tokens as their text) and a
+                  copy of tokenizer.json, tokenizer_config.json and special_tokens_map.json (those
+                  present), which scripts/export_hf.py --tokenizer OUT_DIR carries into the model
+                  folder. Shards hold 4-byte tokens when the vocabulary has more than 65536 ids.
+                  The shards' vocab_size is the tokenizer's (its largest id + 1); the model's may be
+                  larger: a model imported with scripts/import_hf.py keeps its config.json's
+                  vocab_size (Qwen2: 151936 rows for 151665 tokens), a new one needs --vocab_size of
+                  the trainer >= the shards'.
+Every document is written as its document token followed by its tokens (GPT-2 convention: EOT
+opens a document), so a packed row's doc_start is the last such token at or before each position.
+The document token is EOT (<|endoftext|>) for byte and bpe; for an existing tokenizer it is
+--doc_token when given, else the model's BOS (bos_token of tokenizer_config.json /
+special_tokens_map.json, or the token its post-processor puts first: Llama 3's <|begin_of_text|>,
+Llama 2's and Mistral's <s>), else <|endoftext|> when the vocabulary has it (Qwen2, GPT-2), else
+the eos_token; the output says which it took.
 
 Documents come from text files or directories (all regular files inside, recursively, skipping
 fortune's .dat index files and symlinks), split by --sep:
@@ -44,6 +63,7 @@ encoded, tokens written), at most once a second and only for phases that take mo
 Examples:
   python3 dev/data/prepare_text.py /usr/share/games/fortunes --sep percent --out_dir data/fortunes
   python3 dev/data/prepare_text.py books/ --sep blank --tokenizer bpe --vocab_size 8192 --out_dir data/books
+  python3 dev/data/prepare_text.py books/ --sep blank --tokenizer hf/Llama-3.2-1B --out_dir data/books_llama3
 """
 import argparse
 import glob
@@ -184,6 +204,112 @@ def train_bpe(train_docs, vocab_size):
     return tok, eot, pieces
 
 
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def _types(node):
+    """The component types of a tokenizer.json decoder / pre-tokenizer (Sequence unrolled)."""
+    if not isinstance(node, dict):
+        return []
+    inner = node.get("decoders") or node.get("pretokenizers") or []
+    return [node.get("type")] + [t for n in inner for t in _types(n)]
+
+
+def hf_tokenizer(path, doc_token=None):
+    """An existing tokenizer.json (or a folder holding one). Returns (tokenizer, document token id,
+    [bytes of each token id], the files to copy beside the shards, what the document token is)."""
+    try:
+        from tokenizers import Tokenizer, pre_tokenizers
+    except ImportError:
+        sys.exit("prepare_text.py: --tokenizer PATH needs Hugging Face tokenizers: run `make tools` once, then this "
+                 "script with .venv-tools/bin/python (or pip install tokenizers into your own environment)")
+    import json
+    tj = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    folder = os.path.dirname(tj) or "."
+    try:
+        spec = json.load(open(tj, encoding="utf-8"))
+        tok = Tokenizer.from_file(tj)
+    except (OSError, ValueError, Exception) as e:
+        sys.exit(f"prepare_text.py: --tokenizer {tj}: cannot read it as a tokenizers tokenizer.json ({e})")
+    vocab = tok.get_vocab(with_added_tokens=True)
+    n = max(vocab.values()) + 1
+    if n > (1 << 24):
+        sys.exit(f"prepare_text.py: --tokenizer {tj}: {n} token ids, the engine takes at most {1 << 24}")
+    added = {a["id"]: a["content"] for a in spec.get("added_tokens") or []}
+    model = spec.get("model") or {}
+    kinds = set(_types(spec.get("decoder"))) | set(_types(spec.get("pre_tokenizer")))
+    if "ByteLevel" in kinds:
+        kind = "byte-level"
+        byte_of = byte_level_alphabet()
+        if set(byte_of) != set(pre_tokenizers.ByteLevel.alphabet()):
+            sys.exit("prepare_text.py: this tokenizers version spells bytes differently from GPT-2's byte-level map")
+    elif kinds & {"Metaspace", "ByteFallback", "Replace"} or model.get("byte_fallback"):
+        kind = "sentencepiece"
+    else:
+        sys.exit(f"prepare_text.py: --tokenizer {tj}: its decoder ({', '.join(sorted(k for k in kinds if k)) or 'none'})"
+                 " is neither byte-level BPE nor SentencePiece-style: cannot tell each token's bytes")
+    pieces = [b""] * n
+    for text, i in vocab.items():
+        if i in added:
+            pieces[i] = added[i].encode()
+        elif kind == "byte-level":
+            try:
+                pieces[i] = bytes(byte_of[c] for c in text)
+            except KeyError:
+                sys.exit(f"prepare_text.py: --tokenizer {tj}: token {i} {text!r} is not spelled in the byte-level "
+                         "alphabet")
+        elif re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", text) and model.get("byte_fallback"):
+            pieces[i] = bytes([int(text[3:5], 16)])
+        else:
+            pieces[i] = text.replace("\u2581", " ").encode()
+    # the document token
+    named = {}
+    for name in reversed(TOKENIZER_FILES[1:]):  # tokenizer_config.json has the last word
+        p = os.path.join(folder, name)
+        if os.path.isfile(p):
+            try:
+                d = json.load(open(p, encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                sys.exit(f"prepare_text.py: {p}: not JSON ({e})")
+            for k in ("bos", "eos"):
+                if f"{k}_token" in d:
+                    v = d[f"{k}_token"]
+                    named[k] = v.get("content") if isinstance(v, dict) else v
+    first = None
+    post = spec.get("post_processor") or {}
+    for proc in [post] + list(post.get("processors") or []):
+        single = proc.get("single") if proc.get("type") == "TemplateProcessing" else None
+        if single and "SpecialToken" in single[0]:
+            first = single[0]["SpecialToken"]["id"]
+    if doc_token is not None:
+        text, why = doc_token, "--doc_token"
+    elif named.get("bos"):
+        text, why = named["bos"], "the model's BOS"
+    elif "bos" not in named and first is not None:
+        text, why = first, "the model's BOS (its post-processor's first token)"
+    elif EOT_TEXT in vocab:
+        text, why = EOT_TEXT, "the end-of-text token: the model has no BOS"
+    elif named.get("eos"):
+        text, why = named["eos"], "the model's EOS: it has no BOS"
+    else:
+        sys.exit(f"prepare_text.py: --tokenizer {tj}: cannot tell the token that starts a document (no bos_token, no "
+                 f"{EOT_TEXT}, no eos_token): name it with --doc_token TEXT")
+    if text not in vocab:
+        sys.exit(f"prepare_text.py: --tokenizer {tj}: the document token {text!r} ({why}) is not in its vocabulary")
+    eot = vocab[text]
+    # the vocabulary must spell what the tokenizer decodes, byte for byte
+    for sample in ["the quick brown fox, 42 times!", "আমার সোনার বাংলা", "naïve café \u20ac \u6f22\u5b57 \U0001F600"]:
+        ids = tok.encode(sample, add_special_tokens=False).ids
+        got = b"".join(pieces[i] for i in ids).decode("utf-8", "replace")
+        want = tok.decode(ids, skip_special_tokens=False)
+        if got != want and got != " " + want:  # SentencePiece's decoder strips the first "▁"
+            sys.exit(f"prepare_text.py: --tokenizer {tj}: its tokens' bytes ({kind}) do not spell what it decodes: "
+                     f"{got!r} vs {want!r}")
+    files = [tj] + [os.path.join(folder, f) for f in TOKENIZER_FILES[1:] if os.path.isfile(os.path.join(folder, f))]
+    print(f"tokenizer: {tj} ({kind}, {n} token ids); documents start with {text!r} (id {eot}, {why})")
+    return tok, eot, pieces, files
+
+
 def write_vocab(path, pieces, eot):
     """tokenizer.bin: what train_gpt decodes samples with (format in the docstring at the top)."""
     out = bytearray(VOCAB_MAGIC + struct.pack("<IIII", 1, len(pieces), eot, 0))
@@ -217,7 +343,7 @@ def encoded_documents(docs, tok):
         return
     batch = 1024
     for k in range(0, len(docs), batch):
-        for enc in tok.encode_batch([d.decode("utf-8", "replace") for d in docs[k:k + batch]]):
+        for enc in tok.encode_batch([d.decode("utf-8", "replace") for d in docs[k:k + batch]], add_special_tokens=False):
             yield enc.ids
 
 
@@ -231,22 +357,36 @@ def main():
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard (the last may hold up to 1.5x)")
     ap.add_argument("--force", action="store_true", help="delete existing shards of the same name in out_dir first")
-    ap.add_argument("--tokenizer", choices=["byte", "bpe"], default="byte", help="byte-level (257 tokens) or a trained BPE")
+    ap.add_argument("--tokenizer", default="byte", help="byte (257 tokens), bpe (a BPE trained here), or an existing "
+                    "Hugging Face tokenizer: a tokenizer.json or a folder holding one")
     ap.add_argument("--vocab_size", type=int, default=None, help="--tokenizer bpe: tokens in the vocabulary (default 8192)")
+    ap.add_argument("--doc_token", default=None, help="--tokenizer PATH: the token text that starts every document "
+                    "(default: the model's BOS, else <|endoftext|>, else its EOS)")
     args = ap.parse_args()
     # argparse has already refused non-numbers; the ranges are ours (exit 1 with a message, no traceback)
     if not 0 <= args.val_frac < 1:
         sys.exit(f"prepare_text.py: --val_frac must be in [0, 1) (the train split needs documents), got {args.val_frac}")
     if args.shard_tokens < 1:
         sys.exit(f"prepare_text.py: --shard_tokens must be >= 1, got {args.shard_tokens}")
+    hf = args.tokenizer not in ("byte", "bpe")
+    if hf and not (args.tokenizer.endswith(".json") or os.path.isfile(os.path.join(args.tokenizer, "tokenizer.json"))):
+        sys.exit(f"prepare_text.py: --tokenizer {args.tokenizer}: expected byte, bpe, a tokenizer.json or a folder holding "
+                 "one")
     if args.tokenizer == "byte" and args.vocab_size is not None:
         sys.exit("prepare_text.py: --vocab_size is for --tokenizer bpe (the byte tokenizer has 257 tokens)")
+    if hf and args.vocab_size is not None:
+        sys.exit("prepare_text.py: --vocab_size is for --tokenizer bpe (an existing tokenizer has its own)")
+    if args.doc_token is not None and not hf:
+        sys.exit("prepare_text.py: --doc_token is for --tokenizer PATH (byte and bpe start documents with <|endoftext|>)")
     if args.tokenizer == "bpe":
         args.vocab_size = 8192 if args.vocab_size is None else args.vocab_size
         # 256 bytes + EOT at least; at most what the trainer's 32-bit token ids (and 2^24 in the engine) allow
         if not 257 <= args.vocab_size <= (1 << 24):
             sys.exit(f"prepare_text.py: --vocab_size must be in [257, {1 << 24}], got {args.vocab_size}")
 
+    if hf:  # read (and its files kept) before anything is written: it may live in out_dir
+        *hf_tok, files = hf_tokenizer(args.tokenizer, args.doc_token)
+        copies = {os.path.basename(f): open(f, "rb").read() for f in files}
     docs = read_documents(list_files(args.inputs), args.sep)
     if len(docs) < 2:
         sys.exit(f"prepare_text.py: found {len(docs)} documents in {args.inputs}; need at least 2 (check --sep)")
@@ -261,7 +401,7 @@ def main():
         stale = sorted(glob.glob(os.path.join(glob.escape(args.out_dir), f"{glob.escape(name)}_train_*.bin")) +
                        glob.glob(os.path.join(glob.escape(args.out_dir), f"{glob.escape(name)}_val_*.bin")))
         # an old BPE vocabulary would be picked up by the trainer for these shards
-        stale += [p for p in (os.path.join(args.out_dir, "tokenizer.bin"), os.path.join(args.out_dir, "tokenizer.json"))
+        stale += [p for p in [os.path.join(args.out_dir, f) for f in ["tokenizer.bin"] + TOKENIZER_FILES]
                   if os.path.exists(p)]
         if stale and not args.force:
             sys.exit(f"prepare_text.py: {args.out_dir} already holds {len(stale)} shard or tokenizer file(s) "
@@ -270,6 +410,13 @@ def main():
         for p in stale:
             os.remove(p)
         tok, eot, vocab_size = None, EOT, VOCAB_SIZE
+        if hf:
+            tok, eot, pieces = hf_tok
+            vocab_size = len(pieces)
+            for base, data in copies.items():
+                with open(os.path.join(args.out_dir, base), "wb") as f:
+                    f.write(data)
+            write_vocab(os.path.join(args.out_dir, "tokenizer.bin"), pieces, eot)
         if args.tokenizer == "bpe":
             tok, eot, pieces = train_bpe(splits["train"], args.vocab_size)
             vocab_size = len(pieces)
@@ -308,6 +455,10 @@ def main():
                   f"mean document {n_tok / max(1, len(split_docs)):.0f} tokens; "
                   f"{(n_tok - len(split_docs)) / max(1, n_chars):.3f} tokens per character, "
                   f"{(n_tok - len(split_docs)) / max(1, n_words):.3f} per word")
+        if hf:
+            print(f"the shards' vocab_size is {vocab_size} ({'4' if vocab_size > 65536 else '2'}-byte tokens): a model "
+                  f"imported with scripts/import_hf.py keeps its config.json's vocab_size (>= this), a new one needs "
+                  f"the trainer's --vocab_size >= {vocab_size}")
     except OSError as e:
         sys.exit(f"prepare_text.py: cannot write to {args.out_dir}: {e.strerror or e} ({e.filename or args.out_dir})")
 
