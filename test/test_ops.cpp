@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -33,6 +34,8 @@
 #include "llmc/ops/cpu/matmul.h"
 #include "llmc/ops/cpu/mlp.h"
 #include "llmc/ops/cpu/moe.h"
+#include "llmc/ops/cpu/rmsnorm.h"
+#include "llmc/ops/cpu/rope.h"
 #include "llmc/ops/cpu/vec_math.h"
 #include "llmc/ops/op_scratch.h"
 #include "test_util.h"
@@ -411,6 +414,401 @@ TEST_CASE("fused_residual_layernorm_forward: gradients of both outputs vs finite
         fd_check("fused_residual_layernorm (via layernorm_backward) dinp2", x2, dres, loss);
         fd_check("fused_residual_layernorm (via layernorm_backward) dweight", w, dw, loss);
         fd_check("fused_residual_layernorm (via layernorm_backward) dbias", b, db, loss);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// rmsnorm.h
+
+void naive_rmsnorm(vector<double>& y, vector<double>& rstd, const vector<double>& x, const vector<double>& w, int N,
+                   int C, double eps) {
+    y.assign((size_t)N * C, 0);
+    rstd.assign(N, 0);
+    for (int n = 0; n < N; n++) {
+        double ms = 0;
+        for (int c = 0; c < C; c++) ms += x[(size_t)n * C + c] * x[(size_t)n * C + c];
+        ms /= C;  // the mean square: no mean is subtracted
+        const double rs = 1.0 / std::sqrt(ms + eps);
+        for (int c = 0; c < C; c++) y[(size_t)n * C + c] = x[(size_t)n * C + c] * rs * w[c];
+        rstd[n] = rs;
+    }
+}
+
+TEST_CASE_TEMPLATE("rmsnorm_forward and fused_residual_rmsnorm_forward: vs naive", T, float, double) {
+    Rng r(41);
+    for (const float eps : {1e-5f, 1e-6f})
+        for (const auto& s : ln_shapes) {
+            CAPTURE(s.N);
+            CAPTURE(s.C);
+            CAPTURE(eps);
+            const size_t NC = (size_t)s.N * s.C;
+            auto x = rand_vec<T>(r, NC, 0.1, 2.0), w = rand_vec<T>(r, s.C);
+            {
+                const std::string op = std::string("rmsnorm_forward<") + tname<T>() + "> ";
+                auto out = nan_vec<T>(NC), rstd = nan_vec<T>(s.N);
+                cpu::rmsnorm_forward<T>(out.data(), rstd.data(), x.data(), w.data(), s.N, s.C, eps);
+                vector<double> ry, rr;
+                naive_rmsnorm(ry, rr, to_d(x), to_d(w), s.N, s.C, (double)eps);
+                check_close(op + "out", out, ry, fwd_rtol<T>());
+                check_close(op + "rstd", rstd, rr, fwd_rtol<T>());
+            }
+            {
+                const std::string fop = std::string("fused_residual_rmsnorm_forward<") + tname<T>() + "> ";
+                auto x2 = rand_vec<T>(r, NC);
+                auto res = nan_vec<T>(NC), out = nan_vec<T>(NC), rstd = nan_vec<T>(s.N);
+                cpu::fused_residual_rmsnorm_forward<T>(res.data(), out.data(), rstd.data(), x.data(), x2.data(),
+                                                       w.data(), s.N, s.C, eps);
+                vector<double> rres(NC);
+                for (size_t i = 0; i < NC; i++) rres[i] = (double)x[i] + (double)x2[i];
+                vector<double> ry, rr;
+                naive_rmsnorm(ry, rr, rres, to_d(w), s.N, s.C, (double)eps);
+                check_close(fop + "residual", res, rres, fwd_rtol<T>());
+                check_close(fop + "out", out, ry, fwd_rtol<T>());
+                check_close(fop + "rstd", rstd, rr, fwd_rtol<T>());
+            }
+        }
+}
+
+TEST_CASE("rmsnorm_backward: vs finite differences (double), dinp and dweight accumulate, the split calls") {
+    Rng r(42);
+    const float eps = 1e-5f;
+    for (const auto& s : ln_shapes) {
+        const int N = s.N, C = s.C;
+        CAPTURE(N);
+        CAPTURE(C);
+        const size_t NC = (size_t)N * C;
+        auto x = rand_vec<double>(r, NC, 0.1, 2.0), w = rand_vec<double>(r, C), R = rand_vec<double>(r, NC);
+        auto loss = [&] {
+            vector<double> out(NC), rstd(N);
+            cpu::rmsnorm_forward<double>(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+            return dot(out, R);
+        };
+        vector<double> out(NC), rstd(N);
+        cpu::rmsnorm_forward<double>(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+        auto dx0 = rand_vec<double>(r, NC), dw0 = rand_vec<double>(r, C);
+        auto dx = dx0, dw = dw0;
+        cpu::rmsnorm_backward<double, double>(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+        fd_check("rmsnorm_backward<double> dinp (minus prefill)", x, sub(dx, dx0), loss);
+        fd_check("rmsnorm_backward<double> dweight (minus prefill)", w, sub(dw, dw0), loss);
+        // the split calls (the zero-bubble pipeline's B and W): dinp alone leaves dweight alone and
+        // vice versa (weight null: not read), and together they give the one call's bits
+        auto sx = dx0, sw = dw0;
+        cpu::rmsnorm_backward<double, double>(sx.data(), nullptr, R.data(), x.data(), w.data(), rstd.data(), N, C);
+        check_bitwise("rmsnorm_backward dinp alone", sx, dx);
+        cpu::rmsnorm_backward<double, double>(nullptr, sw.data(), R.data(), x.data(), nullptr, rstd.data(), N, C);
+        check_bitwise("rmsnorm_backward dweight alone", sw, dw);
+    }
+}
+
+TEST_CASE("rmsnorm_backward (float): dweight is acc + the op on zeros, bitwise, independent of the thread count") {
+    Rng r(43);
+    const int N = 67, C = 70;  // C spans three 32-channel blocks, the last one ragged
+    const size_t NC = (size_t)N * C;
+    auto x = rand_vec<float>(r, NC, 0.1, 2.0), w = rand_vec<float>(r, C), dout = rand_vec<float>(r, NC);
+    vector<float> y(NC), rstd(N);
+    cpu::rmsnorm_forward<float>(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+    const auto dw0 = rand_vec<float>(r, C), dx0 = rand_vec<float>(r, NC);
+    vector<float> zero(C, 0.0f);
+    cpu::rmsnorm_backward<float, float>(nullptr, zero.data(), dout.data(), x.data(), nullptr, rstd.data(), N, C);
+    vector<float> want(C);
+    for (int c = 0; c < C; c++) want[c] = dw0[c] + zero[c];
+    const int saved = omp_get_max_threads();
+    vector<float> first_dx;
+    for (int threads : {1, 2, 3}) {
+        CAPTURE(threads);
+        omp_set_num_threads(threads);
+        auto dw = dw0, dx = dx0;
+        cpu::rmsnorm_backward<float, float>(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+        check_bitwise("rmsnorm_backward dweight vs acc + op(0)", dw, want);
+        if (first_dx.empty()) first_dx = dx;
+        check_bitwise("rmsnorm_backward dinp across thread counts", dx, first_dx);
+    }
+    omp_set_num_threads(saved);
+}
+
+TEST_CASE("fused_residual_rmsnorm_forward: gradients of both outputs vs finite differences (double)") {
+    // L = sum(out * R) + sum(residual * R2): dinp1 = dinp2 = R2 + the RMSNorm backward of R, which is what
+    // rmsnorm_backward gives when dinp is pre-filled with the residual stream's gradient R2
+    Rng r(44);
+    const float eps = 1e-5f;
+    for (const auto& s : ln_shapes) {
+        const int N = s.N, C = s.C;
+        CAPTURE(N);
+        CAPTURE(C);
+        const size_t NC = (size_t)N * C;
+        auto x1 = rand_vec<double>(r, NC), x2 = rand_vec<double>(r, NC), w = rand_vec<double>(r, C),
+             R = rand_vec<double>(r, NC), R2 = rand_vec<double>(r, NC);
+        auto loss = [&] {
+            vector<double> res(NC), out(NC), rstd(N);
+            cpu::fused_residual_rmsnorm_forward<double>(res.data(), out.data(), rstd.data(), x1.data(), x2.data(),
+                                                        w.data(), N, C, eps);
+            return dot(out, R) + dot(res, R2);
+        };
+        vector<double> res(NC), out(NC), rstd(N);
+        cpu::fused_residual_rmsnorm_forward<double>(res.data(), out.data(), rstd.data(), x1.data(), x2.data(),
+                                                    w.data(), N, C, eps);
+        auto dres = R2, dw = vector<double>(C, 0.0);
+        cpu::rmsnorm_backward<double, double>(dres.data(), dw.data(), R.data(), res.data(), w.data(), rstd.data(), N,
+                                              C);
+        fd_check("fused_residual_rmsnorm (via rmsnorm_backward) dinp1", x1, dres, loss);
+        fd_check("fused_residual_rmsnorm (via rmsnorm_backward) dinp2", x2, dres, loss);
+        fd_check("fused_residual_rmsnorm (via rmsnorm_backward) dweight", w, dw, loss);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// rope.h
+
+vector<float> rope_table_vec(int n_pos, int hs, const cpu::RopeSpec& spec) {
+    vector<float> t((size_t)std::max(n_pos, 1) * (hs / 2) * 2);
+    cpu::rope_table(t.data(), n_pos, hs, spec);
+    return t;
+}
+
+// the rotation as a complex multiplication: (x_i + j x_{i+hs/2}) * (cos + j sign sin), the table's
+// floats, on the q and k heads; v heads copied
+template <class T>
+vector<double> naive_rope(const vector<T>& qkv, const vector<int>& ds, const vector<float>& cs, int B, int T_, int nh,
+                          int nkv, int hs, double sign) {
+    vector<double> out = to_d(qkv);
+    const int half = hs / 2;
+    const size_t row = (size_t)(nh + 2 * nkv) * hs;
+    for (int bt = 0; bt < B * T_; bt++) {
+        const int p = bt % T_ - ds[bt];
+        for (int h = 0; h < nh + nkv; h++)
+            for (int i = 0; i < half; i++) {
+                const size_t a = bt * row + (size_t)h * hs + i;
+                const std::complex<double> z((double)qkv[a], (double)qkv[a + half]);
+                const std::complex<double> e(cs[((size_t)p * half + i) * 2], sign * cs[((size_t)p * half + i) * 2 + 1]);
+                const std::complex<double> y = z * e;
+                out[a] = y.real();
+                out[a + half] = y.imag();
+            }
+    }
+    return out;
+}
+
+struct RopeShape {
+    int B, T, nh, nkv, hs;
+};
+// MHA, GQA groups of 2 and 3, multi-query, head sizes 2 (one pair), 6 (odd half), 8, 16
+const RopeShape rope_shapes[] = {{2, 13, 4, 4, 8}, {2, 17, 6, 3, 6}, {1, 37, 6, 2, 16}, {3, 7, 3, 1, 2},
+                                 {2, 29, 4, 2, 8}};
+
+TEST_CASE_TEMPLATE("rope_forward / rope_backward: vs the naive complex multiplication (packed docs, GQA)", T, float,
+                   double) {
+    Rng r(45);
+    cpu::RopeSpec spec;
+    for (const auto& s : rope_shapes)
+        for (int llama3 = 0; llama3 < 2; llama3++) {
+            CAPTURE(s.B);
+            CAPTURE(s.T);
+            CAPTURE(s.nh);
+            CAPTURE(s.nkv);
+            CAPTURE(s.hs);
+            CAPTURE(llama3);
+            spec.theta = llama3 ? 500000.0 : 10000.0;
+            spec.scaling = llama3 ? cpu::ROPE_SCALING_LLAMA3 : cpu::ROPE_SCALING_NONE;
+            spec.factor = 32.0;
+            spec.original_max_pos = 16;  // (small, so that the tiny head sizes see all three regimes)
+            const auto cs = rope_table_vec(s.T, s.hs, spec);
+            const auto ds = make_doc_start(s.B, s.T, r);
+            const size_t n = (size_t)s.B * s.T * (s.nh + 2 * s.nkv) * s.hs;
+            const auto x = rand_vec<T>(r, n, 0.1, 2.0);
+            auto y = x;
+            cpu::rope_forward<T>(y.data(), ds.data(), cs.data(), s.B, s.T, s.nh, s.nkv, s.hs);
+            check_close(std::string("rope_forward<") + tname<T>() + ">", y,
+                        naive_rope(x, ds, cs, s.B, s.T, s.nh, s.nkv, s.hs, 1.0), fwd_rtol<T>());
+            auto g = x;
+            cpu::rope_backward<T>(g.data(), ds.data(), cs.data(), s.B, s.T, s.nh, s.nkv, s.hs);
+            check_close(std::string("rope_backward<") + tname<T>() + ">", g,
+                        naive_rope(x, ds, cs, s.B, s.T, s.nh, s.nkv, s.hs, -1.0), fwd_rtol<T>());
+            // the value heads pass untouched (bitwise), and position 0 (a document's first token) is the identity
+            const size_t row = (size_t)(s.nh + 2 * s.nkv) * s.hs, qk = (size_t)(s.nh + s.nkv) * s.hs;
+            size_t moved = 0;
+            for (int bt = 0; bt < s.B * s.T; bt++)
+                for (size_t c = 0; c < row; c++) {
+                    const size_t a = bt * row + c;
+                    const bool fixed = c >= qk || bt % s.T == ds[bt];
+                    moved += fixed && std::memcmp(&y[a], &x[a], sizeof(T)) != 0;
+                    moved += fixed && std::memcmp(&g[a], &x[a], sizeof(T)) != 0;
+                }
+            CHECK_MESSAGE(moved == 0, moved << " value-head or position-0 elements changed");
+        }
+}
+
+TEST_CASE("rope_table: cos / sin of p * theta^(-2i/hs) within float rounding, any position") {
+    cpu::RopeSpec spec;
+    for (double theta : {10000.0, 500000.0})
+        for (int hs : {2, 8, 64, 128}) {
+            CAPTURE(theta);
+            CAPTURE(hs);
+            spec.theta = theta;
+            const int n_pos = 3000, half = hs / 2;
+            const auto cs = rope_table_vec(n_pos, hs, spec);
+            double worst = 0;
+            for (int p = 0; p < n_pos; p += 7)
+                for (int i = 0; i < half; i++) {
+                    const double inv = std::exp(-(2.0 * i / hs) * std::log(theta));
+                    const std::complex<double> e = std::polar(1.0, p * inv);
+                    worst = std::max({worst, std::fabs(cs[((size_t)p * half + i) * 2] - e.real()),
+                                      std::fabs(cs[((size_t)p * half + i) * 2 + 1] - e.imag())});
+                }
+            CHECK(worst <= 6e-8);  // one float rounding of a value in [-1, 1] (2^-25 ~ 3e-8) plus the angle's
+        }
+}
+
+TEST_CASE("rope_backward: vs finite differences (double), the transpose of rope_forward") {
+    Rng r(46);
+    cpu::RopeSpec spec;
+    for (const auto& s : rope_shapes) {
+        CAPTURE(s.B);
+        CAPTURE(s.T);
+        CAPTURE(s.hs);
+        const auto cs = rope_table_vec(s.T, s.hs, spec);
+        const auto ds = make_doc_start(s.B, s.T, r);
+        const size_t n = (size_t)s.B * s.T * (s.nh + 2 * s.nkv) * s.hs;
+        auto x = rand_vec<double>(r, n), R = rand_vec<double>(r, n);
+        auto loss = [&] {
+            auto y = x;
+            cpu::rope_forward<double>(y.data(), ds.data(), cs.data(), s.B, s.T, s.nh, s.nkv, s.hs);
+            return dot(y, R);
+        };
+        auto g = R;  // in place: the gradient at the output becomes the gradient at the input
+        cpu::rope_backward<double>(g.data(), ds.data(), cs.data(), s.B, s.T, s.nh, s.nkv, s.hs);
+        fd_check("rope_backward<double> dqkv", x, g, loss, 400);
+        // <rope(x), R> == <x, rope_backward(R)>: the backward is the forward's transpose
+        auto y = x;
+        cpu::rope_forward<double>(y.data(), ds.data(), cs.data(), s.B, s.T, s.nh, s.nkv, s.hs);
+        CHECK(dot(y, R) == doctest::Approx(dot(x, g)).epsilon(1e-13));
+        // and its inverse (a rotation): backward(forward(x)) == x, to within the table's floats (cos^2 + sin^2
+        // is 1 within ~2^-24: the rotation by float cos / sin scales by that much)
+        cpu::rope_backward<double>(y.data(), ds.data(), cs.data(), s.B, s.T, s.nh, s.nkv, s.hs);
+        check_close("rope_backward(rope_forward(x))", y, x, 3e-7);
+    }
+}
+
+TEST_CASE("rope: a packed row equals its documents run alone (positions restart at doc_start), bitwise") {
+    Rng r(47);
+    const int B = 3, T = 41, nh = 4, nkv = 2, hs = 8;
+    const size_t row = (size_t)(nh + 2 * nkv) * hs;
+    cpu::RopeSpec spec;
+    const auto cs = rope_table_vec(T, hs, spec);
+    const auto ds = make_doc_start(B, T, r);
+    const auto x = rand_vec<float>(r, (size_t)B * T * row);
+    auto y = x, g = x;
+    cpu::rope_forward<float>(y.data(), ds.data(), cs.data(), B, T, nh, nkv, hs);
+    cpu::rope_backward<float>(g.data(), ds.data(), cs.data(), B, T, nh, nkv, hs);
+    int docs = 0;
+    for (int b = 0; b < B; b++)
+        for (int t0 = 0; t0 < T;) {
+            int t1 = t0 + 1;
+            while (t1 < T && ds[(size_t)b * T + t1] == ds[(size_t)b * T + t0]) t1++;
+            const int L = t1 - t0;  // the document [t0, t1) (row 0's first one began before the row)
+            CAPTURE(b);
+            CAPTURE(t0);
+            vector<float> dx(x.begin() + ((size_t)b * T + t0) * row, x.begin() + ((size_t)b * T + t1) * row);
+            auto dg = dx;
+            const vector<int> zero(L, 0);
+            cpu::rope_forward<float>(dx.data(), zero.data(), cs.data(), 1, L, nh, nkv, hs);
+            cpu::rope_backward<float>(dg.data(), zero.data(), cs.data(), 1, L, nh, nkv, hs);
+            check_bitwise("document alone, forward", dx,
+                          vector<float>(y.begin() + ((size_t)b * T + t0) * row, y.begin() + ((size_t)b * T + t1) * row));
+            check_bitwise("document alone, backward", dg,
+                          vector<float>(g.begin() + ((size_t)b * T + t0) * row, g.begin() + ((size_t)b * T + t1) * row));
+            docs++;
+            t0 = t1;
+        }
+    CHECK(docs > B + 3);  // several documents per row
+}
+
+TEST_CASE("rope_inv_freq: theta^(-2i/hs), and llama3 scaling vs its formula written out (theta 500000, factor 32, "
+          "low 1, high 4, original 8192, hs 64)") {
+    const int hs = 64;
+    const double theta = 500000, factor = 32, low = 1, high = 4, orig = 8192, pi = 3.14159265358979323846;
+    cpu::RopeSpec plain;
+    plain.theta = theta;
+    const auto f0 = cpu::rope_inv_freq(hs, plain);
+    REQUIRE(f0.size() == (size_t)hs / 2);
+    cpu::RopeSpec l3 = plain;
+    l3.scaling = cpu::ROPE_SCALING_LLAMA3;
+    l3.factor = factor;
+    l3.low_freq_factor = low;
+    l3.high_freq_factor = high;
+    l3.original_max_pos = (int)orig;
+    const auto f = cpu::rope_inv_freq(hs, l3);
+    REQUIRE(f.size() == (size_t)hs / 2);
+    int kept = 0, divided = 0, blended = 0;
+    for (int i = 0; i < hs / 2; i++) {
+        CAPTURE(i);
+        const double base = std::exp(-(2.0 * i / hs) * std::log(theta));
+        CHECK(f0[i] == doctest::Approx(base).epsilon(1e-14));
+        // the turns a frequency makes over the original context, orig / wavelength, placed between low and
+        // high and clamped: 0 (long wavelengths) divides by factor, 1 (short ones) keeps, between blends
+        const double turns = orig * base / (2 * pi);
+        const double s = std::min(1.0, std::max(0.0, (turns - low) / (high - low)));
+        const double want = base * (s + (1 - s) / factor);
+        CHECK(f[i] == doctest::Approx(want).epsilon(1e-14));
+        kept += s == 1.0;
+        divided += s == 0.0;
+        blended += s > 0.0 && s < 1.0;
+    }
+    // i 0..14 have wavelengths below orig / high = 2048 (i 14: ~1957), 15..17 in [2048, 8192] (i 17: ~6685),
+    // 18.. above 8192 (i 18: ~10083): all three regimes are exercised
+    CHECK(kept == 15);
+    CHECK(blended == 3);
+    CHECK(divided == hs / 2 - 18);
+    CHECK(f[0] == 1.0);
+    CHECK(f[14] == f0[14]);
+    CHECK(f[18] == doctest::Approx(f0[18] / factor).epsilon(1e-15));
+    for (int i = 15; i <= 17; i++) CHECK((f[i] < f0[i] && f[i] > f0[i] / factor));
+    // and the table rotates by those frequencies
+    const int n_pos = 100;
+    const auto cs = rope_table_vec(n_pos, hs, l3);
+    double worst = 0;
+    for (int p = 0; p < n_pos; p++)
+        for (int i = 0; i < hs / 2; i++)
+            worst = std::max({worst, std::fabs(cs[((size_t)p * hs / 2 + i) * 2] - std::cos(p * f[i])),
+                              std::fabs(cs[((size_t)p * hs / 2 + i) * 2 + 1] - std::sin(p * f[i]))});
+    CHECK(worst <= 6e-8);
+}
+
+TEST_CASE("rope: head slices (tensor parallel, local head counts) give the full op's bits for those heads") {
+    Rng r(48);
+    const int B = 2, T = 19, nh = 8, nkv = 4, hs = 16;
+    const size_t row = (size_t)(nh + 2 * nkv) * hs;
+    cpu::RopeSpec spec;
+    const auto cs = rope_table_vec(T, hs, spec);
+    const auto ds = make_doc_start(B, T, r);
+    const auto x = rand_vec<float>(r, (size_t)B * T * row);
+    auto y = x, g = x;
+    cpu::rope_forward<float>(y.data(), ds.data(), cs.data(), B, T, nh, nkv, hs);
+    cpu::rope_backward<float>(g.data(), ds.data(), cs.data(), B, T, nh, nkv, hs);
+    for (int tp : {2, 4}) {
+        const int lnh = nh / tp, lnkv = nkv / tp;
+        const size_t lrow = (size_t)(lnh + 2 * lnkv) * hs;
+        for (int rank = 0; rank < tp; rank++) {
+            CAPTURE(tp);
+            CAPTURE(rank);
+            // the rank's slice of a row: its q heads, its k heads, its v heads (the column-parallel qkv)
+            auto slice = [&](const vector<float>& full) {
+                vector<float> s((size_t)B * T * lrow);
+                for (int bt = 0; bt < B * T; bt++) {
+                    const float* src = full.data() + bt * row;
+                    float* dst = s.data() + bt * lrow;
+                    std::copy_n(src + (size_t)rank * lnh * hs, (size_t)lnh * hs, dst);
+                    std::copy_n(src + (size_t)(nh + rank * lnkv) * hs, (size_t)lnkv * hs, dst + (size_t)lnh * hs);
+                    std::copy_n(src + (size_t)(nh + nkv + rank * lnkv) * hs, (size_t)lnkv * hs,
+                                dst + (size_t)(lnh + lnkv) * hs);
+                }
+                return s;
+            };
+            auto ly = slice(x), lg = slice(x);
+            cpu::rope_forward<float>(ly.data(), ds.data(), cs.data(), B, T, lnh, lnkv, hs);
+            cpu::rope_backward<float>(lg.data(), ds.data(), cs.data(), B, T, lnh, lnkv, hs);
+            check_bitwise("rope_forward on the rank's heads", ly, slice(y));
+            check_bitwise("rope_backward on the rank's heads", lg, slice(g));
+        }
     }
 }
 

@@ -104,6 +104,12 @@ inline size_t layernorm_scratch_bytes(int N, int C, int sm_count) {
     const size_t blocks = std::min<size_t>(std::max(N, 1), (size_t)sm_count * LAYERNORM_MAX_BWD_BLOCKS_PER_SM);
     return blocks * 2 * C * sizeof(float);
 }
+// rmsnorm (llmc/ops/rmsnorm.cuh): layernorm's kernels without dbias, so one partial row [C] per block,
+// under the same grid bound: half of layernorm_scratch_bytes, which op_scratch_bytes already covers
+inline size_t rmsnorm_scratch_bytes(int N, int C, int sm_count) {
+    const size_t blocks = std::min<size_t>(std::max(N, 1), (size_t)sm_count * LAYERNORM_MAX_BWD_BLOCKS_PER_SM);
+    return blocks * C * sizeof(float);
+}
 
 // ------------------------------------------------------------------------------------------------
 // encoder (llmc/ops/encoder.cuh): the backward sorts (key, row) pairs (four int arrays of n = B*T), sums
