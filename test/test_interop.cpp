@@ -449,7 +449,7 @@ TEST_CASE("GPT-2 presets: shapes, vocabulary, context, block type; explicit flag
     CHECK(c.vocab_size == 257);
     CHECK(c.n_embd == 768);
     fails_with([&] { config_of({"-e", "gpt2:125M"}); },
-               "--model: 'gpt2:125M' is not a preset: expected dN (e.g. d4) or gpt2:124M, gpt2:350M");
+               "--model: 'gpt2:125M' is not a preset: expected dN (e.g. d4), gpt2:124M, gpt2:350M");
 }
 
 TEST_CASE("step log: cumulative tokens and elapsed seconds per step") {

@@ -38,9 +38,20 @@ GPTConfig small_config(int mlp, int pos, int n_head = 4, int n_kv_head = 2) {
 }  // namespace
 
 TEST_CASE("packing: the losses of a packed row equal its documents run one by one") {
-    for (int variant = 0; variant < 2; variant++) {
-        // (a) SwiGLU + ALiBi + GQA, 6 heads; (b) GPT-2 style GELU + learned positions
+    for (int variant = 0; variant < 3; variant++) {
+        // (a) SwiGLU + ALiBi + GQA, 6 heads; (b) GPT-2 style GELU + learned positions; (c) the Llama
+        // shape: rope (llama3 scaling) positions per document, RMSNorm, no biases, an untied head
         GPTConfig c = variant == 0 ? small_config(MLP_SWIGLU, POS_ALIBI, 6, 2) : small_config(MLP_GELU, POS_LEARNED, 4, 4);
+        if (variant == 2) {
+            c = small_config(MLP_SWIGLU, POS_ROPE, 4, 2);
+            c.norm = NORM_RMSNORM;
+            c.bias = BIAS_NONE;
+            c.tie_embeddings = 0;
+            c.rope.theta = 5e5;
+            c.rope.scaling = cpu::ROPE_SCALING_LLAMA3;
+            c.rope.original_max_pos = 16;
+            c.finalize();
+        }
         CAPTURE(variant);
         const int T = 45;
         GPT m;
@@ -71,6 +82,51 @@ TEST_CASE("packing: the losses of a packed row equal its documents run one by on
         CHECK(n_docs == 6);
         gpt_free(m);
     }
+}
+
+TEST_CASE("open models' presets: Llama 3.2 and Qwen2.5 have their parameter counts and tensors") {
+    struct Expect { const char* preset; size_t params; };
+    // the counts Hugging Face reports for these models (tied heads; vocabularies multiples of 128)
+    for (const Expect& e : {Expect{"llama3.2:1B", 1235814400}, Expect{"llama3.2:3B", 3212749824},
+                            Expect{"qwen2.5:0.5B", 494032768}, Expect{"qwen2.5:1.5B", 1543714304}}) {
+        CAPTURE(e.preset);
+        Args args;
+        for (const Option& o : OPTIONS) args.value[o.name] = o.default_value;
+        args.value["model"] = e.preset;
+        args.given["model"] = true;
+        const GPTConfig c = config_from_args(args);
+        const std::vector<ParamTensor> table = build_param_table(c);
+        size_t n = 0;
+        std::set<std::string> names;
+        for (const ParamTensor& p : table) { n += p.numel; names.insert(p.name); }
+        CHECK(n == e.params);
+        CHECK(c.pos == POS_ROPE);
+        CHECK(c.rmsnorm());
+        CHECK(!names.count("lnf.b"));
+        CHECK(!names.count("h0.ln1.b"));
+        CHECK(!names.count("h0.attn.proj.b"));
+        CHECK(!names.count("h0.mlp.fc.b"));
+        CHECK(names.count("h0.attn.qkv.b") == (e.preset[0] == 'q' ? 1u : 0u));
+        CHECK(!names.count("lm_head"));  // (all four tie their head)
+    }
+    // an untied head: its own matrix, last, in the final segment
+    GPTConfig c = small_config(MLP_SWIGLU, POS_ROPE);
+    c.tie_embeddings = 0;
+    c.finalize();
+    const std::vector<ParamTensor> table = build_param_table(c);
+    CHECK(table.back().name == "lm_head");
+    CHECK(table.back().decay);
+    CHECK(segment_of("lm_head", c.n_layer) == c.n_layer + 1);
+    GPT m;
+    gpt_allocate(m, c, 1, 16);
+    gpt_init_params(m, 5);
+    // its rows past vocab_size start at zero (no token uses them)
+    std::vector<float> p(m.n_params);
+    gpt_get_state(m, p.data(), nullptr, nullptr);
+    const ParamTensor& head = table.back();
+    for (size_t i = (size_t)c.vocab_size * c.n_embd; i < head.numel; i++) REQUIRE(p[head.offset + i] == 0.0f);
+    CHECK(p[head.offset] != 0.0f);
+    gpt_free(m);
 }
 
 TEST_CASE("sampling: the context is the model's max_seq_len, not the training -t") {

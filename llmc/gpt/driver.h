@@ -190,7 +190,8 @@ static void settings_from_checkpoint(Run& r, Checkpoint& ck) {
 
 // whether a file is one of ours (a checkpoint or a model file: "LLMCCKPT"), not an llm.c model
 static bool is_our_model_file(const std::string& path) {
-    FILE* f = fopen_or_fail(path, "rb");
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return false;  // (the llm.c reader names the file and why)
     char magic[8] = {};
     const size_t got = fread(magic, 1, 8, f);
     fclose(f);
