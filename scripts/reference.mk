@@ -1,7 +1,8 @@
 # PyTorch reference files (test/data/ref_*.bin): `make reference`.
 # Builds a venv in .venv-reference/ (once; redone when the requirements change), runs the
-# reference self-check, then regenerates test/data/ref_a.bin, ref_b.bin, ref_c.bin
-# (deterministic: the same torch build gives byte-identical files).
+# reference self-check, then regenerates test/data/ref_a.bin ... ref_g.bin
+# (deterministic: the same torch build gives byte-identical files; another torch build may
+# differ from the checked-in files by a few float32 ulps, far inside test_reference's tolerances).
 # torch comes from PyPI first; the CPU-wheel index is a fallback (often unreachable).
 REF_VENV    := .venv-reference
 REF_PYTHON  := $(REF_VENV)/bin/python

@@ -8,8 +8,12 @@ translation of the C++ code; the C++ is checked against it.
 
 Usage
 -----
-    python scripts/reference.py --out test/data     # write ref_a.bin ... ref_e.bin
+    python scripts/reference.py --out test/data     # write ref_a.bin ... ref_g.bin
     python scripts/reference.py --selfcheck         # test this file's pieces, prints OK
+The files are byte-identical when regenerated with the same torch build; another build (or CPU)
+may round some float32 results differently (a few ulps: test_reference's tolerances are far
+above that).  --selfcheck also compares the Llama / Qwen2 configs with Hugging Face
+transformers' LlamaForCausalLM / Qwen2ForCausalLM when transformers is installed.
 
 As a module (e.g. a GPU benchmark):
     import reference as R
@@ -23,14 +27,27 @@ As a module (e.g. a GPU benchmark):
 Model (names/shapes of the parameters, in order: see `param_specs`)
 -----
 x = wte[tokens] (+ wpe[t - doc_start[t]] when pos=learned); per layer
-x += attn.proj(attn(LN1(x))); x += ffn(LN2(x)); LN_f; logits = x @ wte[:V]^T.
-Linear weights are [out, in] and y = x W^T + b. LayerNorm eps 1e-5, biased
-variance. qkv output features: all q heads, then all k heads, then all v heads.
+x += attn.proj(attn(LN1(x))); x += ffn(LN2(x)); LN_f; logits = x @ head[:V]^T with
+head = wte (tie_embeddings 1) or lm_head (tie_embeddings 0).
+Linear weights are [out, in] and y = x W^T + b. LN is LayerNorm (norm 0: eps 1e-5,
+biased variance, weight and bias) or RMSNorm (norm 1: x / sqrt(mean(x^2) + norm_eps) * w,
+no bias). Biases (bias 0 all: every linear layer; 1 qkv: attn.qkv only; 2 none); the
+router and the head never have one. qkv output features: all q heads, then all k heads,
+then all v heads. pos=rope (2): right after the qkv projection, every q and k head is
+rotated in Llama's rotate-half pairing, channel i with i + hs/2 (i < hs/2), by the angle
+p * inv_freq_i with p = t - doc_start[t]: (x_i, x_{i+hs/2}) -> (x_i cos - x_{i+hs/2} sin,
+x_{i+hs/2} cos + x_i sin); inv_freq_i = rope_theta^(-2i/hs), with rope_scaling 1 (llama3)
+then rescaled by the wavelength w = 2 pi / inv_freq_i against L = rope_original_max_pos:
+w < L / rope_high_freq_factor kept, w > L / rope_low_freq_factor divided by rope_factor,
+else ((1 - s) / rope_factor + s) inv_freq_i with s = (L / w - low) / (high - low)
+(`llama3_scale`); the angles and cos / sin are computed in float64 and rounded once.
 Query head h reads kv head h // (n_head // n_kv_head). Attention allows key j for
 query i iff doc_start[i] <= j <= i; score = q.k / sqrt(hs) - slope_h * (i - j)
 (ALiBi term only when pos=alibi). SwiGLU fc rows 0..H-1 = gate (silu),
 rows H..2H-1 = up. GELU is the tanh approximation. Loss = mean cross-entropy
-over targets != -1 using the first V (real) logits.
+over targets != -1 using the first V (real) logits. Tensors that do not exist are absent
+from the parameter table (ln*.b with rmsnorm, the biases per `bias`, wpe unless learned);
+lm_head [padded_vocab, C] comes last, its padding rows zero.
 
 Expert-choice MoE (Zhou et al. 2022) replaces the FFN of layer l iff n_expert E > 0 and
 (l + 1) % moe_every == 0; its tensors h{l}.moe.{router.w [E, C], fc.w [E, 2He, C],
@@ -43,7 +60,7 @@ quotient in double). Token i's output = sum over the experts e that took it of
 S[i, e] * (W2_e (silu(W1_e x + b1_e) * (W3_e x + b3_e)) + b2_e); 0 if none took it.
 The selection is a constant for autograd: gradients reach the router through the gate
 values S[i, e] of the selected pairs only. Weight decay: ndim >= 2 and the name ends
-with '.w' or is wte / wpe (so the 2-D per-expert biases are not decayed).
+with '.w' or is wte / wpe / lm_head (so the 2-D per-expert biases are not decayed).
 
 Reference file format (binary, little-endian)
 -----
@@ -61,10 +78,20 @@ Reference file format (binary, little-endian)
 Entries written by `make_reference` (in this order):
     config.vocab_size, config.padded_vocab_size, config.n_layer, config.n_embd,
     config.n_head, config.n_kv_head, config.ffn_hidden, config.max_seq_len,
-    config.mlp (0 swiglu, 1 gelu), config.pos (0 alibi, 1 learned), config.eot,
+    config.mlp (0 swiglu, 1 gelu), config.pos (0 alibi, 1 learned, 2 rope), config.eot,
     config.n_expert (0 = dense), config.moe_every, config.expert_hidden,
     config.moe_group (0 batch, 1 position)              int32 scalars
     config.capacity_factor                               float32 scalar
+    only in files whose model is not GPT-2-shaped (pos rope, or any of these not at its
+    default; a reader takes the defaults, in brackets, when they are absent; ref_a .. ref_e
+    have none):
+    config.norm (0 layernorm [0], 1 rmsnorm), config.bias (0 all [0], 1 qkv, 2 none),
+    config.tie_embeddings ([1]), config.rope_scaling (0 none [0], 1 llama3),
+    config.rope_original_max_pos ([8192])               int32 scalars
+    config.rope_theta ([10000]), config.rope_factor ([8]), config.rope_low_freq_factor ([1]),
+    config.rope_high_freq_factor ([4]), config.norm_eps ([1e-5]; rmsnorm's; LayerNorm's eps
+    is always 1e-5)                                      float32 scalars; the reference ran
+                                                         with exactly these float32 values
     train.B, train.T, train.grad_accum, train.warmup_steps, train.max_steps,
     train.n_steps                                        int32 scalars
     train.lr, train.final_lr_frac, train.weight_decay, train.beta1, train.beta2,
@@ -95,7 +122,11 @@ import torch
 
 EOT = 256
 MLP_SWIGLU, MLP_GELU = 0, 1
-POS_ALIBI, POS_LEARNED = 0, 1
+POS_ALIBI, POS_LEARNED, POS_ROPE = 0, 1, 2
+NORM_LAYERNORM, NORM_RMSNORM = 0, 1
+BIAS_ALL, BIAS_QKV, BIAS_NONE = 0, 1, 2   # which linear layers have a bias
+ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3 = 0, 1
+LAYERNORM_EPS = 1e-5
 MOE_GROUP_BATCH, MOE_GROUP_POSITION = 0, 1
 DTYPE_F32, DTYPE_I32 = 0, 1
 MAGIC = b"LLMCREF1"
@@ -114,7 +145,7 @@ class ModelConfig:
     ffn_hidden: int
     max_seq_len: int
     mlp: int = MLP_SWIGLU          # 0 swiglu, 1 gelu
-    pos: int = POS_ALIBI           # 0 alibi, 1 learned
+    pos: int = POS_ALIBI           # 0 alibi, 1 learned, 2 rope
     padded_vocab_size: int = 0     # 0 -> vocab_size rounded up to a multiple of 128
     # expert-choice mixture of experts (see `moe`): n_expert 0 = dense model
     n_expert: int = 0
@@ -122,6 +153,17 @@ class ModelConfig:
     capacity_factor: float = 2.0   # stored (and used) as its float32 value
     moe_group: int = MOE_GROUP_BATCH  # 0 batch (all B*T tokens), 1 position (the B tokens at t)
     expert_hidden: int = 0         # hidden size of each SwiGLU expert; 0 -> ffn_hidden
+    # the Llama / Qwen2 shape (see `LLAMA_FIELDS`); the defaults are the GPT-2 shape
+    norm: int = NORM_LAYERNORM     # 0 layernorm (eps 1e-5, weight and bias), 1 rmsnorm (norm_eps)
+    bias: int = BIAS_ALL           # 0 every linear layer, 1 attn.qkv only, 2 none
+    tie_embeddings: int = 1        # 0: an own lm_head [padded_vocab, C] (last in the table)
+    norm_eps: float = 1e-5         # rmsnorm's eps, stored (and used) as its float32 value
+    rope_theta: float = 10000.0    # rope: inv_freq_i = theta^(-2i/hs), i < hs/2 ...
+    rope_scaling: int = ROPE_SCALING_NONE  # ... then 1 = llama3 scaling (`rope_inv_freq`)
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_pos: int = 8192
 
     def __post_init__(self):
         if self.padded_vocab_size == 0:
@@ -129,7 +171,17 @@ class ModelConfig:
         assert self.padded_vocab_size % 128 == 0 and self.padded_vocab_size >= self.vocab_size
         assert self.n_embd % self.n_head == 0, "head size = n_embd / n_head"
         assert self.n_head % self.n_kv_head == 0, "n_kv_head must divide n_head"
-        assert self.mlp in (MLP_SWIGLU, MLP_GELU) and self.pos in (POS_ALIBI, POS_LEARNED)
+        assert self.mlp in (MLP_SWIGLU, MLP_GELU) and self.pos in (POS_ALIBI, POS_LEARNED, POS_ROPE)
+        assert self.norm in (NORM_LAYERNORM, NORM_RMSNORM)
+        assert self.bias in (BIAS_ALL, BIAS_QKV, BIAS_NONE) and self.tie_embeddings in (0, 1)
+        assert self.rope_scaling in (ROPE_SCALING_NONE, ROPE_SCALING_LLAMA3)
+        assert self.pos != POS_ROPE or self.head_size % 2 == 0, "rope needs an even head size"
+        assert 0 < self.norm_eps < 1 and self.rope_theta > 1 and self.rope_original_max_pos > 0
+        assert 1 <= self.rope_factor and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+        # the real fields as the file stores them (float32), so the oracle runs with those values
+        for k in ("norm_eps", "rope_theta", "rope_factor", "rope_low_freq_factor",
+                  "rope_high_freq_factor"):
+            setattr(self, k, f32(getattr(self, k)))
         assert self.n_expert >= 0 and self.moe_every >= 1 and self.capacity_factor > 0
         assert self.moe_group in (MOE_GROUP_BATCH, MOE_GROUP_POSITION)
         self.capacity_factor = f32(self.capacity_factor)
@@ -146,6 +198,29 @@ class ModelConfig:
 
     def is_moe_layer(self, l):
         return self.n_expert > 0 and (l + 1) % self.moe_every == 0
+
+    @property
+    def qkv_bias(self):
+        return self.bias != BIAS_NONE
+
+    @property
+    def linear_bias(self):  # every linear layer but attn.qkv (and the router: never)
+        return self.bias == BIAS_ALL
+
+    def uses_llama_fields(self):
+        """True iff a field of LLAMA_FIELDS differs from its default (the GPT-2 shape): only
+        then are they written to the reference file (so the older files stay as they were)."""
+        default = lambda k, typ: f32(getattr(ModelConfig, k)) if typ is float \
+            else getattr(ModelConfig, k)  # noqa: E731
+        return self.pos == POS_ROPE or any(
+            getattr(self, k) != default(k, typ) for k, typ in LLAMA_FIELDS)
+
+
+# the Llama / Qwen2 fields, in the order of the file's config.* entries, and their types
+LLAMA_FIELDS = [("norm", int), ("bias", int), ("tie_embeddings", int),
+                ("rope_scaling", int), ("rope_original_max_pos", int),
+                ("rope_theta", float), ("rope_factor", float), ("rope_low_freq_factor", float),
+                ("rope_high_freq_factor", float), ("norm_eps", float)]
 
 
 @dataclass
@@ -181,35 +256,35 @@ def f32(x):
 # parameters
 
 def param_specs(cfg):
-    """Ordered list of (name, shape) of every parameter."""
+    """Ordered list of (name, shape) of every parameter. Tensors that do not exist are left
+    out: the norm biases with rmsnorm, the linear biases per cfg.bias, wpe unless the positions
+    are learned; lm_head (untied head) comes last."""
     C, hs, L = cfg.n_embd, cfg.head_size, cfg.n_layer
     qkv = (cfg.n_head + 2 * cfg.n_kv_head) * hs
+    ln = cfg.norm == NORM_LAYERNORM  # rmsnorm: weight only
+    lb = cfg.linear_bias
     specs = [("wte", (cfg.padded_vocab_size, C))]
     if cfg.pos == POS_LEARNED:
         specs.append(("wpe", (cfg.max_seq_len, C)))
     for l in range(L):
         p = f"h{l}."
-        specs += [
-            (p + "ln1.w", (C,)), (p + "ln1.b", (C,)),
-            (p + "attn.qkv.w", (qkv, C)), (p + "attn.qkv.b", (qkv,)),
-            (p + "attn.proj.w", (C, cfg.n_head * hs)), (p + "attn.proj.b", (C,)),
-            (p + "ln2.w", (C,)), (p + "ln2.b", (C,)),
-        ]
+        specs += [(p + "ln1.w", (C,))] + [(p + "ln1.b", (C,))] * ln
+        specs += [(p + "attn.qkv.w", (qkv, C))] + [(p + "attn.qkv.b", (qkv,))] * cfg.qkv_bias
+        specs += [(p + "attn.proj.w", (C, cfg.n_head * hs))] + [(p + "attn.proj.b", (C,))] * lb
+        specs += [(p + "ln2.w", (C,))] + [(p + "ln2.b", (C,))] * ln
         if cfg.is_moe_layer(l):
             # E SwiGLU experts of hidden size He (fc rows 0..He-1 gate, He..2He-1 up) and a
             # bias-free router; they replace the dense mlp.* tensors of this layer
             E, He = cfg.n_expert, cfg.expert_hidden
-            specs += [
-                (p + "moe.router.w", (E, C)),
-                (p + "moe.fc.w", (E, 2 * He, C)), (p + "moe.fc.b", (E, 2 * He)),
-                (p + "moe.proj.w", (E, C, He)), (p + "moe.proj.b", (E, C)),
-            ]
+            specs += [(p + "moe.router.w", (E, C))]
+            specs += [(p + "moe.fc.w", (E, 2 * He, C))] + [(p + "moe.fc.b", (E, 2 * He))] * lb
+            specs += [(p + "moe.proj.w", (E, C, He))] + [(p + "moe.proj.b", (E, C))] * lb
         else:
-            specs += [
-                (p + "mlp.fc.w", (cfg.fc_out, C)), (p + "mlp.fc.b", (cfg.fc_out,)),
-                (p + "mlp.proj.w", (C, cfg.ffn_hidden)), (p + "mlp.proj.b", (C,)),
-            ]
-    specs += [("lnf.w", (C,)), ("lnf.b", (C,))]
+            specs += [(p + "mlp.fc.w", (cfg.fc_out, C))] + [(p + "mlp.fc.b", (cfg.fc_out,))] * lb
+            specs += [(p + "mlp.proj.w", (C, cfg.ffn_hidden))] + [(p + "mlp.proj.b", (C,))] * lb
+    specs += [("lnf.w", (C,))] + [("lnf.b", (C,))] * ln
+    if not cfg.tie_embeddings:
+        specs.append(("lm_head", (cfg.padded_vocab_size, C)))
     return specs
 
 
@@ -228,11 +303,12 @@ def init_params(cfg, seed=0, kind="default", device="cpu", dtype=torch.float32):
     """Parameters as an OrderedDict name -> leaf tensor (requires_grad=True).
 
     kind="default": the training init of DESIGN.md (normal(0, 0.02), residual output
-    projections std 0.02/sqrt(2L), biases 0, LayerNorm weight 1, bias 0).
-    kind="test": like default for weights, but biases ~ normal(0, 0.02), LayerNorm
+    projections std 0.02/sqrt(2L), biases 0, LayerNorm / RMSNorm weight 1, bias 0).
+    kind="test": like default for weights, but biases ~ normal(0, 0.02), LayerNorm / RMSNorm
     weights 1 + normal(0, 0.1), LayerNorm biases normal(0, 0.02), so that a test
     exercises them, and the MoE router weights ~ normal(0, TEST_ROUTER_STD).
     Values are drawn on the CPU from one seeded generator, in param_specs order.
+    An untied lm_head is normal(0, 0.02) like wte, its rows past vocab_size 0 (either kind).
     """
     assert kind in ("default", "test")
     g = torch.Generator().manual_seed(seed)
@@ -251,15 +327,17 @@ def init_params(cfg, seed=0, kind="default", device="cpu", dtype=torch.float32):
             t = TEST_ROUTER_STD * n  # decisive routing: gates far from 1/E, wide score gaps
         else:
             t = (std_res if is_residual_proj(name) else 0.02) * n
+        if name == "lm_head":
+            t[cfg.vocab_size:] = 0.0  # no token's logit: the padding rows stay zero
         params[name] = t.to(device=device, dtype=dtype).requires_grad_(True)
     return params
 
 
 def decays(name, p):
-    """Weight decay applies to tensors with ndim >= 2 whose name ends with '.w' or is wte/wpe:
-    embeddings, linear weights, the per-expert weights and the router, but not the 2-D
-    per-expert biases moe.fc.b / moe.proj.b."""
-    return p.dim() >= 2 and (name.endswith(".w") or name in ("wte", "wpe"))
+    """Weight decay applies to tensors with ndim >= 2 whose name ends with '.w' or is
+    wte / wpe / lm_head: embeddings, the untied head, linear weights, the per-expert weights and
+    the router, but not the 2-D per-expert biases moe.fc.b / moe.proj.b."""
+    return p.dim() >= 2 and (name.endswith(".w") or name in ("wte", "wpe", "lm_head"))
 
 
 # ----------------------------------------------------------------------------
@@ -275,6 +353,19 @@ def layernorm(x, w, b, eps=1e-5):
     xc = x - mean
     var = (xc * xc).mean(dim=-1, keepdim=True)  # biased variance
     return xc * torch.rsqrt(var + eps) * w + b
+
+
+def rmsnorm(x, w, eps):
+    """RMSNorm (Zhang & Sennrich 2019; Llama): x / sqrt(mean(x^2) + eps) * w, no mean, no bias."""
+    ms = (x * x).mean(dim=-1, keepdim=True)
+    return x * torch.rsqrt(ms + eps) * w
+
+
+def norm(x, params, name, cfg):
+    """The block's / final norm `name` (ln1, ln2 of a layer prefix, or lnf) per cfg.norm."""
+    if cfg.norm == NORM_RMSNORM:
+        return rmsnorm(x, params[name + ".w"], cfg.norm_eps)
+    return layernorm(x, params[name + ".w"], params[name + ".b"])
 
 
 def gelu_tanh(x):
@@ -293,6 +384,51 @@ def alibi_slopes(n):
         return pow2(n)
     m = 2 ** int(math.floor(math.log2(n)))
     return pow2(m) + pow2(2 * m)[0::2][: n - m]
+
+
+def llama3_scale(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_pos):
+    """Llama 3.1's long-context rescaling of one inverse frequency. With the wavelength
+    w = 2 pi / inv_freq and the pre-training context L = original_max_pos: short wavelengths
+    (w < L / high_freq_factor) are kept, long ones (w > L / low_freq_factor) are divided by
+    factor, and in between the two are blended linearly in L / w:
+    s = (L / w - low) / (high - low), inv_freq ((1 - s) / factor + s)."""
+    w = 2.0 * math.pi / inv_freq
+    if w < original_max_pos / high_freq_factor:
+        return inv_freq
+    if w > original_max_pos / low_freq_factor:
+        return inv_freq / factor
+    s = (original_max_pos / w - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    return (1.0 - s) * inv_freq / factor + s * inv_freq
+
+
+def rope_inv_freq(cfg):
+    """The hs/2 inverse frequencies (Python floats, double precision) of cfg's rotary
+    embedding: theta^(-2i/hs), i < hs/2, then llama3_scale when rope_scaling is llama3."""
+    hs = cfg.head_size
+    inv = [cfg.rope_theta ** (-2.0 * i / hs) for i in range(hs // 2)]
+    if cfg.rope_scaling == ROPE_SCALING_LLAMA3:
+        inv = [llama3_scale(f, cfg.rope_factor, cfg.rope_low_freq_factor,
+                            cfg.rope_high_freq_factor, cfg.rope_original_max_pos) for f in inv]
+    return inv
+
+
+def rope_cos_sin(cfg, doc_start, dtype=torch.float32):
+    """cos, sin [B, 1, T, hs/2] of the angles p * inv_freq_i, p = t - doc_start[t] (the
+    position inside the token's document); the angles and their cos / sin in float64, then
+    rounded to dtype."""
+    T = doc_start.shape[-1]
+    pos = torch.arange(T, device=doc_start.device).view(1, T) - doc_start.long()   # [B, T]
+    inv = torch.tensor(rope_inv_freq(cfg), dtype=torch.float64, device=doc_start.device)
+    ang = pos.to(torch.float64).unsqueeze(-1) * inv                                  # [B, T, hs/2]
+    return torch.cos(ang).to(dtype).unsqueeze(1), torch.sin(ang).to(dtype).unsqueeze(1)
+
+
+def apply_rope(x, cos, sin):
+    """Rotates x [B, heads, T, hs] in Llama's rotate-half pairing: channel i with i + hs/2,
+    (x_i, x_{i+hs/2}) -> (x_i cos - x_{i+hs/2} sin, x_{i+hs/2} cos + x_i sin)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 def compute_doc_start(inputs, eot=EOT):
@@ -333,28 +469,31 @@ def attention_core(q, k, v, bias, sdpa=False):
     return att @ v
 
 
-def attention(x, params, prefix, cfg, bias, sdpa=False):
-    """Multi-head (GQA) attention sub-layer, input already layer-normed: [B,T,C] -> [B,T,C]."""
+def attention(x, params, prefix, cfg, bias, sdpa=False, rope=None):
+    """Multi-head (GQA) attention sub-layer, input already normed: [B,T,C] -> [B,T,C].
+    rope: (cos, sin) of `rope_cos_sin` (pos rope): q and k rotated after the projection."""
     B, T, _ = x.shape
     nh, nkv, hs = cfg.n_head, cfg.n_kv_head, cfg.head_size
-    qkv = linear(x, params[prefix + "attn.qkv.w"], params[prefix + "attn.qkv.b"])
+    qkv = linear(x, params[prefix + "attn.qkv.w"], params.get(prefix + "attn.qkv.b"))
     q = qkv[..., : nh * hs].view(B, T, nh, hs).transpose(1, 2)
     k = qkv[..., nh * hs: (nh + nkv) * hs].view(B, T, nkv, hs).transpose(1, 2)
     v = qkv[..., (nh + nkv) * hs:].view(B, T, nkv, hs).transpose(1, 2)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     y = attention_core(q, k, v, bias, sdpa=sdpa)
     y = y.transpose(1, 2).reshape(B, T, nh * hs)
-    return linear(y, params[prefix + "attn.proj.w"], params[prefix + "attn.proj.b"])
+    return linear(y, params[prefix + "attn.proj.w"], params.get(prefix + "attn.proj.b"))
 
 
 def mlp(x, params, prefix, cfg):
     """Dense FFN sub-layer (SwiGLU or GELU), input already layer-normed."""
-    h = linear(x, params[prefix + "mlp.fc.w"], params[prefix + "mlp.fc.b"])
+    h = linear(x, params[prefix + "mlp.fc.w"], params.get(prefix + "mlp.fc.b"))
     if cfg.mlp == MLP_SWIGLU:
         H = cfg.ffn_hidden
         h = silu(h[..., :H]) * h[..., H:]
     else:
         h = gelu_tanh(h)
-    return linear(h, params[prefix + "mlp.proj.w"], params[prefix + "mlp.proj.b"])
+    return linear(h, params[prefix + "mlp.proj.w"], params.get(prefix + "mlp.proj.b"))
 
 
 # ---- expert-choice mixture of experts (Zhou et al. 2022)
@@ -413,9 +552,10 @@ def expert_choice_select(scores, groups, k):
 def expert_ffn(x, params, prefix, e, cfg):
     """SwiGLU expert e of an MoE layer on tokens x [N, C] -> [N, C]."""
     He = cfg.expert_hidden
-    h = linear(x, params[prefix + "moe.fc.w"][e], params[prefix + "moe.fc.b"][e])
+    b1, b2 = params.get(prefix + "moe.fc.b"), params.get(prefix + "moe.proj.b")
+    h = linear(x, params[prefix + "moe.fc.w"][e], None if b1 is None else b1[e])
     h = silu(h[..., :He]) * h[..., He:]
-    return linear(h, params[prefix + "moe.proj.w"][e], params[prefix + "moe.proj.b"][e])
+    return linear(h, params[prefix + "moe.proj.w"][e], None if b2 is None else b2[e])
 
 
 def moe(x, params, prefix, cfg, chosen=None):
@@ -456,11 +596,10 @@ def ffn(x, params, layer, cfg):
     return mlp(x, params, prefix, cfg)
 
 
-def block(x, params, layer, cfg, bias, sdpa=False):
+def block(x, params, layer, cfg, bias, sdpa=False, rope=None):
     p = f"h{layer}."
-    x = x + attention(layernorm(x, params[p + "ln1.w"], params[p + "ln1.b"]), params, p, cfg,
-                      bias, sdpa=sdpa)
-    x = x + ffn(layernorm(x, params[p + "ln2.w"], params[p + "ln2.b"]), params, layer, cfg)
+    x = x + attention(norm(x, params, p + "ln1", cfg), params, p, cfg, bias, sdpa=sdpa, rope=rope)
+    x = x + ffn(norm(x, params, p + "ln2", cfg), params, layer, cfg)
     return x
 
 
@@ -478,10 +617,12 @@ def forward(params, cfg, inputs, doc_start, sdpa=False):
     x = embed(params, cfg, inputs, doc_start)
     slopes = alibi_slopes(cfg.n_head) if cfg.pos == POS_ALIBI else None
     bias = attention_bias(doc_start, cfg.n_head, slopes, dtype=x.dtype)
+    rope = rope_cos_sin(cfg, doc_start, dtype=x.dtype) if cfg.pos == POS_ROPE else None
     for l in range(cfg.n_layer):
-        x = block(x, params, l, cfg, bias, sdpa=sdpa)
-    x = layernorm(x, params["lnf.w"], params["lnf.b"])
-    return x @ params["wte"][: cfg.vocab_size].t()
+        x = block(x, params, l, cfg, bias, sdpa=sdpa, rope=rope)
+    x = norm(x, params, "lnf", cfg)
+    head = params["wte"] if cfg.tie_embeddings else params["lm_head"]
+    return x @ head[: cfg.vocab_size].t()
 
 
 def cross_entropy_loss(logits, targets):
@@ -611,7 +752,7 @@ def read_ref(path):
 
 
 # ----------------------------------------------------------------------------
-# test data and the three reference configs
+# test data and the reference configs
 
 def make_batch(A, B, T, V, seed, eot=EOT):
     """Packed rows of several documents. Per micro-batch, row 0 starts mid-document
@@ -683,10 +824,41 @@ CONFIGS = {
                          n_expert=4, moe_every=2, capacity_factor=1.0,
                          moe_group=MOE_GROUP_POSITION, expert_hidden=24),
               train=dict(B=4, T=21), seed=14),
+    # (f) Llama-shaped: rope (theta 5e5, llama3 scaling), rmsnorm eps 1e-5, no linear biases,
+    # untied lm_head, GQA 4 / 2, swiglu; positions restart at every document. At hs = 8 the
+    # wavelengths 2 pi / theta^(-2i/8) are 6.3, 167, 4.4e3, 1.2e5 tokens; with L = 320,
+    # low 1.25, high 5 (kept below L / 5 = 64, divided by 4 above L / 1.25 = 256) frequency 0 is
+    # kept, 1 is smoothed (s = 0.18) and 2, 3 are scaled (make_reference checks all three occur).
+    # factor / low / high / L differ from the engine's defaults: a reader dropping them fails.
+    "f": dict(model=dict(vocab_size=300, n_layer=3, n_embd=32, n_head=4, n_kv_head=2,
+                         ffn_hidden=80, max_seq_len=64, mlp=MLP_SWIGLU, pos=POS_ROPE,
+                         norm=NORM_RMSNORM, norm_eps=1e-5, bias=BIAS_NONE, tie_embeddings=0,
+                         rope_theta=5e5, rope_scaling=ROPE_SCALING_LLAMA3, rope_factor=4.0,
+                         rope_low_freq_factor=1.25, rope_high_freq_factor=5.0,
+                         rope_original_max_pos=320),
+              train=dict(B=2, T=29), seed=21),
+    # (g) Qwen2-shaped: rope (theta 1e6, no scaling), rmsnorm eps 1e-6, biases on q/k/v only,
+    # tied embeddings, GQA 4 / 2 with head size 12, swiglu
+    "g": dict(model=dict(vocab_size=300, n_layer=2, n_embd=48, n_head=4, n_kv_head=2,
+                         ffn_hidden=64, max_seq_len=64, mlp=MLP_SWIGLU, pos=POS_ROPE,
+                         norm=NORM_RMSNORM, norm_eps=1e-6, bias=BIAS_QKV, tie_embeddings=1,
+                         rope_theta=1e6, rope_scaling=ROPE_SCALING_NONE),
+              train=dict(B=3, T=23), seed=22),
 }
 # Selections must not sit near a tie: an fp32 difference between two implementations must
 # not flip which tokens an expert takes. make_reference checks every forward it runs.
 MIN_SELECTION_MARGIN = 1e-4
+
+
+def rope_regimes(cfg):
+    """Per frequency of cfg's rope: 'kept', 'smoothed' or 'scaled' by the llama3 rule."""
+    out = []
+    for i in range(cfg.head_size // 2):
+        w = 2.0 * math.pi / cfg.rope_theta ** (-2.0 * i / cfg.head_size)
+        L = cfg.rope_original_max_pos
+        out.append("kept" if w < L / cfg.rope_high_freq_factor else
+                   "scaled" if w > L / cfg.rope_low_freq_factor else "smoothed")
+    return out
 
 
 def run_steps(params, cfg, tc, inputs, targets, ds):
@@ -718,6 +890,10 @@ def _make_reference(key, seed):
                       eps=1e-8)
     seed = spec["seed"] if seed is None else seed
     assert tc0.T <= cfg.max_seq_len
+    if cfg.pos == POS_ROPE and cfg.rope_scaling == ROPE_SCALING_LLAMA3:
+        regimes = set(rope_regimes(cfg))
+        assert regimes == {"kept", "smoothed", "scaled"}, \
+            f"config {key}: llama3 regimes at hs {cfg.head_size}: {sorted(regimes)}"
     inputs, targets, ds = make_batch(tc0.grad_accum, tc0.B, tc0.T, cfg.vocab_size,
                                      seed=1000 + seed)
     init = init_params(cfg, seed=seed, kind="test")
@@ -751,6 +927,9 @@ def _make_reference(key, seed):
     for k in ("n_expert", "moe_every", "expert_hidden", "moe_group"):
         e.append(("config." + k, int(getattr(cfg, k))))
     e.append(("config.capacity_factor", float(cfg.capacity_factor)))
+    if cfg.uses_llama_fields():  # (absent from the GPT-2-shaped files: defaults)
+        for k, typ in LLAMA_FIELDS:
+            e.append(("config." + k, typ(getattr(cfg, k))))
     for k in ("B", "T", "grad_accum", "warmup_steps", "max_steps", "n_steps"):
         e.append(("train." + k, int(getattr(tc, k))))
     for k in ("lr", "final_lr_frac", "weight_decay", "beta1", "beta2", "eps", "grad_clip"):
@@ -789,11 +968,12 @@ def selfcheck_adamw(key, B=2, seed=3, data_seed=8):
     theirs = init_params(cfg, seed=seed, kind="test", dtype=torch.float64)
     opt = AdamW(mine, tc)
 
-    def by_name(n):  # independent of decays(): embeddings, linear weights, router
-        return n in ("wte", "wpe") or (
+    def by_name(n):  # independent of decays(): embeddings, the head, linear weights, router
+        return n in ("wte", "wpe", "lm_head") or (
             n.endswith(".w") and n.split(".")[-2] in ("qkv", "proj", "fc", "router"))
     n_moe = sum(cfg.is_moe_layer(l) for l in range(cfg.n_layer))
-    assert sum(map(by_name, theirs)) == 1 + (cfg.pos == POS_LEARNED) + 4 * cfg.n_layer + n_moe
+    assert sum(map(by_name, theirs)) == 1 + (cfg.pos == POS_LEARNED) + 4 * cfg.n_layer + n_moe \
+        + (not cfg.tie_embeddings)
     assert [n for n in mine if decays(n, mine[n])] == [n for n in theirs if by_name(n)]
     topt = torch.optim.AdamW(
         [{"params": [q for n, q in theirs.items() if by_name(n)], "weight_decay": tc.weight_decay},
@@ -943,6 +1123,177 @@ def selfcheck_moe(g):
                     _close(gr.view(-1)[k], fd, 1e-8 + 1e-6 * abs(fd), f"moe fd {name} g{group}")
 
 
+def selfcheck_llama(g):
+    """RMSNorm, the llama3 frequency rule, RoPE and the parameter table of the Llama / Qwen2
+    shape against their definitions (brute force)."""
+    # rmsnorm: x / sqrt(mean(x^2) + eps) * w, element by element; torch's own where it has one
+    x = torch.randn(3, 4, 16, generator=g, dtype=torch.float64)
+    w = 1.0 + 0.1 * torch.randn(16, generator=g, dtype=torch.float64)
+    for eps in (1e-5, 1e-6, 0.5):
+        want = [[[x[a, b, c].item() / math.sqrt(sum(v * v for v in x[a, b].tolist()) / 16 + eps)
+                  * w[c].item() for c in range(16)] for b in range(4)] for a in range(3)]
+        _close(rmsnorm(x, w, eps), want, 1e-12, f"rmsnorm eps {eps}")
+        if hasattr(torch.nn.functional, "rms_norm"):
+            _close(rmsnorm(x, w, eps), torch.nn.functional.rms_norm(x, (16,), w, eps), 1e-12,
+                   "rmsnorm vs F.rms_norm")
+
+    # the llama3 rule: the three regimes, its values at their boundaries (continuous there)
+    L, lo, hi, fac = 320, 1.25, 5.0, 4.0
+    inv_at = lambda wl: 2 * math.pi / wl  # noqa: E731
+    for wl, want in [(10.0, 1.0), (63.9, 1.0), (256.1, 1 / fac), (1e5, 1 / fac),
+                     (L / hi, 1.0), (L / lo, 1 / fac)]:
+        _close(llama3_scale(inv_at(wl), fac, lo, hi, L) / inv_at(wl), want, 1e-12, f"llama3 {wl}")
+    for wl in (L / hi, L / lo):  # continuous at both boundaries
+        a, b = (llama3_scale(inv_at(wl * (1 + d)), fac, lo, hi, L) / inv_at(wl * (1 + d))
+                for d in (-1e-9, 1e-9))
+        _close(a, b, 1e-8, f"llama3 continuous at {wl}")
+    wl = L / ((lo + hi) / 2)  # s = 1/2: halfway between 1/factor and 1
+    _close(llama3_scale(inv_at(wl), fac, lo, hi, L) / inv_at(wl), 0.5 / fac + 0.5, 1e-12, "s 1/2")
+    cf = ModelConfig(**CONFIGS["f"]["model"])
+    raw = [cf.rope_theta ** (-i / 4.0) for i in range(4)]  # hs 8: theta^(-2i/8)
+    got = rope_inv_freq(cf)
+    assert rope_regimes(cf) == ["kept", "smoothed", "scaled", "scaled"]
+    s1 = (L / (2 * math.pi / raw[1]) - lo) / (hi - lo)
+    _close(got, [raw[0], raw[1] * ((1 - s1) / fac + s1), raw[2] / fac, raw[3] / fac], 1e-15,
+           "inv_freq f")
+    cg = ModelConfig(**CONFIGS["g"]["model"])
+    _close(rope_inv_freq(cg), [1e6 ** (-2.0 * i / 12) for i in range(6)], 1e-15, "inv_freq g")
+
+    # rope: rotate-half pairs by p * inv_freq_i, p = t - doc_start[t], vs a loop; a rotation
+    # (norms kept); scores depend on the positions' difference only
+    for cfg in (cf, cg):
+        hs, half = cfg.head_size, cfg.head_size // 2
+        B, T = 2, 13
+        toks = torch.randint(0, 256, (B, T), generator=g)
+        toks[0, 4] = toks[0, 9] = toks[1, 0] = EOT
+        ds = compute_doc_start(toks)
+        xq = torch.randn(B, 3, T, hs, generator=g, dtype=torch.float64)
+        got = apply_rope(xq, *rope_cos_sin(cfg, ds, torch.float64))
+        inv = rope_inv_freq(cfg)
+        want = torch.zeros_like(xq)
+        for b in range(B):
+            for t in range(T):
+                p = t - int(ds[b, t])
+                for h in range(3):
+                    for i in range(half):
+                        c, s_ = math.cos(p * inv[i]), math.sin(p * inv[i])
+                        x1, x2 = xq[b, h, t, i].item(), xq[b, h, t, i + half].item()
+                        want[b, h, t, i] = x1 * c - x2 * s_
+                        want[b, h, t, i + half] = x2 * c + x1 * s_
+        _close(got, want, 1e-12, f"rope hs {hs}")
+        _close(got.norm(dim=-1), xq.norm(dim=-1), 1e-12, "rope keeps norms")
+        zero = torch.zeros(1, T, dtype=torch.int32)
+        q, k = xq[:1, :1], xq[1:, 1:2]
+        sc = [apply_rope(q, *rope_cos_sin(cfg, zero - d, torch.float64))
+              @ apply_rope(k, *rope_cos_sin(cfg, zero - d, torch.float64)).transpose(-2, -1)
+              for d in (0, 7)]  # doc_start -d: positions t + d
+        _close(sc[0], sc[1], 1e-12, "rope scores are relative")
+
+    # the parameter table of the new shapes
+    names = [n for n, _ in param_specs(cf)]
+    assert names[-2:] == ["lnf.w", "lm_head"] and not any(n.endswith(".b") for n in names)
+    assert "wpe" not in names and len(names) == 1 + 6 * cf.n_layer + 2
+    names = [n for n, _ in param_specs(cg)]
+    assert [n for n in names if n.endswith(".b")] == [f"h{l}.attn.qkv.b" for l in range(2)]
+    assert names[-1] == "lnf.w" and len(names) == 1 + 7 * cg.n_layer + 1
+    p = init_params(cf, seed=1, kind="test")
+    V = cf.vocab_size
+    assert p["lm_head"][V:].abs().max() == 0 and p["lm_head"][:V].std() > 0.01
+    assert (p["h0.ln1.w"] != 1).all() and decays("lm_head", p["lm_head"])
+    assert not decays("h0.ln1.w", p["h0.ln1.w"])
+
+
+def selfcheck_hf():
+    """The Llama- and Qwen2-shaped configs against Hugging Face transformers' own models (when
+    transformers is installed: else skipped), on one document per row. HF computes RMSNorm and
+    the rotary tables in float32 even in a float64 model, hence the loose tolerances; the
+    inverse frequencies are HF's float32 ones (compared first), the rest float64."""
+    try:
+        import transformers
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    except ImportError:
+        print("selfcheck: transformers not installed, the Hugging Face comparison is skipped")
+        return
+    for key, arch in (("f", "Llama"), ("g", "Qwen2")):
+        cfg = ModelConfig(**CONFIGS[key]["model"])
+        rp = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+        if cfg.rope_scaling == ROPE_SCALING_LLAMA3:
+            rp.update(rope_type="llama3", factor=cfg.rope_factor,
+                      low_freq_factor=cfg.rope_low_freq_factor,
+                      high_freq_factor=cfg.rope_high_freq_factor,
+                      original_max_position_embeddings=cfg.rope_original_max_pos)
+        kw = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.n_embd,
+                  intermediate_size=cfg.ffn_hidden, num_hidden_layers=cfg.n_layer,
+                  num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_kv_head,
+                  max_position_embeddings=4 * cfg.rope_original_max_pos,
+                  rms_norm_eps=cfg.norm_eps, tie_word_embeddings=bool(cfg.tie_embeddings),
+                  rope_parameters=rp, hidden_act="silu")
+        if arch == "Llama":
+            assert cfg.bias == BIAS_NONE
+            hc = transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **kw)
+            model = transformers.LlamaForCausalLM(hc)
+        else:
+            assert cfg.bias == BIAS_QKV  # Qwen2: q, k, v biases, none elsewhere
+            hc = transformers.Qwen2Config(**kw)
+            model = transformers.Qwen2ForCausalLM(hc)
+        hc._attn_implementation = "eager"
+        if cfg.rope_scaling == ROPE_SCALING_LLAMA3:
+            hf_inv, _ = ROPE_INIT_FUNCTIONS["llama3"](hc, "cpu")
+        else:
+            hf_inv = model.model.rotary_emb.inv_freq
+        mine_inv = torch.tensor(rope_inv_freq(cfg), dtype=torch.float64)
+        _close(hf_inv.double() / mine_inv, torch.ones_like(mine_inv), 1e-6, f"HF inv_freq {key}")
+        _close(model.model.rotary_emb.inv_freq.double() / mine_inv, torch.ones_like(mine_inv),
+               1e-6, f"HF model inv_freq {key}")
+        p = init_params(cfg, seed=31, kind="test", dtype=torch.float64)
+        nh, nkv, hs, H, V = cfg.n_head, cfg.n_kv_head, cfg.head_size, cfg.ffn_hidden, cfg.vocab_size
+        q_, k_, all_ = nh * hs, (nh + nkv) * hs, slice(None)
+        # HF name -> (our name, the rows of ours it is)
+        sd = {"model.embed_tokens.weight": ("wte", slice(0, V)),
+              "model.norm.weight": ("lnf.w", all_)}
+        if not cfg.tie_embeddings:
+            sd["lm_head.weight"] = ("lm_head", slice(0, V))
+        for l in range(cfg.n_layer):
+            h, m = f"h{l}.", f"model.layers.{l}."
+            qkv = {"q": slice(0, q_), "k": slice(q_, k_), "v": slice(k_, None)}
+            for n, sl in qkv.items():
+                sd[m + f"self_attn.{n}_proj.weight"] = (h + "attn.qkv.w", sl)
+                if cfg.qkv_bias:
+                    sd[m + f"self_attn.{n}_proj.bias"] = (h + "attn.qkv.b", sl)
+            sd[m + "self_attn.o_proj.weight"] = (h + "attn.proj.w", all_)
+            sd[m + "mlp.gate_proj.weight"] = (h + "mlp.fc.w", slice(0, H))
+            sd[m + "mlp.up_proj.weight"] = (h + "mlp.fc.w", slice(H, None))
+            sd[m + "mlp.down_proj.weight"] = (h + "mlp.proj.w", all_)
+            sd[m + "input_layernorm.weight"] = (h + "ln1.w", all_)
+            sd[m + "post_attention_layernorm.weight"] = (h + "ln2.w", all_)
+        model = model.to(torch.float64)
+        hp = dict(model.named_parameters())
+        with torch.no_grad():
+            for n, (ours, rows) in sd.items():
+                hp[n].copy_(p[ours][rows])
+        loaded = {n for n in sd} | ({"lm_head.weight"} if cfg.tie_embeddings else set())
+        assert set(hp) <= loaded, f"HF {key}: parameters not set: {sorted(set(hp) - loaded)}"
+        # rows of one document each (no EOT: positions 0 .. T-1)
+        inp = torch.randint(0, EOT, (2, 17), generator=torch.Generator().manual_seed(5))
+        tgt = torch.randint(0, V, (2, 17), generator=torch.Generator().manual_seed(6))
+        ds = compute_doc_start(inp)
+        assert ds.abs().max() == 0
+        logits = forward(p, cfg, inp, ds)
+        hl = model(input_ids=inp.long()).logits
+        err = ((logits - hl).abs().max() / hl.abs().max()).item()
+        assert err < 1e-5, f"HF {key}: logits max abs err / max abs {err:g}"
+        loss, hloss = cross_entropy_loss(logits, tgt), cross_entropy_loss(hl, tgt)
+        grads = dict(zip(p.keys(), torch.autograd.grad(loss, list(p.values()))))
+        hg = dict(zip(hp.keys(), torch.autograd.grad(hloss, list(hp.values()))))
+        worst = 0.0
+        for n, (ours, rows) in sd.items():  # our gradient in HF's slicing vs HF's
+            e = ((grads[ours][rows] - hg[n]).norm() / hg[n].norm()).item()
+            worst = max(worst, e)
+            assert e < 1e-5, f"HF {key}: grad {n} (ours {ours}): rel L2 err {e:g}"
+        print(f"selfcheck: {key} vs transformers {transformers.__version__} {arch}: logits "
+              f"{err:.2g} (max abs err / max abs), grads {worst:.2g} (rel L2, worst)")
+
+
 def selfcheck():
     import tempfile
     F = torch.nn.functional
@@ -1031,6 +1382,8 @@ def selfcheck():
         _close(got_sdpa, want, 1e-10, f"attention(sdpa) nh={nh} nkv={nkv}")
 
     selfcheck_moe(g)
+    selfcheck_llama(g)
+    selfcheck_hf()
 
     # full model: packed rows == each document run alone; autograd == finite differences
     for key in CONFIGS:
@@ -1057,7 +1410,8 @@ def selfcheck():
         gen = torch.Generator().manual_seed(4)
         names = ["wte", "h0.ln1.w", "h0.attn.qkv.w", "h0.attn.qkv.b", "h1.mlp.fc.w",
                  "h1.mlp.proj.b", "h1.ln2.w", "h1.moe.router.w", "h1.moe.fc.w", "h1.moe.fc.b",
-                 "h1.moe.proj.w", "h1.moe.proj.b", "h2.mlp.fc.b", "lnf.b", "wpe"]
+                 "h1.moe.proj.w", "h1.moe.proj.b", "h2.mlp.fc.b", "lnf.w", "lnf.b", "wpe",
+                 "lm_head"]
         with torch.no_grad():
             for name in [n for n in names if n in p]:
                 t = p[name]
@@ -1083,6 +1437,7 @@ def selfcheck():
     # hand-written AdamW vs torch.optim.AdamW (decay only on ndim >= 2), no clipping
     selfcheck_adamw("b")
     selfcheck_adamw("e", B=4, data_seed=192)  # MoE; a batch without tied (identical) tokens
+    selfcheck_adamw("f")  # untied head (decayed), rmsnorm weights and no biases (not decayed)
 
     # clipping: clipped norm equals grad_clip
     cfg = ModelConfig(**CONFIGS["b"]["model"])
@@ -1148,8 +1503,19 @@ def main():
                   f"V={cfg.vocab_size} Vp={cfg.padded_vocab_size} L={cfg.n_layer} "
                   f"C={cfg.n_embd} nh={cfg.n_head} nkv={cfg.n_kv_head} H={cfg.ffn_hidden} "
                   f"mlp={'swiglu' if cfg.mlp == MLP_SWIGLU else 'gelu'} "
-                  f"pos={'alibi' if cfg.pos == POS_ALIBI else 'learned'} "
+                  f"pos={['alibi', 'learned', 'rope'][cfg.pos]} "
                   f"B={tc.B} T={tc.T} A={tc.grad_accum} clip={tc.grad_clip:.6g}")
+            if cfg.uses_llama_fields():
+                rope = ""
+                if cfg.pos == POS_ROPE:
+                    rope = f" rope theta={cfg.rope_theta:g}"
+                    if cfg.rope_scaling == ROPE_SCALING_LLAMA3:
+                        rope += (f" llama3 (factor {cfg.rope_factor:g}, low "
+                                 f"{cfg.rope_low_freq_factor:g}, high "
+                                 f"{cfg.rope_high_freq_factor:g}, L {cfg.rope_original_max_pos}:"
+                                 f" {' '.join(rope_regimes(cfg))})")
+                print(f"  norm={['layernorm', 'rmsnorm'][cfg.norm]} eps={cfg.norm_eps:g} "
+                      f"bias={['all', 'qkv', 'none'][cfg.bias]} tied={cfg.tie_embeddings}{rope}")
             if cfg.n_expert:
                 taken = torch.stack([r["taken"] for r in trace])
                 print(f"  MoE: E={cfg.n_expert} every {cfg.moe_every} He={cfg.expert_hidden} "

@@ -1,8 +1,10 @@
 // The whole CPU model against the independent PyTorch reference (scripts/reference.py).
 //
 // For every test/data/ref_*.bin (so a new reference config is picked up by just adding its file):
-//   - the config (incl. the expert-choice MoE fields; a file without them is a dense model), the
-//     parameter table (names, shapes, order) and the packed-document doc_start,
+//   - the config (incl. the expert-choice MoE fields, a file without them is a dense model; and the
+//     Llama / Qwen2 fields: norm, bias, tie_embeddings, rope_*, norm_eps, a file without them is the
+//     GPT-2 shape: LayerNorm, every bias, tied head), the parameter table (names, shapes, order) and
+//     the packed-document doc_start,
 //   - micro-batch 0: logits, loss and every parameter gradient,
 //   - train.n_steps AdamW steps exactly as the trainer runs them (grad accumulation over the A
 //     micro-batches, cosine schedule, global-norm clipping): per-step loss, grad norm, lr, and every
@@ -56,6 +58,8 @@ constexpr double TOL_STEP_LR = 1e-6;      // relative
 // the decay flags are checked by test_moe's parameter-table case, AdamW's decay term by test_ops'.)
 constexpr double TOL_FINAL_PARAM = 1e-4;
 constexpr double TOL_FINAL_KBIAS = 1e-4;  // the key-bias slice of attn.qkv.b (zero exact gradient)
+// (with --pos rope the key bias has a real gradient, q . R(p_j) b_k varying with j: ref_g measures it
+// under the same bound.)
 
 // ------------------------------------------------------------------------------------------------
 // reader for the LLMCREF1 format
@@ -240,9 +244,10 @@ void check_reference_file(const std::string& path) {
     c.max_seq_len = ref.geti("config.max_seq_len");
     const int mlp = ref.geti("config.mlp"), pos = ref.geti("config.pos");
     REQUIRE_MESSAGE((mlp == 0 || mlp == 1), path << ": config.mlp = " << mlp << " (expected 0 swiglu, 1 gelu)");
-    REQUIRE_MESSAGE((pos == 0 || pos == 1), path << ": config.pos = " << pos << " (expected 0 alibi, 1 learned)");
+    REQUIRE_MESSAGE((pos == 0 || pos == 1 || pos == 2),
+                    path << ": config.pos = " << pos << " (expected 0 alibi, 1 learned, 2 rope)");
     c.mlp = mlp == 0 ? MLP_SWIGLU : MLP_GELU;
-    c.pos = pos == 0 ? POS_ALIBI : POS_LEARNED;
+    c.pos = pos == 0 ? POS_ALIBI : pos == 1 ? POS_LEARNED : POS_ROPE;
     // expert-choice MoE; a file without these entries is a dense model
     c.n_expert = ref.geti("config.n_expert", 0);
     c.moe_every = ref.geti("config.moe_every", 1);
@@ -252,6 +257,28 @@ void check_reference_file(const std::string& path) {
     REQUIRE_MESSAGE((moe_group == 0 || moe_group == 1),
                     path << ": config.moe_group = " << moe_group << " (expected 0 batch, 1 position)");
     c.moe_group = moe_group == 0 ? MOE_GROUP_BATCH : MOE_GROUP_POSITION;
+    // the Llama / Qwen2 shape; a file without these entries is the GPT-2 shape (LayerNorm, every
+    // linear bias, the head tied to wte; the rope fields then unused). The reals are float32 in the
+    // file: norm_eps is a float in the config (the value the reference used), the rope reals are
+    // widened exactly to the RopeSpec's doubles.
+    const int norm = ref.geti("config.norm", 0), bias = ref.geti("config.bias", 0);
+    const int tie = ref.geti("config.tie_embeddings", 1), rope_scaling = ref.geti("config.rope_scaling", 0);
+    REQUIRE_MESSAGE((norm == 0 || norm == 1), path << ": config.norm = " << norm << " (expected 0 layernorm, 1 rmsnorm)");
+    REQUIRE_MESSAGE((bias >= 0 && bias <= 2), path << ": config.bias = " << bias << " (expected 0 all, 1 qkv, 2 none)");
+    REQUIRE_MESSAGE((tie == 0 || tie == 1), path << ": config.tie_embeddings = " << tie << " (expected 0 or 1)");
+    REQUIRE_MESSAGE((rope_scaling == 0 || rope_scaling == 1),
+                    path << ": config.rope_scaling = " << rope_scaling << " (expected 0 none, 1 llama3)");
+    c.norm = norm == 0 ? NORM_LAYERNORM : NORM_RMSNORM;
+    c.bias = bias == 0 ? BIAS_ALL : bias == 1 ? BIAS_QKV : BIAS_NONE;
+    c.tie_embeddings = tie;
+    c.norm_eps = ref.getf("config.norm_eps", 1e-5f);
+    const cpu::RopeSpec rope_default;
+    c.rope.theta = ref.getf("config.rope_theta", (float)rope_default.theta);
+    c.rope.scaling = rope_scaling == 0 ? cpu::ROPE_SCALING_NONE : cpu::ROPE_SCALING_LLAMA3;
+    c.rope.factor = ref.getf("config.rope_factor", (float)rope_default.factor);
+    c.rope.low_freq_factor = ref.getf("config.rope_low_freq_factor", (float)rope_default.low_freq_factor);
+    c.rope.high_freq_factor = ref.getf("config.rope_high_freq_factor", (float)rope_default.high_freq_factor);
+    c.rope.original_max_pos = ref.geti("config.rope_original_max_pos", rope_default.original_max_pos);
     c.finalize();
     const int padded = ref.geti("config.padded_vocab_size");
     REQUIRE_MESSAGE(c.padded_vocab_size == padded, path << ": padded_vocab_size: C++ " << c.padded_vocab_size
@@ -437,11 +464,22 @@ void check_reference_file(const std::string& path) {
         }
     }
 
-    char moe[160] = "";
+    char moe[320] = "";
+    int used = 0;
     if (c.n_expert > 0)
-        snprintf(moe, sizeof(moe), " [MoE E=%d every %d He=%d c=%g group=%s]", c.n_expert, c.moe_every, c.expert_hidden,
-                 (double)c.capacity_factor, c.moe_group == MOE_GROUP_POSITION ? "position" : "batch");
-    char line[1200];
+        used = snprintf(moe, sizeof(moe), " [MoE E=%d every %d He=%d c=%g group=%s]", c.n_expert, c.moe_every,
+                        c.expert_hidden, (double)c.capacity_factor, c.moe_group == MOE_GROUP_POSITION ? "position" : "batch");
+    if (c.pos == POS_ROPE || c.rmsnorm() || c.bias != BIAS_ALL || !c.tie_embeddings) {
+        char rope[120] = "";
+        if (c.pos == POS_ROPE)
+            snprintf(rope, sizeof(rope), "rope theta=%g%s, ", c.rope.theta,
+                     c.rope.scaling == cpu::ROPE_SCALING_LLAMA3 ? " llama3" : "");
+        snprintf(moe + used, sizeof(moe) - used, " [%s%s eps=%g, bias %s, %s]", rope,
+                 c.rmsnorm() ? "rmsnorm" : "layernorm", c.rmsnorm() ? (double)c.norm_eps : 1e-5,
+                 c.bias == BIAS_ALL ? "all" : c.bias == BIAS_QKV ? "qkv" : "none",
+                 c.tie_embeddings ? "tied" : "untied lm_head");
+    }
+    char line[1400];
     snprintf(line, sizeof(line),
              "%s%s: logits %.2e (max abs err / max abs) | loss %.2e (rel) | grads %.2e (rel L2, %s) | "
              "step loss %.2e, grad_norm %.2e, lr %.2e (rel) | final params %.2e (max abs err / max abs, %s), "
