@@ -42,7 +42,9 @@ with our tensor names and layouts ([out, in], wte unpadded) and a config.json wi
 --tokenizer FILE_OR_DIR: a tokenizer.json, or a folder holding one (prepare_text.py's out_dir, a
 Hugging Face model folder), is copied beside the model with tokenizer_config.json and
 special_tokens_map.json when they are beside it; their bos_token / eos_token give config.json's
-bos_token_id / eos_token_id (without them: the <|endoftext|> token, prepare_text.py --tokenizer bpe).
+bos_token_id / eos_token_id; where they name none, the <|endoftext|> token is taken (prepare_text.py
+--tokenizer bpe), and for the BOS the shards' document token when tokenizer.bin is beside (Qwen2's
+config has its <|endoftext|> as bos_token_id, the token its documents start with in our shards).
 
 The checkpoint (llmc/io/checkpoint.h, version 2 or 1; or a model-only file, field model_only = 1,
 the params alone) is read here: its header, its named config fields (the fields added with the
@@ -115,7 +117,7 @@ def read_checkpoint(path, verify=True):
         raw_fields = f.read(48 * n_fields)
         tail = f.read(16 if version >= 2 else 8)
         if len(raw_fields) < 48 * n_fields or len(tail) < (16 if version >= 2 else 8):
-            fail(f"{path}: truncated header")
+            fail(f"{path}: the header is cut short at {size} bytes (truncated or corrupt)")
     n_params = struct.unpack("<Q", tail[:8])[0]
     stored = struct.unpack("<Q", tail[8:16])[0] if version >= 2 else None
     header = head + raw_fields + tail[:8]
@@ -477,8 +479,9 @@ TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def tokenizer_ids(path):
     """(files to copy, {"bos": id|None, "eos": id|None}) of --tokenizer: a tokenizer.json or a folder
     holding one (prepare_text.py's out_dir, a Hugging Face model folder); tokenizer_config.json and
-    special_tokens_map.json beside it come along and name the BOS / EOS; without them the
-    <|endoftext|> token is both (prepare_text.py --tokenizer bpe)."""
+    special_tokens_map.json beside it come along and name the BOS / EOS; what they leave unnamed is
+    the <|endoftext|> token when the vocabulary has it (prepare_text.py --tokenizer bpe), and the BOS
+    the shards' document token when tokenizer.bin is beside (Qwen2: <|endoftext|>)."""
     folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
     tj = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     try:
@@ -505,11 +508,17 @@ def tokenizer_ids(path):
     ids = {}
     for k in ("bos", "eos"):
         text = named.get(k)
-        ids[k] = vocab.get(text) if text is not None else None
-        if text is not None and ids[k] is None:
+        if text is not None and text not in vocab:
             fail(f"--tokenizer {tj}: its {k}_token {text!r} is not in the vocabulary")
-        if not named:
-            ids[k] = vocab.get("<|endoftext|>")
+        ids[k] = vocab[text] if text is not None else vocab.get("<|endoftext|>")
+    # no BOS named: the token that starts the documents (prepare_text.py's tokenizer.bin says it; Qwen2's
+    # config.json has its <|endoftext|> as bos_token_id too)
+    vb = os.path.join(folder, "tokenizer.bin")
+    if not named.get("bos") and os.path.isfile(vb):
+        with open(vb, "rb") as f:
+            head = f.read(24)
+        if head[:8] == b"LLMCVOCB":
+            ids["bos"] = struct.unpack("<I", head[16:20])[0]
     return files, ids
 
 

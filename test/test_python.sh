@@ -7,6 +7,21 @@
 #   3. prepare_text.py --tokenizer bpe: a BPE trained on English + Bengali text, shards with its eot,
 #      tokenizer.json + tokenizer.bin; the trainer finds tokenizer.bin and prints valid UTF-8 samples
 #   4. prepare_text.py --sep percent|blank on CRLF text
+#   5. Bengali end to end (dev/data/bengali_sample.py, a BPE, UTF-8 samples)
+#   6. prepare_mc.py round trips and refusals
+#   7. import_hf.py: test/data/hf's tiny LlamaForCausalLM (llama3 rope scaling, untied head) and
+#      Qwen2ForCausalLM (q/k/v biases, tied) -> model files; our engine's logits (forward_logits, a
+#      row per document) = transformers' checked-in logits (relative max error <= 1e-5); its greedy
+#      decoding of 64 tokens = transformers' tokens
+#   8. import_hf.py: the bf16 model in 2 shards = the fp32 one rounded to bf16, bit for bit; a
+#      transformers-4 config.json (rope_theta, rope_scaling "type") and a Mistral config give the same file
+#   9. import_hf.py refuses what the engine cannot compute (exit 1, the file and the field named)
+#  10. export_hf.py of an imported model: the original tensors bit for bit, LlamaForCausalLM /
+#      Qwen2ForCausalLM config.json, the tokenizer's files; the numpy Llama on it = our engine
+#  11. prepare_text.py --tokenizer HF_DIR: byte-level (Llama 3 style BOS, Qwen2's <|endoftext|>) and
+#      SentencePiece-style vocabularies; tokenizer.bin spells what the tokenizer decodes; 4-byte tokens
+#  12. train_gpt_cpu --init_from an imported model, 20 steps on shards of its tokenizer; the export's
+#      numpy Llama logits = our engine's (compare_hf.py), greedy decoding the same
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${TOOLS_PYTHON:-python3}
@@ -76,7 +91,7 @@ assert t["wte"].shape == (257, 32) and "wpe" not in t
 assert t["h0.attn.qkv.w"].shape == ((4 + 2 * 2) * 8, 32) and t["h0.mlp.fc.w"].shape[0] == 2 * cfg["llmc"]["ffn_hidden"]
 assert t["h1.moe.fc.w"].shape == (2, 2 * cfg["llmc"]["expert_hidden"], 32) and "h1.moe.router.w" in t
 EOF
-refused "compare_hf on a non-GPT-2 export" "is not a GPT-2 export" "$PY" scripts/compare_hf.py "$W/moe/ckpt_000000002.bin" "$W/hf_moe"
+refused "compare_hf on a non-GPT-2 export" "is not a GPT-2, Llama or Qwen2 export" "$PY" scripts/compare_hf.py "$W/moe/ckpt_000000002.bin" "$W/hf_moe"
 cp "$CK" "$W/corrupt.bin"
 printf '\001' | dd of="$W/corrupt.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
 refused "corrupt checkpoint" "checksum mismatch" "$PY" scripts/export_hf.py "$W/corrupt.bin" "$W/hf_bad"
@@ -273,6 +288,289 @@ printf 'q,1,2,3,4,E\n' >"$W/bad.csv"
 refused "prepare_mc: an answer letter past the choices" "bad.csv:1: the answer 'E' is not one of the letters A..D" \
     "$PY" scripts/prepare_mc.py "$W/bad.csv" "$W/x.bin"
 [ ! -e "$W/x.bin" ] && pass || fail "prepare_mc wrote a file for a refused input"
+
+# ---- 7. import_hf.py: the tiny Llama and Qwen2 of test/data/hf (scripts/make_hf_testdata.py made them and
+# transformers' outputs on them, once); our engine's logits, one forward_logits row per document, against
+# transformers', and its greedy decoding
+HF=test/data/hf
+for m in llama qwen2; do
+    check "import_hf $m" "$PY" scripts/import_hf.py $HF/$m "$W/$m.bin"
+    check "$m: our engine's logits = transformers' (relative max error <= 1e-5)" "$PY" - $HF/ref_$m.npz "$W/$m.bin" <<'EOF'
+import sys
+import numpy as np
+sys.path.insert(0, "scripts")
+from compare_hf import engine_logits
+ref, model = np.load(sys.argv[1]), sys.argv[2]
+worst = 0.0
+for k in range(3):
+    doc, theirs = ref[f"doc{k}"], ref[f"logits{k}"].astype(np.float64)
+    ours = engine_logits(model, doc, theirs.shape[1])
+    err = np.abs(ours - theirs).max() / np.abs(theirs).max()
+    print(f"document {k} ({len(doc)} tokens): max |diff| {np.abs(ours - theirs).max():.2e}, relative {err:.2e}")
+    worst = max(worst, err)
+    assert err <= 1e-5, err
+print(f"relative max error {worst:.2e}")
+EOF
+    sed -n "s/^relative max error/test_python: $m, our engine vs transformers: relative max error/p" "$W/check.out"
+    check "$m: greedy decoding of 64 tokens = transformers'" "$PY" - $HF/ref_$m.npz "$W/$m.bin" <<'EOF'
+import sys
+import numpy as np
+sys.path.insert(0, "scripts")
+from compare_hf import engine_greedy
+ref, model = np.load(sys.argv[1]), sys.argv[2]
+ours = engine_greedy(model, ref["prompt"].tolist(), 64, ref["logits0"].shape[1])
+assert ours == ref["greedy"].tolist(), (ours, ref["greedy"].tolist())
+EOF
+done
+
+# ---- 8. the bf16 model in 2 shards (torch's cast of the qwen2 one: round to nearest even) = the fp32 import
+# rounded to bf16, bit for bit; the same config in transformers 4's words, and as a Mistral, give the same file
+check "import_hf bf16, 2 shards" "$PY" scripts/import_hf.py $HF/qwen2_bf16 "$W/qwen2_bf16.bin"
+check "bf16 import = the fp32 import rounded to bf16" "$PY" - "$W/qwen2.bin" "$W/qwen2_bf16.bin" <<'EOF'
+import sys
+import numpy as np
+sys.path.insert(0, "scripts")
+from export_hf import read_checkpoint
+(f32, _, p32), (f16, _, p16) = read_checkpoint(sys.argv[1]), read_checkpoint(sys.argv[2])
+assert f32 == f16
+u = p32.view(np.uint32).astype(np.uint64)
+rne = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32)
+assert np.array_equal(rne, p16.view(np.uint32)) and not np.array_equal(p32, p16)
+EOF
+"$PY" - $HF "$W/cfg" <<'EOF'
+import json, os, sys
+hf, out = sys.argv[1:]
+def variant(name, src, edit):
+    os.makedirs(f"{out}/{name}")
+    for f in os.listdir(f"{hf}/{src}"):
+        if f != "config.json":
+            os.symlink(os.path.abspath(f"{hf}/{src}/{f}"), f"{out}/{name}/{f}")
+    c = json.load(open(f"{hf}/{src}/config.json"))
+    edit(c)
+    json.dump(c, open(f"{out}/{name}/config.json", "w"))
+def v4(c):  # transformers 4: rope_theta beside, the scaling's kind under "type"
+    rp = c.pop("rope_parameters")
+    c["rope_theta"] = rp.pop("rope_theta")
+    rp["type"] = rp.pop("rope_type")
+    c["rope_scaling"] = rp
+variant("llama_v4", "llama", v4)
+variant("mistral", "llama", lambda c: c.update(architectures=["MistralForCausalLM"], model_type="mistral",
+                                               sliding_window=None, head_dim=None))
+EOF
+check "a transformers-4 config.json gives the same file" "$PY" scripts/import_hf.py "$W/cfg/llama_v4" "$W/llama_v4.bin"
+check "the same bytes (transformers 4 config)" cmp "$W/llama.bin" "$W/llama_v4.bin"
+check "a Mistral (no sliding window) gives the same file" "$PY" scripts/import_hf.py "$W/cfg/mistral" "$W/mistral.bin"
+check "the same bytes (Mistral)" cmp "$W/llama.bin" "$W/mistral.bin"
+
+# ---- 9. refusals: copies of the models with one thing changed each
+"$PY" - $HF "$W/bad" <<'EOF'
+import json, os, shutil, sys
+import numpy as np
+from safetensors.numpy import load_file, save_file
+hf, out = sys.argv[1:]
+def variant(name, src, edit=None, tensors=None):
+    d = f"{out}/{name}"
+    os.makedirs(d)
+    c = json.load(open(f"{hf}/{src}/config.json"))
+    if edit:
+        edit(c)
+    json.dump(c, open(f"{d}/config.json", "w"))
+    if tensors:
+        t = load_file(f"{hf}/{src}/model.safetensors")
+        tensors(t)
+        save_file(t, f"{d}/model.safetensors")
+    else:
+        os.symlink(os.path.abspath(f"{hf}/{src}/model.safetensors"), f"{d}/model.safetensors")
+def rope(kind, **kw):
+    return lambda c: c.update(rope_parameters=dict(rope_type=kind, rope_theta=5e5, **kw))
+variant("arch", "llama", lambda c: c.update(architectures=["MixtralForCausalLM"], model_type="mixtral"))
+variant("moe", "llama", lambda c: c.update(num_local_experts=8))
+variant("linear", "llama", rope("linear", factor=2.0))
+variant("yarn", "llama", rope("yarn", factor=4.0, original_max_position_embeddings=64))
+variant("dynamic_v4", "llama", lambda c: c.update(rope_parameters=None, rope_theta=5e5,
+                                                   rope_scaling={"type": "dynamic", "factor": 2.0}))
+variant("longrope", "llama", rope("longrope", short_factor=[1.0] * 8, long_factor=[2.0] * 8))
+variant("partial", "llama", lambda c: c.update(partial_rotary_factor=0.5))
+variant("mistral_window", "llama", lambda c: c.update(architectures=["MistralForCausalLM"], model_type="mistral",
+                                                       sliding_window=128))
+variant("qwen2_window", "qwen2", lambda c: c.update(use_sliding_window=True, sliding_window=64))
+variant("qwen2_layers", "qwen2", lambda c: c.update(layer_types=["full_attention", "sliding_attention"]))
+variant("attention_bias", "llama", lambda c: c.update(attention_bias=True))
+variant("mlp_bias", "llama", lambda c: c.update(mlp_bias=True))
+variant("head_dim", "llama", lambda c: c.update(head_dim=32))
+variant("gelu", "llama", lambda c: c.update(hidden_act="gelu_pytorch_tanh"))
+variant("shape", "llama", lambda c: c.update(intermediate_size=96))
+variant("missing", "llama", tensors=lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+variant("unexpected", "llama", tensors=lambda t: t.update({"model.layers.0.self_attn.q_norm.weight": np.ones(16, np.float32)}))
+variant("untied_missing", "qwen2", lambda c: c.update(tie_word_embeddings=False))
+variant("tied_differs", "qwen2", tensors=lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] * 2}))
+variant("f64", "llama", tensors=lambda t: t.update({"model.norm.weight": t["model.norm.weight"].astype(np.float64)}))
+variant("nan", "llama", tensors=lambda t: t["model.norm.weight"].__setitem__(3, np.nan))
+os.makedirs(f"{out}/pickled")
+shutil.copy(f"{hf}/llama/config.json", f"{out}/pickled/config.json")
+open(f"{out}/pickled/pytorch_model.bin", "wb").close()
+EOF
+while IFS='|' read -r name needle; do
+    refused "import_hf refuses $name" "$needle" "$PY" scripts/import_hf.py "$W/bad/$name" "$W/bad/$name.bin" </dev/null
+    [ -e "$W/bad/$name.bin" ] && fail "import_hf wrote $name.bin for a refused model"
+done <<'EOF'
+arch|bad/arch/config.json: architectures ['MixtralForCausalLM']: only LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM
+moe|bad/moe/config.json: num_local_experts = 8: mixture-of-experts models are not imported
+linear|bad/linear/config.json: rope_parameters rope_type 'linear': only llama3 scaling (or none) is imported
+yarn|bad/yarn/config.json: rope_parameters rope_type 'yarn'
+dynamic_v4|bad/dynamic_v4/config.json: rope_scaling rope_type 'dynamic'
+longrope|bad/longrope/config.json: rope_parameters rope_type 'longrope'
+partial|bad/partial/config.json: partial_rotary_factor 0.5
+mistral_window|bad/mistral_window/config.json: sliding_window 128 < max_position_embeddings 256
+qwen2_window|bad/qwen2_window/config.json: use_sliding_window true
+qwen2_layers|bad/qwen2_layers/config.json: layer_types ['full_attention', 'sliding_attention']
+attention_bias|bad/attention_bias/config.json: attention_bias true
+mlp_bias|bad/mlp_bias/config.json: mlp_bias true
+head_dim|bad/head_dim/config.json: head_dim 32 != hidden_size / num_attention_heads = 16
+gelu|bad/gelu/config.json: hidden_act 'gelu_pytorch_tanh': only silu
+shape|bad/shape/model.safetensors: tensor model.layers.0.mlp.gate_proj.weight has shape [128, 64], config.json makes [96, 64]
+missing|bad/missing/model.safetensors: tensor model.layers.1.mlp.up_proj.weight is missing
+unexpected|bad/unexpected/model.safetensors: unexpected tensor model.layers.0.self_attn.q_norm.weight
+untied_missing|bad/untied_missing/model.safetensors: tensor lm_head.weight is missing
+tied_differs|bad/tied_differs/model.safetensors: lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings is true
+f64|bad/f64/model.safetensors: tensor model.norm.weight is F64: only F32, F16 and BF16
+nan|bad/nan/model.safetensors: tensor model.norm.weight holds non-finite values
+pickled|bad/pickled: no model.safetensors or model.safetensors.index.json (found pytorch_model.bin
+EOF
+
+# ---- 10. export_hf.py of the imported models: the original tensors bit for bit, a config.json of
+# LlamaForCausalLM / Qwen2ForCausalLM, the tokenizer's files beside; the numpy Llama on the export = our engine
+for m in llama qwen2; do
+    check "export_hf $m" "$PY" scripts/export_hf.py "$W/$m.bin" "$W/hf_$m" --tokenizer $HF/$m
+    check "$m: import then export = the original tensors, bit for bit" "$PY" - $HF/$m "$W/hf_$m" <<'EOF'
+import json, os, sys
+from safetensors.numpy import load_file
+src, out = sys.argv[1:]
+a, b = load_file(src + "/model.safetensors"), load_file(out + "/model.safetensors")
+assert sorted(a) == sorted(b), sorted(set(a) ^ set(b))
+for k in a:
+    assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes(), k
+c, o = json.load(open(src + "/config.json")), json.load(open(out + "/config.json"))
+for k in ["architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+          "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+          "bos_token_id", "eos_token_id"]:
+    assert c[k] == o[k], (k, c[k], o[k])
+assert o["rope_parameters"] == c["rope_parameters"] and o["rope_theta"] == c["rope_parameters"]["rope_theta"], o
+assert o["torch_dtype"] == "float32" and ("lm_head.weight" in b) == (not o["tie_word_embeddings"])
+assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+EOF
+    check "$m export: numpy Llama logits = our engine's" "$PY" scripts/compare_hf.py "$W/$m.bin" "$W/hf_$m" --tokens 48
+done
+
+# ---- 11. prepare_text.py --tokenizer HF_DIR: the shards' document token, tokenizer.bin against the tokenizer's own
+# decoding, the tokenizer's files beside the shards
+"$PY" - "$W/hf_corpus.txt" <<'EOF'
+import random, sys
+words = "the quick brown fox jumps over lazy dog river night আমার সোনার বাংলা naïve café Ω 42".split()
+r = random.Random(7)
+open(sys.argv[1], "w", encoding="utf-8").write(
+    "\n\n".join(" ".join(r.choice(words) for _ in range(r.randint(5, 60))) for _ in range(300)) + "\n")
+EOF
+for spec in "llama|$HF/llama|<|begin_of_text|>|the model's BOS" \
+            "qwen2|$HF/qwen2/tokenizer.json|<|endoftext|>|the end-of-text token: the model has no BOS" \
+            "sp|$HF/sp_tokenizer|<s>|the model's BOS"; do
+    name=${spec%%|*}; rest=${spec#*|}; tok=${rest%%|*}; rest=${rest#*|}
+    doc=${rest%|*}; why=${rest##*|}
+    check "prepare_text --tokenizer $tok" "$PY" dev/data/prepare_text.py "$W/hf_corpus.txt" --sep blank --tokenizer "$tok" \
+        --out_dir "$W/tok_$name" --val_frac 0.1
+    cp "$W/check.out" "$W/tok_$name.out"
+    check "$name: documents start with $doc ($why)" grep -qF "documents start with '$doc' (id" "$W/tok_$name.out"
+    check "$name: documents start with $doc ($why)" grep -qF "$why)" "$W/tok_$name.out"
+    check "$name: shards, tokenizer.bin and the tokenizer agree" "$PY" - "$W/tok_$name" "$tok" "$doc" <<'EOF'
+import os, struct, sys
+from tokenizers import Tokenizer
+from llmc_files import read_shard, read_vocab
+d, tok, doc = sys.argv[1:]
+t = Tokenizer.from_file(tok if tok.endswith(".json") else tok + "/tokenizer.json")
+n, eot = max(t.get_vocab(with_added_tokens=True).values()) + 1, t.token_to_id(doc)
+(version, vocab, veot, _), pieces = read_vocab(d + "/tokenizer.bin")
+assert (version, vocab, veot, len(pieces)) == (1, n, eot, n), (version, vocab, veot, n, eot)
+name = os.path.basename(d)
+width, _, svocab, seot = struct.unpack("<IQII", open(f"{d}/{name}_train_000.bin", "rb").read(64)[12:32])
+assert (width, svocab, seot) == (2, n, eot)
+tokens = read_shard(f"{d}/{name}_train_000.bin")
+assert tokens[0] == eot
+docs, cur = [], []
+for x in tokens[1:] + [eot]:
+    if x == eot:
+        docs.append(cur)
+        cur = []
+    else:
+        cur.append(x)
+assert len(docs) == 270 and all(docs), len(docs)  # one document token each, never doubled
+for ids in docs:
+    got = b"".join(pieces[i] for i in ids).decode("utf-8")
+    want = t.decode(ids, skip_special_tokens=False)
+    assert got == want or got == " " + want, (got, want)  # SentencePiece's decoder drops the first space
+assert any("\u0980" <= c <= "\u09ff" for ids in docs for c in t.decode(ids))
+files = sorted(os.listdir(d))
+assert "tokenizer.json" in files and "tokenizer_config.json" in files, files
+EOF
+done
+check "the SentencePiece vocabulary: ▁ is a space, <0xXX> a byte" "$PY" - "$W/tok_sp" <<'EOF'
+import sys
+from tokenizers import Tokenizer
+from llmc_files import read_vocab
+_, pieces = read_vocab(sys.argv[1] + "/tokenizer.bin")
+t = Tokenizer.from_file(sys.argv[1] + "/tokenizer.json")
+assert pieces[t.token_to_id("▁the")] == b" the" and pieces[t.token_to_id("<0xCE>")] == b"\xce"
+assert pieces[t.token_to_id("<s>")] == b"<s>"
+EOF
+check "prepare_text --doc_token" "$PY" dev/data/prepare_text.py "$W/hf_corpus.txt" --sep blank --tokenizer $HF/llama \
+    --doc_token "<|end_of_text|>" --out_dir "$W/tok_doc"
+cp "$W/check.out" "$W/tok_doc.out"
+check "--doc_token is the shards' document token" grep -qF "documents start with '<|end_of_text|>' (id 453, --doc_token)" \
+    "$W/tok_doc.out"
+refused "a document token not in the vocabulary" "the document token '<|nope|>' (--doc_token) is not in its vocabulary" \
+    "$PY" dev/data/prepare_text.py "$W/hf_corpus.txt" --sep blank --tokenizer $HF/llama --doc_token "<|nope|>" --out_dir "$W/x"
+refused "--tokenizer neither byte, bpe nor a tokenizer" "--tokenizer $W/nothing: expected byte, bpe, a tokenizer.json or a folder" \
+    "$PY" dev/data/prepare_text.py "$W/hf_corpus.txt" --sep blank --tokenizer "$W/nothing" --out_dir "$W/x"
+# more than 65536 ids: 4-byte tokens (a byte-level vocabulary of 70000 entries, its BOS the last id)
+"$PY" - "$W/big" <<'EOF'
+import json, os, sys
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+vocab = {c: i for i, c in enumerate(alphabet)}
+for i in range(len(vocab), 69999):
+    vocab[f"{alphabet[i % 256]}{alphabet[(i // 256) % 256]}{alphabet[i // 65536]}"] = i
+t = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+t.pre_tokenizer, t.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+t.add_special_tokens(["<|begin_of_text|>"])
+os.makedirs(sys.argv[1])
+t.save(sys.argv[1] + "/tokenizer.json")
+json.dump({"bos_token": "<|begin_of_text|>"}, open(sys.argv[1] + "/tokenizer_config.json", "w"))
+EOF
+check "prepare_text --tokenizer: 70000 ids" "$PY" dev/data/prepare_text.py "$W/hf_corpus.txt" --sep blank --tokenizer "$W/big" \
+    --out_dir "$W/tok_big"
+check "70000 ids: 4-byte tokens" "$PY" - "$W/tok_big" <<'EOF'
+import struct, sys
+from llmc_files import read_shard, read_vocab
+d = sys.argv[1]
+width, _, vocab, eot = struct.unpack("<IQII", open(d + "/tok_big_train_000.bin", "rb").read(64)[12:32])
+assert (width, vocab, eot) == (4, 70000, 69999), (width, vocab, eot)
+tokens = read_shard(d + "/tok_big_train_000.bin")
+_, pieces = read_vocab(d + "/tokenizer.bin")
+assert tokens[0] == 69999 and b"".join(pieces[t] for t in tokens[1:30] if t != 69999).decode("utf-8")
+EOF
+
+# ---- 12. fine-tune an imported model: train_gpt_cpu --init_from, 20 steps on shards of its tokenizer, export;
+# the export's numpy Llama logits = our engine's on the checkpoint, and greedy decoding the same
+for m in llama qwen2; do
+    "$BIN" --init_from "$W/$m.bin" -i "$W/tok_$m/tok_${m}_train_*.bin" -j "$W/tok_$m/tok_${m}_val_*.bin" -b 2 -t 64 \
+        -x 20 -m 1 -g 16 -u 2 --seed 5 -o "$W/ft_$m" >"$W/ft_$m.log" 2>&1
+    check "$m: 20 steps --init_from the imported model" grep -q "^step    20/20 | val loss" "$W/ft_$m.log"
+    check "$m: initialized from the model file" grep -qF "initialized from $W/$m.bin" "$W/ft_$m.log"
+    check "$m: export of the fine-tuned checkpoint" "$PY" scripts/export_hf.py "$W/ft_$m/ckpt_000000020.bin" "$W/hf_ft_$m" \
+        --tokenizer "$W/tok_$m"
+    check "$m fine-tuned: numpy Llama logits = our engine's, greedy decoding the same" "$PY" scripts/compare_hf.py \
+        "$W/ft_$m/ckpt_000000020.bin" "$W/hf_ft_$m" --greedy 16
+    sed -n "s/^compare_hf.py: numpy vs our engine, /test_python: $m fine-tuned, numpy vs our engine: /p" "$W/check.out"
+done
 
 echo "test_python: $checks passed, $fails failed"
 [ $fails -eq 0 ]
