@@ -183,7 +183,7 @@ def write_model_file(path, cfg, n_params, chunks):
             for chunk in chunks:
                 words = np.ascontiguousarray(chunk, dtype="<f4").reshape(-1).view("<u4")
                 h = (h + _hash_words(words, at)) & MASK64
-                f.write(words.tobytes())
+                f.write(memoryview(words))
                 at += len(words)
             if at != n_params:
                 fail(f"internal error: wrote {at} parameters, the table has {n_params}")

@@ -322,16 +322,14 @@ def import_model(hf_dir, out):
     V, Vp = cfg["vocab_size"], (cfg["vocab_size"] + 127) // 128 * 128
     cfg["padded_vocab_size"] = Vp
 
-    def padded(a):
-        return np.concatenate([a, np.zeros((Vp - V, a.shape[1]), np.float32)]) if Vp > V else a
-
     def ours(name, shape):
+        """the tensor of our table (wte and lm_head without their zero padding rows)"""
         l, _, rest = name.partition(".")
         p = f"model.layers.{l[1:]}." if name.startswith("h") else ""
         if name == "wte":
-            return padded(get("model.embed_tokens.weight"))
+            return get("model.embed_tokens.weight")
         if name == "lm_head":
-            return padded(get("lm_head.weight"))
+            return get("lm_head.weight")
         if name == "lnf.w":
             return get("model.norm.weight")
         return {
@@ -347,12 +345,14 @@ def import_model(hf_dir, out):
     table, total = param_table(cfg)
 
     def chunks():
+        """the table's tensors in order, one at a time, and the zeros between and after them (a
+        tensor starts at a multiple of 8 elements; wte's and lm_head's rows past vocab_size)"""
         at = 0
         for name, shape, off in table:
             if off > at:
-                yield np.zeros(off - at, np.float32)  # the padding between tensors
+                yield np.zeros(off - at, np.float32)
             a = ours(name, shape)
-            assert a.shape == shape, (name, a.shape, shape)
+            assert a.shape == shape or (name in ("wte", "lm_head") and a.shape == (V, shape[1])), (name, a.shape)
             yield a
             at = off + a.size
         if total > at:
