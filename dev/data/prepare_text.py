@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-r"""Turn text into train/val token shards for train_gpt, with the byte-level tokenizer or a BPE.
+r"""Turn text into train/val token shards for train_gpt: the byte-level tokenizer, a BPE trained here,
+or an existing Hugging Face tokenizer (Llama 3, Qwen2, Mistral, ...).
 
 Tokenizers (--tokenizer):
   byte (default)  token b in [0, 256) is the byte b; token 256 is <|endoftext|> (EOT). vocab_size
