@@ -22,6 +22,8 @@
 #      SentencePiece-style vocabularies; tokenizer.bin spells what the tokenizer decodes; 4-byte tokens
 #  12. train_gpt_cpu --init_from an imported model, 20 steps on shards of its tokenizer; the export's
 #      numpy Llama logits = our engine's (compare_hf.py), greedy decoding the same
+#  13. the imported models under mpirun (--init_from): dp 2 -z 3, tp 2 --sp, pp 2 bitwise as one process;
+#      a resume of tp 2 --sp bitwise
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${TOOLS_PYTHON:-python3}
@@ -571,6 +573,29 @@ for m in llama qwen2; do
         "$W/ft_$m/ckpt_000000020.bin" "$W/hf_ft_$m" --greedy 16
     sed -n "s/^compare_hf.py: numpy vs our engine, /test_python: $m fine-tuned, numpy vs our engine: /p" "$W/check.out"
 done
+
+# ---- 13. the imported models under mpirun: --init_from in dp 2 -z 3, tp 2 --sp, pp 2, each bitwise as one
+# process given the layout's gradient blocks; a resume of the tp 2 run (at step 4 of 8) bitwise
+if command -v mpirun >/dev/null; then
+    MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1"
+    for m in llama qwen2; do
+        DATA="-i $W/tok_$m/tok_${m}_train_*.bin -j $W/tok_$m/tok_${m}_val_*.bin -x 8 -m 1 -g 0 -u 2"
+        FT="--init_from $W/$m.bin $DATA -b 2 -t 32 -d 256 --seed 5"
+        for layout in "-z 3" "--tp 2 --sp" "--pp 2"; do
+            out=$W/lay_$m.$(echo $layout | tr -d ' -')
+            $MPIRUN -np 2 "$BIN" $FT $layout -n 4 -o "$out" >"$out.log" 2>&1 || { fail "$m np 2 $layout: rc $?"; tail -3 "$out.log"; continue; }
+            G=$(grep -o "^gradient sum: [0-9]*" "$out.log" | grep -o "[0-9]*$")
+            ref=$W/lay_$m.ref$G
+            [ -d "$ref" ] || OMP_NUM_THREADS=1 "$BIN" $FT --grad_blocks "${G:-1}" -o "$ref" >"$ref.log" 2>&1
+            check "$m np 2 $layout = one process (--grad_blocks ${G:-1}), bitwise" cmp "$ref/ckpt_000000008.bin" "$out/ckpt_000000008.bin"
+        done
+        out=$W/lay_$m.tp2sp
+        $MPIRUN -np 2 "$BIN" $DATA --tp 2 --sp -y "$out/ckpt_000000004.bin" -o "$out.resumed" >"$out.resumed.log" 2>&1
+        check "$m tp 2 --sp resumed at step 4 = uninterrupted, bitwise" cmp "$out/ckpt_000000008.bin" "$out.resumed/ckpt_000000008.bin"
+    done
+else
+    fail "section 13 needs mpirun (openmpi-bin)"
+fi
 
 echo "test_python: $checks passed, $fails failed"
 [ $fails -eq 0 ]
