@@ -83,6 +83,25 @@ inline std::vector<ModelCase> model_cases() {
     choice.moe_group = ref::MOE_GROUP_BATCH;
     choice.finalize();
     cases.push_back({"MoE E 4, expert choice of 8 in 32 tokens, last layer", choice, 2, 16, 1, true});
+    // the open models' shape: rope (the table from the host), RMSNorm, the biases it has, an untied head
+    ref::GPTConfig llama = shape(128, 2, 1);
+    llama.pos = ref::POS_ROPE;
+    llama.rope.theta = 5e5;
+    llama.rope.scaling = cpu::ROPE_SCALING_LLAMA3;
+    llama.rope.original_max_pos = 32;
+    llama.norm = ref::NORM_RMSNORM;
+    llama.bias = ref::BIAS_NONE;
+    llama.tie_embeddings = 0;
+    llama.finalize();
+    cases.push_back({"Llama shape: hs 64 (flash), rope llama3, rmsnorm, no biases, untied head", llama, 4, 100});
+    ref::GPTConfig qwen = shape(64, 4, 2);
+    qwen.pos = ref::POS_ROPE;
+    qwen.rope.theta = 1e6;
+    qwen.norm = ref::NORM_RMSNORM;
+    qwen.norm_eps = 1e-6f;
+    qwen.bias = ref::BIAS_QKV;
+    qwen.finalize();
+    cases.push_back({"Qwen2 shape: hs 16 (simple kernels), rope, rmsnorm 1e-6, q/k/v biases, tied", qwen, 4, 100});
     return cases;
 }
 
@@ -106,6 +125,7 @@ Config convert_config(const ref::GPTConfig& c) {
     g.pos = c.pos;
     g.n_expert = c.n_expert; g.moe_every = c.moe_every; g.expert_hidden = c.expert_hidden;
     g.capacity_factor = c.capacity_factor; g.moe_group = c.moe_group;
+    g.norm = c.norm; g.norm_eps = c.norm_eps; g.bias = c.bias; g.tie_embeddings = c.tie_embeddings; g.rope = c.rope;
     g.finalize();
     return g;
 }
