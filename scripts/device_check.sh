@@ -67,7 +67,7 @@ PREBUILT_FROM=("train_gpt:dev/cuda/bin/train_gpt_single" "test_gpu:test/test_gpu
                "jit75/test_gpu:dev/cuda/bin/jit75/test_gpu" "jit75/train_gpt:dev/cuda/bin/jit75/train_gpt")
 # (jit75/: the fp16 build's compute_75 PTX: on the H200 the driver JIT-compiles it, the sm_75 code path)
 # the kernel benchmarks the check runs (bench below), the only ones carried: the 64 MiB carry holds no more
-BENCHES="attention_forward attention_backward matmul"
+BENCHES="attention_forward attention_backward matmul rope"
 MAKE_TARGETS="dev/cuda/bin/train_gpt_single test/test_gpu dev/cuda/bin/jit80/test_gpu
               dev/cuda/bin/jit80/train_gpt dev/cuda/bin/jit75/test_gpu dev/cuda/bin/jit75/train_gpt dev_cuda
               dev/cuda/bin/libllmc_attention.so"
@@ -153,7 +153,7 @@ declare -A EST=([probe]=2 [build]=90 [test_gpu]=65 [memcheck]=8 [racecheck]=32 [
                 [train_z0]=2 [train_z1]=2 [train_z3]=2 [train_r2]=2 [train_offload]=2 [train_z3_loopback]=2
                 [bench_attention_forward]=4 [bench_attention_backward]=10 [bench_matmul]=5
                 [jit80_test_gpu]=25 [jit80_train_hs128]=10 [jit75_test_gpu]=35 [jit75_train]=15 [train_hs128]=4 [train_hs128_99kb]=4 [speed_d12_before]=3 [speed_d12_after]=3 [bench_matmul_splitk]=8
-                [speed_d30_r0]=14 [speed_d30_r2]=14 [mem_d24]=8 [bench_attention_torch]=100 [maxfit_query]=2 [mem_maxfit_r2]=90)
+                [train_llama]=6 [train_qwen]=6 [bench_rope]=5 [speed_d30_r0]=14 [speed_d30_r2]=14 [mem_d24]=8 [bench_attention_torch]=100 [maxfit_query]=2 [mem_maxfit_r2]=90)
 DRY_CLOCK=0
 PHASE=essential
 ESSENTIAL_BUDGET_SUM=0
@@ -435,6 +435,18 @@ run_step jit75_train 30 note_train env LLMC_ATTENTION_SMEM_LIMIT=$SMEM_64KB "$JI
     --val '' --out_dir "$WORK/jit75_train" -e d4 -b 8 -t 256 -d 4096 --max_steps 20 --warmup 2 --sample_len 0 \
     --ckpt_every -1 --loss_scale dynamic
 hs128_run train_hs128 "$TRAIN"
+# the open models' shape (Llama / Qwen2: rope, RMSNorm, their biases, Llama's untied head) at d12's
+# size, 20 steps each: the losses should fall as train_d12's; then the rope kernel's time beside the
+# attention forward's on the same shapes (a separate in-place kernel vs fusing it: dev/cuda/rope.cu)
+open_run() {  # name flags...
+    local name=$1
+    shift
+    run_step "$name" 15 note_train "$TRAIN" --train "${DATA}_train_*.bin" --val '' --out_dir "$WORK/$name" \
+        -e d12 -b $B -t $T --max_steps 20 --warmup 5 --sample_len 0 --ckpt_every -1 --pos rope --norm rmsnorm "$@"
+}
+open_run train_llama --rope_theta 500000 --rope_scaling llama3 --bias none --tie_embeddings 0
+open_run train_qwen --rope_theta 1000000 --norm_eps 1e-6 --bias qkv
+[ -x "$BENCH_DIR/rope" ] || [ "$DRY_RUN" = 1 ] && run_step bench_rope 10 note_bench "$BENCH_DIR/rope"
 hs128_run train_hs128_99kb "$TRAIN" LLMC_ATTENTION_SMEM_LIMIT=$SMEM_99KB
 # GPT-2 124M before / after the weight-gradient split and the lm head's chunk from the memory plan
 # (the same binary: LLMC_DWEIGHT_SPLIT=0 and --logits_chunk 1024 are the previous behaviour)
