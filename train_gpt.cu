@@ -210,6 +210,7 @@ struct GPT {
     floatX* tp_full = nullptr;      // [B*T, C] --sp: a gathered stream gradient; MoE: the combined output
     float* tp_ln_grads = nullptr;   // [2C] a LayerNorm's weight and bias gradients (fp32)
     floatX* ln_full[2] = {};        // [B*T, C] --sp: a block's LN1 and LN2 outputs, gathered (ln_gathered)
+    CommRequest ln_gathering[2];    // their gathers started ahead of their use (ln_gather_start)
     float *ce_max = nullptr, *ce_sum = nullptr, *ce_target = nullptr;  // [logits_chunk] vocab-parallel softmax
     void* op_scratch = nullptr;     // the CUDA ops' scratch and the cuBLASLt workspace (MEM_SCRATCH)
     size_t op_scratch_bytes = 0;
@@ -376,25 +377,30 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
         // expert choice: route (every tp rank the same, on all its tokens), gather each expert's
         // tokens, run the experts (this rank's hidden units of each) as one batch of matmuls per
         // source, reduce the experts' outputs over the tp group, add the gated outputs back per
-        // token. --ep: the chosen rows travel to their expert's owner and back (expert_dispatch)
+        // token. --ep: the chosen rows travel to their expert's owner and back, the own rows
+        // computed while the others are in flight (expert_dispatch_start)
         const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(B, T);
         moe_router_forward(a.moe_scores, ln2, w.routerw, BT, C, E);
         moe_select(a.expert_tokens, a.token_slots, a.moe_scores, B, T, E, c.capacity_factor,
                    c.moe_group == MOE_GROUP_POSITION);
         moe_gather(expert_dispatch_buffer(m, a.expert_in), ln2, a.expert_tokens, E, cap, C);
-        expert_dispatch(m, a.expert_in, C);
-        for (int p = 0; p < ls.ep; p++) {  // the rows from ep rank p, for this rank's experts
+        CommRequest dispatch = expert_dispatch_start(m, a.expert_in, C);
+        for (int k = 0; k < ls.ep; k++) {  // the rows from ep rank p, for this rank's experts
+            const int p = expert_source(m, k, false);
             const size_t rows = (size_t)p * ls.n_expert * cap;
+            if (k == 1) comm_finish(dispatch);
             matmul_forward_batched(a.fch + rows * 2 * He, a.expert_in + rows * C, w.fcw, w.fcb, ls.n_expert, cap, C, 2 * He);
+            swiglu_forward(a.fch_act + rows * He, a.fch + rows * 2 * He, ls.n_expert * cap, He);
         }
-        swiglu_forward(a.fch_act, a.fch, E * cap, He);
-        floatX* ye = expert_dispatch_buffer(m, a.expert_out);
-        for (int p = 0; p < ls.ep; p++) {
+        CommRequest back;
+        for (int k = 0; k < ls.ep; k++) {
+            const int p = expert_source(m, k, true);
             const size_t rows = (size_t)p * ls.n_expert * cap;
-            row_parallel_forward(m, ye + rows * C, a.fch_act + rows * He, w.fcprojw, w.fcprojb, ls.n_expert, cap, He, C,
-                                 m.split_expert, false);
+            if (k == ls.ep - 1) back = expert_return_start(m, a.expert_out, C);
+            row_parallel_forward(m, expert_out_rows(m, a.expert_out, p, C), a.fch_act + rows * He, w.fcprojw, w.fcprojb,
+                                 ls.n_expert, cap, He, C, m.split_expert, false);
         }
-        expert_return(m, a.expert_out, C);
+        comm_finish(back);
         floatX* out = ls.sp ? m.tp_full : m.scratch;
         moe_combine_forward(out, a.expert_out, a.moe_scores, a.token_slots, BT, E, cap, C);
         if (ls.sp) copy_buffer(m.scratch, out + row0 * C, (size_t)rows * C * sizeof(floatX));
@@ -481,8 +487,10 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
     params_done(m, final_ln);
 }
 
-// Weight gradients of block l's FFN branch and LN2, from its output gradients d.
-static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d) {
+// Weight gradients of block l's FFN branch, from its output gradients d (ffn_weight_grads: and
+// LN2's). behind: the reduction of d.d_ln2 (tensor parallel) in flight, moved on between the matmuls.
+static void ffn_weight_matmuls(GPT& m, int l, const LayerActs& a, const LayerGrads& d,
+                               TpSumPending<floatX>* behind = nullptr) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = c.n_embd;
@@ -506,13 +514,23 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
     } else {
         matmul_backward((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr, BT,
                         ls.ffn, C, dense_dweight_split(c, ls, BT, DW_FC_PROJ));
+        if (behind) tp_advance(m, *behind);
         matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, ln_gathered(m, a.ln2, 1), (const floatX*)nullptr, BT, C,
                         ls.fc(c.mlp), dense_dweight_split(c, ls, BT, DW_FC));
     }
+}
+static void ffn_norm_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d) {
+    const LayerTensors<float>& dw = m.g.layers[l];
     norm_weight_grads(m, dw.ln2w, dw.ln2b, d.d_ln2, a.residual2, a.ln2_mean, a.ln2_rstd);
 }
-// Weight gradients of block l's attention branch and LN1 (x: the block's input).
-static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
+static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d) {
+    ffn_weight_matmuls(m, l, a, d);
+    ffn_norm_grads(m, l, a, d);
+}
+// Weight gradients of block l's attention branch and LN1 (x: the block's input). behind: the
+// reduction of d.d_ln1, as ffn_weight_grads'.
+static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x,
+                              TpSumPending<floatX>* behind = nullptr) {
     const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = m.config.n_embd;
     const LayerTensors<float>& dw = m.g.layers[l];
@@ -520,8 +538,10 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
     // (each dweight splits over B*T where its whole weight has too few tiles: dense_dweight_split)
     matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT,
                     ls.n_head * ls.hs, C, dense_dweight_split(c, ls, BT, DW_ATTN_PROJ));
+    if (behind) tp_advance(m, *behind);
     matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
                     ls.qkv(), dense_dweight_split(c, ls, BT, DW_QKV));
+    if (behind) tp_finish(m, *behind);
     norm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
 }
 
@@ -546,44 +566,58 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
         copy_buffer(stash_buf, dres, stream_bytes);
         return stash_buf;
     };
+    // what d_ln2 waits for, in flight behind the weight gradients: tensor parallel, its reduction (an
+    // MoE layer's are done in its expert loop); expert parallel, the experts' input gradients' return
+    TpSumPending<floatX> dln2;
+    CommRequest moe_back;
     if (c.is_moe(l)) {
         const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(B, T);
         const floatX* dout = ls.sp ? sp_gather_from(m, m.tp_full, dres) : dres;
         // the experts' rows' output gradients go to the owners (--ep) and their input gradients back
         moe_combine_backward(expert_dispatch_buffer(m, d.d_ffn_out), d.d_moe_scores, dout, a.expert_out, a.moe_scores,
                              a.expert_tokens, a.token_slots, BT, E, cap, C);
-        expert_dispatch(m, d.d_ffn_out, C);
-        floatX* dxe = expert_dispatch_buffer(m, m.d_expert_in);
-        for (int p = 0; p < ls.ep; p++) {
+        // (the own rows first and back last, as in the forward)
+        CommRequest dispatch = expert_dispatch_start(m, d.d_ffn_out, C);
+        for (int k = 0; k < ls.ep; k++) {
+            const int p = expert_source(m, k, false);
             const size_t rows = (size_t)p * ls.n_expert * cap;
+            if (k == 1) comm_finish(dispatch);
             matmul_backward_batched(m.d_fch_act + rows * He, (float*)nullptr, (float*)nullptr, d.d_ffn_out + rows * C,
                                     a.fch_act + rows * He, w.fcprojw, ls.n_expert, cap, He, C);
+            swiglu_backward(d.d_fch + rows * 2 * He, m.d_fch_act + rows * He, a.fch + rows * 2 * He, ls.n_expert * cap, He);
         }
-        swiglu_backward(d.d_fch, m.d_fch_act, a.fch, E * cap, He);
-        for (int p = 0; p < ls.ep; p++) {
+        for (int k = 0; k < ls.ep; k++) {
+            const int p = expert_source(m, k, true);
             const size_t rows = (size_t)p * ls.n_expert * cap;
-            column_parallel_dinp(m, dxe + rows * C, d.d_fch + rows * 2 * He, w.fcw, ls.n_expert, cap, C, 2 * He,
-                                 m.split_expert, [&](int j) { return fc_leaf_rows(m, j, true); }, false);
+            if (k == ls.ep - 1) moe_back = expert_return_start(m, m.d_expert_in, C);
+            column_parallel_dinp(m, expert_out_rows(m, m.d_expert_in, p, C), d.d_fch + rows * 2 * He, w.fcw, ls.n_expert,
+                                 cap, C, 2 * He, m.split_expert, [&](int j) { return fc_leaf_rows(m, j, true); }, false);
         }
-        expert_return(m, m.d_expert_in, C);
-        // every rank has the whole d_ln2 (all tokens); with --sp it keeps its rows
-        floatX* d_ln2_all = ls.sp ? m.tp_full : d.d_ln2;
-        buffer_zero(d_ln2_all, (size_t)BT * C * sizeof(floatX));
-        moe_gather_backward(d_ln2_all, m.d_expert_in, a.token_slots, BT, E, cap, C);
-        moe_router_backward(d_ln2_all, (float*)nullptr, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1), w.routerw,
-                            BT, C, E);
-        if (ls.sp) copy_buffer(d.d_ln2, d_ln2_all + row0 * C, stream_bytes);
     } else {
         const int H = ls.ffn;
         d.d_ffn_out = branch_grad(d.d_ffn_out);
         matmul_backward(m.d_fch_act, (float*)nullptr, (float*)nullptr, d.d_ffn_out, a.fch_act, w.fcprojw, BT, H, C);
         if (c.mlp == MLP_SWIGLU) swiglu_backward(d.d_fch, m.d_fch_act, a.fch, BT, H);
         else gelu_backward(d.d_fch, m.d_fch_act, a.fch, (long)BT * H);
-        column_parallel_dinp(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
-                             [&](int j) { return fc_leaf_rows(m, j, false); }, ls.sp);
+        if (!stash) ln_gather_start(m, a.ln2, 1);  // (--sp: fc's weight gradient input, behind the matmul below)
+        dln2 = column_parallel_dinp_start(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
+                                          [&](int j) { return fc_leaf_rows(m, j, false); }, ls.sp);
+    }
+    if (!stash) ffn_weight_matmuls(m, l, a, d, &dln2);
+    tp_finish(m, dln2);
+    if (c.is_moe(l)) {
+        comm_finish(moe_back);
+        // every rank has the whole d_ln2 (all tokens); with --sp it keeps its rows
+        const int E = c.n_expert, cap = c.moe_capacity(B, T);
+        floatX* d_ln2_all = ls.sp ? m.tp_full : d.d_ln2;
+        buffer_zero(d_ln2_all, (size_t)BT * C * sizeof(floatX));
+        moe_gather_backward(d_ln2_all, m.d_expert_in, a.token_slots, BT, E, cap, C);
+        moe_router_backward(d_ln2_all, (float*)nullptr, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1), w.routerw,
+                            BT, C, E);
+        if (ls.sp) copy_buffer(d.d_ln2, d_ln2_all + row0 * C, stream_bytes);
     }
     if (!stash) {
-        ffn_weight_grads(m, l, a, d);
+        ffn_norm_grads(m, l, a, d);
         ffn_grads_ready(m, l);  // (ZeRO: the FFN half's reduction runs behind the attention's backward)
     }
     norm_backward(m, dres, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, rows);
@@ -593,9 +627,11 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
                     ls.n_head * ls.hs, C);
     tp_attention_backward(m, d.d_qkv, m.d_atty, a, doc_start);
     if (c.pos == POS_ROPE) rope_backward(d.d_qkv, doc_start, m.rope_cos_sin, B, T, ls.n_head, ls.n_kv_head, ls.hs);
-    column_parallel_dinp(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(), m.split_attn,
-                         [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
-    if (!stash) attn_weight_grads(m, l, a, d, x);
+    if (!stash) ln_gather_start(m, a.ln1, 0);
+    TpSumPending<floatX> dln1 = column_parallel_dinp_start(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(), m.split_attn,
+                                                           [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
+    if (!stash) attn_weight_grads(m, l, a, d, x, &dln1);
+    tp_finish(m, dln1);
     norm_backward(m, dres, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, rows);
 }
 

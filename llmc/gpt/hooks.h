@@ -20,7 +20,8 @@
 //                        (a kv head shared by several ranks)
 //   sequence parallel    stream_rows / sp_row0 (the rank's rows), sp_gather, ln_gathered,
 //   (--sp)               sp_gather_from
-//   expert parallel      expert_dispatch_buffer, expert_dispatch, expert_return
+//   expert parallel      expert_dispatch_buffer, expert_dispatch_start, expert_return_start,
+//                        expert_source, expert_out_rows
 //   pipeline             slot_for / stash_for (micro-batches in flight), pipe_transfer (a stage
 //   (parallel/           transfer's bytes), tied_embedding_sum / tied_embedding_refresh
 //   pipeline.h)
@@ -600,11 +601,18 @@ static void sp_gather(GPT& m, floatX* full, size_t width) {
 // The LayerNorm outputs feed column-parallel layers, which read all B*T tokens: with --sp each block
 // keeps only its rows (Korthikanti et al. 2022) and gathers them where they are read, into one of
 // two buffers (k: 0 LN1, 1 LN2), in the forward and again for the weight gradients.
-static const floatX* ln_gathered(GPT& m, const floatX* local, int k) {
-    if (!m.ls.sp) return local;
+// The backward starts the weight gradients' gather before the input gradient's matmul
+// (ln_gather_start), which then runs behind it; ln_gathered completes it.
+static void ln_gather_start(GPT& m, const floatX* local, int k) {
+    if (!m.ls.sp) return;
     const size_t n = (size_t)stream_rows(m) * m.config.n_embd;
     copy_buffer(m.ln_full[k] + m.ls.rank * n, local, n * sizeof(floatX));
-    sp_gather(m, m.ln_full[k], m.config.n_embd);
+    m.ln_gathering[k] = all_gather_start(tp_group(), m.ln_full[k] + m.ls.rank * n, m.ln_full[k], n * sizeof(floatX));
+}
+static const floatX* ln_gathered(GPT& m, const floatX* local, int k) {
+    if (!m.ls.sp) return local;
+    if (!m.ln_gathering[k].active()) ln_gather_start(m, local, k);
+    comm_finish(m.ln_gathering[k]);
     return m.ln_full[k];
 }
 // --sp: the full buffer of the stream's gradient, gathered from this rank's rows `local`
@@ -683,9 +691,12 @@ static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const f
 
 // Input gradient of a column-parallel linear: dinp[.., C] = sum over the split output dimension OC
 // of dout[.., OC] W[OC, C]; a leaf's output rows are `ranges(j)` for its j-th leaf on this rank.
+// _start leaves the reduction in flight (tp_advance, tp_finish complete it; the backward computes
+// the layer's weight gradients meanwhile).
 template <typename Ranges>
-static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const floatX* W, int n_batch, int rows, int C,
-                                 int OC, const ChunkSplit& split, const Ranges& ranges, bool scatter) {
+static TpSumPending<floatX> column_parallel_dinp_start(GPT& m, floatX* dinp, const floatX* dout, const floatX* W,
+                                                       int n_batch, int rows, int C, int OC, const ChunkSplit& split,
+                                                       const Ranges& ranges, bool scatter) {
     const size_t n = (size_t)n_batch * rows * C;
     auto leaf = [&](int g, floatX* dst) {
         const SplitRanges r = ranges(g - split.first);
@@ -706,7 +717,15 @@ static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const
         matmul_backward_batched(dst, (float*)nullptr, (float*)nullptr, m.tp_copy_a, (const floatX*)nullptr, m.tp_copy_b,
                                 n_batch, rows, C, (int)w);
     };
-    tp_sum(tp_group(), split, m.tpx, dinp, n, !scatter, leaf, tp_add, tp_copy);
+    return tp_sum_start(tp_group(), split, m.tpx, dinp, n, !scatter, leaf, tp_add, tp_copy);
+}
+static void tp_advance(GPT& m, TpSumPending<floatX>& p) { tp_sum_advance(p, m.tpx, tp_add, tp_copy); }
+static void tp_finish(GPT& m, TpSumPending<floatX>& p) { tp_sum_finish(p, m.tpx, tp_add, tp_copy); }
+template <typename Ranges>
+static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const floatX* W, int n_batch, int rows, int C,
+                                 int OC, const ChunkSplit& split, const Ranges& ranges, bool scatter) {
+    TpSumPending<floatX> p = column_parallel_dinp_start(m, dinp, dout, W, n_batch, rows, C, OC, split, ranges, scatter);
+    tp_finish(m, p);
 }
 // the output rows of leaf j of the attention's qkv (its query heads' rows, then its kv heads' K
 // and V rows), of the FFN's fc (SwiGLU: the leaf's units of W1 and of W3), of the vocabulary
@@ -878,13 +897,38 @@ static void vocab_parallel_dinp(GPT& m, floatX* dx, const floatX* dlogits, const
 // a contiguous block of the rows) with one all-to-all; the owner receives [ep][E/ep][cap][C], the
 // rows of each source rank for its experts, and returns the outputs the same way. Every size is the
 // capacity, known at start-up: no count is exchanged. Without --ep the rows stay in place.
+// Overlapped by source rank (as Tutel's a2a_ffn_overlap, Hwang et al. 2023, and DeepSpeed-MoE's
+// pipelined all-to-all, Rajbhandari et al. 2022, chunk the exchange): the rows a rank chose for
+// its own experts never leave it, so the experts compute them while the other ranks' rows are in
+// flight (expert_source: the own source first), and on the way back compute the own source last,
+// in place, while the others' outputs travel. Each source's rows are separate matmuls, as before:
+// the order changes no sum.
 static floatX* expert_dispatch_buffer(GPT& m, floatX* rows) { return m.ls.ep > 1 ? m.ep_buf : rows; }
-static void expert_dispatch(GPT& m, floatX* received, int width) {
-    if (m.ls.ep == 1) return;
-    const size_t block = (size_t)m.ls.n_expert * m.config.moe_capacity(m.B, m.T) * width;
-    all_to_all(comm_world().ep, m.ep_buf, received, block * sizeof(floatX));
+// the source rank of the k-th block of rows the experts compute: the own first (back: the own last)
+static int expert_source(const GPT& m, int k, bool back) {
+    return (comm_world().ep.rank + k + (back ? 1 : 0)) % m.ls.ep;
 }
-static void expert_return(GPT& m, floatX* own_rows, int width) { expert_dispatch(m, own_rows, width); }
+static size_t expert_block(const GPT& m, int width) {
+    return (size_t)m.ls.n_expert * m.config.moe_capacity(m.B, m.T) * width;
+}
+// the other ranks' rows of m.ep_buf on their way to received (completed by comm_finish before the
+// first other source's rows are read); the own rows copied at once
+static CommRequest expert_dispatch_start(GPT& m, floatX* received, int width) {
+    if (m.ls.ep == 1) return CommRequest();
+    const size_t block = expert_block(m, width), own = (size_t)comm_world().ep.rank * block;
+    copy_buffer(received + own, m.ep_buf + own, block * sizeof(floatX));
+    return all_to_all_start(comm_world().ep, m.ep_buf, received, block * sizeof(floatX), true);
+}
+// the other sources' outputs (in m.ep_buf) on their way back into own_rows, whose own block the
+// caller then computes in place
+static CommRequest expert_return_start(GPT& m, floatX* own_rows, int width) {
+    if (m.ls.ep == 1) return CommRequest();
+    return all_to_all_start(comm_world().ep, m.ep_buf, own_rows, expert_block(m, width) * sizeof(floatX), true);
+}
+// where the experts' outputs of source p go: m.ep_buf (sent back), or for the own rows in place
+static floatX* expert_out_rows(GPT& m, floatX* own_rows, int p, int width) {
+    return (p == comm_world().ep.rank ? own_rows : expert_dispatch_buffer(m, own_rows)) + p * expert_block(m, width);
+}
 
 // ---- pipeline stage transfers ----
 // Where a pipeline transfer's bytes are: activations leave from the chunk's last block output and

@@ -936,6 +936,7 @@ struct CommRequest {
     std::vector<MPI_Request> reqs;   // the data's, then (link) the times'
     std::vector<double> times;       // link: the members' ready times (a collective) / each transfer's end
     std::vector<P2POp> p2p;          // a transfer group's transfers (a timeout names their peers)
+    std::vector<int> counts, displs; // an all-to-all that skips the rank's own block (MPI_Ialltoallv's)
 #endif
 #ifdef LLMC_COMM_STREAM
     cudaEvent_t done = nullptr;      // recorded on the comm stream after the collective (NCCL's, the loopback's)
@@ -949,6 +950,7 @@ struct CommRequest {
         op = o.op; g = o.g; bytes = o.bytes; start_s = o.start_s; done_s = o.done_s; cost_s = o.cost_s; link = o.link;
 #ifdef LLMC_MPI
         reqs = std::move(o.reqs); times = std::move(o.times); p2p = std::move(o.p2p);
+        counts = std::move(o.counts); displs = std::move(o.displs);
 #endif
 #ifdef LLMC_COMM_STREAM
         done = o.done;
@@ -1443,9 +1445,14 @@ inline void all_gather(const CommGroup& g, const void* send, void* recv, size_t 
     comm_finish(r);
 }
 
-// recv[r * bytes ...] = rank r's send[rank * bytes ...]: block r of send goes to rank r.
-inline CommRequest all_to_all_start(const CommGroup& g, const void* send, void* recv, size_t bytes) {
+// recv[r * bytes ...] = rank r's send[rank * bytes ...]: block r of send goes to rank r. skip_own:
+// the rank's own block is left alone (the caller moves it, or computes it in place while the others
+// are in flight: llmc/gpt/hooks.h's expert dispatch); the bytes counted are the same, none of them
+// ever left the rank.
+inline CommRequest all_to_all_start(const CommGroup& g, const void* send, void* recv, size_t bytes,
+                                    bool skip_own = false) {
     Comm& c = comm_world();
+    if (g.size == 1 && skip_own) return CommRequest();
 #ifdef LLMC_COMM_STREAM
     if (g.size == 1 && comm_loopback_on()) {  // a copy of send to recv
         CommRequest r;
@@ -1465,6 +1472,7 @@ inline CommRequest all_to_all_start(const CommGroup& g, const void* send, void* 
     cudaEvent_t start = comm_stream_enter(c);
     ncclCheck(ncclGroupStart());
     for (int k = 0; k < g.size; k++) {
+        if (skip_own && k == g.rank) continue;
         ncclCheck(ncclSend((const char*)send + (size_t)k * bytes, bytes, ncclInt8, k, g.nccl, c.stream));
         ncclCheck(ncclRecv((char*)recv + (size_t)k * bytes, bytes, ncclInt8, k, g.nccl, c.stream));
     }
@@ -1473,7 +1481,17 @@ inline CommRequest all_to_all_start(const CommGroup& g, const void* send, void* 
 #elif defined(LLMC_MPI)
     c.state.calls[g.id]++;
     r.reqs.emplace_back();
-    mpiCheck(MPI_Ialltoall(send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes), MPI_BYTE, g.mpi, &r.reqs[0]));
+    if (skip_own) {
+        // (the count and displacement arrays must live until the operation completes)
+        r.counts.assign(g.size, mpi_count(bytes));
+        r.counts[g.rank] = 0;
+        r.displs.resize(g.size);
+        for (int k = 0; k < g.size; k++) r.displs[k] = mpi_count((size_t)k * bytes);
+        mpiCheck(MPI_Ialltoallv(send, r.counts.data(), r.displs.data(), MPI_BYTE, recv, r.counts.data(),
+                                r.displs.data(), MPI_BYTE, g.mpi, &r.reqs[0]));
+    } else {
+        mpiCheck(MPI_Ialltoall(send, mpi_count(bytes), MPI_BYTE, recv, mpi_count(bytes), MPI_BYTE, g.mpi, &r.reqs[0]));
+    }
     comm_link_start(c, g, r, bytes);
 #else
     (void)send;
