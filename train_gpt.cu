@@ -359,12 +359,17 @@ static LayerActs acts_for(const GPT& m, const ChunkSlot& s, int chunk, int l) {
 // output, the rank's stream rows, in m.scratch). The forward and the recompute (-r 2) run exactly
 // this. Tensor parallel: the rank's heads and hidden units; the row-parallel projections' partial
 // sums are reduced (--sp: reduce-scattered) over the tp group in canonical chunks.
+static void block_forward_halves(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start);
 static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, rows = stream_rows(m);
     const size_t row0 = sp_row0(m);
     const LayerTensors<floatX>& w = m.p.layers[l];
+    if (comm_moves(tp_group()) && !ls.sp && !c.is_moe(l) && B % 2 == 0) {
+        block_forward_halves(m, l, a, x, doc_start);
+        return;
+    }
     matmul_forward(a.qkv, ln_gathered(m, a.ln1, 0), w.qkvw, w.qkvb, BT, C, ls.qkv());
     if (c.pos == POS_ROPE) rope_forward(a.qkv, doc_start, m.rope_cos_sin, B, T, ls.n_head, ls.n_kv_head, ls.hs);
     attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, ls.n_head, ls.n_kv_head, ls.hs,
@@ -411,6 +416,56 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
         else gelu_forward(a.fch_act, a.fch, (long)BT * H);
         row_parallel_forward(m, m.scratch, a.fch_act, w.fcprojw, w.fcprojb, 1, BT, H, C, m.split_ffn, ls.sp);
     }
+}
+
+// block_forward of a dense block under tensor parallelism (without --sp) in two halves of the
+// micro-batch's sequences, each half's reductions in flight behind the other half's compute (the
+// decomposition of Wang et al. 2022, "Overlap communication with dependent computation via
+// decomposition in large deep learning models"; Domino, Wang et al. 2024, slices the batch so):
+//   half 0: qkv, attention, the projection's leaves -> reduction A0 starts
+//   half 1: qkv, attention, the projection's leaves -> A1 starts        (A0 in flight)
+//   A0 done: half 0's residual + LN2, the FFN -> F0 starts               (A1 in flight)
+//   A1 done: half 1's residual + LN2, the FFN -> F1 starts               (F0 in flight)
+//   F0, F1 done
+// (each half moves the other's reduction from its exchange to its all-gather midway: tp_advance)
+// Every op is per row (a matmul's element does not depend on the rows beside it: llmc/ops/cpu/
+// matmul.h) or per sequence (attention, RoPE), and each reduction sums its rows' leaves in the same
+// tree: the bits of block_forward on the whole micro-batch. Half 1's reductions take the second
+// halves of the scratch (tp_scratch_second).
+static void block_forward_halves(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
+    const GPTConfig& c = m.config;
+    const LocalShape& ls = m.ls;
+    const int Bh = m.B / 2, T = m.T, Th = Bh * T, C = c.n_embd, H = ls.ffn, qkv = ls.qkv(), fc = ls.fc(c.mlp);
+    const int A = ls.n_head * ls.hs;
+    const LayerTensors<floatX>& w = m.p.layers[l];
+    TpScratch<floatX> second = tp_scratch_second(m.tpx, (size_t)Th * C, ls.tp);
+    TpSumPending<floatX> red[2];
+    for (int h = 0; h < 2; h++) {
+        const size_t r0 = (size_t)h * Th;
+        const int* ds = doc_start + r0;
+        floatX* q = a.qkv + r0 * qkv;
+        matmul_forward(q, a.ln1 + r0 * C, w.qkvw, w.qkvb, Th, C, qkv);
+        if (c.pos == POS_ROPE) rope_forward(q, ds, m.rope_cos_sin, Bh, T, ls.n_head, ls.n_kv_head, ls.hs);
+        attention_forward(a.atty + r0 * A, a.att_lse + r0 * ls.n_head, q, ds, Bh, T, ls.n_head, ls.n_kv_head, ls.hs,
+                          c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
+        tp_advance(red[1 - h]);  // (the other half's exchange came behind this; its all-gather next)
+        red[h] = row_parallel_start(m, h ? second : m.tpx, m.scratch + r0 * C, a.atty + r0 * A, w.attprojw, 1, Th, A, C,
+                                    m.split_attn, false);
+    }
+    params_needed(m, l + 1, PART_FFN);  // (ZeRO: the FFN half's params come later than the attention's)
+    for (int h = 0; h < 2; h++) {
+        const size_t r0 = (size_t)h * Th;
+        row_parallel_finish(m, red[h], w.attprojb, 1, Th, C, false);
+        fused_residual_norm_forward(m, a.residual2 + r0 * C, a.ln2 + r0 * C, a.ln2_mean + r0, a.ln2_rstd + r0, x + r0 * C,
+                                    m.scratch + r0 * C, w.ln2w, w.ln2b, Th);
+        matmul_forward(a.fch + r0 * fc, a.ln2 + r0 * C, w.fcw, w.fcb, Th, C, fc);
+        tp_advance(red[1 - h]);
+        if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act + r0 * H, a.fch + r0 * fc, Th, H);
+        else gelu_forward(a.fch_act + r0 * H, a.fch + r0 * fc, (long)Th * H);
+        red[h] = row_parallel_start(m, h ? second : m.tpx, m.scratch + r0 * C, a.fch_act + r0 * H, w.fcprojw, 1, Th, H, C,
+                                    m.split_ffn, false);
+    }
+    for (int h = 0; h < 2; h++) row_parallel_finish(m, red[h], w.fcprojb, 1, Th, C, false);
 }
 
 // What the backward of block l needs that -r did not keep, computed again from what it kept
@@ -487,34 +542,42 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
     params_done(m, final_ln);
 }
 
+// The experts' weight gradients from the rows of source rank p, into leaf p (--ep: the rows of ep
+// rank p go to leaf p, which folds as that rank's micro-batch (stages 2-3) or its step's
+// micro-batches (stages 0-1, a leaf accumulator per source) would: zero.h's reduce_scatter_add /
+// _sum). Each leaf is a sum of its own: the sources may come in any order.
+static void expert_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, int p) {
+    const GPTConfig& c = m.config;
+    const LocalShape& ls = m.ls;
+    const int C = c.n_embd, He = ls.expert_hidden, cap = c.moe_capacity(m.B, m.T);
+    const LayerTensors<float>& dw = m.g.layers[l];
+    const int seg = m.seg_local[c.n_layer + 2 + l];
+    const size_t rows = (size_t)p * ls.n_expert * cap, at = m.zero.leaf_at(seg, p);
+    auto leaf = [&](float* g) { return g ? g + at : nullptr; };  // (no biases: --bias qkv / none)
+    matmul_backward_batched((floatX*)nullptr, dw.fcprojw + at, leaf(dw.fcprojb), d.d_ffn_out + rows * C,
+                            a.fch_act + rows * He, (const floatX*)nullptr, ls.n_expert, cap, He, C);
+    matmul_backward_batched((floatX*)nullptr, dw.fcw + at, leaf(dw.fcb), d.d_fch + rows * 2 * He,
+                            a.expert_in + rows * C, (const floatX*)nullptr, ls.n_expert, cap, C, 2 * He);
+}
 // Weight gradients of block l's FFN branch, from its output gradients d (ffn_weight_grads: and
 // LN2's). behind: the reduction of d.d_ln2 (tensor parallel) in flight, moved on between the matmuls.
+// done_source: an MoE layer's source whose experts' gradients layer_backward computed already (-1: none).
 static void ffn_weight_matmuls(GPT& m, int l, const LayerActs& a, const LayerGrads& d,
-                               TpSumPending<floatX>* behind = nullptr) {
+                               TpSumPending<floatX>* behind = nullptr, int done_source = -1) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = c.n_embd;
     const LayerTensors<float>& dw = m.g.layers[l];
     if (c.is_moe(l)) {
-        // the experts' weight gradients, one per source rank (--ep: the rows of ep rank p go to leaf
-        // p, which folds as that rank's micro-batch (stages 2-3) or its step's micro-batches (stages
-        // 0-1, a leaf accumulator per source) would: zero.h's reduce_scatter_add / _sum)
-        const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(m.B, m.T);
-        const int seg = m.seg_local[c.n_layer + 2 + l];
-        for (int p = 0; p < ls.ep; p++) {
-            const size_t rows = (size_t)p * ls.n_expert * cap, at = m.zero.leaf_at(seg, p);
-            auto leaf = [&](float* g) { return g ? g + at : nullptr; };  // (no biases: --bias qkv / none)
-            matmul_backward_batched((floatX*)nullptr, dw.fcprojw + at, leaf(dw.fcprojb), d.d_ffn_out + rows * C,
-                                    a.fch_act + rows * He, (const floatX*)nullptr, ls.n_expert, cap, He, C);
-            matmul_backward_batched((floatX*)nullptr, dw.fcw + at, leaf(dw.fcb), d.d_fch + rows * 2 * He,
-                                    a.expert_in + rows * C, (const floatX*)nullptr, ls.n_expert, cap, C, 2 * He);
-        }
+        const int E = c.n_expert;
+        for (int p = 0; p < ls.ep; p++)
+            if (p != done_source) expert_weight_grads(m, l, a, d, p);
         moe_router_backward((floatX*)nullptr, dw.routerw, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1),
                             (const floatX*)nullptr, BT, C, E);
     } else {
         matmul_backward((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr, BT,
                         ls.ffn, C, dense_dweight_split(c, ls, BT, DW_FC_PROJ));
-        if (behind) tp_advance(m, *behind);
+        if (behind) tp_advance(*behind);
         matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, ln_gathered(m, a.ln2, 1), (const floatX*)nullptr, BT, C,
                         ls.fc(c.mlp), dense_dweight_split(c, ls, BT, DW_FC));
     }
@@ -538,10 +601,10 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
     // (each dweight splits over B*T where its whole weight has too few tiles: dense_dweight_split)
     matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT,
                     ls.n_head * ls.hs, C, dense_dweight_split(c, ls, BT, DW_ATTN_PROJ));
-    if (behind) tp_advance(m, *behind);
+    if (behind) tp_advance(*behind);
     matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
                     ls.qkv(), dense_dweight_split(c, ls, BT, DW_QKV));
-    if (behind) tp_finish(m, *behind);
+    if (behind) tp_finish(*behind);
     norm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
 }
 
@@ -585,6 +648,8 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
             matmul_backward_batched(m.d_fch_act + rows * He, (float*)nullptr, (float*)nullptr, d.d_ffn_out + rows * C,
                                     a.fch_act + rows * He, w.fcprojw, ls.n_expert, cap, He, C);
             swiglu_backward(d.d_fch + rows * 2 * He, m.d_fch_act + rows * He, a.fch + rows * 2 * He, ls.n_expert * cap, He);
+            // the own rows' weight gradients too, behind the dispatch (the others' behind the return)
+            if (k == 0 && ls.ep > 1 && !stash) expert_weight_grads(m, l, a, d, p);
         }
         for (int k = 0; k < ls.ep; k++) {
             const int p = expert_source(m, k, true);
@@ -603,8 +668,8 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
         dln2 = column_parallel_dinp_start(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
                                           [&](int j) { return fc_leaf_rows(m, j, false); }, ls.sp);
     }
-    if (!stash) ffn_weight_matmuls(m, l, a, d, &dln2);
-    tp_finish(m, dln2);
+    if (!stash) ffn_weight_matmuls(m, l, a, d, &dln2, c.is_moe(l) && ls.ep > 1 ? comm_world().ep.rank : -1);
+    tp_finish(dln2);
     if (c.is_moe(l)) {
         comm_finish(moe_back);
         // every rank has the whole d_ln2 (all tokens); with --sp it keeps its rows
@@ -631,7 +696,7 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     TpSumPending<floatX> dln1 = column_parallel_dinp_start(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(), m.split_attn,
                                                            [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
     if (!stash) attn_weight_grads(m, l, a, d, x, &dln1);
-    tp_finish(m, dln1);
+    tp_finish(dln1);
     norm_backward(m, dres, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, rows);
 }
 

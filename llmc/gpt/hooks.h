@@ -661,16 +661,18 @@ static bool covers(const SplitRanges& ranges, size_t n) {
     return at == n;
 }
 
+// a reduction of the activations in flight (tp_sum_start): moved on to its all-gather, completed
+static void tp_advance(TpSumPending<floatX>& p) { tp_sum_advance(p, tp_add, tp_copy); }
+static void tp_finish(TpSumPending<floatX>& p) { tp_sum_finish(p, tp_add, tp_copy); }
+
 // Row-parallel linear: out = sum over the split input dimension K of inp[.., K] W[OC, K]^T, the
 // canonical leaves being slices of K (one matmul each, on copies of the slice when it is not the
 // rank's whole K), then + bias once. n_batch > 1: the experts of an MoE layer (inp [E, rows, K],
-// W [E, OC, K], bias [E, OC]). scatter (--sp): this rank keeps its rows of the sum.
-static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const floatX* W, const floatX* bias, int n_batch,
-                                 int rows, int K, int OC, const ChunkSplit& split, bool scatter) {
-    if (!m.canonical && tp_group().size == 1) {  // the GPU build on one tp rank: one matmul, bias fused in
-        matmul_forward_batched(out, inp, W, bias, n_batch, rows, K, OC);
-        return;
-    }
+// W [E, OC, K], bias [E, OC]). scatter (--sp): this rank keeps its rows of the sum. _start leaves
+// the reduction in flight in scratch s (row_parallel_finish completes it and adds the bias).
+static TpSumPending<floatX> row_parallel_start(GPT& m, TpScratch<floatX>& s, floatX* out, const floatX* inp,
+                                               const floatX* W, int n_batch, int rows, int K, int OC,
+                                               const ChunkSplit& split, bool scatter) {
     const size_t per = (size_t)K / split.count, n = (size_t)n_batch * rows * OC;
     auto leaf = [&](int g, floatX* dst) {
         const SplitRanges r = {{(g - split.first) * per, per}};
@@ -683,10 +685,23 @@ static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const f
         }
         matmul_forward_batched(dst, a, b, (const floatX*)nullptr, n_batch, rows, (int)per, OC);
     };
-    tp_sum(tp_group(), split, m.tpx, out, n, !scatter, leaf, tp_add, tp_copy);
+    return tp_sum_start(tp_group(), split, s, out, n, !scatter, leaf, tp_add, tp_copy);
+}
+static void row_parallel_finish(GPT& m, TpSumPending<floatX>& p, const floatX* bias, int n_batch, int rows, int OC,
+                                bool scatter) {
+    tp_finish(p);
     if (!bias) return;
     const int out_rows = scatter ? rows / m.ls.tp : rows;
-    for (int e = 0; e < n_batch; e++) add_bias(out + (size_t)e * out_rows * OC, bias + (size_t)e * OC, out_rows, OC);
+    for (int e = 0; e < n_batch; e++) add_bias(p.dst + (size_t)e * out_rows * OC, bias + (size_t)e * OC, out_rows, OC);
+}
+static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const floatX* W, const floatX* bias, int n_batch,
+                                 int rows, int K, int OC, const ChunkSplit& split, bool scatter) {
+    if (!m.canonical && tp_group().size == 1) {  // the GPU build on one tp rank: one matmul, bias fused in
+        matmul_forward_batched(out, inp, W, bias, n_batch, rows, K, OC);
+        return;
+    }
+    TpSumPending<floatX> p = row_parallel_start(m, m.tpx, out, inp, W, n_batch, rows, K, OC, split, scatter);
+    row_parallel_finish(m, p, bias, n_batch, rows, OC, scatter);
 }
 
 // Input gradient of a column-parallel linear: dinp[.., C] = sum over the split output dimension OC
@@ -719,13 +734,11 @@ static TpSumPending<floatX> column_parallel_dinp_start(GPT& m, floatX* dinp, con
     };
     return tp_sum_start(tp_group(), split, m.tpx, dinp, n, !scatter, leaf, tp_add, tp_copy);
 }
-static void tp_advance(GPT& m, TpSumPending<floatX>& p) { tp_sum_advance(p, m.tpx, tp_add, tp_copy); }
-static void tp_finish(GPT& m, TpSumPending<floatX>& p) { tp_sum_finish(p, m.tpx, tp_add, tp_copy); }
 template <typename Ranges>
 static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const floatX* W, int n_batch, int rows, int C,
                                  int OC, const ChunkSplit& split, const Ranges& ranges, bool scatter) {
     TpSumPending<floatX> p = column_parallel_dinp_start(m, dinp, dout, W, n_batch, rows, C, OC, split, ranges, scatter);
-    tp_finish(m, p);
+    tp_finish(p);
 }
 // the output rows of leaf j of the attention's qkv (its query heads' rows, then its kv heads' K
 // and V rows), of the FFN's fc (SwiGLU: the leaf's units of W1 and of W3), of the vocabulary

@@ -152,6 +152,7 @@ struct TpSumPending {
     size_t n = 0;
     bool all_reduce = false;
     int nodes = 1;
+    T* recv = nullptr;                  // the scratch's receive buffer it uses
     std::vector<CommRequest> exchange;  // one per node (empty: nothing in flight)
     CommRequest gather;                 // the all-reduce's all-gather
 };
@@ -174,6 +175,7 @@ TpSumPending<T> tp_sum_start(const CommGroup& tp, const ChunkSplit& split, TpScr
     p.dst = dst;
     p.n = n;
     p.all_reduce = all_reduce;
+    p.recv = s.recv;
     const std::vector<TreeNode> mine = rank_nodes(split);
     p.nodes = P == 1 ? 1 : split_nodes(split);
     LLMC_CHECK(p.nodes <= s.nodes, "internal: a rank sends %d tree nodes, scratch holds %d", p.nodes, s.nodes);
@@ -198,7 +200,7 @@ TpSumPending<T> tp_sum_start(const CommGroup& tp, const ChunkSplit& split, TpScr
 // Completes the exchange and sums the received nodes; an all-reduce's all-gather starts (a no-op
 // once done).
 template <typename T, typename Add, typename Copy>
-void tp_sum_advance(TpSumPending<T>& p, TpScratch<T>& s, const Add& add, const Copy& copy) {
+void tp_sum_advance(TpSumPending<T>& p, const Add& add, const Copy& copy) {
     if (p.exchange.empty()) return;
     for (CommRequest& r : p.exchange) comm_finish(r);
     p.exchange.clear();
@@ -215,7 +217,7 @@ void tp_sum_advance(TpSumPending<T>& p, TpScratch<T>& s, const Add& add, const C
     auto got = [&](int lo, int hi) -> T* {
         const int r = lo / p.split.count;  // the rank whose leaves start at lo's node
         for (size_t k = 0; k < held[r].size(); k++)
-            if (held[r][k].lo == lo && held[r][k].hi == hi) return s.recv + k * stride + (size_t)r * blk;
+            if (held[r][k].lo == lo && held[r][k].hi == hi) return p.recv + k * stride + (size_t)r * blk;
         return nullptr;
     };
     const T* sum = tree_combine<T>(0, p.split.chunks, blk, got, add);
@@ -231,13 +233,30 @@ void tp_sum_advance(TpSumPending<T>& p, TpScratch<T>& s, const Add& add, const C
     p.gather = all_gather_start(tp, p.dst + (size_t)tp.rank * blk, p.dst, blk * sizeof(T));
 }
 template <typename T, typename Add, typename Copy>
-void tp_sum_finish(TpSumPending<T>& p, TpScratch<T>& s, const Add& add, const Copy& copy) {
-    tp_sum_advance(p, s, add, copy);
+void tp_sum_finish(TpSumPending<T>& p, const Add& add, const Copy& copy) {
+    tp_sum_advance(p, add, copy);
     comm_finish(p.gather);
 }
 template <typename T, typename Leaf, typename Add, typename Copy>
 void tp_sum(const CommGroup& tp, const ChunkSplit& split, TpScratch<T>& s, T* dst, size_t n, bool all_reduce,
             const Leaf& leaf, const Add& add, const Copy& copy) {
     TpSumPending<T> p = tp_sum_start(tp, split, s, dst, n, all_reduce, leaf, add, copy);
-    tp_sum_finish(p, s, add, copy);
+    tp_sum_finish(p, add, copy);
+}
+
+// The scratch of a second reduction of at most n elements in flight beside a first one of at most
+// n (two halves of a buffer the plan sized whole): the second halves of the partial, of each extra
+// node's and of the receive buffer. The tree's temporaries are shared: they are used only while
+// tp_sum_start computes the leaves.
+template <typename T>
+TpScratch<T> tp_scratch_second(const TpScratch<T>& s, size_t n, int tp) {
+    const size_t used = (size_t)s.nodes * (n % tp == 0 ? n : n * tp);  // the first's receive (tp_sum_start)
+    LLMC_CHECK(2 * n <= s.capacity && 2 * used <= s.recv_capacity, "internal: two tensor-parallel reductions of %zu "
+               "elements in flight, scratch for %zu (receive %zu)", n, s.capacity, s.recv_capacity);
+    TpScratch<T> h = s;
+    if (h.part) h.part += n;
+    if (h.extra) h.extra += n;  // (node k's at extra + (k - 1) capacity: the stride stays the first's)
+    h.recv += used;
+    h.recv_capacity -= used;
+    return h;
 }
