@@ -382,30 +382,41 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
         // expert choice: route (every tp rank the same, on all its tokens), gather each expert's
         // tokens, run the experts (this rank's hidden units of each) as one batch of matmuls per
         // source, reduce the experts' outputs over the tp group, add the gated outputs back per
-        // token. --ep: the chosen rows travel to their expert's owner and back, the own rows
-        // computed while the others are in flight (expert_dispatch_start)
+        // token. --ep: the chosen rows travel to their expert's owner and back
         const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(B, T);
         moe_router_forward(a.moe_scores, ln2, w.routerw, BT, C, E);
         moe_select(a.expert_tokens, a.token_slots, a.moe_scores, B, T, E, c.capacity_factor,
                    c.moe_group == MOE_GROUP_POSITION);
         moe_gather(expert_dispatch_buffer(m, a.expert_in), ln2, a.expert_tokens, E, cap, C);
-        CommRequest dispatch = expert_dispatch_start(m, a.expert_in, C);
-        for (int k = 0; k < ls.ep; k++) {  // the rows from ep rank p, for this rank's experts
-            const int p = expert_source(m, k, false);
-            const size_t rows = (size_t)p * ls.n_expert * cap;
-            if (k == 1) comm_finish(dispatch);
-            matmul_forward_batched(a.fch + rows * 2 * He, a.expert_in + rows * C, w.fcw, w.fcb, ls.n_expert, cap, C, 2 * He);
-            swiglu_forward(a.fch_act + rows * He, a.fch + rows * 2 * He, ls.n_expert * cap, He);
+        // the own rows first, the others' slice by slice as they arrive (expert_dispatch_start)
+        const int own = comm_world().ep.rank, Ne = ls.n_expert;
+        std::vector<CommRequest> dispatch = expert_dispatch_start(m, a.expert_in, C);
+        auto expert_fc = [&](int p, int j0, int n) {  // experts [j0, j0 + n) on source p's rows
+            const size_t rows = ((size_t)p * Ne + j0) * cap;
+            matmul_forward_batched(a.fch + rows * 2 * He, a.expert_in + rows * C, w.fcw + (size_t)j0 * 2 * He * C,
+                                   w.fcb ? w.fcb + (size_t)j0 * 2 * He : nullptr, n, cap, C, 2 * He);
+            swiglu_forward(a.fch_act + rows * He, a.fch + rows * 2 * He, n * cap, He);
+        };
+        expert_fc(own, 0, Ne);
+        for (int j = 0; j < (int)dispatch.size(); j++) {
+            comm_finish(dispatch[j]);
+            for (int p = 0; p < ls.ep; p++)
+                if (p != own) expert_fc(p, j, 1);
         }
-        CommRequest back;
-        for (int k = 0; k < ls.ep; k++) {
-            const int p = expert_source(m, k, true);
-            const size_t rows = (size_t)p * ls.n_expert * cap;
-            if (k == ls.ep - 1) back = expert_return_start(m, a.expert_out, C);
-            row_parallel_forward(m, expert_out_rows(m, a.expert_out, p, C), a.fch_act + rows * He, w.fcprojw, w.fcprojb,
-                                 ls.n_expert, cap, He, C, m.split_expert, false);
+        // the others' outputs go back slice by slice, the own rows computed last, in place
+        auto expert_proj = [&](floatX* out, int p, int j0, int n) {
+            const size_t rows = ((size_t)p * Ne + j0) * cap;
+            row_parallel_forward(m, out + rows * C, a.fch_act + rows * He, w.fcprojw + (size_t)j0 * C * He,
+                                 w.fcprojb ? w.fcprojb + (size_t)j0 * C : nullptr, n, cap, He, C, m.split_expert, false);
+        };
+        std::vector<CommRequest> back;
+        for (int j = 0; j < Ne && ls.ep > 1; j++) {
+            for (int p = 0; p < ls.ep; p++)
+                if (p != own) expert_proj(m.ep_buf, p, j, 1);
+            back.push_back(expert_return_start(m, a.expert_out, C, j));
         }
-        comm_finish(back);
+        expert_proj(a.expert_out, own, 0, Ne);
+        for (CommRequest& r : back) comm_finish(r);
         floatX* out = ls.sp ? m.tp_full : m.scratch;
         moe_combine_forward(out, a.expert_out, a.moe_scores, a.token_slots, BT, E, cap, C);
         if (ls.sp) copy_buffer(m.scratch, out + row0 * C, (size_t)rows * C * sizeof(floatX));
@@ -632,32 +643,41 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     // what d_ln2 waits for, in flight behind the weight gradients: tensor parallel, its reduction (an
     // MoE layer's are done in its expert loop); expert parallel, the experts' input gradients' return
     TpSumPending<floatX> dln2;
-    CommRequest moe_back;
+    std::vector<CommRequest> moe_back;
     if (c.is_moe(l)) {
         const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(B, T);
         const floatX* dout = ls.sp ? sp_gather_from(m, m.tp_full, dres) : dres;
         // the experts' rows' output gradients go to the owners (--ep) and their input gradients back
         moe_combine_backward(expert_dispatch_buffer(m, d.d_ffn_out), d.d_moe_scores, dout, a.expert_out, a.moe_scores,
                              a.expert_tokens, a.token_slots, BT, E, cap, C);
-        // (the own rows first and back last, as in the forward)
-        CommRequest dispatch = expert_dispatch_start(m, d.d_ffn_out, C);
-        for (int k = 0; k < ls.ep; k++) {
-            const int p = expert_source(m, k, false);
-            const size_t rows = (size_t)p * ls.n_expert * cap;
-            if (k == 1) comm_finish(dispatch);
+        // (as in the forward: the own rows first, the others' slice by slice, back the own last)
+        const int own = comm_world().ep.rank, Ne = ls.n_expert;
+        std::vector<CommRequest> dispatch = expert_dispatch_start(m, d.d_ffn_out, C);
+        auto expert_proj_dinp = [&](int p, int j0, int n) {  // experts [j0, j0 + n) on source p's rows
+            const size_t rows = ((size_t)p * Ne + j0) * cap;
             matmul_backward_batched(m.d_fch_act + rows * He, (float*)nullptr, (float*)nullptr, d.d_ffn_out + rows * C,
-                                    a.fch_act + rows * He, w.fcprojw, ls.n_expert, cap, He, C);
-            swiglu_backward(d.d_fch + rows * 2 * He, m.d_fch_act + rows * He, a.fch + rows * 2 * He, ls.n_expert * cap, He);
-            // the own rows' weight gradients too, behind the dispatch (the others' behind the return)
-            if (k == 0 && ls.ep > 1 && !stash) expert_weight_grads(m, l, a, d, p);
+                                    a.fch_act + rows * He, w.fcprojw + (size_t)j0 * C * He, n, cap, He, C);
+            swiglu_backward(d.d_fch + rows * 2 * He, m.d_fch_act + rows * He, a.fch + rows * 2 * He, n * cap, He);
+        };
+        expert_proj_dinp(own, 0, Ne);
+        // the own rows' weight gradients too, behind the dispatch (the others' behind the return)
+        if (ls.ep > 1 && !stash) expert_weight_grads(m, l, a, d, own);
+        for (int j = 0; j < (int)dispatch.size(); j++) {
+            comm_finish(dispatch[j]);
+            for (int p = 0; p < ls.ep; p++)
+                if (p != own) expert_proj_dinp(p, j, 1);
         }
-        for (int k = 0; k < ls.ep; k++) {
-            const int p = expert_source(m, k, true);
-            const size_t rows = (size_t)p * ls.n_expert * cap;
-            if (k == ls.ep - 1) moe_back = expert_return_start(m, m.d_expert_in, C);
-            column_parallel_dinp(m, expert_out_rows(m, m.d_expert_in, p, C), d.d_fch + rows * 2 * He, w.fcw, ls.n_expert,
-                                 cap, C, 2 * He, m.split_expert, [&](int j) { return fc_leaf_rows(m, j, true); }, false);
+        auto expert_fc_dinp = [&](floatX* out, int p, int j0, int n) {
+            const size_t rows = ((size_t)p * Ne + j0) * cap;
+            column_parallel_dinp(m, out + rows * C, d.d_fch + rows * 2 * He, w.fcw + (size_t)j0 * 2 * He * C, n, cap, C,
+                                 2 * He, m.split_expert, [&](int k) { return fc_leaf_rows(m, k, true); }, false);
+        };
+        for (int j = 0; j < Ne && ls.ep > 1; j++) {
+            for (int p = 0; p < ls.ep; p++)
+                if (p != own) expert_fc_dinp(m.ep_buf, p, j, 1);
+            moe_back.push_back(expert_return_start(m, m.d_expert_in, C, j));
         }
+        expert_fc_dinp(m.d_expert_in, own, 0, Ne);
     } else {
         const int H = ls.ffn;
         d.d_ffn_out = branch_grad(d.d_ffn_out);
@@ -671,7 +691,7 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     if (!stash) ffn_weight_matmuls(m, l, a, d, &dln2, c.is_moe(l) && ls.ep > 1 ? comm_world().ep.rank : -1);
     tp_finish(dln2);
     if (c.is_moe(l)) {
-        comm_finish(moe_back);
+        for (CommRequest& r : moe_back) comm_finish(r);
         // every rank has the whole d_ln2 (all tokens); with --sp it keeps its rows
         const int E = c.n_expert, cap = c.moe_capacity(B, T);
         floatX* d_ln2_all = ls.sp ? m.tp_full : d.d_ln2;

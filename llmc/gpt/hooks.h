@@ -20,8 +20,7 @@
 //                        (a kv head shared by several ranks)
 //   sequence parallel    stream_rows / sp_row0 (the rank's rows), sp_gather, ln_gathered,
 //   (--sp)               sp_gather_from
-//   expert parallel      expert_dispatch_buffer, expert_dispatch_start, expert_return_start,
-//                        expert_source, expert_out_rows
+//   expert parallel      expert_dispatch_buffer, expert_dispatch_start, expert_return_start
 //   pipeline             slot_for / stash_for (micro-batches in flight), pipe_transfer (a stage
 //   (parallel/           transfer's bytes), tied_embedding_sum / tied_embedding_refresh
 //   pipeline.h)
@@ -910,37 +909,38 @@ static void vocab_parallel_dinp(GPT& m, floatX* dx, const floatX* dlogits, const
 // a contiguous block of the rows) with one all-to-all; the owner receives [ep][E/ep][cap][C], the
 // rows of each source rank for its experts, and returns the outputs the same way. Every size is the
 // capacity, known at start-up: no count is exchanged. Without --ep the rows stay in place.
-// Overlapped by source rank (as Tutel's a2a_ffn_overlap, Hwang et al. 2023, and DeepSpeed-MoE's
-// pipelined all-to-all, Rajbhandari et al. 2022, chunk the exchange): the rows a rank chose for
-// its own experts never leave it, so the experts compute them while the other ranks' rows are in
-// flight (expert_source: the own source first), and on the way back compute the own source last,
-// in place, while the others' outputs travel. Each source's rows are separate matmuls, as before:
-// the order changes no sum.
+// Overlapped (as Tutel's a2a_ffn_overlap, Hwang et al. 2023, and DeepSpeed-MoE's pipelined
+// all-to-all, Rajbhandari et al. 2022, chunk the exchange): the rows a rank chose for its own
+// experts never leave it, so the experts compute them while the other ranks' rows are in flight,
+// and the exchange is cut into slices, one per local expert (its rows from every source, a
+// contiguous part of each rank's block), so that the experts compute slice j while slice j+1 is
+// in flight; on the way back the others' outputs go slice by slice as they are computed, the own
+// rows last, in place. Each expert's rows of each source are separate matmuls, as before: the
+// order changes no sum.
 static floatX* expert_dispatch_buffer(GPT& m, floatX* rows) { return m.ls.ep > 1 ? m.ep_buf : rows; }
-// the source rank of the k-th block of rows the experts compute: the own first (back: the own last)
-static int expert_source(const GPT& m, int k, bool back) {
-    return (comm_world().ep.rank + k + (back ? 1 : 0)) % m.ls.ep;
-}
 static size_t expert_block(const GPT& m, int width) {
     return (size_t)m.ls.n_expert * m.config.moe_capacity(m.B, m.T) * width;
 }
-// the other ranks' rows of m.ep_buf on their way to received (completed by comm_finish before the
-// first other source's rows are read); the own rows copied at once
-static CommRequest expert_dispatch_start(GPT& m, floatX* received, int width) {
-    if (m.ls.ep == 1) return CommRequest();
+// local expert j's rows of every other source, from send to recv (both [ep][E/ep][cap][width])
+static CommRequest expert_slice_start(GPT& m, const floatX* send, floatX* recv, int width, int j) {
+    const size_t slice = (size_t)m.config.moe_capacity(m.B, m.T) * width, at = (size_t)j * slice;
+    return all_to_all_start(comm_world().ep, send + at, recv + at, slice * sizeof(floatX), true,
+                            expert_block(m, width) * sizeof(floatX));
+}
+// The other ranks' rows of m.ep_buf on their way to received, a request per local expert's slice
+// (complete slice j before reading it); the own rows copied at once. None without --ep.
+static std::vector<CommRequest> expert_dispatch_start(GPT& m, floatX* received, int width) {
+    std::vector<CommRequest> slices;
+    if (m.ls.ep == 1) return slices;
     const size_t block = expert_block(m, width), own = (size_t)comm_world().ep.rank * block;
     copy_buffer(received + own, m.ep_buf + own, block * sizeof(floatX));
-    return all_to_all_start(comm_world().ep, m.ep_buf, received, block * sizeof(floatX), true);
+    for (int j = 0; j < m.ls.n_expert; j++) slices.push_back(expert_slice_start(m, m.ep_buf, received, width, j));
+    return slices;
 }
-// the other sources' outputs (in m.ep_buf) on their way back into own_rows, whose own block the
-// caller then computes in place
-static CommRequest expert_return_start(GPT& m, floatX* own_rows, int width) {
+// local expert j's outputs of the other sources (in m.ep_buf) on their way back into own_rows
+static CommRequest expert_return_start(GPT& m, floatX* own_rows, int width, int j) {
     if (m.ls.ep == 1) return CommRequest();
-    return all_to_all_start(comm_world().ep, m.ep_buf, own_rows, expert_block(m, width) * sizeof(floatX), true);
-}
-// where the experts' outputs of source p go: m.ep_buf (sent back), or for the own rows in place
-static floatX* expert_out_rows(GPT& m, floatX* own_rows, int p, int width) {
-    return (p == comm_world().ep.rank ? own_rows : expert_dispatch_buffer(m, own_rows)) + p * expert_block(m, width);
+    return expert_slice_start(m, m.ep_buf, own_rows, width, j);
 }
 
 // ---- pipeline stage transfers ----

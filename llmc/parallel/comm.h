@@ -1448,9 +1448,11 @@ inline void all_gather(const CommGroup& g, const void* send, void* recv, size_t 
 // recv[r * bytes ...] = rank r's send[rank * bytes ...]: block r of send goes to rank r. skip_own:
 // the rank's own block is left alone (the caller moves it, or computes it in place while the others
 // are in flight: llmc/gpt/hooks.h's expert dispatch); the bytes counted are the same, none of them
-// ever left the rank.
+// ever left the rank. stride (0: bytes): block r at send + r * stride and recv + r * stride (a slice
+// of each rank's block).
 inline CommRequest all_to_all_start(const CommGroup& g, const void* send, void* recv, size_t bytes,
-                                    bool skip_own = false) {
+                                    bool skip_own = false, size_t stride = 0) {
+    if (stride == 0) stride = bytes;
     Comm& c = comm_world();
     if (g.size == 1 && skip_own) return CommRequest();
 #ifdef LLMC_COMM_STREAM
@@ -1473,20 +1475,20 @@ inline CommRequest all_to_all_start(const CommGroup& g, const void* send, void* 
     ncclCheck(ncclGroupStart());
     for (int k = 0; k < g.size; k++) {
         if (skip_own && k == g.rank) continue;
-        ncclCheck(ncclSend((const char*)send + (size_t)k * bytes, bytes, ncclInt8, k, g.nccl, c.stream));
-        ncclCheck(ncclRecv((char*)recv + (size_t)k * bytes, bytes, ncclInt8, k, g.nccl, c.stream));
+        ncclCheck(ncclSend((const char*)send + (size_t)k * stride, bytes, ncclInt8, k, g.nccl, c.stream));
+        ncclCheck(ncclRecv((char*)recv + (size_t)k * stride, bytes, ncclInt8, k, g.nccl, c.stream));
     }
     ncclCheck(ncclGroupEnd());
     comm_stream_leave(c, start, g, COMM_ALL_TO_ALL, r);
 #elif defined(LLMC_MPI)
     c.state.calls[g.id]++;
     r.reqs.emplace_back();
-    if (skip_own) {
+    if (skip_own || stride != bytes) {
         // (the count and displacement arrays must live until the operation completes)
         r.counts.assign(g.size, mpi_count(bytes));
-        r.counts[g.rank] = 0;
+        if (skip_own) r.counts[g.rank] = 0;
         r.displs.resize(g.size);
-        for (int k = 0; k < g.size; k++) r.displs[k] = mpi_count((size_t)k * bytes);
+        for (int k = 0; k < g.size; k++) r.displs[k] = mpi_count((size_t)k * stride);
         mpiCheck(MPI_Ialltoallv(send, r.counts.data(), r.displs.data(), MPI_BYTE, recv, r.counts.data(),
                                 r.displs.data(), MPI_BYTE, g.mpi, &r.reqs[0]));
     } else {
