@@ -601,10 +601,10 @@ static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads
     ffn_weight_matmuls(m, l, a, d);
     ffn_norm_grads(m, l, a, d);
 }
-// Weight gradients of block l's attention branch and LN1 (x: the block's input). behind: the
-// reduction of d.d_ln1, as ffn_weight_grads'.
-static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x,
-                              TpSumPending<floatX>* behind = nullptr) {
+// Weight gradients of block l's attention branch (attn_weight_grads: and LN1's; x: the block's
+// input). behind: the reduction of d.d_ln1, as ffn_weight_matmuls'.
+static void attn_weight_matmuls(GPT& m, int l, const LayerActs& a, const LayerGrads& d,
+                                TpSumPending<floatX>* behind = nullptr) {
     const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = m.config.n_embd;
     const LayerTensors<float>& dw = m.g.layers[l];
@@ -615,8 +615,14 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
     if (behind) tp_advance(*behind);
     matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
                     ls.qkv(), dense_dweight_split(c, ls, BT, DW_QKV));
-    if (behind) tp_finish(*behind);
+}
+static void attn_norm_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
+    const LayerTensors<float>& dw = m.g.layers[l];
     norm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
+}
+static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
+    attn_weight_matmuls(m, l, a, d);
+    attn_norm_grads(m, l, a, d, x);
 }
 
 // The input-gradient half of block l's backward: dres (the residual stream's gradient at the block
@@ -625,6 +631,8 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
 // it, and the weight gradients are computed at once, before the stream changes). With --sp the
 // branch outputs' gradients are gathered over the tp group first (the backward of the
 // reduce-scatter) and the column-parallel input gradients reduce-scattered back to stream rows.
+static void layer_backward_halves(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start,
+                                  floatX* dres, LayerGrads& d, bool stash);
 static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start, floatX* dres,
                            LayerGrads& d, bool stash) {
     const GPTConfig& c = m.config;
@@ -633,6 +641,10 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     const size_t row0 = sp_row0(m);
     const LayerTensors<floatX>& w = m.p.layers[l];
     const size_t stream_bytes = (size_t)rows * C * sizeof(floatX);
+    if (comm_moves(tp_group()) && !ls.sp && !c.is_moe(l) && comm_world().tp_kv.size == 1 && B % 2 == 0) {
+        layer_backward_halves(m, l, a, x, doc_start, dres, d, stash);
+        return;
+    }
     // the gradient at a branch output for all B*T tokens: the stream's (copied when stashed)
     auto branch_grad = [&](floatX* stash_buf) -> floatX* {
         if (ls.sp) return sp_gather_from(m, stash ? stash_buf : m.tp_full, dres);
@@ -685,7 +697,7 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
         if (c.mlp == MLP_SWIGLU) swiglu_backward(d.d_fch, m.d_fch_act, a.fch, BT, H);
         else gelu_backward(d.d_fch, m.d_fch_act, a.fch, (long)BT * H);
         if (!stash) ln_gather_start(m, a.ln2, 1);  // (--sp: fc's weight gradient input, behind the matmul below)
-        dln2 = column_parallel_dinp_start(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
+        dln2 = column_parallel_dinp_start(m, m.tpx, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
                                           [&](int j) { return fc_leaf_rows(m, j, false); }, ls.sp);
     }
     if (!stash) ffn_weight_matmuls(m, l, a, d, &dln2, c.is_moe(l) && ls.ep > 1 ? comm_world().ep.rank : -1);
@@ -713,11 +725,68 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     tp_attention_backward(m, d.d_qkv, m.d_atty, a, doc_start);
     if (c.pos == POS_ROPE) rope_backward(d.d_qkv, doc_start, m.rope_cos_sin, B, T, ls.n_head, ls.n_kv_head, ls.hs);
     if (!stash) ln_gather_start(m, a.ln1, 0);
-    TpSumPending<floatX> dln1 = column_parallel_dinp_start(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(), m.split_attn,
-                                                           [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
-    if (!stash) attn_weight_grads(m, l, a, d, x, &dln1);
+    TpSumPending<floatX> dln1 = column_parallel_dinp_start(m, m.tpx, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(),
+                                                           m.split_attn, [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
+    if (!stash) attn_weight_matmuls(m, l, a, d, &dln1);
     tp_finish(dln1);
+    if (!stash) attn_norm_grads(m, l, a, d, x);
     norm_backward(m, dres, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, rows);
+}
+
+// layer_backward of a dense block under tensor parallelism (without --sp, each kv head on one rank)
+// in two halves of the micro-batch's sequences, as block_forward_halves: half 0's input-gradient
+// reduction in flight behind half 1's input-gradient compute, half 1's behind the weight gradients
+// (whole: a weight gradient sums over every token, in its order), each branch in turn.
+static void layer_backward_halves(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start,
+                                  floatX* dres, LayerGrads& d, bool stash) {
+    const GPTConfig& c = m.config;
+    const LocalShape& ls = m.ls;
+    const int Bh = m.B / 2, T = m.T, Th = Bh * T, BT = m.B * T, C = c.n_embd, H = ls.ffn, fc = ls.fc(c.mlp);
+    const int qkv = ls.qkv(), A = ls.n_head * ls.hs;
+    const LayerTensors<floatX>& w = m.p.layers[l];
+    TpScratch<floatX> second = tp_scratch_second(m.tpx, (size_t)Th * C, ls.tp);
+    auto branch_grad = [&](floatX* stash_buf) -> floatX* {  // (layer_backward's, without --sp)
+        if (!stash) return dres;
+        copy_buffer(stash_buf, dres, (size_t)BT * C * sizeof(floatX));
+        return stash_buf;
+    };
+    TpSumPending<floatX> red[2];
+    d.d_ffn_out = branch_grad(d.d_ffn_out);
+    for (int h = 0; h < 2; h++) {
+        const size_t r0 = (size_t)h * Th;
+        matmul_backward(m.d_fch_act + r0 * H, (float*)nullptr, (float*)nullptr, d.d_ffn_out + r0 * C, a.fch_act + r0 * H,
+                        w.fcprojw, Th, H, C);
+        if (c.mlp == MLP_SWIGLU) swiglu_backward(d.d_fch + r0 * fc, m.d_fch_act + r0 * H, a.fch + r0 * fc, Th, H);
+        else gelu_backward(d.d_fch + r0 * fc, m.d_fch_act + r0 * H, a.fch + r0 * fc, (long)Th * H);
+        tp_advance(red[1 - h]);
+        red[h] = column_parallel_dinp_start(m, h ? second : m.tpx, d.d_ln2 + r0 * C, d.d_fch + r0 * fc, w.fcw, 1, Th, C,
+                                            fc, m.split_ffn, [&](int j) { return fc_leaf_rows(m, j, false); }, false);
+    }
+    if (!stash) ffn_weight_matmuls(m, l, a, d, &red[1]);
+    for (TpSumPending<floatX>& r : red) tp_finish(r);
+    if (!stash) {
+        ffn_norm_grads(m, l, a, d);
+        ffn_grads_ready(m, l);  // (ZeRO: the FFN half's reduction runs behind the attention's backward)
+    }
+    norm_backward(m, dres, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT);
+    d.d_attn_out = branch_grad(d.d_attn_out);
+    for (int h = 0; h < 2; h++) {
+        const size_t r0 = (size_t)h * Th;
+        const int* ds = doc_start + r0;
+        floatX* dq = d.d_qkv + r0 * qkv;
+        matmul_backward(m.d_atty + r0 * A, (float*)nullptr, (float*)nullptr, d.d_attn_out + r0 * C, a.atty + r0 * A,
+                        w.attprojw, Th, A, C);
+        attention_backward(dq, m.d_atty + r0 * A, a.qkv + r0 * qkv, a.atty + r0 * A, a.att_lse + r0 * ls.n_head, ds, Bh, T,
+                           ls.n_head, ls.n_kv_head, ls.hs, c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
+        if (c.pos == POS_ROPE) rope_backward(dq, ds, m.rope_cos_sin, Bh, T, ls.n_head, ls.n_kv_head, ls.hs);
+        tp_advance(red[1 - h]);
+        red[h] = column_parallel_dinp_start(m, h ? second : m.tpx, d.d_ln1 + r0 * C, dq, w.qkvw, 1, Th, C, qkv,
+                                            m.split_attn, [&](int j) { return qkv_leaf_rows(m, j); }, false);
+    }
+    if (!stash) attn_weight_matmuls(m, l, a, d, &red[1]);
+    for (TpSumPending<floatX>& r : red) tp_finish(r);
+    if (!stash) attn_norm_grads(m, l, a, d, x);
+    norm_backward(m, dres, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, BT);
 }
 
 // the embedding's weight gradients (the token and position tables), from the gradient at its

@@ -708,9 +708,9 @@ static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const f
 // _start leaves the reduction in flight (tp_advance, tp_finish complete it; the backward computes
 // the layer's weight gradients meanwhile).
 template <typename Ranges>
-static TpSumPending<floatX> column_parallel_dinp_start(GPT& m, floatX* dinp, const floatX* dout, const floatX* W,
-                                                       int n_batch, int rows, int C, int OC, const ChunkSplit& split,
-                                                       const Ranges& ranges, bool scatter) {
+static TpSumPending<floatX> column_parallel_dinp_start(GPT& m, TpScratch<floatX>& s, floatX* dinp, const floatX* dout,
+                                                       const floatX* W, int n_batch, int rows, int C, int OC,
+                                                       const ChunkSplit& split, const Ranges& ranges, bool scatter) {
     const size_t n = (size_t)n_batch * rows * C;
     auto leaf = [&](int g, floatX* dst) {
         const SplitRanges r = ranges(g - split.first);
@@ -731,12 +731,12 @@ static TpSumPending<floatX> column_parallel_dinp_start(GPT& m, floatX* dinp, con
         matmul_backward_batched(dst, (float*)nullptr, (float*)nullptr, m.tp_copy_a, (const floatX*)nullptr, m.tp_copy_b,
                                 n_batch, rows, C, (int)w);
     };
-    return tp_sum_start(tp_group(), split, m.tpx, dinp, n, !scatter, leaf, tp_add, tp_copy);
+    return tp_sum_start(tp_group(), split, s, dinp, n, !scatter, leaf, tp_add, tp_copy);
 }
 template <typename Ranges>
 static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const floatX* W, int n_batch, int rows, int C,
                                  int OC, const ChunkSplit& split, const Ranges& ranges, bool scatter) {
-    TpSumPending<floatX> p = column_parallel_dinp_start(m, dinp, dout, W, n_batch, rows, C, OC, split, ranges, scatter);
+    TpSumPending<floatX> p = column_parallel_dinp_start(m, m.tpx, dinp, dout, W, n_batch, rows, C, OC, split, ranges, scatter);
     tp_finish(p);
 }
 // the output rows of leaf j of the attention's qkv (its query heads' rows, then its kv heads' K
