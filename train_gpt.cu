@@ -293,9 +293,11 @@ static void head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         }
         vocab_parallel_loss(m, s.targets + t0, m.losses + t0, n, dloss);  // m.logits: dlogits now
         if (!backward) continue;
+        // (tensor parallel: the input gradient's reduction in flight behind the weight gradient)
+        TpSumPending<floatX> dx = vocab_parallel_dinp_start(m, m.d_ln + (size_t)t0 * C, m.logits, wte, n);
         matmul_backward((floatX*)nullptr, m.head_leaf, (float*)nullptr, m.logits, x, (const floatX*)nullptr, n, C, Vl,
                         /*split_k*/ false);  // tiles enough unsplit (llmc/ops/op_scratch.h)
-        vocab_parallel_dinp(m, m.d_ln + (size_t)t0 * C, m.logits, wte, n);
+        tp_finish(dx);
     }
     if (s.host_targets) {
         loss_sum(m.loss_sums + s.mb, m.losses, BT);  // (deterministic: a fixed order)

@@ -16,7 +16,7 @@
 //                        the update, zero_settle before anything else that reads params or state
 //   tensor parallel      row_parallel_forward, column_parallel_dinp, norm_weight_grads
 //   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss and
-//   tensor_parallel.h)   vocab_parallel_dinp (the lm head, per token chunk), tp_attention_backward
+//   tensor_parallel.h)   vocab_parallel_dinp_start (the lm head, per token chunk), tp_attention_backward
 //                        (a kv head shared by several ranks)
 //   sequence parallel    stream_rows / sp_row0 (the rank's rows), sp_gather, ln_gathered,
 //   (--sp)               sp_gather_from
@@ -898,10 +898,11 @@ static void vocab_parallel_loss(GPT& m, const int* targets, float* losses, int n
 // The gradient at the final LayerNorm's output of one token chunk: dx [n, C] = dlogits [n, Vl] W
 // summed over the vocabulary's canonical chunks (every rank gets the chunk's rows: with --sp a
 // chunk's rows need not be the rank's, which take theirs from the whole micro-batch's afterwards).
-static void vocab_parallel_dinp(GPT& m, floatX* dx, const floatX* dlogits, const floatX* W, int n) {
+// (_start: its reduction left in flight, tp_finish completes it)
+static TpSumPending<floatX> vocab_parallel_dinp_start(GPT& m, floatX* dx, const floatX* dlogits, const floatX* W, int n) {
     const size_t per = (size_t)m.ls.vocab / m.split_vocab.count;
-    column_parallel_dinp(m, dx, dlogits, W, 1, n, m.config.n_embd, m.ls.vocab, m.split_vocab,
-                         [&](int j) { return SplitRanges{{j * per, per}}; }, false);
+    return column_parallel_dinp_start(m, m.tpx, dx, dlogits, W, 1, n, m.config.n_embd, m.ls.vocab, m.split_vocab,
+                                      [&](int j) { return SplitRanges{{j * per, per}}; }, false);
 }
 
 // Expert parallelism (--ep): an MoE layer's rows [E, cap, C] in expert order, the tokens this rank
