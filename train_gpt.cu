@@ -459,9 +459,9 @@ static void block_forward_halves(GPT& m, int l, LayerActs& a, const floatX* x, c
         floatX* q = a.qkv + r0 * qkv;
         matmul_forward(q, a.ln1 + r0 * C, w.qkvw, w.qkvb, Th, C, qkv);
         if (c.pos == POS_ROPE) rope_forward(q, ds, m.rope_cos_sin, Bh, T, ls.n_head, ls.n_kv_head, ls.hs);
+        tp_advance(red[1 - h]);  // (the other half's exchange came behind the qkv; its all-gather behind the attention)
         attention_forward(a.atty + r0 * A, a.att_lse + r0 * ls.n_head, q, ds, Bh, T, ls.n_head, ls.n_kv_head, ls.hs,
                           c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
-        tp_advance(red[1 - h]);  // (the other half's exchange came behind this; its all-gather next)
         red[h] = row_parallel_start(m, h ? second : m.tpx, m.scratch + r0 * C, a.atty + r0 * A, w.attprojw, 1, Th, A, C,
                                     m.split_attn, false);
     }
