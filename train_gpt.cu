@@ -356,12 +356,13 @@ static LayerActs acts_for(const GPT& m, const ChunkSlot& s, int chunk, int l) {
     return a;
 }
 
+static void block_forward_halves(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start);
 // Block l up to (not including) its final residual add: attention on LN1's output (a.ln1, all
 // B*T tokens: gathered here with --sp), the residual add fused with LN2, the FFN branch (its
 // output, the rank's stream rows, in m.scratch). The forward and the recompute (-r 2) run exactly
 // this. Tensor parallel: the rank's heads and hidden units; the row-parallel projections' partial
-// sums are reduced (--sp: reduce-scattered) over the tp group in canonical chunks.
-static void block_forward_halves(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start);
+// sums are reduced (--sp: reduce-scattered) over the tp group in canonical chunks; without --sp,
+// a dense block runs in two halves (block_forward_halves).
 static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
@@ -627,14 +628,15 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
     attn_norm_grads(m, l, a, d, x);
 }
 
+static void layer_backward_halves(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start,
+                                  floatX* dres, LayerGrads& d, bool stash);
 // The input-gradient half of block l's backward: dres (the residual stream's gradient at the block
 // output, the rank's stream rows) becomes the gradient at its input; the output gradients the
 // weight gradients need go to d (stash: copies of the stream's, which changes; otherwise d aliases
 // it, and the weight gradients are computed at once, before the stream changes). With --sp the
 // branch outputs' gradients are gathered over the tp group first (the backward of the
 // reduce-scatter) and the column-parallel input gradients reduce-scattered back to stream rows.
-static void layer_backward_halves(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start,
-                                  floatX* dres, LayerGrads& d, bool stash);
+// Tensor parallel without --sp, a dense block: in two halves (layer_backward_halves).
 static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start, floatX* dres,
                            LayerGrads& d, bool stash) {
     const GPTConfig& c = m.config;

@@ -139,11 +139,11 @@ T* tree_combine(int lo, int hi, size_t n, const Got& got, const Add& add) {
 
 // A reduction in flight (tp_sum_start .. tp_sum_finish): the exchange of the rank's nodes, then
 // for an all-reduce the all-gather of the summed blocks. Between the two calls the caller computes
-// what does not read dst (a backward's weight gradients behind its input gradient's reduction:
-// Wang et al. 2022, "Overlap communication with dependent computation via decomposition"; here the
-// independent computation is the layer's own weight gradients); tp_sum_advance between two pieces
-// of that work moves the reduction to its all-gather. The scratch's part, extra and recv are the
-// reduction's until it finishes; dst is written until then.
+// what does not read dst (Wang et al. 2022, "Overlap communication with dependent computation via
+// decomposition": a backward's weight gradients behind its input gradient's reduction, the other
+// half of the micro-batch behind one half's); tp_sum_advance between two pieces of that work moves
+// the reduction to its all-gather. The scratch's part, extra and recv are the reduction's until it
+// finishes; dst is written until then.
 template <typename T>
 struct TpSumPending {
     const CommGroup* g = nullptr;
@@ -151,7 +151,6 @@ struct TpSumPending {
     T* dst = nullptr;
     size_t n = 0;
     bool all_reduce = false;
-    int nodes = 1;
     T* recv = nullptr;                  // the scratch's receive buffer it uses
     std::vector<CommRequest> exchange;  // one per node (empty: nothing in flight)
     CommRequest gather;                 // the all-reduce's all-gather
@@ -177,8 +176,8 @@ TpSumPending<T> tp_sum_start(const CommGroup& tp, const ChunkSplit& split, TpScr
     p.all_reduce = all_reduce;
     p.recv = s.recv;
     const std::vector<TreeNode> mine = rank_nodes(split);
-    p.nodes = P == 1 ? 1 : split_nodes(split);
-    LLMC_CHECK(p.nodes <= s.nodes, "internal: a rank sends %d tree nodes, scratch holds %d", p.nodes, s.nodes);
+    const int nodes = P == 1 ? 1 : split_nodes(split);
+    LLMC_CHECK(nodes <= s.nodes, "internal: a rank sends %d tree nodes, scratch holds %d", nodes, s.nodes);
     auto part = [&](int k) { return k == 0 ? (all_reduce ? dst : s.part) : s.extra + (size_t)(k - 1) * s.capacity; };
     for (size_t k = 0; k < mine.size(); k++) tree_sum(part((int)k), n, mine[k].lo, mine[k].hi, s.tmp, leaf, add);
     if (P == 1) {
@@ -189,9 +188,9 @@ TpSumPending<T> tp_sum_start(const CommGroup& tp, const ChunkSplit& split, TpScr
     const bool blocks = n % P == 0;  // else a small vector (per-token statistics): gather all of it
     LLMC_CHECK(blocks || all_reduce, "internal: a sequence-parallel reduction of %zu elements over %d ranks", n, P);
     const size_t blk = blocks ? n / P : n, stride = blk * P;
-    LLMC_CHECK(p.nodes * stride <= s.recv_capacity, "internal: tensor-parallel receive of %d x %zu elements, scratch "
-               "holds %zu", p.nodes, stride, s.recv_capacity);
-    for (int k = 0; k < p.nodes; k++) {  // a rank with fewer nodes sends a block nobody reads
+    LLMC_CHECK(nodes * stride <= s.recv_capacity, "internal: tensor-parallel receive of %d x %zu elements, scratch "
+               "holds %zu", nodes, stride, s.recv_capacity);
+    for (int k = 0; k < nodes; k++) {  // a rank with fewer nodes sends a block nobody reads
         if (blocks) p.exchange.push_back(all_to_all_start(tp, part(k), s.recv + k * stride, blk * sizeof(T)));
         else p.exchange.push_back(all_gather_start(tp, part(k), s.recv + k * stride, n * sizeof(T)));
     }
