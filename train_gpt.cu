@@ -400,22 +400,23 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
                                    w.fcb ? w.fcb + (size_t)j0 * 2 * He : nullptr, n, cap, C, 2 * He);
             swiglu_forward(a.fch_act + rows * He, a.fch + rows * 2 * He, n * cap, He);
         };
-        expert_fc(own, 0, Ne);
-        for (int j = 0; j < (int)dispatch.size(); j++) {
-            comm_finish(dispatch[j]);
-            for (int p = 0; p < ls.ep; p++)
-                if (p != own) expert_fc(p, j, 1);
-        }
-        // the others' outputs go back slice by slice, the own rows computed last, in place
         auto expert_proj = [&](floatX* out, int p, int j0, int n) {
             const size_t rows = ((size_t)p * Ne + j0) * cap;
             row_parallel_forward(m, out + rows * C, a.fch_act + rows * He, w.fcprojw + (size_t)j0 * C * He,
                                  w.fcprojb ? w.fcprojb + (size_t)j0 * C : nullptr, n, cap, He, C, m.split_expert, false);
         };
+        expert_fc(own, 0, Ne);
+        // each slice of the others' rows through the experts and back as soon as it has arrived
+        // (its outputs overwrite its own rows in m.ep_buf: the slices after it are still in flight
+        // from other rows), the own rows' outputs computed last, in place
         std::vector<CommRequest> back;
-        for (int j = 0; j < Ne && ls.ep > 1; j++) {
+        for (int j = 0; j < (int)dispatch.size(); j++) {
+            comm_finish(dispatch[j]);
             for (int p = 0; p < ls.ep; p++)
-                if (p != own) expert_proj(m.ep_buf, p, j, 1);
+                if (p != own) {
+                    expert_fc(p, j, 1);
+                    expert_proj(m.ep_buf, p, j, 1);
+                }
             back.push_back(expert_return_start(m, a.expert_out, C, j));
         }
         expert_proj(a.expert_out, own, 0, Ne);
