@@ -356,13 +356,13 @@ static LayerActs acts_for(const GPT& m, const ChunkSlot& s, int chunk, int l) {
     return a;
 }
 
-static void block_forward_halves(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start);
+static void block_forward_parts(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start);
 // Block l up to (not including) its final residual add: attention on LN1's output (a.ln1, all
 // B*T tokens: gathered here with --sp), the residual add fused with LN2, the FFN branch (its
 // output, the rank's stream rows, in m.scratch). The forward and the recompute (-r 2) run exactly
 // this. Tensor parallel: the rank's heads and hidden units; the row-parallel projections' partial
 // sums are reduced (--sp: reduce-scattered) over the tp group in canonical chunks; without --sp,
-// a dense block runs in two halves (block_forward_halves).
+// a dense block runs in parts (block_forward_parts).
 static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
@@ -370,7 +370,7 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
     const size_t row0 = sp_row0(m);
     const LayerTensors<floatX>& w = m.p.layers[l];
     if (comm_moves(tp_group()) && !ls.sp && !c.is_moe(l) && B % 2 == 0) {
-        block_forward_halves(m, l, a, x, doc_start);
+        block_forward_parts(m, l, a, x, doc_start);
         return;
     }
     matmul_forward(a.qkv, ln_gathered(m, a.ln1, 0), w.qkvw, w.qkvb, BT, C, ls.qkv());
@@ -433,54 +433,65 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
     }
 }
 
-// block_forward of a dense block under tensor parallelism (without --sp) in two halves of the
-// micro-batch's sequences, each half's reductions in flight behind the other half's compute (the
-// decomposition of Wang et al. 2022, "Overlap communication with dependent computation via
-// decomposition in large deep learning models"; Domino, Wang et al. 2024, slices the batch so):
-//   half 0: qkv, attention, the projection's leaves -> reduction A0 starts
-//   half 1: qkv, attention, the projection's leaves -> A1 starts        (A0 in flight)
-//   A0 done: half 0's residual + LN2, the FFN -> F0 starts               (A1 in flight)
-//   A1 done: half 1's residual + LN2, the FFN -> F1 starts               (F0 in flight)
+// block_forward of a dense block under tensor parallelism (without --sp) in K parts of the
+// micro-batch's sequences (4 where B allows, else 2), each part's reductions in flight behind the
+// next part's compute (the decomposition of Wang et al. 2022, "Overlap communication with dependent
+// computation via decomposition in large deep learning models"; Domino, Wang et al. 2024, slices
+// the batch so). With two parts:
+//   part 0: qkv, attention, the projection's leaves -> reduction A0 starts
+//   part 1: qkv, attention, the projection's leaves -> A1 starts        (A0 in flight)
+//   A0 done: part 0's residual + LN2, the FFN -> F0 starts               (A1 in flight)
+//   A1 done: part 1's residual + LN2, the FFN -> F1 starts               (F0 in flight)
 //   F0, F1 done
-// (each half moves the other's reduction from its exchange to its all-gather midway: tp_advance)
+// (each part moves the other lane's reduction from its exchange to its all-gather midway:
+// tp_advance). The last part's FFN reduction is exposed: the more parts, the smaller it is.
 // Every op is per row (a matmul's element does not depend on the rows beside it: llmc/ops/cpu/
 // matmul.h) or per sequence (attention, RoPE), and each reduction sums its rows' leaves in the same
-// tree: the bits of block_forward on the whole micro-batch. Half 1's reductions take the second
-// halves of the scratch (tp_scratch_second).
-static void block_forward_halves(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
+// tree: the bits of block_forward on the whole micro-batch.
+static void block_forward_parts(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
-    const int Bh = m.B / 2, T = m.T, Th = Bh * T, C = c.n_embd, H = ls.ffn, qkv = ls.qkv(), fc = ls.fc(c.mlp);
+    const int K = m.B % 4 == 0 ? 4 : 2;
+    const int Bp = m.B / K, T = m.T, Tp = Bp * T, C = c.n_embd, H = ls.ffn, qkv = ls.qkv(), fc = ls.fc(c.mlp);
     const int A = ls.n_head * ls.hs;
     const LayerTensors<floatX>& w = m.p.layers[l];
-    TpScratch<floatX> second = tp_scratch_second(m.tpx, (size_t)Th * C, ls.tp);
-    TpSumPending<floatX> red[2];
-    for (int h = 0; h < 2; h++) {
-        const size_t r0 = (size_t)h * Th;
+    // two reductions in flight at most, in the scratch's two halves: part k's in lane k % 2, which
+    // the reduction before it there leaves first (completed: idempotent; row_parallel_finish adds
+    // its bias later)
+    TpScratch<floatX> second = tp_scratch_second(m.tpx, (size_t)Tp * C, ls.tp);
+    TpScratch<floatX>* lanes[2] = {&m.tpx, &second};
+    TpSumPending<floatX> attn[4], ffn[4], *held[2] = {nullptr, nullptr};
+    auto start_in_lane = [&](TpSumPending<floatX>& p, int k, const floatX* inp, const floatX* W, int K_in,
+                             const ChunkSplit& split) {
+        if (held[k % 2]) tp_finish(*held[k % 2]);
+        p = row_parallel_start(m, *lanes[k % 2], m.scratch + (size_t)k * Tp * C, inp, W, 1, Tp, K_in, C, split, false);
+        held[k % 2] = &p;
+    };
+    auto advance_other = [&](int k) { if (held[1 - k % 2]) tp_advance(*held[1 - k % 2]); };
+    for (int k = 0; k < K; k++) {
+        const size_t r0 = (size_t)k * Tp;
         const int* ds = doc_start + r0;
         floatX* q = a.qkv + r0 * qkv;
-        matmul_forward(q, a.ln1 + r0 * C, w.qkvw, w.qkvb, Th, C, qkv);
-        if (c.pos == POS_ROPE) rope_forward(q, ds, m.rope_cos_sin, Bh, T, ls.n_head, ls.n_kv_head, ls.hs);
-        tp_advance(red[1 - h]);  // (the other half's exchange came behind the qkv; its all-gather behind the attention)
-        attention_forward(a.atty + r0 * A, a.att_lse + r0 * ls.n_head, q, ds, Bh, T, ls.n_head, ls.n_kv_head, ls.hs,
+        matmul_forward(q, a.ln1 + r0 * C, w.qkvw, w.qkvb, Tp, C, qkv);
+        if (c.pos == POS_ROPE) rope_forward(q, ds, m.rope_cos_sin, Bp, T, ls.n_head, ls.n_kv_head, ls.hs);
+        advance_other(k);  // (the other lane's exchange came behind the qkv; its all-gather behind the attention)
+        attention_forward(a.atty + r0 * A, a.att_lse + r0 * ls.n_head, q, ds, Bp, T, ls.n_head, ls.n_kv_head, ls.hs,
                           c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
-        red[h] = row_parallel_start(m, h ? second : m.tpx, m.scratch + r0 * C, a.atty + r0 * A, w.attprojw, 1, Th, A, C,
-                                    m.split_attn, false);
+        start_in_lane(attn[k], k, a.atty + r0 * A, w.attprojw, A, m.split_attn);
     }
     params_needed(m, l + 1, PART_FFN);  // (ZeRO: the FFN half's params come later than the attention's)
-    for (int h = 0; h < 2; h++) {
-        const size_t r0 = (size_t)h * Th;
-        row_parallel_finish(m, red[h], w.attprojb, 1, Th, C, false);
+    for (int k = 0; k < K; k++) {
+        const size_t r0 = (size_t)k * Tp;
+        row_parallel_finish(m, attn[k], w.attprojb, 1, Tp, C, false);
         fused_residual_norm_forward(m, a.residual2 + r0 * C, a.ln2 + r0 * C, a.ln2_mean + r0, a.ln2_rstd + r0, x + r0 * C,
-                                    m.scratch + r0 * C, w.ln2w, w.ln2b, Th);
-        matmul_forward(a.fch + r0 * fc, a.ln2 + r0 * C, w.fcw, w.fcb, Th, C, fc);
-        tp_advance(red[1 - h]);
-        if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act + r0 * H, a.fch + r0 * fc, Th, H);
-        else gelu_forward(a.fch_act + r0 * H, a.fch + r0 * fc, (long)Th * H);
-        red[h] = row_parallel_start(m, h ? second : m.tpx, m.scratch + r0 * C, a.fch_act + r0 * H, w.fcprojw, 1, Th, H, C,
-                                    m.split_ffn, false);
+                                    m.scratch + r0 * C, w.ln2w, w.ln2b, Tp);
+        matmul_forward(a.fch + r0 * fc, a.ln2 + r0 * C, w.fcw, w.fcb, Tp, C, fc);
+        advance_other(k);
+        if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act + r0 * H, a.fch + r0 * fc, Tp, H);
+        else gelu_forward(a.fch_act + r0 * H, a.fch + r0 * fc, (long)Tp * H);
+        start_in_lane(ffn[k], k, a.fch_act + r0 * H, w.fcprojw, H, m.split_ffn);
     }
-    for (int h = 0; h < 2; h++) row_parallel_finish(m, red[h], w.fcprojb, 1, Th, C, false);
+    for (int k = 0; k < K; k++) row_parallel_finish(m, ffn[k], w.fcprojb, 1, Tp, C, false);
 }
 
 // What the backward of block l needs that -r did not keep, computed again from what it kept
@@ -739,7 +750,7 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
 }
 
 // layer_backward of a dense block under tensor parallelism (without --sp, each kv head on one rank)
-// in two halves of the micro-batch's sequences, as block_forward_halves: half 0's input-gradient
+// in two halves of the micro-batch's sequences, as block_forward_parts: half 0's input-gradient
 // reduction in flight behind half 1's input-gradient compute, half 1's behind the weight gradients
 // (whole: a weight gradient sums over every token, in its order), each branch in turn.
 static void layer_backward_halves(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start,
