@@ -210,6 +210,7 @@ struct GPT {
     floatX* tp_full = nullptr;      // [B*T, C] --sp: a gathered stream gradient; MoE: the combined output
     float* tp_ln_grads = nullptr;   // [2C] a LayerNorm's weight and bias gradients (fp32)
     floatX* ln_full[2] = {};        // [B*T, C] --sp: a block's LN1 and LN2 outputs, gathered (ln_gathered)
+    CommRequest ln_gathering[2];    // their gathers started ahead of their use (ln_gather_start)
     float *ce_max = nullptr, *ce_sum = nullptr, *ce_target = nullptr;  // [logits_chunk] vocab-parallel softmax
     void* op_scratch = nullptr;     // the CUDA ops' scratch and the cuBLASLt workspace (MEM_SCRATCH)
     size_t op_scratch_bytes = 0;
@@ -292,9 +293,11 @@ static void head_forward(GPT& m, ChunkSlot& s, const floatX* x_final) {
         }
         vocab_parallel_loss(m, s.targets + t0, m.losses + t0, n, dloss);  // m.logits: dlogits now
         if (!backward) continue;
+        // (tensor parallel: the input gradient's reduction in flight behind the weight gradient)
+        TpSumPending<floatX> dx = vocab_parallel_dinp_start(m, m.d_ln + (size_t)t0 * C, m.logits, wte, n);
         matmul_backward((floatX*)nullptr, m.head_leaf, (float*)nullptr, m.logits, x, (const floatX*)nullptr, n, C, Vl,
                         /*split_k*/ false);  // tiles enough unsplit (llmc/ops/op_scratch.h)
-        vocab_parallel_dinp(m, m.d_ln + (size_t)t0 * C, m.logits, wte, n);
+        tp_finish(dx);
     }
     if (s.host_targets) {
         loss_sum(m.loss_sums + s.mb, m.losses, BT);  // (deterministic: a fixed order)
@@ -353,17 +356,23 @@ static LayerActs acts_for(const GPT& m, const ChunkSlot& s, int chunk, int l) {
     return a;
 }
 
+static void block_forward_parts(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start);
 // Block l up to (not including) its final residual add: attention on LN1's output (a.ln1, all
 // B*T tokens: gathered here with --sp), the residual add fused with LN2, the FFN branch (its
 // output, the rank's stream rows, in m.scratch). The forward and the recompute (-r 2) run exactly
 // this. Tensor parallel: the rank's heads and hidden units; the row-parallel projections' partial
-// sums are reduced (--sp: reduce-scattered) over the tp group in canonical chunks.
+// sums are reduced (--sp: reduce-scattered) over the tp group in canonical chunks; without --sp,
+// a dense block runs in parts (block_forward_parts).
 static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, rows = stream_rows(m);
     const size_t row0 = sp_row0(m);
     const LayerTensors<floatX>& w = m.p.layers[l];
+    if (comm_moves(tp_group()) && !ls.sp && !c.is_moe(l) && B % 2 == 0) {
+        block_forward_parts(m, l, a, x, doc_start);
+        return;
+    }
     matmul_forward(a.qkv, ln_gathered(m, a.ln1, 0), w.qkvw, w.qkvb, BT, C, ls.qkv());
     if (c.pos == POS_ROPE) rope_forward(a.qkv, doc_start, m.rope_cos_sin, B, T, ls.n_head, ls.n_kv_head, ls.hs);
     attention_forward(a.atty, a.att_lse, a.qkv, doc_start, B, T, ls.n_head, ls.n_kv_head, ls.hs,
@@ -376,25 +385,42 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
         // expert choice: route (every tp rank the same, on all its tokens), gather each expert's
         // tokens, run the experts (this rank's hidden units of each) as one batch of matmuls per
         // source, reduce the experts' outputs over the tp group, add the gated outputs back per
-        // token. --ep: the chosen rows travel to their expert's owner and back (expert_dispatch)
+        // token. --ep: the chosen rows travel to their expert's owner and back
         const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(B, T);
         moe_router_forward(a.moe_scores, ln2, w.routerw, BT, C, E);
         moe_select(a.expert_tokens, a.token_slots, a.moe_scores, B, T, E, c.capacity_factor,
                    c.moe_group == MOE_GROUP_POSITION);
         moe_gather(expert_dispatch_buffer(m, a.expert_in), ln2, a.expert_tokens, E, cap, C);
-        expert_dispatch(m, a.expert_in, C);
-        for (int p = 0; p < ls.ep; p++) {  // the rows from ep rank p, for this rank's experts
-            const size_t rows = (size_t)p * ls.n_expert * cap;
-            matmul_forward_batched(a.fch + rows * 2 * He, a.expert_in + rows * C, w.fcw, w.fcb, ls.n_expert, cap, C, 2 * He);
+        // the own rows first, the others' slice by slice as they arrive (expert_dispatch_start)
+        const int own = comm_world().ep.rank, Ne = ls.n_expert;
+        std::vector<CommRequest> dispatch = expert_dispatch_start(m, a.expert_in, C);
+        auto expert_fc = [&](int p, int j0, int n) {  // experts [j0, j0 + n) on source p's rows
+            const size_t rows = ((size_t)p * Ne + j0) * cap;
+            matmul_forward_batched(a.fch + rows * 2 * He, a.expert_in + rows * C, w.fcw + (size_t)j0 * 2 * He * C,
+                                   w.fcb ? w.fcb + (size_t)j0 * 2 * He : nullptr, n, cap, C, 2 * He);
+            swiglu_forward(a.fch_act + rows * He, a.fch + rows * 2 * He, n * cap, He);
+        };
+        auto expert_proj = [&](floatX* out, int p, int j0, int n) {
+            const size_t rows = ((size_t)p * Ne + j0) * cap;
+            row_parallel_forward(m, out + rows * C, a.fch_act + rows * He, w.fcprojw + (size_t)j0 * C * He,
+                                 w.fcprojb ? w.fcprojb + (size_t)j0 * C : nullptr, n, cap, He, C, m.split_expert, false);
+        };
+        expert_fc(own, 0, Ne);
+        // each slice of the others' rows through the experts and back as soon as it has arrived
+        // (its outputs overwrite its own rows in m.ep_buf: the slices after it are still in flight
+        // from other rows), the own rows' outputs computed last, in place
+        std::vector<CommRequest> back;
+        for (int j = 0; j < (int)dispatch.size(); j++) {
+            comm_finish(dispatch[j]);
+            for (int p = 0; p < ls.ep; p++)
+                if (p != own) {
+                    expert_fc(p, j, 1);
+                    expert_proj(m.ep_buf, p, j, 1);
+                }
+            back.push_back(expert_return_start(m, a.expert_out, C, j));
         }
-        swiglu_forward(a.fch_act, a.fch, E * cap, He);
-        floatX* ye = expert_dispatch_buffer(m, a.expert_out);
-        for (int p = 0; p < ls.ep; p++) {
-            const size_t rows = (size_t)p * ls.n_expert * cap;
-            row_parallel_forward(m, ye + rows * C, a.fch_act + rows * He, w.fcprojw, w.fcprojb, ls.n_expert, cap, He, C,
-                                 m.split_expert, false);
-        }
-        expert_return(m, a.expert_out, C);
+        expert_proj(a.expert_out, own, 0, Ne);
+        for (CommRequest& r : back) comm_finish(r);
         floatX* out = ls.sp ? m.tp_full : m.scratch;
         moe_combine_forward(out, a.expert_out, a.moe_scores, a.token_slots, BT, E, cap, C);
         if (ls.sp) copy_buffer(m.scratch, out + row0 * C, (size_t)rows * C * sizeof(floatX));
@@ -405,6 +431,67 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
         else gelu_forward(a.fch_act, a.fch, (long)BT * H);
         row_parallel_forward(m, m.scratch, a.fch_act, w.fcprojw, w.fcprojb, 1, BT, H, C, m.split_ffn, ls.sp);
     }
+}
+
+// block_forward of a dense block under tensor parallelism (without --sp) in K parts of the
+// micro-batch's sequences (4 where B allows, else 2), each part's reductions in flight behind the
+// next part's compute (the decomposition of Wang et al. 2022, "Overlap communication with dependent
+// computation via decomposition in large deep learning models"; Domino, Wang et al. 2024, slices
+// the batch so). With two parts:
+//   part 0: qkv, attention, the projection's leaves -> reduction A0 starts
+//   part 1: qkv, attention, the projection's leaves -> A1 starts        (A0 in flight)
+//   A0 done: part 0's residual + LN2, the FFN -> F0 starts               (A1 in flight)
+//   A1 done: part 1's residual + LN2, the FFN -> F1 starts               (F0 in flight)
+//   F0, F1 done
+// (each part moves the other lane's reduction from its exchange to its all-gather midway:
+// tp_advance). The last part's FFN reduction is exposed: the more parts, the smaller it is.
+// Every op is per row (a matmul's element does not depend on the rows beside it: llmc/ops/cpu/
+// matmul.h) or per sequence (attention, RoPE), and each reduction sums its rows' leaves in the same
+// tree: the bits of block_forward on the whole micro-batch.
+static void block_forward_parts(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
+    const GPTConfig& c = m.config;
+    const LocalShape& ls = m.ls;
+    const int K = m.B % 4 == 0 ? 4 : 2;
+    const int Bp = m.B / K, T = m.T, Tp = Bp * T, C = c.n_embd, H = ls.ffn, qkv = ls.qkv(), fc = ls.fc(c.mlp);
+    const int A = ls.n_head * ls.hs;
+    const LayerTensors<floatX>& w = m.p.layers[l];
+    // two reductions in flight at most, in the scratch's two halves: part k's in lane k % 2, which
+    // the reduction before it there leaves first (completed: idempotent; row_parallel_finish adds
+    // its bias later)
+    TpScratch<floatX> second = tp_scratch_second(m.tpx, (size_t)Tp * C, ls.tp);
+    TpScratch<floatX>* lanes[2] = {&m.tpx, &second};
+    TpSumPending<floatX> attn[4], ffn[4], *held[2] = {nullptr, nullptr};
+    auto start_in_lane = [&](TpSumPending<floatX>& p, int k, const floatX* inp, const floatX* W, int K_in,
+                             const ChunkSplit& split) {
+        if (held[k % 2]) tp_finish(*held[k % 2]);
+        p = row_parallel_start(m, *lanes[k % 2], m.scratch + (size_t)k * Tp * C, inp, W, 1, Tp, K_in, C, split, false);
+        held[k % 2] = &p;
+    };
+    auto advance_other = [&](int k) { if (held[1 - k % 2]) tp_advance(*held[1 - k % 2]); };
+    for (int k = 0; k < K; k++) {
+        const size_t r0 = (size_t)k * Tp;
+        const int* ds = doc_start + r0;
+        floatX* q = a.qkv + r0 * qkv;
+        matmul_forward(q, a.ln1 + r0 * C, w.qkvw, w.qkvb, Tp, C, qkv);
+        if (c.pos == POS_ROPE) rope_forward(q, ds, m.rope_cos_sin, Bp, T, ls.n_head, ls.n_kv_head, ls.hs);
+        advance_other(k);  // (the other lane's exchange came behind the qkv; its all-gather behind the attention)
+        attention_forward(a.atty + r0 * A, a.att_lse + r0 * ls.n_head, q, ds, Bp, T, ls.n_head, ls.n_kv_head, ls.hs,
+                          c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
+        start_in_lane(attn[k], k, a.atty + r0 * A, w.attprojw, A, m.split_attn);
+    }
+    params_needed(m, l + 1, PART_FFN);  // (ZeRO: the FFN half's params come later than the attention's)
+    for (int k = 0; k < K; k++) {
+        const size_t r0 = (size_t)k * Tp;
+        row_parallel_finish(m, attn[k], w.attprojb, 1, Tp, C, false);
+        fused_residual_norm_forward(m, a.residual2 + r0 * C, a.ln2 + r0 * C, a.ln2_mean + r0, a.ln2_rstd + r0, x + r0 * C,
+                                    m.scratch + r0 * C, w.ln2w, w.ln2b, Tp);
+        matmul_forward(a.fch + r0 * fc, a.ln2 + r0 * C, w.fcw, w.fcb, Tp, C, fc);
+        advance_other(k);
+        if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act + r0 * H, a.fch + r0 * fc, Tp, H);
+        else gelu_forward(a.fch_act + r0 * H, a.fch + r0 * fc, (long)Tp * H);
+        start_in_lane(ffn[k], k, a.fch_act + r0 * H, w.fcprojw, H, m.split_ffn);
+    }
+    for (int k = 0; k < K; k++) row_parallel_finish(m, ffn[k], w.fcprojb, 1, Tp, C, false);
 }
 
 // What the backward of block l needs that -r did not keep, computed again from what it kept
@@ -481,38 +568,58 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
     params_done(m, final_ln);
 }
 
-// Weight gradients of block l's FFN branch and LN2, from its output gradients d.
-static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d) {
+// The experts' weight gradients from the rows of source rank p, into leaf p (--ep: the rows of ep
+// rank p go to leaf p, which folds as that rank's micro-batch (stages 2-3) or its step's
+// micro-batches (stages 0-1, a leaf accumulator per source) would: zero.h's reduce_scatter_add /
+// _sum). Each leaf is a sum of its own: the sources may come in any order.
+static void expert_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, int p) {
+    const GPTConfig& c = m.config;
+    const LocalShape& ls = m.ls;
+    const int C = c.n_embd, He = ls.expert_hidden, cap = c.moe_capacity(m.B, m.T);
+    const LayerTensors<float>& dw = m.g.layers[l];
+    const int seg = m.seg_local[c.n_layer + 2 + l];
+    const size_t rows = (size_t)p * ls.n_expert * cap, at = m.zero.leaf_at(seg, p);
+    auto leaf = [&](float* g) { return g ? g + at : nullptr; };  // (no biases: --bias qkv / none)
+    matmul_backward_batched((floatX*)nullptr, dw.fcprojw + at, leaf(dw.fcprojb), d.d_ffn_out + rows * C,
+                            a.fch_act + rows * He, (const floatX*)nullptr, ls.n_expert, cap, He, C);
+    matmul_backward_batched((floatX*)nullptr, dw.fcw + at, leaf(dw.fcb), d.d_fch + rows * 2 * He,
+                            a.expert_in + rows * C, (const floatX*)nullptr, ls.n_expert, cap, C, 2 * He);
+}
+// Weight gradients of block l's FFN branch, from its output gradients d (ffn_weight_grads: and
+// LN2's). behind: the reduction of d.d_ln2 (tensor parallel) in flight, moved on between the matmuls.
+// done_source: an MoE layer's source whose experts' gradients layer_backward computed already (-1: none).
+static void ffn_weight_matmuls(GPT& m, int l, const LayerActs& a, const LayerGrads& d,
+                               TpSumPending<floatX>* behind = nullptr, int done_source = -1) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = c.n_embd;
     const LayerTensors<float>& dw = m.g.layers[l];
     if (c.is_moe(l)) {
-        // the experts' weight gradients, one per source rank (--ep: the rows of ep rank p go to leaf
-        // p, which folds as that rank's micro-batch (stages 2-3) or its step's micro-batches (stages
-        // 0-1, a leaf accumulator per source) would: zero.h's reduce_scatter_add / _sum)
-        const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(m.B, m.T);
-        const int seg = m.seg_local[c.n_layer + 2 + l];
-        for (int p = 0; p < ls.ep; p++) {
-            const size_t rows = (size_t)p * ls.n_expert * cap, at = m.zero.leaf_at(seg, p);
-            auto leaf = [&](float* g) { return g ? g + at : nullptr; };  // (no biases: --bias qkv / none)
-            matmul_backward_batched((floatX*)nullptr, dw.fcprojw + at, leaf(dw.fcprojb), d.d_ffn_out + rows * C,
-                                    a.fch_act + rows * He, (const floatX*)nullptr, ls.n_expert, cap, He, C);
-            matmul_backward_batched((floatX*)nullptr, dw.fcw + at, leaf(dw.fcb), d.d_fch + rows * 2 * He,
-                                    a.expert_in + rows * C, (const floatX*)nullptr, ls.n_expert, cap, C, 2 * He);
-        }
+        const int E = c.n_expert;
+        for (int p = 0; p < ls.ep; p++)
+            if (p != done_source) expert_weight_grads(m, l, a, d, p);
         moe_router_backward((floatX*)nullptr, dw.routerw, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1),
                             (const floatX*)nullptr, BT, C, E);
     } else {
         matmul_backward((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr, BT,
                         ls.ffn, C, dense_dweight_split(c, ls, BT, DW_FC_PROJ));
+        if (behind) tp_advance(*behind);
         matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, ln_gathered(m, a.ln2, 1), (const floatX*)nullptr, BT, C,
                         ls.fc(c.mlp), dense_dweight_split(c, ls, BT, DW_FC));
     }
+}
+static void ffn_norm_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d) {
+    const LayerTensors<float>& dw = m.g.layers[l];
     norm_weight_grads(m, dw.ln2w, dw.ln2b, d.d_ln2, a.residual2, a.ln2_mean, a.ln2_rstd);
 }
-// Weight gradients of block l's attention branch and LN1 (x: the block's input).
-static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
+static void ffn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d) {
+    ffn_weight_matmuls(m, l, a, d);
+    ffn_norm_grads(m, l, a, d);
+}
+// Weight gradients of block l's attention branch (attn_weight_grads: and LN1's; x: the block's
+// input). behind: the reduction of d.d_ln1, as ffn_weight_matmuls'.
+static void attn_weight_matmuls(GPT& m, int l, const LayerActs& a, const LayerGrads& d,
+                                TpSumPending<floatX>* behind = nullptr) {
     const LocalShape& ls = m.ls;
     const int BT = m.B * m.T, C = m.config.n_embd;
     const LayerTensors<float>& dw = m.g.layers[l];
@@ -520,17 +627,28 @@ static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrad
     // (each dweight splits over B*T where its whole weight has too few tiles: dense_dweight_split)
     matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT,
                     ls.n_head * ls.hs, C, dense_dweight_split(c, ls, BT, DW_ATTN_PROJ));
+    if (behind) tp_advance(*behind);
     matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
                     ls.qkv(), dense_dweight_split(c, ls, BT, DW_QKV));
+}
+static void attn_norm_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
+    const LayerTensors<float>& dw = m.g.layers[l];
     norm_weight_grads(m, dw.ln1w, dw.ln1b, d.d_ln1, x, a.ln1_mean, a.ln1_rstd);
 }
+static void attn_weight_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
+    attn_weight_matmuls(m, l, a, d);
+    attn_norm_grads(m, l, a, d, x);
+}
 
+static void layer_backward_halves(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start,
+                                  floatX* dres, LayerGrads& d, bool stash);
 // The input-gradient half of block l's backward: dres (the residual stream's gradient at the block
 // output, the rank's stream rows) becomes the gradient at its input; the output gradients the
 // weight gradients need go to d (stash: copies of the stream's, which changes; otherwise d aliases
 // it, and the weight gradients are computed at once, before the stream changes). With --sp the
 // branch outputs' gradients are gathered over the tp group first (the backward of the
 // reduce-scatter) and the column-parallel input gradients reduce-scattered back to stream rows.
+// Tensor parallel without --sp, a dense block: in two halves (layer_backward_halves).
 static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start, floatX* dres,
                            LayerGrads& d, bool stash) {
     const GPTConfig& c = m.config;
@@ -539,6 +657,10 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     const size_t row0 = sp_row0(m);
     const LayerTensors<floatX>& w = m.p.layers[l];
     const size_t stream_bytes = (size_t)rows * C * sizeof(floatX);
+    if (comm_moves(tp_group()) && !ls.sp && !c.is_moe(l) && comm_world().tp_kv.size == 1 && B % 2 == 0) {
+        layer_backward_halves(m, l, a, x, doc_start, dres, d, stash);
+        return;
+    }
     // the gradient at a branch output for all B*T tokens: the stream's (copied when stashed)
     auto branch_grad = [&](floatX* stash_buf) -> floatX* {
         if (ls.sp) return sp_gather_from(m, stash ? stash_buf : m.tp_full, dres);
@@ -546,44 +668,69 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
         copy_buffer(stash_buf, dres, stream_bytes);
         return stash_buf;
     };
+    // what d_ln2 waits for, in flight behind the weight gradients: tensor parallel, its reduction (an
+    // MoE layer's are done in its expert loop); expert parallel, the experts' input gradients' return
+    TpSumPending<floatX> dln2;
+    std::vector<CommRequest> moe_back;
     if (c.is_moe(l)) {
         const int E = c.n_expert, He = ls.expert_hidden, cap = c.moe_capacity(B, T);
         const floatX* dout = ls.sp ? sp_gather_from(m, m.tp_full, dres) : dres;
         // the experts' rows' output gradients go to the owners (--ep) and their input gradients back
         moe_combine_backward(expert_dispatch_buffer(m, d.d_ffn_out), d.d_moe_scores, dout, a.expert_out, a.moe_scores,
                              a.expert_tokens, a.token_slots, BT, E, cap, C);
-        expert_dispatch(m, d.d_ffn_out, C);
-        floatX* dxe = expert_dispatch_buffer(m, m.d_expert_in);
-        for (int p = 0; p < ls.ep; p++) {
-            const size_t rows = (size_t)p * ls.n_expert * cap;
+        // (as in the forward: the own rows first, the others' slice by slice, back the own last)
+        const int own = comm_world().ep.rank, Ne = ls.n_expert;
+        std::vector<CommRequest> dispatch = expert_dispatch_start(m, d.d_ffn_out, C);
+        auto expert_proj_dinp = [&](int p, int j0, int n) {  // experts [j0, j0 + n) on source p's rows
+            const size_t rows = ((size_t)p * Ne + j0) * cap;
             matmul_backward_batched(m.d_fch_act + rows * He, (float*)nullptr, (float*)nullptr, d.d_ffn_out + rows * C,
-                                    a.fch_act + rows * He, w.fcprojw, ls.n_expert, cap, He, C);
+                                    a.fch_act + rows * He, w.fcprojw + (size_t)j0 * C * He, n, cap, He, C);
+            swiglu_backward(d.d_fch + rows * 2 * He, m.d_fch_act + rows * He, a.fch + rows * 2 * He, n * cap, He);
+        };
+        expert_proj_dinp(own, 0, Ne);
+        // the own rows' weight gradients too, behind the dispatch (the others' behind the return)
+        if (ls.ep > 1 && !stash) expert_weight_grads(m, l, a, d, own);
+        for (int j = 0; j < (int)dispatch.size(); j++) {
+            comm_finish(dispatch[j]);
+            for (int p = 0; p < ls.ep; p++)
+                if (p != own) expert_proj_dinp(p, j, 1);
         }
-        swiglu_backward(d.d_fch, m.d_fch_act, a.fch, E * cap, He);
-        for (int p = 0; p < ls.ep; p++) {
-            const size_t rows = (size_t)p * ls.n_expert * cap;
-            column_parallel_dinp(m, dxe + rows * C, d.d_fch + rows * 2 * He, w.fcw, ls.n_expert, cap, C, 2 * He,
-                                 m.split_expert, [&](int j) { return fc_leaf_rows(m, j, true); }, false);
+        auto expert_fc_dinp = [&](floatX* out, int p, int j0, int n) {
+            const size_t rows = ((size_t)p * Ne + j0) * cap;
+            column_parallel_dinp(m, out + rows * C, d.d_fch + rows * 2 * He, w.fcw + (size_t)j0 * 2 * He * C, n, cap, C,
+                                 2 * He, m.split_expert, [&](int k) { return fc_leaf_rows(m, k, true); }, false);
+        };
+        for (int j = 0; j < Ne && ls.ep > 1; j++) {
+            for (int p = 0; p < ls.ep; p++)
+                if (p != own) expert_fc_dinp(m.ep_buf, p, j, 1);
+            moe_back.push_back(expert_return_start(m, m.d_expert_in, C, j));
         }
-        expert_return(m, m.d_expert_in, C);
-        // every rank has the whole d_ln2 (all tokens); with --sp it keeps its rows
-        floatX* d_ln2_all = ls.sp ? m.tp_full : d.d_ln2;
-        buffer_zero(d_ln2_all, (size_t)BT * C * sizeof(floatX));
-        moe_gather_backward(d_ln2_all, m.d_expert_in, a.token_slots, BT, E, cap, C);
-        moe_router_backward(d_ln2_all, (float*)nullptr, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1), w.routerw,
-                            BT, C, E);
-        if (ls.sp) copy_buffer(d.d_ln2, d_ln2_all + row0 * C, stream_bytes);
+        expert_fc_dinp(m.d_expert_in, own, 0, Ne);
     } else {
         const int H = ls.ffn;
         d.d_ffn_out = branch_grad(d.d_ffn_out);
         matmul_backward(m.d_fch_act, (float*)nullptr, (float*)nullptr, d.d_ffn_out, a.fch_act, w.fcprojw, BT, H, C);
         if (c.mlp == MLP_SWIGLU) swiglu_backward(d.d_fch, m.d_fch_act, a.fch, BT, H);
         else gelu_backward(d.d_fch, m.d_fch_act, a.fch, (long)BT * H);
-        column_parallel_dinp(m, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
-                             [&](int j) { return fc_leaf_rows(m, j, false); }, ls.sp);
+        if (!stash) ln_gather_start(m, a.ln2, 1);  // (--sp: fc's weight gradient input, behind the matmul below)
+        dln2 = column_parallel_dinp_start(m, m.tpx, d.d_ln2, d.d_fch, w.fcw, 1, BT, C, ls.fc(c.mlp), m.split_ffn,
+                                          [&](int j) { return fc_leaf_rows(m, j, false); }, ls.sp);
+    }
+    if (!stash) ffn_weight_matmuls(m, l, a, d, &dln2, c.is_moe(l) && ls.ep > 1 ? comm_world().ep.rank : -1);
+    tp_finish(dln2);
+    if (c.is_moe(l)) {
+        for (CommRequest& r : moe_back) comm_finish(r);
+        // every rank has the whole d_ln2 (all tokens); with --sp it keeps its rows
+        const int E = c.n_expert, cap = c.moe_capacity(B, T);
+        floatX* d_ln2_all = ls.sp ? m.tp_full : d.d_ln2;
+        buffer_zero(d_ln2_all, (size_t)BT * C * sizeof(floatX));
+        moe_gather_backward(d_ln2_all, m.d_expert_in, a.token_slots, BT, E, cap, C);
+        moe_router_backward(d_ln2_all, (float*)nullptr, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1), w.routerw,
+                            BT, C, E);
+        if (ls.sp) copy_buffer(d.d_ln2, d_ln2_all + row0 * C, stream_bytes);
     }
     if (!stash) {
-        ffn_weight_grads(m, l, a, d);
+        ffn_norm_grads(m, l, a, d);
         ffn_grads_ready(m, l);  // (ZeRO: the FFN half's reduction runs behind the attention's backward)
     }
     norm_backward(m, dres, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, rows);
@@ -593,10 +740,69 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
                     ls.n_head * ls.hs, C);
     tp_attention_backward(m, d.d_qkv, m.d_atty, a, doc_start);
     if (c.pos == POS_ROPE) rope_backward(d.d_qkv, doc_start, m.rope_cos_sin, B, T, ls.n_head, ls.n_kv_head, ls.hs);
-    column_parallel_dinp(m, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(), m.split_attn,
-                         [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
-    if (!stash) attn_weight_grads(m, l, a, d, x);
+    if (!stash) ln_gather_start(m, a.ln1, 0);
+    TpSumPending<floatX> dln1 = column_parallel_dinp_start(m, m.tpx, d.d_ln1, d.d_qkv, w.qkvw, 1, BT, C, ls.qkv(),
+                                                           m.split_attn, [&](int j) { return qkv_leaf_rows(m, j); }, ls.sp);
+    if (!stash) attn_weight_matmuls(m, l, a, d, &dln1);
+    tp_finish(dln1);
+    if (!stash) attn_norm_grads(m, l, a, d, x);
     norm_backward(m, dres, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, rows);
+}
+
+// layer_backward of a dense block under tensor parallelism (without --sp, each kv head on one rank)
+// in two halves of the micro-batch's sequences, as block_forward_parts: half 0's input-gradient
+// reduction in flight behind half 1's input-gradient compute, half 1's behind the weight gradients
+// (whole: a weight gradient sums over every token, in its order), each branch in turn.
+static void layer_backward_halves(GPT& m, int l, const LayerActs& a, const floatX* x, const int* doc_start,
+                                  floatX* dres, LayerGrads& d, bool stash) {
+    const GPTConfig& c = m.config;
+    const LocalShape& ls = m.ls;
+    const int Bh = m.B / 2, T = m.T, Th = Bh * T, BT = m.B * T, C = c.n_embd, H = ls.ffn, fc = ls.fc(c.mlp);
+    const int qkv = ls.qkv(), A = ls.n_head * ls.hs;
+    const LayerTensors<floatX>& w = m.p.layers[l];
+    TpScratch<floatX> second = tp_scratch_second(m.tpx, (size_t)Th * C, ls.tp);
+    auto branch_grad = [&](floatX* stash_buf) -> floatX* {  // (layer_backward's, without --sp)
+        if (!stash) return dres;
+        copy_buffer(stash_buf, dres, (size_t)BT * C * sizeof(floatX));
+        return stash_buf;
+    };
+    TpSumPending<floatX> red[2];
+    d.d_ffn_out = branch_grad(d.d_ffn_out);
+    for (int h = 0; h < 2; h++) {
+        const size_t r0 = (size_t)h * Th;
+        matmul_backward(m.d_fch_act + r0 * H, (float*)nullptr, (float*)nullptr, d.d_ffn_out + r0 * C, a.fch_act + r0 * H,
+                        w.fcprojw, Th, H, C);
+        if (c.mlp == MLP_SWIGLU) swiglu_backward(d.d_fch + r0 * fc, m.d_fch_act + r0 * H, a.fch + r0 * fc, Th, H);
+        else gelu_backward(d.d_fch + r0 * fc, m.d_fch_act + r0 * H, a.fch + r0 * fc, (long)Th * H);
+        tp_advance(red[1 - h]);
+        red[h] = column_parallel_dinp_start(m, h ? second : m.tpx, d.d_ln2 + r0 * C, d.d_fch + r0 * fc, w.fcw, 1, Th, C,
+                                            fc, m.split_ffn, [&](int j) { return fc_leaf_rows(m, j, false); }, false);
+    }
+    if (!stash) ffn_weight_matmuls(m, l, a, d, &red[1]);
+    for (TpSumPending<floatX>& r : red) tp_finish(r);
+    if (!stash) {
+        ffn_norm_grads(m, l, a, d);
+        ffn_grads_ready(m, l);  // (ZeRO: the FFN half's reduction runs behind the attention's backward)
+    }
+    norm_backward(m, dres, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT);
+    d.d_attn_out = branch_grad(d.d_attn_out);
+    for (int h = 0; h < 2; h++) {
+        const size_t r0 = (size_t)h * Th;
+        const int* ds = doc_start + r0;
+        floatX* dq = d.d_qkv + r0 * qkv;
+        matmul_backward(m.d_atty + r0 * A, (float*)nullptr, (float*)nullptr, d.d_attn_out + r0 * C, a.atty + r0 * A,
+                        w.attprojw, Th, A, C);
+        attention_backward(dq, m.d_atty + r0 * A, a.qkv + r0 * qkv, a.atty + r0 * A, a.att_lse + r0 * ls.n_head, ds, Bh, T,
+                           ls.n_head, ls.n_kv_head, ls.hs, c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
+        if (c.pos == POS_ROPE) rope_backward(dq, ds, m.rope_cos_sin, Bh, T, ls.n_head, ls.n_kv_head, ls.hs);
+        tp_advance(red[1 - h]);
+        red[h] = column_parallel_dinp_start(m, h ? second : m.tpx, d.d_ln1 + r0 * C, dq, w.qkvw, 1, Th, C, qkv,
+                                            m.split_attn, [&](int j) { return qkv_leaf_rows(m, j); }, false);
+    }
+    if (!stash) attn_weight_matmuls(m, l, a, d, &red[1]);
+    for (TpSumPending<floatX>& r : red) tp_finish(r);
+    if (!stash) attn_norm_grads(m, l, a, d, x);
+    norm_backward(m, dres, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, BT);
 }
 
 // the embedding's weight gradients (the token and position tables), from the gradient at its

@@ -9,14 +9,17 @@ with it: the machine's load moves step times, and a link sized at another moment
   -z 3          the segment computations the gathers and reductions overlap: the whole step
   --pp 2 1f1b   the micro-batch between two transfers: one stage's forward of a micro-batch,
                 step x (1 - bubble) / M / 3
+  --tp 2, --ep 2 (one micro-batch) as -z 0 / -z 1: step x 2/3 (their collectives run in the forward
+                and the backward; a link that takes 2/3 of the compute, not overlapped, makes the
+                step 1.67x)
 bandwidth = bytes / that time, where bytes are the step's buffer bytes from the start-up
 communication table (rank 0's all_gather + all_to_all, less what only the first step sends; for the
 pipeline one activation, B*T*C*4)
 and the latency (--latency_us) is small beside it. A ratio of 1 means the link's time is hidden.
 
 Step times: the median over the steps after --warmup, per run; runs alternate without / with the
-link, --repeats times; the table shows the medians (of the hidden time and the link too). On a
-machine shared with other work a run's compute is 5-10% faster or slower than the run's before
+link, --repeats times; the table shows the medians (of the hidden time and the link too) and the
+ratios' spread (min-max over the repeats). On a machine shared with other work a run's compute is 5-10% faster or slower than the run's before
 it, as much as the link costs, so the step ratio of one repeat is that noisy. The "exposed"
 column is steadier: the time the link adds to the waits of the run's last step (--pp_trace), on
 the rank that waited least (the slowest one, whose waits are the link's alone: the others also
@@ -38,22 +41,32 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-B, T, C, NP = 4, 64, 128, 2
+B, T, C = 4, 64, 128
 MODEL = ["--n_layer", "4", "--n_embd", str(C), "--n_head", "4", "-b", str(B), "-t", str(T)]
-# name, flags, accumulation, what the link hides behind
+# the MoE case: every block's FFN is 4 experts (capacity factor 1: each takes B*T/4 tokens)
+MOE = ["--n_expert", "4", "--moe_every", "1", "--expert_hidden", "256", "--capacity_factor", "1"]
+# name, ranks, flags, accumulation (micro-batches per data-parallel rank), what the link hides behind
 CASES = [
-    ("z0_a1", ["-z", "0"], 1, "backward"),
-    ("z0_a8", ["-z", "0"], 8, "backward"),
-    ("z1_a1", ["-z", "1"], 1, "backward"),
-    ("z1_a8", ["-z", "1"], 8, "backward"),
-    ("z3_a2", ["-z", "3"], 2, "segments"),
-    ("pp2_1f1b", ["--pp", "2", "--pp_schedule", "1f1b"], 8, "microbatch"),
+    ("z0_a1", 2, ["-z", "0"], 1, "backward"),
+    ("z0_a8", 2, ["-z", "0"], 8, "backward"),
+    ("z1_a1", 2, ["-z", "1"], 1, "backward"),
+    ("z1_a8", 2, ["-z", "1"], 8, "backward"),
+    ("z3_a2", 2, ["-z", "3"], 2, "segments"),
+    ("z3_np4_a4", 4, ["-z", "3"], 4, "segments"),
+    ("pp2_1f1b", 2, ["--pp", "2", "--pp_schedule", "1f1b"], 8, "microbatch"),
+    ("ep2", 2, ["--ep", "2", "-z", "1"] + MOE, 1, "backward"),
+    ("tp2", 2, ["--tp", "2"], 1, "backward"),
+    ("tp2_sp", 2, ["--tp", "2", "--sp"], 1, "backward"),
 ]
 
 
-def run(args, bin_path, data, flags, acc, link, out):
-    dp = NP // 2 if "--pp" in flags else NP
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(NP), bin_path,
+def flag(flags, name):
+    return int(flags[flags.index(name) + 1]) if name in flags else 1
+
+
+def run(args, bin_path, data, np, flags, acc, link, out):
+    dp = np // flag(flags, "--pp") // flag(flags, "--tp")
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np), bin_path,
            "-i", data, "-j", "", "-x", str(args.steps), "-g", "0", "-n", "-1", "-u", "2", "-l", "1e-3",
            "-d", str(B * T * dp * acc), "-o", out, "--overwrite", "--pp_trace", out + ".trace.jsonl"] + MODEL + flags
     if link:
@@ -114,10 +127,11 @@ def bench(args, work):
                    capture_output=True)
     data = glob.glob(work + "/data/*train*.bin")[0]
     print("load average before: %s" % open("/proc/loadavg").read().split()[:3])
-    print("%-10s %10s %12s %14s %30s %10s %10s %7s %8s %6s" % ("case", "hide (ms)", "bytes", "link (Gb/s,us)", "reps",
-                                                               "off (ms)", "on (ms)", "ratio", "exposed", "load"))
+    print("%-10s %9s %10s %14s %10s %10s %7s %11s %8s %11s %6s" % (
+        "case", "hide (ms)", "bytes", "link (Gb/s,us)", "off (ms)", "on (ms)", "ratio", "(min-max)", "exposed",
+        "(min-max)", "load"))
     only = set(filter(None, args.only.split(",")))
-    for name, flags, acc, kind in CASES:
+    for name, np, flags, acc, kind in CASES:
         if only and name not in only:
             continue
         out = os.path.join(work, name)
@@ -125,9 +139,9 @@ def bench(args, work):
         # with the machine's load, and a link sized at another moment would not match its compute
         off, on, ratios, exposed, hides, gbits = [], [], [], [], [], []
         for _ in range(args.repeats):
-            a, sent, wait_off = run(args, args.bin, data, flags, acc, None, out)
+            a, sent, wait_off = run(args, args.bin, data, np, flags, acc, None, out)
             link, hide_ms, nbytes = link_for(kind, a, sent, acc, args.latency_us)
-            b, _, wait_on = run(args, args.bin, data, flags, acc, link, out)
+            b, _, wait_on = run(args, args.bin, data, np, flags, acc, link, out)
             off.append(a)
             on.append(b)
             ratios.append(b / a)
@@ -135,10 +149,10 @@ def bench(args, work):
             hides.append(hide_ms)
             gbits.append(float(link.split(",")[0]))
         hide_ms, link = statistics.median(hides), "%.4g,%g" % (statistics.median(gbits), args.latency_us)
-        print("%-10s %10.2f %12d %14s %30s %10.2f %10.2f %7.3f %8.3f %6s" % (
-            name, hide_ms, nbytes, link, ",".join("%.2f" % r for r in ratios), statistics.median(off),
-            statistics.median(on), statistics.median(ratios), statistics.median(exposed),
-            open("/proc/loadavg").read().split()[0]), flush=True)
+        print("%-10s %9.2f %10d %14s %10.2f %10.2f %7.3f %11s %8.3f %11s %6s" % (
+            name, hide_ms, nbytes, link, statistics.median(off), statistics.median(on), statistics.median(ratios),
+            "%.2f-%.2f" % (min(ratios), max(ratios)), statistics.median(exposed),
+            "%.2f-%.2f" % (min(exposed), max(exposed)), open("/proc/loadavg").read().split()[0]), flush=True)
     print("load average after: %s" % open("/proc/loadavg").read().split()[:3])
 
 

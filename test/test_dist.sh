@@ -20,7 +20,8 @@
 #   4. bad layouts refused with one clear message
 #   5. pipeline schedules x ZeRO x recompute, reshards across pp, the trace, bad pipeline layouts
 #   6. llm.c model files: export and import under np 2 -z 3, np 4 -z 1 and pp 2 = one process's bytes
-#   7. tensor parallel (+ sequence parallel) in the full dp x tp x pp grid, reshards across tp,
+#   7. tensor parallel (+ sequence parallel) in the full dp x tp x pp grid (B 2 and 4: a block in
+#      2 and 4 parts of the micro-batch), reshards across tp,
 #      bad tensor-parallel layouts; the lm head over token chunks (--logits_chunk) in dp, tp + sp, pp
 #   8. --offload optimizer: np 2 -z 1/3 (dense, MoE), pp 2 and a resume that turns it on, bitwise
 #   9. tensor parallelism op by op (test/test_tp) under np 2, 3, 4 and 6: row- and column-parallel
@@ -361,6 +362,15 @@ for model in dense moe; do
             same_run "$REF" "$out" 4 "$model tp $tp x pp $pp x dp $dp $* vs one process"
             comm_theory "$out" "$model tp $tp pp $pp $*"
         else fail "$model np $np tp $tp pp $pp $*: rc $?"; tail -5 "$out.log"; fi
+    done
+    # B 4: a block's forward in 4 parts of the micro-batch's sequences (B 2 above: 2), -r 2 too
+    for flags in "" "-r 2"; do
+        out=$W/tp.$model.b4$(echo "$flags" | tr -d ' -')
+        if run 2 "$out" $ARGS -b 4 -d $((4 * T * 2)) -x 4 --tp 2 $flags; then
+            ref_for "$out" $ARGS -b 4 -d $((4 * T * 2)) -x 4
+            same_run "$REF" "$out" 4 "$model tp 2 -b 4 $flags vs one process"
+            comm_theory "$out" "$model tp 2 -b 4 $flags"
+        else fail "$model tp 2 -b 4 $flags: rc $?"; tail -5 "$out.log"; fi
     done
 done
 run 1 "$W/tp.c.ref" $TPC -d $TOK -x 4 || fail "tp reference (n_kv_head 4)"

@@ -16,11 +16,11 @@
 //                        the update, zero_settle before anything else that reads params or state
 //   tensor parallel      row_parallel_forward, column_parallel_dinp, norm_weight_grads
 //   (parallel/           (canonical reductions over the tp group), vocab_parallel_loss and
-//   tensor_parallel.h)   vocab_parallel_dinp (the lm head, per token chunk), tp_attention_backward
+//   tensor_parallel.h)   vocab_parallel_dinp_start (the lm head, per token chunk), tp_attention_backward
 //                        (a kv head shared by several ranks)
 //   sequence parallel    stream_rows / sp_row0 (the rank's rows), sp_gather, ln_gathered,
 //   (--sp)               sp_gather_from
-//   expert parallel      expert_dispatch_buffer, expert_dispatch, expert_return
+//   expert parallel      expert_dispatch_buffer, expert_dispatch_start, expert_return_start
 //   pipeline             slot_for / stash_for (micro-batches in flight), pipe_transfer (a stage
 //   (parallel/           transfer's bytes), tied_embedding_sum / tied_embedding_refresh
 //   pipeline.h)
@@ -600,11 +600,18 @@ static void sp_gather(GPT& m, floatX* full, size_t width) {
 // The LayerNorm outputs feed column-parallel layers, which read all B*T tokens: with --sp each block
 // keeps only its rows (Korthikanti et al. 2022) and gathers them where they are read, into one of
 // two buffers (k: 0 LN1, 1 LN2), in the forward and again for the weight gradients.
-static const floatX* ln_gathered(GPT& m, const floatX* local, int k) {
-    if (!m.ls.sp) return local;
+// The backward starts the weight gradients' gather before the input gradient's matmul
+// (ln_gather_start), which then runs behind it; ln_gathered completes it.
+static void ln_gather_start(GPT& m, const floatX* local, int k) {
+    if (!m.ls.sp) return;
     const size_t n = (size_t)stream_rows(m) * m.config.n_embd;
     copy_buffer(m.ln_full[k] + m.ls.rank * n, local, n * sizeof(floatX));
-    sp_gather(m, m.ln_full[k], m.config.n_embd);
+    m.ln_gathering[k] = all_gather_start(tp_group(), m.ln_full[k] + m.ls.rank * n, m.ln_full[k], n * sizeof(floatX));
+}
+static const floatX* ln_gathered(GPT& m, const floatX* local, int k) {
+    if (!m.ls.sp) return local;
+    if (!m.ln_gathering[k].active()) ln_gather_start(m, local, k);
+    comm_finish(m.ln_gathering[k]);
     return m.ln_full[k];
 }
 // --sp: the full buffer of the stream's gradient, gathered from this rank's rows `local`
@@ -653,16 +660,18 @@ static bool covers(const SplitRanges& ranges, size_t n) {
     return at == n;
 }
 
+// a reduction of the activations in flight (tp_sum_start): moved on to its all-gather, completed
+static void tp_advance(TpSumPending<floatX>& p) { tp_sum_advance(p, tp_add, tp_copy); }
+static void tp_finish(TpSumPending<floatX>& p) { tp_sum_finish(p, tp_add, tp_copy); }
+
 // Row-parallel linear: out = sum over the split input dimension K of inp[.., K] W[OC, K]^T, the
 // canonical leaves being slices of K (one matmul each, on copies of the slice when it is not the
 // rank's whole K), then + bias once. n_batch > 1: the experts of an MoE layer (inp [E, rows, K],
-// W [E, OC, K], bias [E, OC]). scatter (--sp): this rank keeps its rows of the sum.
-static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const floatX* W, const floatX* bias, int n_batch,
-                                 int rows, int K, int OC, const ChunkSplit& split, bool scatter) {
-    if (!m.canonical && tp_group().size == 1) {  // the GPU build on one tp rank: one matmul, bias fused in
-        matmul_forward_batched(out, inp, W, bias, n_batch, rows, K, OC);
-        return;
-    }
+// W [E, OC, K], bias [E, OC]). scatter (--sp): this rank keeps its rows of the sum. _start leaves
+// the reduction in flight in scratch s (row_parallel_finish completes it and adds the bias).
+static TpSumPending<floatX> row_parallel_start(GPT& m, TpScratch<floatX>& s, floatX* out, const floatX* inp,
+                                               const floatX* W, int n_batch, int rows, int K, int OC,
+                                               const ChunkSplit& split, bool scatter) {
     const size_t per = (size_t)K / split.count, n = (size_t)n_batch * rows * OC;
     auto leaf = [&](int g, floatX* dst) {
         const SplitRanges r = {{(g - split.first) * per, per}};
@@ -675,17 +684,33 @@ static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const f
         }
         matmul_forward_batched(dst, a, b, (const floatX*)nullptr, n_batch, rows, (int)per, OC);
     };
-    tp_sum(tp_group(), split, m.tpx, out, n, !scatter, leaf, tp_add, tp_copy);
+    return tp_sum_start(tp_group(), split, s, out, n, !scatter, leaf, tp_add, tp_copy);
+}
+static void row_parallel_finish(GPT& m, TpSumPending<floatX>& p, const floatX* bias, int n_batch, int rows, int OC,
+                                bool scatter) {
+    tp_finish(p);
     if (!bias) return;
     const int out_rows = scatter ? rows / m.ls.tp : rows;
-    for (int e = 0; e < n_batch; e++) add_bias(out + (size_t)e * out_rows * OC, bias + (size_t)e * OC, out_rows, OC);
+    for (int e = 0; e < n_batch; e++) add_bias(p.dst + (size_t)e * out_rows * OC, bias + (size_t)e * OC, out_rows, OC);
+}
+static void row_parallel_forward(GPT& m, floatX* out, const floatX* inp, const floatX* W, const floatX* bias, int n_batch,
+                                 int rows, int K, int OC, const ChunkSplit& split, bool scatter) {
+    if (!m.canonical && tp_group().size == 1) {  // the GPU build on one tp rank: one matmul, bias fused in
+        matmul_forward_batched(out, inp, W, bias, n_batch, rows, K, OC);
+        return;
+    }
+    TpSumPending<floatX> p = row_parallel_start(m, m.tpx, out, inp, W, n_batch, rows, K, OC, split, scatter);
+    row_parallel_finish(m, p, bias, n_batch, rows, OC, scatter);
 }
 
 // Input gradient of a column-parallel linear: dinp[.., C] = sum over the split output dimension OC
 // of dout[.., OC] W[OC, C]; a leaf's output rows are `ranges(j)` for its j-th leaf on this rank.
+// _start leaves the reduction in flight (tp_advance, tp_finish complete it; the backward computes
+// the layer's weight gradients meanwhile).
 template <typename Ranges>
-static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const floatX* W, int n_batch, int rows, int C,
-                                 int OC, const ChunkSplit& split, const Ranges& ranges, bool scatter) {
+static TpSumPending<floatX> column_parallel_dinp_start(GPT& m, TpScratch<floatX>& s, floatX* dinp, const floatX* dout,
+                                                       const floatX* W, int n_batch, int rows, int C, int OC,
+                                                       const ChunkSplit& split, const Ranges& ranges, bool scatter) {
     const size_t n = (size_t)n_batch * rows * C;
     auto leaf = [&](int g, floatX* dst) {
         const SplitRanges r = ranges(g - split.first);
@@ -706,7 +731,13 @@ static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const
         matmul_backward_batched(dst, (float*)nullptr, (float*)nullptr, m.tp_copy_a, (const floatX*)nullptr, m.tp_copy_b,
                                 n_batch, rows, C, (int)w);
     };
-    tp_sum(tp_group(), split, m.tpx, dinp, n, !scatter, leaf, tp_add, tp_copy);
+    return tp_sum_start(tp_group(), split, s, dinp, n, !scatter, leaf, tp_add, tp_copy);
+}
+template <typename Ranges>
+static void column_parallel_dinp(GPT& m, floatX* dinp, const floatX* dout, const floatX* W, int n_batch, int rows, int C,
+                                 int OC, const ChunkSplit& split, const Ranges& ranges, bool scatter) {
+    TpSumPending<floatX> p = column_parallel_dinp_start(m, m.tpx, dinp, dout, W, n_batch, rows, C, OC, split, ranges, scatter);
+    tp_finish(p);
 }
 // the output rows of leaf j of the attention's qkv (its query heads' rows, then its kv heads' K
 // and V rows), of the FFN's fc (SwiGLU: the leaf's units of W1 and of W3), of the vocabulary
@@ -867,10 +898,11 @@ static void vocab_parallel_loss(GPT& m, const int* targets, float* losses, int n
 // The gradient at the final LayerNorm's output of one token chunk: dx [n, C] = dlogits [n, Vl] W
 // summed over the vocabulary's canonical chunks (every rank gets the chunk's rows: with --sp a
 // chunk's rows need not be the rank's, which take theirs from the whole micro-batch's afterwards).
-static void vocab_parallel_dinp(GPT& m, floatX* dx, const floatX* dlogits, const floatX* W, int n) {
+// (_start: its reduction left in flight, tp_finish completes it)
+static TpSumPending<floatX> vocab_parallel_dinp_start(GPT& m, floatX* dx, const floatX* dlogits, const floatX* W, int n) {
     const size_t per = (size_t)m.ls.vocab / m.split_vocab.count;
-    column_parallel_dinp(m, dx, dlogits, W, 1, n, m.config.n_embd, m.ls.vocab, m.split_vocab,
-                         [&](int j) { return SplitRanges{{j * per, per}}; }, false);
+    return column_parallel_dinp_start(m, m.tpx, dx, dlogits, W, 1, n, m.config.n_embd, m.ls.vocab, m.split_vocab,
+                                      [&](int j) { return SplitRanges{{j * per, per}}; }, false);
 }
 
 // Expert parallelism (--ep): an MoE layer's rows [E, cap, C] in expert order, the tokens this rank
@@ -878,13 +910,39 @@ static void vocab_parallel_dinp(GPT& m, floatX* dx, const floatX* dlogits, const
 // a contiguous block of the rows) with one all-to-all; the owner receives [ep][E/ep][cap][C], the
 // rows of each source rank for its experts, and returns the outputs the same way. Every size is the
 // capacity, known at start-up: no count is exchanged. Without --ep the rows stay in place.
+// Overlapped (as Tutel's a2a_ffn_overlap, Hwang et al. 2023, and DeepSpeed-MoE's pipelined
+// all-to-all, Rajbhandari et al. 2022, chunk the exchange): the rows a rank chose for its own
+// experts never leave it, so the experts compute them while the other ranks' rows are in flight,
+// and the exchange is cut into slices, one per local expert (its rows from every source, a
+// contiguous part of each rank's block), so that the experts compute slice j while slice j+1 is
+// in flight; on the way back the others' outputs go slice by slice as they are computed, the own
+// rows last, in place. Each expert's rows of each source are separate matmuls, as before: the
+// order changes no sum.
 static floatX* expert_dispatch_buffer(GPT& m, floatX* rows) { return m.ls.ep > 1 ? m.ep_buf : rows; }
-static void expert_dispatch(GPT& m, floatX* received, int width) {
-    if (m.ls.ep == 1) return;
-    const size_t block = (size_t)m.ls.n_expert * m.config.moe_capacity(m.B, m.T) * width;
-    all_to_all(comm_world().ep, m.ep_buf, received, block * sizeof(floatX));
+static size_t expert_block(const GPT& m, int width) {
+    return (size_t)m.ls.n_expert * m.config.moe_capacity(m.B, m.T) * width;
 }
-static void expert_return(GPT& m, floatX* own_rows, int width) { expert_dispatch(m, own_rows, width); }
+// local expert j's rows of every other source, from send to recv (both [ep][E/ep][cap][width])
+static CommRequest expert_slice_start(GPT& m, const floatX* send, floatX* recv, int width, int j) {
+    const size_t slice = (size_t)m.config.moe_capacity(m.B, m.T) * width, at = (size_t)j * slice;
+    return all_to_all_start(comm_world().ep, send + at, recv + at, slice * sizeof(floatX), true,
+                            expert_block(m, width) * sizeof(floatX));
+}
+// The other ranks' rows of m.ep_buf on their way to received, a request per local expert's slice
+// (complete slice j before reading it); the own rows copied at once. None without --ep.
+static std::vector<CommRequest> expert_dispatch_start(GPT& m, floatX* received, int width) {
+    std::vector<CommRequest> slices;
+    if (m.ls.ep == 1) return slices;
+    const size_t block = expert_block(m, width), own = (size_t)comm_world().ep.rank * block;
+    copy_buffer(received + own, m.ep_buf + own, block * sizeof(floatX));
+    for (int j = 0; j < m.ls.n_expert; j++) slices.push_back(expert_slice_start(m, m.ep_buf, received, width, j));
+    return slices;
+}
+// local expert j's outputs of the other sources (in m.ep_buf) on their way back into own_rows
+static CommRequest expert_return_start(GPT& m, floatX* own_rows, int width, int j) {
+    if (m.ls.ep == 1) return CommRequest();
+    return expert_slice_start(m, m.ep_buf, own_rows, width, j);
+}
 
 // ---- pipeline stage transfers ----
 // Where a pipeline transfer's bytes are: activations leave from the chunk's last block output and

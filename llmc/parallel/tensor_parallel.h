@@ -137,17 +137,44 @@ T* tree_combine(int lo, int hi, size_t n, const Got& got, const Add& add) {
     return a;
 }
 
+// A reduction in flight (tp_sum_start .. tp_sum_finish): the exchange of the rank's nodes, then
+// for an all-reduce the all-gather of the summed blocks. Between the two calls the caller computes
+// what does not read dst (Wang et al. 2022, "Overlap communication with dependent computation via
+// decomposition": a backward's weight gradients behind its input gradient's reduction, the other
+// half of the micro-batch behind one half's); tp_sum_advance between two pieces of that work moves
+// the reduction to its all-gather. The scratch's part, extra and recv are the reduction's until it
+// finishes; dst is written until then.
+template <typename T>
+struct TpSumPending {
+    const CommGroup* g = nullptr;
+    ChunkSplit split;
+    T* dst = nullptr;
+    size_t n = 0;
+    bool all_reduce = false;
+    T* recv = nullptr;                  // the scratch's receive buffer it uses
+    std::vector<CommRequest> exchange;  // one per node (empty: nothing in flight)
+    CommRequest gather;                 // the all-reduce's all-gather
+};
+
 // The group's sum of the rank's leaves (see the top of the file). all_reduce: dst[n] gets the whole
 // sum on every rank; otherwise (reduce-scatter, sequence parallel) dst[n / T] gets block tp.rank of it.
-// copy(dst, src, n) copies n elements (buffers live where the ops run).
+// copy(dst, src, n) copies n elements (buffers live where the ops run). _start computes the leaves
+// and starts the exchange; _finish completes it (tp_sum: both at once).
 template <typename T, typename Leaf, typename Add, typename Copy>
-void tp_sum(const CommGroup& tp, const ChunkSplit& split, TpScratch<T>& s, T* dst, size_t n, bool all_reduce,
-            const Leaf& leaf, const Add& add, const Copy& copy) {
+TpSumPending<T> tp_sum_start(const CommGroup& tp, const ChunkSplit& split, TpScratch<T>& s, T* dst, size_t n,
+                             bool all_reduce, const Leaf& leaf, const Add& add, const Copy& copy) {
     const int P = tp.size;
     LLMC_CHECK(n <= s.capacity, "internal: tensor-parallel reduction of %zu elements, scratch holds %zu", n, s.capacity);
     LLMC_CHECK(split.chunks == split.count * P && tree_levels(split.count) <= s.levels,
                "internal: a split of %d leaves per rank over %d ranks, scratch for %d tree levels", split.count, P,
                s.levels);
+    TpSumPending<T> p;
+    p.g = &tp;
+    p.split = split;
+    p.dst = dst;
+    p.n = n;
+    p.all_reduce = all_reduce;
+    p.recv = s.recv;
     const std::vector<TreeNode> mine = rank_nodes(split);
     const int nodes = P == 1 ? 1 : split_nodes(split);
     LLMC_CHECK(nodes <= s.nodes, "internal: a rank sends %d tree nodes, scratch holds %d", nodes, s.nodes);
@@ -155,39 +182,80 @@ void tp_sum(const CommGroup& tp, const ChunkSplit& split, TpScratch<T>& s, T* ds
     for (size_t k = 0; k < mine.size(); k++) tree_sum(part((int)k), n, mine[k].lo, mine[k].hi, s.tmp, leaf, add);
     if (P == 1) {
         if (!all_reduce) copy(dst, part(0), n);
-        return;
+        return p;
     }
     // the blocks of every rank's nodes: node k of rank r at recv + k * stride + r * blk
     const bool blocks = n % P == 0;  // else a small vector (per-token statistics): gather all of it
     LLMC_CHECK(blocks || all_reduce, "internal: a sequence-parallel reduction of %zu elements over %d ranks", n, P);
     const size_t blk = blocks ? n / P : n, stride = blk * P;
-    LLMC_CHECK(nodes * stride <= s.recv_capacity, "internal: tensor-parallel receive of %d x %zu elements, scratch holds %zu",
-               nodes, stride, s.recv_capacity);
+    LLMC_CHECK(nodes * stride <= s.recv_capacity, "internal: tensor-parallel receive of %d x %zu elements, scratch "
+               "holds %zu", nodes, stride, s.recv_capacity);
     for (int k = 0; k < nodes; k++) {  // a rank with fewer nodes sends a block nobody reads
-        if (blocks) all_to_all(tp, part(k), s.recv + k * stride, blk * sizeof(T));
-        else all_gather(tp, part(k), s.recv + k * stride, n * sizeof(T));
+        if (blocks) p.exchange.push_back(all_to_all_start(tp, part(k), s.recv + k * stride, blk * sizeof(T)));
+        else p.exchange.push_back(all_gather_start(tp, part(k), s.recv + k * stride, n * sizeof(T)));
     }
+    return p;
+}
+// Completes the exchange and sums the received nodes; an all-reduce's all-gather starts (a no-op
+// once done).
+template <typename T, typename Add, typename Copy>
+void tp_sum_advance(TpSumPending<T>& p, const Add& add, const Copy& copy) {
+    if (p.exchange.empty()) return;
+    for (CommRequest& r : p.exchange) comm_finish(r);
+    p.exchange.clear();
+    const CommGroup& tp = *p.g;
+    const int P = tp.size;
+    const bool blocks = p.n % P == 0;
+    const size_t blk = blocks ? p.n / P : p.n, stride = blk * P;
     std::vector<std::vector<TreeNode>> held(P);
     for (int r = 0; r < P; r++) {
-        ChunkSplit other = split;
-        other.first = r * split.count;
+        ChunkSplit other = p.split;
+        other.first = r * p.split.count;
         held[r] = rank_nodes(other);
     }
     auto got = [&](int lo, int hi) -> T* {
-        const int r = lo / split.count;  // the rank whose leaves start at lo's node
+        const int r = lo / p.split.count;  // the rank whose leaves start at lo's node
         for (size_t k = 0; k < held[r].size(); k++)
-            if (held[r][k].lo == lo && held[r][k].hi == hi) return s.recv + k * stride + (size_t)r * blk;
+            if (held[r][k].lo == lo && held[r][k].hi == hi) return p.recv + k * stride + (size_t)r * blk;
         return nullptr;
     };
-    const T* sum = tree_combine<T>(0, split.chunks, blk, got, add);
+    const T* sum = tree_combine<T>(0, p.split.chunks, blk, got, add);
     if (!blocks) {
-        copy(dst, sum, n);
+        copy(p.dst, sum, p.n);
         return;
     }
-    if (!all_reduce) {
-        copy(dst, sum, blk);
+    if (!p.all_reduce) {
+        copy(p.dst, sum, blk);
         return;
     }
-    copy(dst + (size_t)tp.rank * blk, sum, blk);
-    all_gather(tp, dst + (size_t)tp.rank * blk, dst, blk * sizeof(T));
+    copy(p.dst + (size_t)tp.rank * blk, sum, blk);
+    p.gather = all_gather_start(tp, p.dst + (size_t)tp.rank * blk, p.dst, blk * sizeof(T));
+}
+template <typename T, typename Add, typename Copy>
+void tp_sum_finish(TpSumPending<T>& p, const Add& add, const Copy& copy) {
+    tp_sum_advance(p, add, copy);
+    comm_finish(p.gather);
+}
+template <typename T, typename Leaf, typename Add, typename Copy>
+void tp_sum(const CommGroup& tp, const ChunkSplit& split, TpScratch<T>& s, T* dst, size_t n, bool all_reduce,
+            const Leaf& leaf, const Add& add, const Copy& copy) {
+    TpSumPending<T> p = tp_sum_start(tp, split, s, dst, n, all_reduce, leaf, add, copy);
+    tp_sum_finish(p, add, copy);
+}
+
+// The scratch of a second reduction of at most n elements in flight beside a first one of at most
+// n (two halves of a buffer the plan sized whole): the second halves of the partial, of each extra
+// node's and of the receive buffer. The tree's temporaries are shared: they are used only while
+// tp_sum_start computes the leaves.
+template <typename T>
+TpScratch<T> tp_scratch_second(const TpScratch<T>& s, size_t n, int tp) {
+    const size_t used = (size_t)s.nodes * (n % tp == 0 ? n : n * tp);  // the first's receive (tp_sum_start)
+    LLMC_CHECK(2 * n <= s.capacity && 2 * used <= s.recv_capacity, "internal: two tensor-parallel reductions of %zu "
+               "elements in flight, scratch for %zu (receive %zu)", n, s.capacity, s.recv_capacity);
+    TpScratch<T> h = s;
+    if (h.part) h.part += n;
+    if (h.extra) h.extra += n;  // (node k's at extra + (k - 1) capacity: the stride stays the first's)
+    h.recv += used;
+    h.recv_capacity -= used;
+    return h;
 }
