@@ -356,21 +356,29 @@ static LayerActs acts_for(const GPT& m, const ChunkSlot& s, int chunk, int l) {
     return a;
 }
 
-static void block_forward_parts(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start);
+static void block_forward_parts(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start, ForwardParts& parts);
 // Block l up to (not including) its final residual add: attention on LN1's output (a.ln1, all
 // B*T tokens: gathered here with --sp), the residual add fused with LN2, the FFN branch (its
 // output, the rank's stream rows, in m.scratch). The forward and the recompute (-r 2) run exactly
 // this. Tensor parallel: the rank's heads and hidden units; the row-parallel projections' partial
 // sums are reduced (--sp: reduce-scattered) over the tp group in canonical chunks; without --sp,
-// a dense block runs in parts (block_forward_parts).
-static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
+// a dense block runs in parts (block_forward_parts); with `carry` its parts' reductions stay in
+// flight there (the caller lands them), else they complete here.
+static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start,
+                          ForwardParts* carry = nullptr) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
     const int B = m.B, T = m.T, BT = B * T, C = c.n_embd, rows = stream_rows(m);
     const size_t row0 = sp_row0(m);
     const LayerTensors<floatX>& w = m.p.layers[l];
-    if (comm_moves(tp_group()) && !ls.sp && !c.is_moe(l) && B % 2 == 0) {
-        block_forward_parts(m, l, a, x, doc_start);
+    LLMC_CHECK(!carry || carry->K == 0 || forward_parts(m, l) > 0, "internal: parts in flight into block %d", l);
+    if (forward_parts(m, l) > 0) {
+        ForwardParts own;
+        ForwardParts& parts = carry ? *carry : own;
+        block_forward_parts(m, l, a, x, doc_start, parts);
+        if (carry) return;
+        parts.land = [&](int k) { row_parallel_finish(m, parts.into[k], w.fcprojb, 1, parts.rows, C, false); };
+        parts_land_all(parts);
         return;
     }
     matmul_forward(a.qkv, ln_gathered(m, a.ln1, 0), w.qkvw, w.qkvb, BT, C, ls.qkv());
@@ -434,64 +442,54 @@ static void block_forward(GPT& m, int l, LayerActs& a, const floatX* x, const in
 }
 
 // block_forward of a dense block under tensor parallelism (without --sp) in K parts of the
-// micro-batch's sequences (4 where B allows, else 2), each part's reductions in flight behind the
-// next part's compute (the decomposition of Wang et al. 2022, "Overlap communication with dependent
-// computation via decomposition in large deep learning models"; Domino, Wang et al. 2024, slices
-// the batch so). With two parts:
-//   part 0: qkv, attention, the projection's leaves -> reduction A0 starts
-//   part 1: qkv, attention, the projection's leaves -> A1 starts        (A0 in flight)
-//   A0 done: part 0's residual + LN2, the FFN -> F0 starts               (A1 in flight)
-//   A1 done: part 1's residual + LN2, the FFN -> F1 starts               (F0 in flight)
-//   F0, F1 done
-// (each part moves the other lane's reduction from its exchange to its all-gather midway:
-// tp_advance). The last part's FFN reduction is exposed: the more parts, the smaller it is.
+// micro-batch's sequences (forward_parts: 4 where B allows, else 2), each part's reductions in flight
+// behind the next parts' compute (the decomposition of Wang et al. 2022, "Overlap communication with
+// dependent computation via decomposition in large deep learning models"; Domino, Wang et al. 2024,
+// slices the batch so). With two parts:
+//   part 0: (its input landed) qkv, attention, the projection's leaves -> reduction A0 starts
+//   part 1: (its input landed) qkv, attention, the projection's leaves -> A1 starts   (A0 in flight)
+//   A0 done: part 0's residual + LN2, the FFN -> F0 starts                             (A1 in flight)
+//   A1 done: part 1's residual + LN2, the FFN -> F1 starts                             (F0 in flight)
+// and F0, F1 go on in flight into the next block, which lands each part just before it reads it
+// (ForwardParts, llmc/gpt/hooks.h): only the model's or the chunk's end waits for the last one.
+// Between two pieces of a part's work the oldest reduction in flight moves on to its all-gather.
 // Every op is per row (a matmul's element does not depend on the rows beside it: llmc/ops/cpu/
 // matmul.h) or per sequence (attention, RoPE), and each reduction sums its rows' leaves in the same
 // tree: the bits of block_forward on the whole micro-batch.
-static void block_forward_parts(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start) {
+static void block_forward_parts(GPT& m, int l, LayerActs& a, const floatX* x, const int* doc_start, ForwardParts& parts) {
     const GPTConfig& c = m.config;
     const LocalShape& ls = m.ls;
-    const int K = m.B % 4 == 0 ? 4 : 2;
-    const int Bp = m.B / K, T = m.T, Tp = Bp * T, C = c.n_embd, H = ls.ffn, qkv = ls.qkv(), fc = ls.fc(c.mlp);
-    const int A = ls.n_head * ls.hs;
+    parts_begin(m, parts, forward_parts(m, l));
+    const int K = parts.K, Tp = parts.rows, Bp = m.B / K, T = m.T, C = c.n_embd, H = ls.ffn, qkv = ls.qkv();
+    const int fc = ls.fc(c.mlp), A = ls.n_head * ls.hs;
     const LayerTensors<floatX>& w = m.p.layers[l];
-    // two reductions in flight at most, in the scratch's two halves: part k's in lane k % 2, which
-    // the reduction before it there leaves first (completed: idempotent; row_parallel_finish adds
-    // its bias later)
-    TpScratch<floatX> second = tp_scratch_second(m.tpx, (size_t)Tp * C, ls.tp);
-    TpScratch<floatX>* lanes[2] = {&m.tpx, &second};
-    TpSumPending<floatX> attn[4], ffn[4], *held[2] = {nullptr, nullptr};
-    auto start_in_lane = [&](TpSumPending<floatX>& p, int k, const floatX* inp, const floatX* W, int K_in,
-                             const ChunkSplit& split) {
-        if (held[k % 2]) tp_finish(*held[k % 2]);
-        p = row_parallel_start(m, *lanes[k % 2], m.scratch + (size_t)k * Tp * C, inp, W, 1, Tp, K_in, C, split, false);
-        held[k % 2] = &p;
-    };
-    auto advance_other = [&](int k) { if (held[1 - k % 2]) tp_advance(*held[1 - k % 2]); };
     for (int k = 0; k < K; k++) {
         const size_t r0 = (size_t)k * Tp;
         const int* ds = doc_start + r0;
         floatX* q = a.qkv + r0 * qkv;
+        parts_land(parts, k);  // (its LN1 rows, x's rows)
         matmul_forward(q, a.ln1 + r0 * C, w.qkvw, w.qkvb, Tp, C, qkv);
         if (c.pos == POS_ROPE) rope_forward(q, ds, m.rope_cos_sin, Bp, T, ls.n_head, ls.n_kv_head, ls.hs);
-        advance_other(k);  // (the other lane's exchange came behind the qkv; its all-gather behind the attention)
+        parts_advance(parts);
         attention_forward(a.atty + r0 * A, a.att_lse + r0 * ls.n_head, q, ds, Bp, T, ls.n_head, ls.n_kv_head, ls.hs,
                           c.pos == POS_ALIBI ? c.n_head : 0, ls.head0);
-        start_in_lane(attn[k], k, a.atty + r0 * A, w.attprojw, A, m.split_attn);
+        parts_start(parts, parts.attn[k], row_parallel_start(m, parts.lane[k], m.scratch + r0 * C, a.atty + r0 * A,
+                                                             w.attprojw, 1, Tp, A, C, m.split_attn, false));
     }
     params_needed(m, l + 1, PART_FFN);  // (ZeRO: the FFN half's params come later than the attention's)
     for (int k = 0; k < K; k++) {
         const size_t r0 = (size_t)k * Tp;
-        row_parallel_finish(m, attn[k], w.attprojb, 1, Tp, C, false);
+        row_parallel_finish(m, parts.attn[k], w.attprojb, 1, Tp, C, false);
         fused_residual_norm_forward(m, a.residual2 + r0 * C, a.ln2 + r0 * C, a.ln2_mean + r0, a.ln2_rstd + r0, x + r0 * C,
                                     m.scratch + r0 * C, w.ln2w, w.ln2b, Tp);
         matmul_forward(a.fch + r0 * fc, a.ln2 + r0 * C, w.fcw, w.fcb, Tp, C, fc);
-        advance_other(k);
+        parts_advance(parts);
         if (c.mlp == MLP_SWIGLU) swiglu_forward(a.fch_act + r0 * H, a.fch + r0 * fc, Tp, H);
         else gelu_forward(a.fch_act + r0 * H, a.fch + r0 * fc, (long)Tp * H);
-        start_in_lane(ffn[k], k, a.fch_act + r0 * H, w.fcprojw, H, m.split_ffn);
+        parts_start(parts, parts.into[k], row_parallel_start(m, parts.lane[k], m.scratch + r0 * C, a.fch_act + r0 * H,
+                                                             w.fcprojw, 1, Tp, H, C, m.split_ffn, false));
+        parts.landed[k] = false;
     }
-    for (int k = 0; k < K; k++) row_parallel_finish(m, ffn[k], w.fcprojb, 1, Tp, C, false);
 }
 
 // What the backward of block l needs that -r did not keep, computed again from what it kept
@@ -523,16 +521,36 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
     const int l0 = pp.layer_begin(chunk), l1 = pp.layer_end(chunk);
     const int embedding = 0, final_ln = L + 1;  // segments; block l is segment l + 1
     m.last_forward[chunk] = &s;
+    // tensor parallel: the blocks' parts in flight from one block into the next (block_forward_parts)
+    ForwardParts parts;
+    std::function<void(int)> embed_start;
     if (pp.first_vs(chunk)) {
         // vocab-parallel embedding: each rank adds its vocabulary rows (zeros for the others'
-        // tokens, tp rank 0 the positions), the tp group sums (exact: one non-zero term per part)
+        // tokens, tp rank 0 the positions), the tp group sums (exact: one non-zero term per part);
+        // where the first block runs in parts, each part's sum in flight until that block reads it
         params_needed(m, embedding);
         params_prefetch(m, l0 + 1);
         const ChunkSplit one = rank_leaf(tp_group());
-        tp_sum(tp_group(), one, m.tpx, s.input, (size_t)B * T * C, !m.ls.sp, [&](int, floatX* dst) {
-            encoder_forward(dst, s.inputs, s.doc_start, m.p.wte, m.ls.rank == 0 ? m.p.wpe : (const floatX*)nullptr, B, T, C,
-                            m.ls.vocab0, m.ls.vocab);
-        }, tp_add, tp_copy);
+        const int K = forward_parts_carry(m, l0) ? forward_parts(m, l0) : 1, Bp = B / K, n = Bp * T;
+        if (K > 1) parts_begin(m, parts, K);
+        // (a part's sum starts as the one before it lands: the link carries them in the order the
+        // block reads them)
+        embed_start = [&m, &s, &parts, one, Bp, n, T, C](int k) {
+            const size_t r0 = (size_t)k * n;
+            auto leaf = [&](int, floatX* dst) {
+                encoder_forward(dst, s.inputs + r0, s.doc_start + r0, m.p.wte, m.ls.rank == 0 ? m.p.wpe : (const floatX*)nullptr,
+                                n / T, T, C, m.ls.vocab0, m.ls.vocab);
+            };
+            if (parts.K == 0) {
+                tp_sum(tp_group(), one, m.tpx, s.input, (size_t)n * C, !m.ls.sp, leaf, tp_add, tp_copy);
+                return;
+            }
+            parts_start(parts, parts.into[k], tp_sum_start(tp_group(), one, parts.lane[k], s.input + r0 * C, (size_t)n * C,
+                                                           true, leaf, tp_add, tp_copy));
+            parts.landed[k] = false;
+        };
+        embed_start(0);
+        for (int k = 1; k < parts.K; k++) parts.landed[k] = false;
         // (else the tied head reads it again: head_done)
         if (!pp.last_vs(chunk) || !c.tie_embeddings) params_done(m, embedding);
     }
@@ -540,25 +558,49 @@ static void chunk_forward(GPT& m, int chunk, ChunkSlot& s) {
     params_needed(m, l0 + 1, PART_ATTENTION);
     params_prefetch(m, l0 + 2 <= l1 || l1 == L ? l0 + 2 : -1);
     LayerActs a = acts_for(m, s, chunk, l0);
-    norm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, s.input, m.p.layers[l0].ln1w, m.p.layers[l0].ln1b, rows);
+    const LayerTensors<floatX>& w0 = m.p.layers[l0];
+    if (parts.K) {
+        parts.land = [&m, &parts, &s, &embed_start, a, w0, C](int k) {
+            const size_t r0 = (size_t)k * parts.rows;
+            tp_finish(parts.into[k]);
+            if (k + 1 < parts.K) embed_start(k + 1);
+            norm_forward(m, a.ln1 + r0 * C, a.ln1_mean + r0, a.ln1_rstd + r0, s.input + r0 * C, w0.ln1w, w0.ln1b, parts.rows);
+        };
+    } else {
+        norm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, s.input, w0.ln1w, w0.ln1b, rows);
+    }
     for (int l = l0; l < l1; l++) {
         const bool chunk_end = l + 1 == l1, model_end = l + 1 == L;
         const floatX* x = l == l0 ? s.input : s.acts[l - l0 - 1].residual3;
-        block_forward(m, l, a, x, s.doc_start);
+        block_forward(m, l, a, x, s.doc_start, forward_parts_carry(m, l) ? &parts : nullptr);
         if (!chunk_end || model_end) params_needed(m, l + 2, PART_ATTENTION);  // the next block (its LN1 ends this one), or the final LN
         // the residual add is fused with the next LayerNorm: the next block's LN1, or the final LN;
-        // where the chunk ends before the model does, the next LN1 is on the next stage
-        if (model_end) {
-            fused_residual_norm_forward(m, a.residual3, m.lnf + row0 * C, m.lnf_mean, m.lnf_rstd, a.residual2, m.scratch,
-                                        m.p.lnfw, m.p.lnfb, rows);
-        } else if (chunk_end) {
-            residual_forward(a.residual3, a.residual2, m.scratch, (long)rows * C);
+        // where the chunk ends before the model does, the next LN1 is on the next stage. On rows
+        // [r0, r0 + n): all of them, or a part as it lands
+        const LayerActs next = model_end || chunk_end ? LayerActs{} : acts_for(m, s, chunk, l + 1);
+        const LayerTensors<floatX>* wn = model_end || chunk_end ? nullptr : &m.p.layers[l + 1];
+        auto block_end = [&m, a, next, wn, model_end, chunk_end, row0, C](size_t r0, int n) {
+            if (model_end) {
+                fused_residual_norm_forward(m, a.residual3 + r0 * C, m.lnf + (row0 + r0) * C, m.lnf_mean + r0,
+                                            m.lnf_rstd + r0, a.residual2 + r0 * C, m.scratch + r0 * C, m.p.lnfw, m.p.lnfb, n);
+            } else if (chunk_end) {
+                residual_forward(a.residual3 + r0 * C, a.residual2 + r0 * C, m.scratch + r0 * C, (long)n * C);
+            } else {
+                fused_residual_norm_forward(m, a.residual3 + r0 * C, next.ln1 + r0 * C, next.ln1_mean + r0, next.ln1_rstd + r0,
+                                            a.residual2 + r0 * C, m.scratch + r0 * C, wn->ln1w, wn->ln1b, n);
+            }
+        };
+        if (parts.K) {
+            const floatX* bias = m.p.layers[l].fcprojb;
+            parts.land = [&m, &parts, block_end, bias, C](int k) {
+                row_parallel_finish(m, parts.into[k], bias, 1, parts.rows, C, false);
+                block_end((size_t)k * parts.rows, parts.rows);
+            };
+            if (model_end || chunk_end || !forward_parts_carry(m, l + 1)) parts_land_all(parts);
         } else {
-            LayerActs next = acts_for(m, s, chunk, l + 1);
-            fused_residual_norm_forward(m, a.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, a.residual2, m.scratch,
-                                        m.p.layers[l + 1].ln1w, m.p.layers[l + 1].ln1b, rows);
-            a = next;
+            block_end(0, rows);
         }
+        if (!model_end && !chunk_end) a = next;
         forward_block_done(m, chunk, s.mb, l);
         // what the next block's iteration needs: its successor, or the final LN
         if (l + 2 < l1 || (l + 2 == l1 && l1 == L)) params_prefetch(m, l + 3);
@@ -601,11 +643,23 @@ static void ffn_weight_matmuls(GPT& m, int l, const LayerActs& a, const LayerGra
         moe_router_backward((floatX*)nullptr, dw.routerw, d.d_moe_scores, a.moe_scores, ln_gathered(m, a.ln2, 1),
                             (const floatX*)nullptr, BT, C, E);
     } else {
-        matmul_backward((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr, BT,
-                        ls.ffn, C, dense_dweight_split(c, ls, BT, DW_FC_PROJ));
+        auto proj = [&] {
+            matmul_backward((floatX*)nullptr, dw.fcprojw, dw.fcprojb, d.d_ffn_out, a.fch_act, (const floatX*)nullptr, BT,
+                            ls.ffn, C, dense_dweight_split(c, ls, BT, DW_FC_PROJ));
+        };
+        auto fc = [&] {
+            matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, ln_gathered(m, a.ln2, 1), (const floatX*)nullptr, BT,
+                            C, ls.fc(c.mlp), dense_dweight_split(c, ls, BT, DW_FC));
+        };
+        // the reduction behind moves on after the larger matmul (fc's: as large, or twice with
+        // SwiGLU), so its exchange has arrived; --sp: after the projection's, which hides LN2's
+        // gather that fc's reads (each weight's sum is its own: the order of the two is free)
+        const bool fc_first = behind && !ls.sp;
+        if (fc_first) fc();
+        else proj();
         if (behind) tp_advance(*behind);
-        matmul_backward((floatX*)nullptr, dw.fcw, dw.fcb, d.d_fch, ln_gathered(m, a.ln2, 1), (const floatX*)nullptr, BT, C,
-                        ls.fc(c.mlp), dense_dweight_split(c, ls, BT, DW_FC));
+        if (fc_first) proj();
+        else fc();
     }
 }
 static void ffn_norm_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d) {
@@ -625,11 +679,20 @@ static void attn_weight_matmuls(GPT& m, int l, const LayerActs& a, const LayerGr
     const LayerTensors<float>& dw = m.g.layers[l];
     const GPTConfig& c = m.config;
     // (each dweight splits over B*T where its whole weight has too few tiles: dense_dweight_split)
-    matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT,
-                    ls.n_head * ls.hs, C, dense_dweight_split(c, ls, BT, DW_ATTN_PROJ));
+    auto proj = [&] {
+        matmul_backward((floatX*)nullptr, dw.attprojw, dw.attprojb, d.d_attn_out, a.atty, (const floatX*)nullptr, BT,
+                        ls.n_head * ls.hs, C, dense_dweight_split(c, ls, BT, DW_ATTN_PROJ));
+    };
+    auto qkv = [&] {
+        matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT,
+                        C, ls.qkv(), dense_dweight_split(c, ls, BT, DW_QKV));
+    };
+    const bool qkv_first = behind && !ls.sp;  // (as ffn_weight_matmuls: qkv's is the larger)
+    if (qkv_first) qkv();
+    else proj();
     if (behind) tp_advance(*behind);
-    matmul_backward((floatX*)nullptr, dw.qkvw, dw.qkvb, d.d_qkv, ln_gathered(m, a.ln1, 0), (const floatX*)nullptr, BT, C,
-                    ls.qkv(), dense_dweight_split(c, ls, BT, DW_QKV));
+    if (qkv_first) proj();
+    else qkv();
 }
 static void attn_norm_grads(GPT& m, int l, const LayerActs& a, const LayerGrads& d, const floatX* x) {
     const LayerTensors<float>& dw = m.g.layers[l];
@@ -657,7 +720,7 @@ static void layer_backward(GPT& m, int l, const LayerActs& a, const floatX* x, c
     const size_t row0 = sp_row0(m);
     const LayerTensors<floatX>& w = m.p.layers[l];
     const size_t stream_bytes = (size_t)rows * C * sizeof(floatX);
-    if (comm_moves(tp_group()) && !ls.sp && !c.is_moe(l) && comm_world().tp_kv.size == 1 && B % 2 == 0) {
+    if (forward_parts(m, l) > 0 && comm_world().tp_kv.size == 1) {
         layer_backward_halves(m, l, a, x, doc_start, dres, d, stash);
         return;
     }
@@ -760,7 +823,7 @@ static void layer_backward_halves(GPT& m, int l, const LayerActs& a, const float
     const int Bh = m.B / 2, T = m.T, Th = Bh * T, BT = m.B * T, C = c.n_embd, H = ls.ffn, fc = ls.fc(c.mlp);
     const int qkv = ls.qkv(), A = ls.n_head * ls.hs;
     const LayerTensors<floatX>& w = m.p.layers[l];
-    TpScratch<floatX> second = tp_scratch_second(m.tpx, (size_t)Th * C, ls.tp);
+    TpScratch<floatX> second = tp_scratch_lane(m.tpx, (size_t)Th * C, ls.tp, 1);
     auto branch_grad = [&](floatX* stash_buf) -> floatX* {  // (layer_backward's, without --sp)
         if (!stash) return dres;
         copy_buffer(stash_buf, dres, (size_t)BT * C * sizeof(floatX));
@@ -779,12 +842,20 @@ static void layer_backward_halves(GPT& m, int l, const LayerActs& a, const float
                                             fc, m.split_ffn, [&](int j) { return fc_leaf_rows(m, j, false); }, false);
     }
     if (!stash) ffn_weight_matmuls(m, l, a, d, &red[1]);
-    for (TpSumPending<floatX>& r : red) tp_finish(r);
+    // LN2's backward per row: half 0's behind half 1's reduction (after the weight gradients,
+    // which read dres: d aliases it)
+    auto ln2_backward = [&](int h) {
+        const size_t r0 = (size_t)h * Th;
+        norm_backward(m, dres + r0 * C, d.d_ln2 + r0 * C, a.residual2 + r0 * C, w.ln2w, a.ln2_mean + r0, a.ln2_rstd + r0, Th);
+    };
+    tp_finish(red[0]);
+    ln2_backward(0);
+    tp_finish(red[1]);
     if (!stash) {
         ffn_norm_grads(m, l, a, d);
         ffn_grads_ready(m, l);  // (ZeRO: the FFN half's reduction runs behind the attention's backward)
     }
-    norm_backward(m, dres, d.d_ln2, a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT);
+    ln2_backward(1);
     d.d_attn_out = branch_grad(d.d_attn_out);
     for (int h = 0; h < 2; h++) {
         const size_t r0 = (size_t)h * Th;
@@ -800,9 +871,15 @@ static void layer_backward_halves(GPT& m, int l, const LayerActs& a, const float
                                             m.split_attn, [&](int j) { return qkv_leaf_rows(m, j); }, false);
     }
     if (!stash) attn_weight_matmuls(m, l, a, d, &red[1]);
-    for (TpSumPending<floatX>& r : red) tp_finish(r);
+    auto ln1_backward = [&](int h) {
+        const size_t r0 = (size_t)h * Th;
+        norm_backward(m, dres + r0 * C, d.d_ln1 + r0 * C, x + r0 * C, w.ln1w, a.ln1_mean + r0, a.ln1_rstd + r0, Th);
+    };
+    tp_finish(red[0]);
+    ln1_backward(0);
+    tp_finish(red[1]);
     if (!stash) attn_norm_grads(m, l, a, d, x);
-    norm_backward(m, dres, d.d_ln1, x, w.ln1w, a.ln1_mean, a.ln1_rstd, BT);
+    ln1_backward(1);
 }
 
 // the embedding's weight gradients (the token and position tables), from the gradient at its

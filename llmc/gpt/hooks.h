@@ -664,6 +664,68 @@ static bool covers(const SplitRanges& ranges, size_t n) {
 static void tp_advance(TpSumPending<floatX>& p) { tp_sum_advance(p, tp_add, tp_copy); }
 static void tp_finish(TpSumPending<floatX>& p) { tp_sum_finish(p, tp_add, tp_copy); }
 
+// A micro-batch's parts between blocks (block_forward_parts: tensor parallel without --sp, a dense
+// block): part k's reductions in lane k of the scratch (1/K of it each: K in flight, no more memory);
+// into[k] the one that makes part k's input to the next block (a block's FFN output, or the
+// embedding), completed by land(k) (its bias, the residual add fused with the next LayerNorm) just
+// before the next block reads the part, so the last parts' reductions run behind the next block's
+// first parts. A reduction moves on to its all-gather in the order they started (parts_advance):
+// the same calls in the same order on every rank, whatever arrived first.
+struct ForwardParts {
+    int K = 0, rows = 0;  // parts (0: none in flight), tokens per part
+    TpScratch<floatX> lane[4];
+    TpSumPending<floatX> attn[4], into[4];
+    std::vector<TpSumPending<floatX>*> started;  // not yet moved on to their all-gather, oldest first
+    std::function<void(int)> land;
+    bool landed[4] = {};
+};
+// The parts block l runs in (0: whole): 4 where the micro-batch's sequences allow, else 2.
+static int forward_parts(const GPT& m, int l) {
+    if (tp_group().size == 1 || m.ls.sp || m.config.is_moe(l) || m.B % 2 != 0) return 0;
+    return m.B % 4 == 0 ? 4 : 2;
+}
+// Whether block l's parts stay in flight into what comes after it (the next block, the final
+// LayerNorm): not with ZeRO-3, whose slot of block l's params (the FFN bias that land adds) is freed
+// and reused as the block ends.
+static bool forward_parts_carry(const GPT& m, int l) { return forward_parts(m, l) > 0 && !m.zero.params_sharded(); }
+static void parts_begin(GPT& m, ForwardParts& p, int K) {
+    LLMC_CHECK(p.K == 0 || p.K == K, "internal: %d parts in flight into a block of %d", p.K, K);
+    if (p.K == K) return;
+    p.K = K;
+    p.rows = m.B / K * m.T;
+    for (int k = 0; k < K; k++) {
+        p.lane[k] = tp_scratch_lane(m.tpx, (size_t)p.rows * m.config.n_embd, m.ls.tp, k);
+        p.landed[k] = true;
+    }
+}
+static void parts_start(ForwardParts& p, TpSumPending<floatX>& slot, TpSumPending<floatX>&& r) {
+    p.started.erase(std::remove(p.started.begin(), p.started.end(), &slot), p.started.end());
+    slot = std::move(r);
+    p.started.push_back(&slot);
+}
+static void parts_advance(ForwardParts& p) {
+    while (!p.started.empty()) {
+        TpSumPending<floatX>* r = p.started.front();
+        p.started.erase(p.started.begin());
+        if (!r->exchange.empty()) {
+            tp_advance(*r);
+            return;
+        }
+    }
+}
+static void parts_land(ForwardParts& p, int k) {
+    if (p.landed[k]) return;
+    p.landed[k] = true;
+    p.land(k);
+}
+// every part landed, nothing left in flight
+static void parts_land_all(ForwardParts& p) {
+    for (int k = 0; k < p.K; k++) parts_land(p, k);
+    p.K = 0;
+    p.started.clear();
+    p.land = nullptr;
+}
+
 // Row-parallel linear: out = sum over the split input dimension K of inp[.., K] W[OC, K]^T, the
 // canonical leaves being slices of K (one matmul each, on copies of the slice when it is not the
 // rank's whole K), then + bias once. n_batch > 1: the experts of an MoE layer (inp [E, rows, K],

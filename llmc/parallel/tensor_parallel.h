@@ -243,19 +243,19 @@ void tp_sum(const CommGroup& tp, const ChunkSplit& split, TpScratch<T>& s, T* ds
     tp_sum_finish(p, add, copy);
 }
 
-// The scratch of a second reduction of at most n elements in flight beside a first one of at most
-// n (two halves of a buffer the plan sized whole): the second halves of the partial, of each extra
+// The scratch of reduction j of several of at most n elements each in flight at once (the parts of
+// a micro-batch: lane j of a buffer the plan sized whole): the j-th n of the partial, of each extra
 // node's and of the receive buffer. The tree's temporaries are shared: they are used only while
 // tp_sum_start computes the leaves.
 template <typename T>
-TpScratch<T> tp_scratch_second(const TpScratch<T>& s, size_t n, int tp) {
-    const size_t used = (size_t)s.nodes * (n % tp == 0 ? n : n * tp);  // the first's receive (tp_sum_start)
-    LLMC_CHECK(2 * n <= s.capacity && 2 * used <= s.recv_capacity, "internal: two tensor-parallel reductions of %zu "
-               "elements in flight, scratch for %zu (receive %zu)", n, s.capacity, s.recv_capacity);
+TpScratch<T> tp_scratch_lane(const TpScratch<T>& s, size_t n, int tp, int j) {
+    const size_t used = (size_t)s.nodes * (n % tp == 0 ? n : n * tp);  // a lane's receive (tp_sum_start)
+    LLMC_CHECK((j + 1) * n <= s.capacity && (j + 1) * used <= s.recv_capacity, "internal: tensor-parallel reduction "
+               "lane %d of %zu elements, scratch for %zu (receive %zu)", j, n, s.capacity, s.recv_capacity);
     TpScratch<T> h = s;
-    if (h.part) h.part += n;
-    if (h.extra) h.extra += n;  // (node k's at extra + (k - 1) capacity: the stride stays the first's)
-    h.recv += used;
-    h.recv_capacity -= used;
+    if (h.part) h.part += j * n;
+    if (h.extra) h.extra += j * n;  // (node k's at extra + (k - 1) capacity: the stride stays the whole's)
+    h.recv += j * used;
+    h.recv_capacity -= j * used;
     return h;
 }
