@@ -716,7 +716,7 @@ TEST_CASE("the memory plan per parameter: the model states of every ZeRO stage, 
             const double head_acc = zero <= 1 ? al(4.0 * h.padded_total) : N > 1 ? 0.0 : al(4.0 * h.shard_len(0));
             CHECK(e.grad_buffers == head_acc + al(4.0 * h.padded_total) +
                                         (N > 1 ? al(4.0 * std::max(reduced, (double)h.max_padded)) : 0.0) +
-                                        (N > 1 && zero <= 1 ? al(4.0 * reduced) : 0.0) +
+                                        (N > 1 ? al(4.0 * reduced) : 0.0) +  // (the second receive buffer)
                                         (zero >= 2 ? grad_slots : 0.0));
             const double states = e.params - param_slots + e.grads + e.master + e.moments;
             const double per_param[4] = {18.0, 6 + 12.0 / N, 2 + 16.0 / N, 18.0 / N};

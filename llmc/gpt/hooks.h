@@ -221,7 +221,7 @@ static void zero_gather_grads_start(GPT& m, int s) {
 }
 // Stages 2-3: each micro-batch's segment reduction (reduce_scatter_add_start) stays in flight
 // behind the next segment's backward in the same way, its slot held until it completes.
-// A reduction in flight holds a receive buffer (reduce_buffers: two at -z 0/1, one at -z 2/3);
+// A reduction in flight holds a receive buffer (REDUCE_BUFFERS: two);
 // those that are ready while none is free wait in a queue, in order, and start when the oldest in
 // flight has completed: every hook polls (zero_reduce_poll, never waiting), and where a slot or the
 // buffers are needed (grads_needed, the head's per-step reduction) or the step's gradient is

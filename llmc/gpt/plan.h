@@ -13,11 +13,12 @@ static floatX* take_act(GPT& m, size_t n) { return (floatX*)take(m, MEM_ACTIVATI
 static float* take_stats(GPT& m, size_t n) { return (float*)take(m, MEM_ACTIVATIONS, n * sizeof(float)); }
 static int* take_ints(GPT& m, size_t n) { return (int*)take(m, MEM_ACTIVATIONS, n * sizeof(int)); }
 
-// receive buffers of the segment reductions (dp > 1): two at -z 0/1, so that a segment's once-per-step
-// reduction starts the moment its gradient is final even while the one before is still on the link
-// (measured: bench_overlap -z 0/1, one micro-batch, about 0.03 lower); one at -z 2/3, where they are
-// a segment's leaves and memory is what the stage is for (no gain measured there)
-inline int reduce_buffers(int zero_stage) { return zero_stage <= 1 ? 2 : 1; }
+// receive buffers of the segment reductions (dp > 1): two, so that a segment's reduction starts the
+// moment its gradient is ready even while the one before is still on the link (measured with
+// bench_overlap: -z 0/1 one micro-batch about 0.03 lower; np 4 -z 3 at 4 micro-batches step ratio
+// 1.46-1.50 -> 1.26-1.29: with one, the link idled between a reduction's end and the next hook's
+// start of the one queued behind it). At -z 2/3 it costs the largest segment's fp32 once more.
+constexpr int REDUCE_BUFFERS = 2;
 
 // tp > 1: the table's alignment padding after the split tensors of this stage belongs to no local
 // tensor; dp rank 0 of tp rank 0 reports it (zeros), so that a checkpoint covers every element once
@@ -212,7 +213,7 @@ static void alloc_model_state(GPT& m, const CommGroup& dp, const CommGroup& edp)
     const size_t scratch_elems = std::max(z.max_reduced(), m.head.segs.empty() ? 0 : m.head.max_padded);
     if (dp.size > 1) m.comm_scratch = (float*)take(m, MEM_GRAD_BUFFERS, scratch_elems * sizeof(float));
     m.zs.free_scratch = {m.comm_scratch};  // (one process: the adds read the slot itself)
-    for (int k = 1; k < reduce_buffers(z.stage) && dp.size > 1; k++)
+    for (int k = 1; k < REDUCE_BUFFERS && dp.size > 1; k++)
         m.zs.free_scratch.push_back((float*)take(m, MEM_GRAD_BUFFERS, z.max_reduced() * sizeof(float)));
     if (z.params_sharded()) alloc_segment_slots(m, m.param_slots, ZERO3_PARAM_SLOTS, false, MEM_PARAMS, fx);
     if (!z.grads_in_acc()) alloc_segment_slots(m, m.grad_slots, ZERO_GRAD_SLOTS, true, MEM_GRAD_BUFFERS, sizeof(float));
