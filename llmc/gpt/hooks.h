@@ -167,9 +167,13 @@ static bool next_pass_is(const GPT& m, PipeOp op, int chunk, int mb = -1) {
     return n.mb >= 0 && n.op == op && n.chunk == chunk && (mb < 0 || n.mb == mb);
 }
 // Stage 3, the blocks of a pass. After block l's forward (chunk, micro-batch mb): its slot is
-// freed, or kept where the chunk's backward of mb comes next, which starts with its last block.
+// freed, or kept where the chunk's backward of mb comes next, which starts with its last block;
+// then the block before it, the backward's second, is gathered behind the head (the link would
+// idle there: the forward gathers nothing more).
 static void forward_block_done(GPT& m, int chunk, int mb, int l) {
-    params_done(m, l + 1, l + 1 == m.pipe.layer_end(chunk) && next_pass_is(m, PIPE_B, chunk, mb));
+    const bool backward_next = l + 1 == m.pipe.layer_end(chunk) && next_pass_is(m, PIPE_B, chunk, mb);
+    params_done(m, l + 1, backward_next);
+    if (backward_next && l > m.pipe.layer_begin(chunk)) params_prefetch(m, l);
 }
 // In block l's backward: the block below is gathered behind it; below the chunk's first block, the
 // embedding, for a forward of the chunk that comes next.
